@@ -1,0 +1,287 @@
+-- fetch: one HTTP request, retried the way the server asks.
+local core = require "ratewise.core"
+local headers = require "ratewise.headers"
+local retry = require "ratewise.retry"
+local runtime = require "ratewise.runtime"
+
+local classify, now = core.classify, core.now
+local format, lower, upper = string.format, string.lower, string.upper
+local min, huge = math.min, math.huge
+local type, tostring, pcall = type, tostring, pcall
+
+local fetch = {}
+
+-- Methods that may be sent again without asking (RFC 9110 9.2.2 idempotent
+-- methods, less TRACE, which has no business in an API client).
+local replay_safe = { GET = true, HEAD = true, OPTIONS = true, PUT = true, DELETE = true }
+-- Methods servers expect a Content-Length on even when the body is empty.
+local has_body = { POST = true, PUT = true, PATCH = true }
+
+---------------------------------------------------------------------------
+-- Errors
+
+local error_mt = {}
+error_mt.__index = error_mt
+error_mt.__tostring = function(e)
+  return "ratewise: " .. e.kind .. ": " .. e.message
+end
+
+local function fetch_error(kind, message, state, res, transport)
+  return setmetatable({
+    kind = kind,
+    message = message,
+    status = res and res.status or (transport and transport.status) or nil,
+    response = res,
+    attempts = state.attempts,
+    elapsed = now() - state.started,
+    transport = transport,
+  }, error_mt)
+end
+
+fetch.error_mt = error_mt
+
+---------------------------------------------------------------------------
+-- Options
+
+local option_checks = {
+  method = "string", headers = "table", body = "string", timeout = "positive",
+  max_retries = "count", max_elapsed = "positive", max_delay = "nonnegative",
+  retry_non_idempotent = "boolean", idempotency_key = "key", limiter = "limiter",
+  on_retry = "callback_or_false", delay = "function", sleep = "function",
+  follow_redirects = "boolean", base = "positive", jitter = "string",
+  max_body = "nonnegative", verify_tls = "boolean",
+}
+
+local function bad_option(name, expected, v)
+  error(format("fetch: option '%s' must be %s (got %s)", name, expected,
+    type(v) == "string" and format("%q", v) or tostring(v)), 4)
+end
+
+local function check_option(name, v)
+  local check = option_checks[name]
+  if not check then
+    error(format("fetch: unknown option '%s'", tostring(name)), 4)
+  end
+  local t = type(v)
+  if check == "positive" then
+    if t ~= "number" or not (v > 0) or v == huge then bad_option(name, "a positive number", v) end
+  elseif check == "nonnegative" then
+    if t ~= "number" or not (v >= 0) then bad_option(name, "a non-negative number", v) end
+  elseif check == "count" then
+    if t ~= "number" or v < 0 or v % 1 ~= 0 then bad_option(name, "a non-negative integer", v) end
+  elseif check == "key" then
+    if v ~= true and (t ~= "string" or v == "" or v:find("[\r\n%z]")) then
+      bad_option(name, "true or a non-empty string without CR or LF", v)
+    end
+  elseif check == "limiter" then
+    local ok, acquire = pcall(function() return v.acquire end)
+    if not ok or type(acquire) ~= "function" then bad_option(name, "an object with an acquire method", v) end
+  elseif check == "callback_or_false" then
+    if v ~= false and t ~= "function" then bad_option(name, "a function or false", v) end
+  elseif t ~= check then
+    bad_option(name, "a " .. check, v)
+  end
+end
+
+local function check_url(url)
+  if type(url) ~= "string" then
+    error(format("fetch: url must be a string (got %s)", type(url)), 3)
+  end
+  local scheme = url:match("^(%a[%w+.-]*)://")
+  scheme = scheme and lower(scheme)
+  if scheme ~= "http" and scheme ~= "https" then
+    error(format("fetch: url must be http:// or https:// (got %s)",
+      scheme and (scheme .. "://...") or "a string without a scheme"), 3)
+  end
+  if url:find("[%s%z]") then
+    error("fetch: url contains white space, CR, LF or NUL", 3)
+  end
+end
+
+-- A version 4 UUID from the kernel's random source.
+local function uuid4()
+  local f = io.open("/dev/urandom", "rb")
+  local bytes = f and f:read(16)
+  if f then f:close() end
+  if not bytes or #bytes < 16 then
+    local t = {}
+    for i = 1, 16 do t[i] = string.char(math.random(0, 255)) end
+    bytes = table.concat(t)
+  end
+  local b = { bytes:byte(1, 16) }
+  b[7] = (b[7] & 0x0f) | 0x40
+  b[9] = (b[9] & 0x3f) | 0x80
+  return format("%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+    table.unpack(b))
+end
+
+---------------------------------------------------------------------------
+-- Logging
+
+local function default_on_retry(info)
+  local why
+  if info.status then
+    why = tostring(info.status)
+  else
+    why = "network error: " .. (info.error or "unknown")
+  end
+  io.stderr:write(format("retrying %s %s in %.2f s (%s, attempt %d/%d, %s)\n",
+    info.method, info.url, info.delay, why, info.attempt, info.max_retries, info.source))
+end
+
+local function call_hook(name, fn, ...)
+  local ok, a, b = pcall(fn, ...)
+  if not ok then
+    error(format("fetch: the '%s' callback raised an error: %s", name, tostring(a)), 0)
+  end
+  return a, b
+end
+
+---------------------------------------------------------------------------
+-- The retry loop
+
+-- The wait before the next attempt, and where it came from. The server's
+-- hint is a floor: a delay hook may lengthen it or replace the backoff, but
+-- never make it shorter.
+local function next_delay(opts, state, res, attempt)
+  local hint, source
+  if res then hint, source = retry.hint(res.headers) end
+  local delay
+  if opts.delay then
+    local v = call_hook("delay", opts.delay, res, attempt, state.last_transport)
+    if v ~= nil then
+      if type(v) ~= "number" or not (v >= 0) then
+        error(format("fetch: the 'delay' callback must return a non-negative number or nil (got %s)",
+          tostring(v)), 0)
+      end
+      if not hint or v >= hint then return v, "delay" end
+      return hint, source
+    end
+  end
+  if hint then return hint, source end
+  delay = retry.backoff(attempt, {
+    base = opts.base, max_delay = opts.max_delay, jitter = opts.jitter,
+    previous = state.previous_backoff,
+  })
+  state.previous_backoff = delay
+  return delay, "backoff"
+end
+
+--- res | nil, err = fetch.fetch(url [, opts])
+function fetch.fetch(url, opts)
+  check_url(url)
+  if opts == nil then
+    opts = {}
+  elseif type(opts) ~= "table" then
+    error(format("fetch: options must be a table (got %s)", type(opts)), 2)
+  end
+  for k, v in pairs(opts) do check_option(k, v) end
+
+  local method = upper(opts.method or "GET")
+  if not method:find("^[%w!#$%%&'*+%-.^_`|~]+$") then
+    error(format("fetch: option 'method' is not a valid HTTP method (got %q)", method), 2)
+  end
+  local secrets = headers.url_secrets(url, {})
+  local lines, given = headers.request_lines(opts.headers, secrets)
+  local key = opts.idempotency_key
+  if key ~= nil and given["idempotency-key"] then
+    error("fetch: the idempotency key is given both as an option and as a header", 2)
+  end
+  if key == true then key = uuid4() end
+  if key then lines[#lines + 1] = "Idempotency-Key: " .. key end
+  if not given["user-agent"] then lines[#lines + 1] = "User-Agent: ratewise/" .. core.version end
+
+  local max_retries = opts.max_retries or 3
+  local max_elapsed = opts.max_elapsed or 120
+  local timeout = opts.timeout or 30
+  local safe = replay_safe[method] or opts.retry_non_idempotent or key ~= nil
+    or given["idempotency-key"] ~= nil
+  local on_retry = opts.on_retry
+  if on_retry == nil then on_retry = default_on_retry end
+  local shown_url = headers.redact_url(url)
+  local label = method .. " " .. shown_url
+
+  local request = {
+    url = url, method = method, headers = lines, body = opts.body,
+    empty_body = opts.body == nil and has_body[method] or nil,
+    follow_redirects = opts.follow_redirects ~= false,
+    max_body = opts.max_body, verify_tls = opts.verify_tls,
+  }
+  local state = { attempts = 0, started = now() }
+  local deadline = state.started + max_elapsed
+  local retries = 0
+
+  local function budget_error(why, res, transport)
+    return nil, fetch_error("budget", format("%s: %s (max_elapsed %.2f s, %d attempt%s)",
+      label, why, max_elapsed, state.attempts, state.attempts == 1 and "" or "s"), state, res, transport)
+  end
+
+  while true do
+    if opts.limiter then opts.limiter:acquire(1, opts.sleep) end
+    local left = deadline - now()
+    if left <= 0 then
+      return budget_error("no time left for another attempt", state.last_response)
+    end
+    request.timeout = min(timeout, left)
+    local res, terr = runtime.transfer(request)
+    state.attempts = state.attempts + 1
+    state.last_transport = terr
+
+    local why
+    if res then
+      res.headers = headers.wrap(res.headers)
+      res.url = res.url and headers.redact_url(res.url)
+      res.attempts = state.attempts
+      res.elapsed = now() - state.started
+      state.last_response = res
+      local class = classify(res.status)
+      -- A redirect that was not followed, or a 304, is an answer, not a failure.
+      if class == "success" or (res.status >= 300 and res.status < 400) then
+        return res
+      elseif class == "terminal" then
+        return nil, fetch_error("terminal", format("%s: %d is a terminal status, not retried",
+          label, res.status), state, res)
+      end
+      why = tostring(res.status)
+    else
+      terr.message = headers.scrub(terr.message or "transport failure", secrets)
+      if terr.timeout and request.timeout < timeout then
+        return budget_error("the attempt was cut short by the time budget", nil, terr)
+      end
+      if not terr.retryable then
+        return nil, fetch_error("network", format("%s: %s%s", label,
+          terr.tls and "TLS verification failed: " or "", terr.message), state, nil, terr)
+      end
+      why = terr.message
+    end
+
+    -- A request that never reached the server is not a replay.
+    if not safe and (res or terr.sent) then
+      return nil, fetch_error("unsafe", format(
+        "%s was not retried after %s: %s is not replay-safe (give an idempotency_key, or set retry_non_idempotent)",
+        label, why, method), state, res, terr)
+    end
+    if retries >= max_retries then
+      return nil, fetch_error("exhausted", format("%s failed after %d attempt%s (max_retries %d), last: %s",
+        label, state.attempts, state.attempts == 1 and "" or "s", max_retries, why), state, res, terr)
+    end
+
+    local delay, source = next_delay(opts, state, res, retries)
+    left = deadline - now()
+    if delay >= left then
+      return budget_error(format("a retry in %.2f s (%s) would not fit the %.2f s left",
+        delay, source, left > 0 and left or 0), res, terr)
+    end
+    retries = retries + 1
+    if on_retry then
+      call_hook("on_retry", on_retry, {
+        method = method, url = shown_url, status = res and res.status or nil,
+        delay = delay, attempt = retries, max_retries = max_retries, source = source,
+        error = terr and terr.message or nil,
+      })
+    end
+    runtime.sleep(delay, opts.sleep)
+  end
+end
+
+return fetch

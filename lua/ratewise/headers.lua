@@ -1,0 +1,134 @@
+-- HTTP header tables: case-insensitive lookup, request header validation,
+-- and keeping secrets out of anything that is printed.
+local lower, find, gsub, sub = string.lower, string.find, string.gsub, string.sub
+local format = string.format
+
+local headers = {}
+
+-- Response headers are stored under lower-case names by the C core; this
+-- makes res.headers["Retry-After"] find them too.
+local response_mt = {
+  __index = function(t, name)
+    if type(name) == "string" then
+      return rawget(t, lower(name))
+    end
+  end,
+}
+
+function headers.wrap(t)
+  return setmetatable(t, response_mt)
+end
+
+-- Looks a header up by name, whatever the case of the table's keys.
+function headers.get(t, name)
+  local v = t[name]
+  if v ~= nil then return v end
+  local lname = lower(name)
+  v = t[lname]
+  if v ~= nil then return v end
+  for k, value in pairs(t) do
+    if type(k) == "string" and lower(k) == lname then
+      return value
+    end
+  end
+  return nil
+end
+
+-- RFC 9110 token characters.
+local function is_token(s)
+  return s ~= "" and not find(s, "[^%w!#$%%&'*+%-.^_`|~]")
+end
+
+local secret_names = {
+  authorization = true,
+  ["proxy-authorization"] = true,
+  cookie = true,
+}
+
+function headers.is_secret(name)
+  return secret_names[lower(name)] == true
+end
+
+-- Turns the caller's header table into the lines libcurl sends. Raises a
+-- clear error (that never repeats a value) for bad input. Returns the lines,
+-- a set of the lower-case names given, and the secret values seen.
+function headers.request_lines(t, secrets)
+  local lines, seen = {}, {}
+  if t == nil then return lines, seen end
+  if type(t) ~= "table" then
+    error(format("fetch: option 'headers' must be a table (got %s)", type(t)), 3)
+  end
+  for name, value in pairs(t) do
+    if type(name) ~= "string" or not is_token(name) then
+      error(format("fetch: header name %q is not a valid HTTP field name", tostring(name)), 3)
+    end
+    local tv = type(value)
+    if tv == "number" then
+      value = tostring(value)
+    elseif tv ~= "string" then
+      error(format("fetch: header '%s' must have a string value (got %s)", name, tv), 3)
+    end
+    if find(value, "[\r\n%z]") then
+      error(format("fetch: header '%s' has a value containing CR, LF or NUL", name), 3)
+    end
+    local lname = lower(name)
+    if seen[lname] then
+      error(format("fetch: header '%s' is given twice (names are case-insensitive)", name), 3)
+    end
+    seen[lname] = true
+    if secret_names[lname] and secrets then
+      secrets[#secrets + 1] = value
+    end
+    -- libcurl sends "Name;" as a header with an empty value; "Name:" would
+    -- remove the header instead.
+    lines[#lines + 1] = value == "" and (name .. ";") or (name .. ": " .. value)
+  end
+  return lines, seen
+end
+
+-- scheme://host[:port]/path of a URL: no userinfo, no query, no fragment,
+-- so that a printed URL carries neither credentials nor API keys.
+function headers.redact_url(url)
+  local scheme, rest = string.match(url, "^(%a[%w+.-]*://)(.*)$")
+  if not scheme then return "[url]" end
+  local authority_end = find(rest, "[/?#]") or (#rest + 1)
+  local authority = sub(rest, 1, authority_end - 1)
+  local at = authority:match(".*()@")
+  if at then authority = sub(authority, at + 1) end
+  local path = sub(rest, authority_end):gsub("[?#].*$", "")
+  return scheme .. authority .. path
+end
+
+-- The user and password of a URL, for scrubbing from messages.
+function headers.url_secrets(url, secrets)
+  local authority = string.match(url, "^%a[%w+.-]*://([^/?#]*)")
+  local userinfo = authority and authority:match("^(.*)@")
+  if userinfo then
+    secrets[#secrets + 1] = userinfo
+    for part in string.gmatch(userinfo, "[^:]+") do
+      secrets[#secrets + 1] = part
+      local decoded = gsub(part, "%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end)
+      secrets[#secrets + 1] = decoded
+    end
+  end
+  return secrets
+end
+
+-- Replaces every secret value in a message. Values shorter than three bytes
+-- are left alone: scrubbing them would garble the text and hide nothing.
+function headers.scrub(message, secrets)
+  for _, secret in ipairs(secrets) do
+    if #secret >= 3 then
+      local from = 1
+      while true do
+        local i, j = find(message, secret, from, true)
+        if not i then break end
+        message = sub(message, 1, i - 1) .. "[redacted]" .. sub(message, j + 1)
+        from = i + 10
+      end
+    end
+  end
+  return message
+end
+
+return headers

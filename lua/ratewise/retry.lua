@@ -1,0 +1,144 @@
+-- How long to wait before a retry: the server's hints first, then capped
+-- exponential backoff with jitter. The parsing and arithmetic are in the C
+-- core; this module orders the sources and checks the caller's options.
+local core = require "ratewise.core"
+local headers = require "ratewise.headers"
+
+local format, gmatch, match = string.format, string.gmatch, string.match
+local huge, random, type = math.huge, math.random, type
+
+local retry = {}
+
+local jitters = { none = true, full = true, equal = true, decorrelated = true }
+
+local function check_number(fn, name, v, min, allow_equal)
+  if type(v) ~= "number" or v ~= v or v == huge or v < min or (v == min and not allow_equal) then
+    error(format("%s: option '%s' must be a %s number (got %s)", fn, name,
+      allow_equal and "non-negative" or "positive", tostring(v)), 4)
+  end
+end
+
+local function check_attempt(fn, attempt)
+  if type(attempt) ~= "number" or attempt < 0 or attempt % 1 ~= 0 then
+    error(format("%s: attempt must be a non-negative integer (got %s)", fn, tostring(attempt)), 3)
+  end
+end
+
+-- Option names each function accepts; anything else is a typo and raises.
+local backoff_options = { base = true, max_delay = true, jitter = true, random = true, previous = true }
+local delay_options = { now = true }
+for k in pairs(backoff_options) do delay_options[k] = true end
+
+local function check_options(fn, opts, known)
+  if opts == nil then return {} end
+  if type(opts) ~= "table" then
+    error(format("%s: options must be a table (got %s)", fn, type(opts)), 4)
+  end
+  for k in pairs(opts) do
+    if not known[k] then
+      error(format("%s: unknown option '%s'", fn, tostring(k)), 4)
+    end
+  end
+  return opts
+end
+
+local function draw(fn, rand)
+  local u = rand()
+  if type(u) ~= "number" or not (u >= 0 and u < 1) then
+    error(format("%s: option 'random' must return a number in [0, 1) (got %s)", fn, tostring(u)), 4)
+  end
+  return u
+end
+
+local function backoff(fn, attempt, opts)
+  local base, max_delay = opts.base or 1, opts.max_delay or 60
+  local jitter = opts.jitter or "full"
+  check_number(fn, "base", base, 0, false)
+  check_number(fn, "max_delay", max_delay, 0, true)
+  if not jitters[jitter] then
+    error(format("%s: option 'jitter' must be one of none, full, equal, decorrelated (got %s)",
+      fn, tostring(jitter)), 3)
+  end
+  local rand = opts.random or random
+  if type(rand) ~= "function" then
+    error(format("%s: option 'random' must be a function (got %s)", fn, type(rand)), 3)
+  end
+  local previous = opts.previous
+  if previous ~= nil then check_number(fn, "previous", previous, 0, true) end
+  local u = jitter == "none" and 0 or draw(fn, rand)
+  return core.backoff(attempt, base, max_delay, jitter, u, previous or base)
+end
+
+--- seconds = retry.backoff(attempt [, opts])
+function retry.backoff(attempt, opts)
+  check_attempt("backoff", attempt)
+  return backoff("backoff", attempt, check_options("backoff", opts, backoff_options))
+end
+
+local day_names = { Mon = true, Tue = true, Wed = true, Thu = true, Fri = true, Sat = true, Sun = true,
+  Monday = true, Tuesday = true, Wednesday = true, Thursday = true, Friday = true, Saturday = true,
+  Sunday = true }
+
+-- A Retry-After field that arrived several times is joined with ", ". Hints
+-- are minimum waits, so the longest of the parts that parse wins. An
+-- HTTP-date has a comma of its own after the day name, so a day name and the
+-- part after it are read together.
+local function parse_retry_after_list(value, now)
+  local whole = core.parse_retry_after(value, now)
+  if whole or not value:find(",", 1, true) then return whole end
+  local parts = {}
+  for part in gmatch(value, "[^,]+") do parts[#parts + 1] = match(part, "^%s*(.-)%s*$") end
+  local best, i = nil, 1
+  while i <= #parts do
+    local seconds
+    if day_names[parts[i]] and parts[i + 1] then
+      seconds = core.parse_retry_after(parts[i] .. ", " .. parts[i + 1], now)
+      i = i + 2
+    else
+      seconds = core.parse_retry_after(parts[i], now)
+      i = i + 1
+    end
+    if seconds and (not best or seconds > best) then best = seconds end
+  end
+  return best
+end
+
+--- seconds, source = retry.hint(headers [, now])
+-- The wait the server asked for, or nil. Dates are read against the
+-- response's own Date header when there is one: that is the server's clock,
+-- so a local clock that runs ahead cannot cut the wait short.
+function retry.hint(h, now)
+  if now == nil then
+    local date = headers.get(h, "date")
+    now = date and core.parse_http_date(date) or core.time()
+  end
+  local ra = headers.get(h, "retry-after")
+  if ra then
+    local seconds = parse_retry_after_list(ra, now)
+    if seconds then return seconds, "retry-after" end
+  end
+  local reset = headers.get(h, "x-ratelimit-reset")
+  if reset then
+    local epoch = core.parse_seconds(reset)
+    if epoch then return epoch > now and epoch - now or 0, "x-ratelimit-reset" end
+  end
+  return nil
+end
+
+--- seconds, source = retry.delay(headers, attempt [, opts])
+function retry.delay(h, attempt, opts)
+  if type(h) ~= "table" then
+    error(format("retry_delay: headers must be a table (got %s)", type(h)), 2)
+  end
+  check_attempt("retry_delay", attempt)
+  opts = check_options("retry_delay", opts, delay_options)
+  if opts.now ~= nil and (type(opts.now) ~= "number" or opts.now ~= opts.now) then
+    error(format("retry_delay: option 'now' must be a number of epoch seconds (got %s)",
+      tostring(opts.now)), 2)
+  end
+  local seconds, source = retry.hint(h, opts.now)
+  if seconds then return seconds, source end
+  return backoff("retry_delay", attempt, opts), "backoff"
+end
+
+return retry

@@ -1,0 +1,204 @@
+/*
+ * ratewise.Bucket: a token bucket on the monotonic clock.
+ *
+ * Waiters are served first come, first served by reservation: acquire takes
+ * its tokens at once, letting the balance go negative, and is told how long
+ * until that debt is repaid. Each later waiter sees the larger debt and so
+ * waits longer, which orders them without a queue (as in Go's rate.Limiter).
+ * The core only answers "how long"; the Lua layer does the waiting.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "lauxlib.h"
+#include "ratewise.h"
+
+#define BUCKET_MT "ratewise.Bucket"
+
+typedef struct bucket {
+    double capacity;  /* burst size */
+    double rate;      /* tokens per second */
+    double tokens;    /* balance; negative while reservations are pending */
+    double updated;   /* monotonic time of the last refill */
+    int closed;
+} bucket;
+
+static void bucket_refill(bucket *b)
+{
+    double now = rw_clock_monotonic();
+    if (now > b->updated) {
+        b->tokens += (now - b->updated) * b->rate;
+        if (b->tokens > b->capacity) b->tokens = b->capacity;
+        b->updated = now;
+    }
+}
+
+static bucket *bucket_check(lua_State *L)
+{
+    bucket *b = (bucket *)luaL_checkudata(L, 1, BUCKET_MT);
+    if (b->closed) luaL_argerror(L, 1, "bucket is closed");
+    return b;
+}
+
+/* Token count argument: positive, at most the capacity (a larger request
+ * could never be served and would wait forever). */
+static double bucket_check_count(lua_State *L, bucket *b, int arg)
+{
+    lua_Number n = luaL_optnumber(L, arg, 1);
+    if (!(n > 0) || !isfinite(n))
+        luaL_argerror(L, arg, "token count must be a positive number");
+    if (n > b->capacity)
+        luaL_argerror(L, arg, lua_pushfstring(L,
+            "%f tokens asked of a bucket whose capacity is %f: it could never be served",
+            n, b->capacity));
+    return n;
+}
+
+static double bucket_field(lua_State *L, const char *name)
+{
+    lua_Number v;
+    int isnum;
+    lua_getfield(L, 1, name);
+    if (lua_isnil(L, -1))
+        luaL_error(L, "bucket: option '%s' is required", name);
+    v = lua_tonumberx(L, -1, &isnum);
+    if (!isnum || !(v > 0) || !isfinite(v))
+        luaL_error(L, "bucket: option '%s' must be a positive number (got %s)", name,
+                   luaL_tolstring(L, -1, NULL));
+    lua_pop(L, 1);
+    return v;
+}
+
+/* core.bucket{capacity = C, rate = R} */
+static int bucket_l_new(lua_State *L)
+{
+    bucket *b;
+    double capacity, rate;
+    luaL_checktype(L, 1, LUA_TTABLE);
+    lua_pushnil(L);
+    while (lua_next(L, 1)) {
+        const char *key = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : NULL;
+        if (!key || (strcmp(key, "capacity") != 0 && strcmp(key, "rate") != 0))
+            return luaL_error(L, "bucket: unknown option '%s' (expected capacity, rate)",
+                              luaL_tolstring(L, -2, NULL));
+        lua_pop(L, 1);
+    }
+    capacity = bucket_field(L, "capacity");
+    rate = bucket_field(L, "rate");
+    b = (bucket *)lua_newuserdatauv(L, sizeof(bucket), 0);
+    b->capacity = capacity;
+    b->rate = rate;
+    b->tokens = capacity; /* a new bucket starts full */
+    b->updated = rw_clock_monotonic();
+    b->closed = 0;
+    luaL_setmetatable(L, BUCKET_MT);
+    return 1;
+}
+
+/* b:take([n]) -> true | false, seconds until n tokens could be there */
+static int bucket_l_take(lua_State *L)
+{
+    bucket *b = bucket_check(L);
+    double n = bucket_check_count(L, b, 2);
+    bucket_refill(b);
+    if (b->tokens >= n) {
+        b->tokens -= n;
+        lua_pushboolean(L, 1);
+        return 1;
+    }
+    lua_pushboolean(L, 0);
+    lua_pushnumber(L, (n - b->tokens) / b->rate);
+    return 2;
+}
+
+/* b:reserve([n]) -> seconds the caller must wait before using the n tokens
+ * it now holds (0: use them at once). */
+static int bucket_l_reserve(lua_State *L)
+{
+    bucket *b = bucket_check(L);
+    double n = bucket_check_count(L, b, 2);
+    bucket_refill(b);
+    b->tokens -= n;
+    lua_pushnumber(L, b->tokens >= 0 ? 0.0 : -b->tokens / b->rate);
+    return 1;
+}
+
+/* b:refund([n]): give back tokens of a reservation that will not be used
+ * (a waiter that was cancelled). */
+static int bucket_l_refund(lua_State *L)
+{
+    bucket *b = bucket_check(L);
+    double n = bucket_check_count(L, b, 2);
+    bucket_refill(b);
+    b->tokens += n;
+    if (b->tokens > b->capacity) b->tokens = b->capacity;
+    return 0;
+}
+
+/* b:tokens() -> the balance now (negative while waiters hold reservations) */
+static int bucket_l_tokens(lua_State *L)
+{
+    bucket *b = bucket_check(L);
+    bucket_refill(b);
+    lua_pushnumber(L, b->tokens);
+    return 1;
+}
+
+static int bucket_l_capacity(lua_State *L)
+{
+    lua_pushnumber(L, bucket_check(L)->capacity);
+    return 1;
+}
+
+static int bucket_l_rate(lua_State *L)
+{
+    lua_pushnumber(L, bucket_check(L)->rate);
+    return 1;
+}
+
+/* Idempotent; __gc, __close and b:close() all come here. */
+static int bucket_l_close(lua_State *L)
+{
+    bucket *b = (bucket *)luaL_checkudata(L, 1, BUCKET_MT);
+    b->closed = 1;
+    return 0;
+}
+
+static int bucket_l_tostring(lua_State *L)
+{
+    bucket *b = (bucket *)luaL_checkudata(L, 1, BUCKET_MT);
+    if (b->closed) lua_pushliteral(L, "ratewise.Bucket (closed)");
+    else lua_pushfstring(L, "ratewise.Bucket (capacity %f, rate %f/s)", b->capacity, b->rate);
+    return 1;
+}
+
+void rw_bucket_register(lua_State *L)
+{
+    static const luaL_Reg methods[] = {
+        { "take", bucket_l_take },
+        { "reserve", bucket_l_reserve },
+        { "refund", bucket_l_refund },
+        { "tokens", bucket_l_tokens },
+        { "capacity", bucket_l_capacity },
+        { "rate", bucket_l_rate },
+        { "close", bucket_l_close },
+        { NULL, NULL }
+    };
+    static const luaL_Reg metamethods[] = {
+        { "__gc", bucket_l_close },
+        { "__close", bucket_l_close },
+        { "__tostring", bucket_l_tostring },
+        { NULL, NULL }
+    };
+    luaL_newmetatable(L, BUCKET_MT);
+    luaL_setfuncs(L, metamethods, 0);
+    lua_newtable(L);
+    luaL_setfuncs(L, methods, 0);
+    /* The Lua layer adds the methods that wait (acquire) to this table. */
+    lua_pushvalue(L, -1);
+    lua_setfield(L, -4, "bucket_methods");
+    lua_setfield(L, -2, "__index");
+    lua_pop(L, 1);
+    lua_pushcfunction(L, bucket_l_new);
+    lua_setfield(L, -2, "bucket");
+}

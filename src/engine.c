@@ -1,0 +1,762 @@
+/*
+ * ratewise.Engine and ratewise.Transfer: HTTP transfers on one libcurl multi
+ * handle.
+ *
+ * The engine never sleeps on its own account and never calls Lua from a
+ * libcurl callback: the callbacks only append to C buffers owned by the
+ * transfer, and everything Lua sees is built after libcurl has returned.
+ * engine:poll(timeout) is the one place that waits, for socket activity or
+ * the timeout, whichever comes first; the Lua layer decides when to call it.
+ * Connections live in the multi handle's cache, so they are reused across
+ * transfers; easy handles are recycled through a small pool.
+ */
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <curl/curl.h>
+
+#include "lauxlib.h"
+#include "ratewise.h"
+
+#define ENGINE_MT "ratewise.Engine"
+#define TRANSFER_MT "ratewise.Transfer"
+#define ENGINE_POOL_MAX 64
+#define ENGINE_MAX_HEADER_BYTES (1024 * 1024)
+#define ENGINE_DEFAULT_MAX_BODY (64.0 * 1024 * 1024)
+
+/* Transfer user values */
+#define TRANSFER_UV_ENGINE 1 /* keeps the engine alive while the transfer is */
+#define TRANSFER_UV_BODY 2   /* keeps the request body alive while curl reads it */
+
+typedef struct engine_buf {
+    char *data;
+    size_t len, cap;
+} engine_buf;
+
+enum transfer_state { TRANSFER_RUNNING, TRANSFER_DONE, TRANSFER_CLOSED };
+enum transfer_abort { ABORT_NONE, ABORT_CANCELLED, ABORT_ENGINE_CLOSED };
+
+struct engine;
+
+typedef struct transfer {
+    struct engine *engine; /* set while running */
+    CURL *easy;            /* set while running */
+    struct curl_slist *headers;
+    engine_buf body, head;
+    size_t max_body;
+    int body_too_large, headers_too_large, out_of_memory;
+    enum transfer_state state;
+    enum transfer_abort aborted;
+    CURLcode code;
+    char errbuf[CURL_ERROR_SIZE];
+    /* gathered from the easy handle when the transfer ends */
+    long status, request_size, redirects;
+    double total_time;
+    char *effective_url;
+    struct transfer *prev, *next; /* the engine's list of running transfers */
+} transfer;
+
+typedef struct engine {
+    CURLM *multi;
+    transfer *running;
+    int nrunning;
+    CURL *pool[ENGINE_POOL_MAX];
+    int npool;
+} engine;
+
+/* ---- buffers ---- */
+
+static int engine_buf_append(engine_buf *b, const char *p, size_t n)
+{
+    if (n > (size_t)-1 - b->len - 1) return 0;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 1024;
+        char *data;
+        while (cap < b->len + n + 1) cap = cap > (size_t)-1 / 2 ? b->len + n + 1 : cap * 2;
+        data = (char *)realloc(b->data, cap);
+        if (!data) return 0;
+        b->data = data;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, p, n);
+    b->len += n;
+    return 1;
+}
+
+static void engine_buf_free(engine_buf *b)
+{
+    free(b->data);
+    b->data = NULL;
+    b->len = b->cap = 0;
+}
+
+/* ---- libcurl callbacks: C only, no Lua ---- */
+
+static size_t engine_on_body(char *ptr, size_t size, size_t nmemb, void *ud)
+{
+    transfer *t = (transfer *)ud;
+    size_t n = size * nmemb;
+    if (n > t->max_body || t->body.len > t->max_body - n) {
+        t->body_too_large = 1;
+        return 0; /* aborts the transfer: nothing is buffered past the limit */
+    }
+    if (!engine_buf_append(&t->body, ptr, n)) {
+        t->out_of_memory = 1;
+        return 0;
+    }
+    return n;
+}
+
+static size_t engine_on_header(char *ptr, size_t size, size_t nmemb, void *ud)
+{
+    transfer *t = (transfer *)ud;
+    size_t n = size * nmemb;
+    /* Each response (interim 1xx, every redirect hop) starts with its status
+     * line; keep only the headers of the last one. */
+    if (n >= 5 && memcmp(ptr, "HTTP/", 5) == 0) t->head.len = 0;
+    if (t->head.len + n > ENGINE_MAX_HEADER_BYTES) {
+        t->headers_too_large = 1;
+        return 0;
+    }
+    if (!engine_buf_append(&t->head, ptr, n)) {
+        t->out_of_memory = 1;
+        return 0;
+    }
+    return n;
+}
+
+/* ---- engine internals ---- */
+
+static CURL *engine_take_easy(engine *e)
+{
+    if (e->npool > 0) {
+        CURL *easy = e->pool[--e->npool];
+        curl_easy_reset(easy);
+        return easy;
+    }
+    return curl_easy_init();
+}
+
+static void engine_give_easy(engine *e, CURL *easy)
+{
+    if (e && e->multi && e->npool < ENGINE_POOL_MAX) e->pool[e->npool++] = easy;
+    else curl_easy_cleanup(easy);
+}
+
+static void engine_unlink(engine *e, transfer *t)
+{
+    if (t->prev) t->prev->next = t->next;
+    else e->running = t->next;
+    if (t->next) t->next->prev = t->prev;
+    t->prev = t->next = NULL;
+    e->nrunning--;
+}
+
+/* Takes a running transfer off the multi handle, keeping what libcurl knows
+ * about its outcome, and recycles the easy handle. */
+static void engine_finish(transfer *t, CURLcode code, enum transfer_abort aborted)
+{
+    engine *e = t->engine;
+    CURL *easy = t->easy;
+    char *url = NULL;
+    if (!e || !easy) return;
+    t->code = code;
+    t->aborted = aborted;
+    curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &t->status);
+    curl_easy_getinfo(easy, CURLINFO_REQUEST_SIZE, &t->request_size);
+    curl_easy_getinfo(easy, CURLINFO_REDIRECT_COUNT, &t->redirects);
+    curl_easy_getinfo(easy, CURLINFO_TOTAL_TIME, &t->total_time);
+    if (curl_easy_getinfo(easy, CURLINFO_EFFECTIVE_URL, &url) == CURLE_OK && url) {
+        size_t n = strlen(url);
+        t->effective_url = (char *)malloc(n + 1);
+        if (t->effective_url) memcpy(t->effective_url, url, n + 1);
+    }
+    /* Removing a transfer that has not completed closes its connection
+     * instead of returning it to the cache, which is what an abort needs. */
+    curl_multi_remove_handle(e->multi, easy);
+    engine_unlink(e, t);
+    engine_give_easy(e, easy);
+    t->easy = NULL;
+    t->engine = NULL;
+    t->state = TRANSFER_DONE;
+}
+
+static void transfer_release(transfer *t)
+{
+    if (t->state == TRANSFER_RUNNING) engine_finish(t, CURLE_ABORTED_BY_CALLBACK, ABORT_CANCELLED);
+    if (t->easy) { /* configured, but start failed before it ran */
+        curl_easy_cleanup(t->easy);
+        t->easy = NULL;
+    }
+    curl_slist_free_all(t->headers);
+    t->headers = NULL;
+    engine_buf_free(&t->body);
+    engine_buf_free(&t->head);
+    free(t->effective_url);
+    t->effective_url = NULL;
+    t->state = TRANSFER_CLOSED;
+}
+
+static engine *engine_check(lua_State *L)
+{
+    engine *e = (engine *)luaL_checkudata(L, 1, ENGINE_MT);
+    if (!e->multi) luaL_argerror(L, 1, "engine is closed");
+    return e;
+}
+
+/* ---- request options ---- */
+
+static int engine_opt_field(lua_State *L, int req, const char *name, int type, const char *what)
+{
+    int t = lua_getfield(L, req, name);
+    if (t == LUA_TNIL) {
+        lua_pop(L, 1);
+        return 0;
+    }
+    if (t != type)
+        luaL_error(L, "request option '%s' must be %s (got %s)", name, what, luaL_typename(L, -1));
+    return 1;
+}
+
+static double engine_opt_seconds(lua_State *L, int req, const char *name)
+{
+    double v;
+    if (!engine_opt_field(L, req, name, LUA_TNUMBER, "a number of seconds")) return -1;
+    v = lua_tonumber(L, -1);
+    lua_pop(L, 1);
+    if (!(v > 0) || isnan(v)) luaL_error(L, "request option '%s' must be positive", name);
+    return v;
+}
+
+static long engine_ms(double seconds)
+{
+    double ms = ceil(seconds * 1000.0);
+    if (ms < 1) ms = 1;
+    return ms > (double)LONG_MAX / 2 ? LONG_MAX / 2 : (long)ms;
+}
+
+static int engine_has_crlf(const char *s, size_t n)
+{
+    return memchr(s, '\r', n) != NULL || memchr(s, '\n', n) != NULL || memchr(s, '\0', n) != NULL;
+}
+
+/* Sets up t->easy from the request table at index req. Misuse raises. */
+static void engine_configure(lua_State *L, transfer *t, int req, int tidx)
+{
+    CURL *easy = t->easy;
+    const char *method;
+    size_t len;
+    double seconds;
+    int follow = 1;
+    const char *url;
+
+    engine_opt_field(L, req, "url", LUA_TSTRING, "a string");
+    url = lua_tolstring(L, -1, &len);
+    if (!url) luaL_error(L, "request option 'url' is required");
+    if (engine_has_crlf(url, len)) luaL_error(L, "request url contains CR, LF or NUL");
+    curl_easy_setopt(easy, CURLOPT_URL, url); /* copied by libcurl */
+    lua_pop(L, 1);
+
+    if (engine_opt_field(L, req, "method", LUA_TSTRING, "a string")) {
+        method = lua_tolstring(L, -1, &len);
+        if (len == 0 || engine_has_crlf(method, len) || memchr(method, ' ', len))
+            luaL_error(L, "request method is not a valid HTTP method");
+        if (strcmp(method, "HEAD") == 0)
+            curl_easy_setopt(easy, CURLOPT_NOBODY, 1L);
+        else if (strcmp(method, "POST") == 0)
+            curl_easy_setopt(easy, CURLOPT_POST, 1L);
+        else if (strcmp(method, "GET") != 0)
+            curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, method); /* copied */
+        lua_pop(L, 1);
+    }
+
+    if (engine_opt_field(L, req, "body", LUA_TSTRING, "a string")) {
+        const char *body = lua_tolstring(L, -1, &len);
+        lua_setiuservalue(L, tidx, TRANSFER_UV_BODY); /* libcurl does not copy it */
+        curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+        curl_easy_setopt(easy, CURLOPT_POSTFIELDS, body);
+    } else if (engine_opt_field(L, req, "empty_body", LUA_TBOOLEAN, "a boolean")) {
+        /* Sends "Content-Length: 0", as servers expect of a POST or PUT. */
+        if (lua_toboolean(L, -1)) {
+            curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)0);
+            curl_easy_setopt(easy, CURLOPT_POSTFIELDS, "");
+        }
+        lua_pop(L, 1);
+    }
+
+    if (engine_opt_field(L, req, "headers", LUA_TTABLE, "a table")) {
+        lua_Integer i, n = luaL_len(L, -1);
+        for (i = 1; i <= n; i++) {
+            struct curl_slist *next;
+            const char *line;
+            if (lua_geti(L, -1, i) != LUA_TSTRING)
+                luaL_error(L, "request header %d must be a string", (int)i);
+            line = lua_tolstring(L, -1, &len);
+            if (engine_has_crlf(line, len))
+                luaL_error(L, "request header %d contains CR, LF or NUL", (int)i);
+            next = curl_slist_append(t->headers, line); /* copied */
+            if (!next) luaL_error(L, "out of memory building request headers");
+            t->headers = next;
+            lua_pop(L, 1);
+        }
+        lua_pop(L, 1);
+    }
+    {
+        /* Without this, libcurl waits up to a second for "100 Continue"
+         * before sending a large body. */
+        struct curl_slist *next = curl_slist_append(t->headers, "Expect:");
+        if (!next) luaL_error(L, "out of memory building request headers");
+        t->headers = next;
+    }
+    curl_easy_setopt(easy, CURLOPT_HTTPHEADER, t->headers);
+
+    if ((seconds = engine_opt_seconds(L, req, "timeout")) > 0)
+        curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, engine_ms(seconds));
+
+    if (engine_opt_field(L, req, "follow_redirects", LUA_TBOOLEAN, "a boolean")) {
+        follow = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+    }
+    curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, (long)follow);
+    curl_easy_setopt(easy, CURLOPT_MAXREDIRS, 10L);
+
+    t->max_body = (size_t)ENGINE_DEFAULT_MAX_BODY;
+    if (engine_opt_field(L, req, "max_body", LUA_TNUMBER, "a number of bytes")) {
+        lua_Number mb = lua_tonumber(L, -1);
+        if (!(mb >= 0) || mb > (lua_Number)((size_t)-1 / 2))
+            luaL_error(L, "request option 'max_body' must be a non-negative number of bytes");
+        t->max_body = (size_t)mb;
+        lua_pop(L, 1);
+    }
+
+    if (engine_opt_field(L, req, "verify_tls", LUA_TBOOLEAN, "a boolean")) {
+        if (!lua_toboolean(L, -1)) {
+            curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 0L);
+            curl_easy_setopt(easy, CURLOPT_SSL_VERIFYHOST, 0L);
+        }
+        lua_pop(L, 1);
+    }
+
+    /* Only http and https, also after a redirect. */
+#if LIBCURL_VERSION_NUM >= 0x075500
+    curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(easy, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+#else
+    curl_easy_setopt(easy, CURLOPT_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
+    curl_easy_setopt(easy, CURLOPT_REDIR_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
+#endif
+    curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, t->errbuf);
+    curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, engine_on_body);
+    curl_easy_setopt(easy, CURLOPT_WRITEDATA, t);
+    curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, engine_on_header);
+    curl_easy_setopt(easy, CURLOPT_HEADERDATA, t);
+    curl_easy_setopt(easy, CURLOPT_PRIVATE, t);
+}
+
+/* ---- Engine methods ---- */
+
+/* core.engine() -> engine */
+static int engine_l_new(lua_State *L)
+{
+    engine *e = (engine *)lua_newuserdatauv(L, sizeof(engine), 1);
+    memset(e, 0, sizeof *e); /* closed until the multi handle exists */
+    luaL_setmetatable(L, ENGINE_MT);
+    lua_newtable(L); /* running transfers, keyed by their address */
+    lua_setiuservalue(L, -2, 1);
+    e->multi = curl_multi_init();
+    if (!e->multi) {
+        lua_pushnil(L);
+        lua_pushliteral(L, "libcurl could not create a multi handle");
+        return 2;
+    }
+    return 1;
+}
+
+/* engine:start(request) -> transfer. Misuse raises; a transfer that cannot
+ * be started gives nil, err. */
+static int engine_l_start(lua_State *L)
+{
+    engine *e = engine_check(L);
+    transfer *t;
+    CURLMcode mc;
+    luaL_checktype(L, 2, LUA_TTABLE);
+    lua_settop(L, 2);
+    t = (transfer *)lua_newuserdatauv(L, sizeof(transfer), 2);
+    memset(t, 0, sizeof *t);
+    t->state = TRANSFER_CLOSED; /* nothing to release yet */
+    luaL_setmetatable(L, TRANSFER_MT);
+    lua_pushvalue(L, 1);
+    lua_setiuservalue(L, 3, TRANSFER_UV_ENGINE);
+
+    t->easy = engine_take_easy(e);
+    if (!t->easy) {
+        lua_pushnil(L);
+        lua_pushliteral(L, "libcurl could not create an easy handle");
+        return 2;
+    }
+    t->state = TRANSFER_DONE; /* owns an easy handle from here on */
+    t->engine = e;
+    engine_configure(L, t, 2, 3); /* may raise: __gc releases the handle */
+    mc = curl_multi_add_handle(e->multi, t->easy);
+    if (mc != CURLM_OK) {
+        engine_give_easy(e, t->easy);
+        t->easy = NULL;
+        t->engine = NULL;
+        lua_pushnil(L);
+        lua_pushstring(L, curl_multi_strerror(mc));
+        return 2;
+    }
+    t->state = TRANSFER_RUNNING;
+    t->next = e->running;
+    if (e->running) e->running->prev = t;
+    e->running = t;
+    e->nrunning++;
+    lua_getiuservalue(L, 1, 1);
+    lua_pushvalue(L, 3);
+    lua_rawsetp(L, -2, t);
+    lua_pop(L, 1);
+    return 1;
+}
+
+/* Moves every finished transfer from the multi handle to the table at
+ * index out. Returns how many. */
+static int engine_collect(lua_State *L, engine *e, int out)
+{
+    CURLMsg *msg;
+    int left, n = 0;
+    lua_getiuservalue(L, 1, 1);
+    while ((msg = curl_multi_info_read(e->multi, &left)) != NULL) {
+        transfer *t = NULL;
+        if (msg->msg != CURLMSG_DONE) continue;
+        curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&t);
+        if (!t) continue;
+        engine_finish(t, msg->data.result, ABORT_NONE); /* msg is invalid after this */
+        lua_rawgetp(L, -1, t);
+        lua_rawseti(L, out, ++n);
+        lua_pushnil(L);
+        lua_rawsetp(L, -2, t);
+    }
+    lua_pop(L, 1);
+    return n;
+}
+
+/* engine:poll([timeout]) -> array of the transfers that finished.
+ * Drives every running transfer; when none has finished, waits at most
+ * timeout seconds (default 0) for socket activity or a libcurl timer. */
+static int engine_l_poll(lua_State *L)
+{
+    engine *e = engine_check(L);
+    lua_Number timeout = luaL_optnumber(L, 2, 0);
+    int running, out;
+    luaL_argcheck(L, timeout >= 0, 2, "timeout must be a non-negative number of seconds");
+    lua_settop(L, 2);
+    lua_newtable(L);
+    out = lua_gettop(L);
+    curl_multi_perform(e->multi, &running);
+    if (engine_collect(L, e, out) == 0 && timeout > 0) {
+        long curl_ms = -1, ms = engine_ms(timeout);
+        if (ms > INT_MAX) ms = INT_MAX;
+        if (e->nrunning > 0 && curl_multi_timeout(e->multi, &curl_ms) == CURLM_OK
+            && curl_ms >= 0 && curl_ms < ms)
+            ms = curl_ms;
+        curl_multi_poll(e->multi, NULL, 0, (int)ms, NULL);
+        curl_multi_perform(e->multi, &running);
+        engine_collect(L, e, out);
+    }
+    return 1;
+}
+
+/* engine:running() -> number of transfers in flight */
+static int engine_l_running(lua_State *L)
+{
+    lua_pushinteger(L, engine_check(L)->nrunning);
+    return 1;
+}
+
+/* Idempotent; __gc, __close and engine:close() all come here. Transfers
+ * still running end as aborted. */
+static int engine_l_close(lua_State *L)
+{
+    engine *e = (engine *)luaL_checkudata(L, 1, ENGINE_MT);
+    if (!e->multi) return 0;
+    while (e->running) {
+        transfer *t = e->running;
+        engine_finish(t, CURLE_ABORTED_BY_CALLBACK, ABORT_ENGINE_CLOSED);
+    }
+    while (e->npool > 0) curl_easy_cleanup(e->pool[--e->npool]);
+    curl_multi_cleanup(e->multi);
+    e->multi = NULL;
+    return 0;
+}
+
+/* ---- Transfer methods ---- */
+
+static transfer *transfer_check(lua_State *L)
+{
+    transfer *t = (transfer *)luaL_checkudata(L, 1, TRANSFER_MT);
+    if (t->state == TRANSFER_CLOSED) luaL_argerror(L, 1, "transfer is closed");
+    return t;
+}
+
+static int transfer_l_done(lua_State *L)
+{
+    lua_pushboolean(L, transfer_check(L)->state == TRANSFER_DONE);
+    return 1;
+}
+
+/* Drops a transfer from its engine's table of running transfers. */
+static void transfer_unregister(lua_State *L, transfer *t)
+{
+    if (lua_getiuservalue(L, 1, TRANSFER_UV_ENGINE) == LUA_TUSERDATA) {
+        lua_getiuservalue(L, -1, 1);
+        lua_pushnil(L);
+        lua_rawsetp(L, -2, t);
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+}
+
+/* transfer:cancel(): aborts a running transfer and closes its connection. */
+static int transfer_l_cancel(lua_State *L)
+{
+    transfer *t = transfer_check(L);
+    if (t->state == TRANSFER_RUNNING) {
+        transfer_unregister(L, t);
+        engine_finish(t, CURLE_ABORTED_BY_CALLBACK, ABORT_CANCELLED);
+    }
+    return 0;
+}
+
+static int transfer_l_close(lua_State *L)
+{
+    transfer *t = (transfer *)luaL_checkudata(L, 1, TRANSFER_MT);
+    if (t->state == TRANSFER_RUNNING) transfer_unregister(L, t);
+    if (t->state != TRANSFER_CLOSED) transfer_release(t);
+    return 0;
+}
+
+static int transfer_l_gc(lua_State *L)
+{
+    /* A transfer that is collected is no longer in its engine's table. */
+    transfer *t = (transfer *)luaL_checkudata(L, 1, TRANSFER_MT);
+    if (t->state != TRANSFER_CLOSED) transfer_release(t);
+    return 0;
+}
+
+static int engine_lower(int c) { return (c >= 'A' && c <= 'Z') ? c + 32 : c; }
+
+/* Parses the stored header block into a table at the top of the stack:
+ * lower-case names, values trimmed, repeated fields joined with ", ". */
+static void transfer_push_headers(lua_State *L, const transfer *t)
+{
+    const char *p = t->head.data, *end = p ? p + t->head.len : NULL;
+    int tbl, have_last = 0;
+    lua_newtable(L);
+    tbl = lua_gettop(L);
+    lua_pushnil(L); /* name of the last field, for obs-fold continuations */
+    while (p && p < end) {
+        const char *eol = (const char *)memchr(p, '\n', (size_t)(end - p));
+        const char *line = p, *lend = eol ? eol : end, *colon, *v, *vend;
+        p = eol ? eol + 1 : end;
+        if (lend > line && lend[-1] == '\r') lend--;
+        if (lend == line || (lend - line >= 5 && memcmp(line, "HTTP/", 5) == 0)) continue;
+        if (*line == ' ' || *line == '\t') { /* obs-fold: continues the last value */
+            if (!have_last) continue;
+            while (line < lend && (*line == ' ' || *line == '\t')) line++;
+            lua_pushvalue(L, -1);
+            lua_rawget(L, tbl);
+            lua_pushliteral(L, " ");
+            lua_pushlstring(L, line, (size_t)(lend - line));
+            lua_concat(L, 3);
+            lua_pushvalue(L, -2);
+            lua_insert(L, -2);
+            lua_rawset(L, tbl);
+            continue;
+        }
+        colon = (const char *)memchr(line, ':', (size_t)(lend - line));
+        if (!colon || colon == line) continue;
+        {
+            luaL_Buffer name;
+            const char *c;
+            int valid = 1;
+            for (c = line; c < colon; c++)
+                if (*c == ' ' || *c == '\t') valid = 0;
+            if (!valid) continue;
+            lua_pop(L, 1);
+            luaL_buffinit(L, &name);
+            for (c = line; c < colon; c++) luaL_addchar(&name, (char)engine_lower((unsigned char)*c));
+            luaL_pushresult(&name);
+        }
+        have_last = 1;
+        v = colon + 1;
+        vend = lend;
+        while (v < vend && (*v == ' ' || *v == '\t')) v++;
+        while (vend > v && (vend[-1] == ' ' || vend[-1] == '\t')) vend--;
+        lua_pushvalue(L, -1);
+        if (lua_rawget(L, tbl) == LUA_TSTRING) {
+            lua_pushliteral(L, ", ");
+            lua_pushlstring(L, v, (size_t)(vend - v));
+            lua_concat(L, 3);
+        } else {
+            lua_pop(L, 1);
+            lua_pushlstring(L, v, (size_t)(vend - v));
+        }
+        lua_pushvalue(L, -2);
+        lua_insert(L, -2);
+        lua_rawset(L, tbl);
+    }
+    lua_pop(L, 1);
+}
+
+static int transfer_retryable(CURLcode code)
+{
+    switch (code) {
+    case CURLE_COULDNT_RESOLVE_PROXY:
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_COULDNT_CONNECT:
+    case CURLE_WEIRD_SERVER_REPLY:
+    case CURLE_PARTIAL_FILE:
+    case CURLE_OPERATION_TIMEDOUT:
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_GOT_NOTHING:
+    case CURLE_SEND_ERROR:
+    case CURLE_RECV_ERROR:
+    case CURLE_HTTP2:
+    case CURLE_HTTP2_STREAM:
+    case CURLE_HTTP3:
+    case CURLE_QUIC_CONNECT_ERROR:
+    case CURLE_PROXY:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static int transfer_tls_failure(CURLcode code)
+{
+    switch (code) {
+    case CURLE_PEER_FAILED_VERIFICATION:
+    case CURLE_SSL_CERTPROBLEM:
+    case CURLE_SSL_CIPHER:
+    case CURLE_SSL_CACERT_BADFILE:
+    case CURLE_SSL_ISSUER_ERROR:
+    case CURLE_SSL_PINNEDPUBKEYNOTMATCH:
+    case CURLE_SSL_INVALIDCERTSTATUS:
+    case CURLE_SSL_CRL_BADFILE:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static void transfer_setfield_bool(lua_State *L, const char *k, int v)
+{
+    lua_pushboolean(L, v);
+    lua_setfield(L, -2, k);
+}
+
+/* transfer:result() -> response table | nil, error table */
+static int transfer_l_result(lua_State *L)
+{
+    transfer *t = transfer_check(L);
+    if (t->state != TRANSFER_DONE) return luaL_argerror(L, 1, "transfer is still running");
+    if (t->code == CURLE_OK && !t->aborted) {
+        lua_createtable(L, 0, 6);
+        lua_pushinteger(L, t->status);
+        lua_setfield(L, -2, "status");
+        transfer_push_headers(L, t);
+        lua_setfield(L, -2, "headers");
+        lua_pushlstring(L, t->body.data ? t->body.data : "", t->body.len);
+        lua_setfield(L, -2, "body");
+        if (t->effective_url) {
+            lua_pushstring(L, t->effective_url);
+            lua_setfield(L, -2, "url");
+        }
+        lua_pushinteger(L, t->redirects);
+        lua_setfield(L, -2, "redirects");
+        lua_pushnumber(L, t->total_time);
+        lua_setfield(L, -2, "time");
+        return 1;
+    }
+    lua_pushnil(L);
+    lua_createtable(L, 0, 8);
+    lua_pushinteger(L, t->code);
+    lua_setfield(L, -2, "code");
+    if (t->aborted == ABORT_CANCELLED) lua_pushliteral(L, "transfer cancelled");
+    else if (t->aborted == ABORT_ENGINE_CLOSED) lua_pushliteral(L, "engine closed during the transfer");
+    else if (t->body_too_large)
+        lua_pushfstring(L, "response body too large (limit %I bytes)", (lua_Integer)t->max_body);
+    else if (t->headers_too_large)
+        lua_pushfstring(L, "response headers too large (limit %d bytes)", ENGINE_MAX_HEADER_BYTES);
+    else if (t->out_of_memory) lua_pushliteral(L, "out of memory buffering the response");
+    else if (t->errbuf[0]) lua_pushstring(L, t->errbuf);
+    else lua_pushstring(L, curl_easy_strerror(t->code));
+    lua_setfield(L, -2, "message");
+    lua_pushstring(L, curl_easy_strerror(t->code));
+    lua_setfield(L, -2, "curl");
+    transfer_setfield_bool(L, "retryable", !t->aborted && !t->body_too_large
+                           && !t->headers_too_large && transfer_retryable(t->code));
+    /* Nothing reached the server: safe to try again whatever the method. */
+    transfer_setfield_bool(L, "sent", t->request_size > 0);
+    transfer_setfield_bool(L, "timeout", t->code == CURLE_OPERATION_TIMEDOUT);
+    transfer_setfield_bool(L, "tls", transfer_tls_failure(t->code));
+    transfer_setfield_bool(L, "too_large", t->body_too_large || t->headers_too_large);
+    transfer_setfield_bool(L, "cancelled", t->aborted != ABORT_NONE);
+    if (t->status > 0) {
+        lua_pushinteger(L, t->status);
+        lua_setfield(L, -2, "status");
+    }
+    return 2;
+}
+
+static int transfer_l_tostring(lua_State *L)
+{
+    transfer *t = (transfer *)luaL_checkudata(L, 1, TRANSFER_MT);
+    static const char *const states[] = { "running", "done", "closed" };
+    lua_pushfstring(L, "ratewise.Transfer (%s)", states[t->state]);
+    return 1;
+}
+
+void rw_engine_register(lua_State *L)
+{
+    static const luaL_Reg engine_methods[] = {
+        { "start", engine_l_start },
+        { "poll", engine_l_poll },
+        { "running", engine_l_running },
+        { "close", engine_l_close },
+        { NULL, NULL }
+    };
+    static const luaL_Reg engine_meta[] = {
+        { "__gc", engine_l_close },
+        { "__close", engine_l_close },
+        { NULL, NULL }
+    };
+    static const luaL_Reg transfer_methods[] = {
+        { "done", transfer_l_done },
+        { "result", transfer_l_result },
+        { "cancel", transfer_l_cancel },
+        { "close", transfer_l_close },
+        { NULL, NULL }
+    };
+    static const luaL_Reg transfer_meta[] = {
+        { "__gc", transfer_l_gc },
+        { "__close", transfer_l_close },
+        { "__tostring", transfer_l_tostring },
+        { NULL, NULL }
+    };
+    luaL_newmetatable(L, ENGINE_MT);
+    luaL_setfuncs(L, engine_meta, 0);
+    luaL_newlib(L, engine_methods);
+    lua_setfield(L, -2, "__index");
+    lua_pop(L, 1);
+    luaL_newmetatable(L, TRANSFER_MT);
+    luaL_setfuncs(L, transfer_meta, 0);
+    luaL_newlib(L, transfer_methods);
+    lua_setfield(L, -2, "__index");
+    lua_pop(L, 1);
+    lua_pushcfunction(L, engine_l_new);
+    lua_setfield(L, -2, "engine");
+}

@@ -1,0 +1,379 @@
+/*
+ * Parsers for the server's rate-limit hints, and the retry arithmetic.
+ *
+ * Hand-written because no maintained C library parses all three HTTP-date
+ * forms without going through the process-global locale and time zone
+ * (strptime/timegm), and these run on every retried response.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "lauxlib.h"
+#include "ratewise.h"
+
+#define PARSE_SECONDS_PER_DAY 86400.0
+
+static int parse_is_ows(char c) { return c == ' ' || c == '\t'; }
+
+static void parse_trim(const char **s, size_t *len)
+{
+    while (*len > 0 && parse_is_ows(**s)) { (*s)++; (*len)--; }
+    while (*len > 0 && parse_is_ows((*s)[*len - 1])) (*len)--;
+}
+
+static int parse_lower(int c) { return (c >= 'A' && c <= 'Z') ? c + 32 : c; }
+
+/* Case-insensitive comparison of n bytes. */
+static int parse_ieq(const char *a, const char *b, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i++)
+        if (parse_lower((unsigned char)a[i]) != parse_lower((unsigned char)b[i])) return 0;
+    return 1;
+}
+
+const char *rwp_classify(long status)
+{
+    if (status >= 200 && status <= 299) return "success";
+    switch (status) {
+    case 408: case 429: case 500: case 502: case 503: case 504:
+        return "retryable";
+    default:
+        return "terminal";
+    }
+}
+
+int rwp_parse_seconds(const char *s, size_t len, double *out)
+{
+    double value = 0.0, scale = 0.1;
+    size_t i = 0;
+    int digits = 0;
+
+    parse_trim(&s, &len);
+    while (i < len && s[i] >= '0' && s[i] <= '9') {
+        /* Saturate long before a double could overflow. */
+        if (value < RW_MAX_SECONDS) value = value * 10.0 + (s[i] - '0');
+        i++; digits++;
+    }
+    if (digits == 0) return 0;
+    if (i < len && s[i] == '.') {
+        int frac = 0;
+        i++;
+        while (i < len && s[i] >= '0' && s[i] <= '9') {
+            value += (s[i] - '0') * scale;
+            scale /= 10.0;
+            i++; frac++;
+        }
+        if (frac == 0) return 0;
+    }
+    if (i != len) return 0;
+    *out = value > RW_MAX_SECONDS ? RW_MAX_SECONDS : value;
+    return 1;
+}
+
+/* ---- HTTP-date ---- */
+
+static const char *const parse_months[12] = {
+    "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"
+};
+static const char *const parse_days_long[7] = {
+    "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"
+};
+
+/* A cursor over the input; every reader checks bounds, so no parser can read
+ * past len. */
+typedef struct parse_cursor { const char *s; size_t len, pos; } parse_cursor;
+
+static int parse_char(parse_cursor *c, char ch)
+{
+    if (c->pos < c->len && c->s[c->pos] == ch) { c->pos++; return 1; }
+    return 0;
+}
+
+/* Exactly n digits. */
+static int parse_digits(parse_cursor *c, int n, int *out)
+{
+    int v = 0, i;
+    if (c->len - c->pos < (size_t)n) return 0;
+    for (i = 0; i < n; i++) {
+        char ch = c->s[c->pos + i];
+        if (ch < '0' || ch > '9') return 0;
+        v = v * 10 + (ch - '0');
+    }
+    c->pos += n;
+    *out = v;
+    return 1;
+}
+
+static int parse_month(parse_cursor *c, int *month)
+{
+    int m;
+    if (c->len - c->pos < 3) return 0;
+    for (m = 0; m < 12; m++) {
+        if (parse_ieq(c->s + c->pos, parse_months[m], 3)) {
+            c->pos += 3;
+            *month = m + 1;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* The short day name ("Sun"), or with long_names the full one ("Sunday"). */
+static int parse_day_name(parse_cursor *c, int long_names)
+{
+    int d;
+    for (d = 0; d < 7; d++) {
+        const char *name = parse_days_long[d];
+        size_t n = long_names ? strlen(name) : 3;
+        if (c->len - c->pos >= n && parse_ieq(c->s + c->pos, name, n)) {
+            c->pos += n;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int parse_time_of_day(parse_cursor *c, int *h, int *m, int *s)
+{
+    return parse_digits(c, 2, h) && parse_char(c, ':') && parse_digits(c, 2, m)
+        && parse_char(c, ':') && parse_digits(c, 2, s)
+        && *h <= 23 && *m <= 59 && *s <= 60; /* 60: a leap second */
+}
+
+static int parse_is_leap(int y) { return (y % 4 == 0 && y % 100 != 0) || y % 400 == 0; }
+
+static int parse_days_in_month(int y, int m)
+{
+    static const int days[12] = { 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31 };
+    return (m == 2 && parse_is_leap(y)) ? 29 : days[m - 1];
+}
+
+/* Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's
+ * days_from_civil), exact for every four-digit year. */
+static long parse_days_from_civil(long y, int m, int d)
+{
+    long era, yoe, doy, doe;
+    y -= m <= 2;
+    era = (y >= 0 ? y : y - 399) / 400;
+    yoe = y - era * 400;
+    doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+    doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    return era * 146097 + doe - 719468;
+}
+
+static int parse_finish(int y, int mon, int d, int h, int mi, int s, double *out)
+{
+    if (d < 1 || d > parse_days_in_month(y, mon)) return 0;
+    *out = (double)parse_days_from_civil(y, mon, d) * PARSE_SECONDS_PER_DAY
+         + h * 3600.0 + mi * 60.0 + s;
+    return 1;
+}
+
+/* The calendar year of an epoch time, for two-digit years. */
+static long parse_year_of(double epoch)
+{
+    /* civil_from_days, year part only */
+    long z = (long)floor(epoch / PARSE_SECONDS_PER_DAY) + 719468;
+    long era = (z >= 0 ? z : z - 146096) / 146097;
+    long doe = z - era * 146097;
+    long yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    long doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    long mp = (5 * doy + 2) / 153;
+    return yoe + era * 400 + (mp >= 10);
+}
+
+/* "Sun, 06 Nov 1994 08:49:37 GMT" */
+static int parse_imf_fixdate(parse_cursor *c, double *out)
+{
+    int d, mon, y, h, mi, s;
+    if (!(parse_day_name(c, 0) && parse_char(c, ',') && parse_char(c, ' ')
+          && parse_digits(c, 2, &d) && parse_char(c, ' ') && parse_month(c, &mon)
+          && parse_char(c, ' ') && parse_digits(c, 4, &y) && parse_char(c, ' ')
+          && parse_time_of_day(c, &h, &mi, &s) && parse_char(c, ' ')))
+        return 0;
+    if (c->len - c->pos != 3 || !parse_ieq(c->s + c->pos, "GMT", 3)) return 0;
+    return parse_finish(y, mon, d, h, mi, s, out);
+}
+
+/* "Sunday, 06-Nov-94 08:49:37 GMT" */
+static int parse_rfc850(parse_cursor *c, double now, double *out)
+{
+    int d, mon, yy, h, mi, s;
+    long y, this_year;
+    if (!(parse_day_name(c, 1) && parse_char(c, ',') && parse_char(c, ' ')
+          && parse_digits(c, 2, &d) && parse_char(c, '-') && parse_month(c, &mon)
+          && parse_char(c, '-') && parse_digits(c, 2, &yy) && parse_char(c, ' ')
+          && parse_time_of_day(c, &h, &mi, &s) && parse_char(c, ' ')))
+        return 0;
+    if (c->len - c->pos != 3 || !parse_ieq(c->s + c->pos, "GMT", 3)) return 0;
+    /* RFC 9110 5.6.7: a two-digit year more than 50 years in the future
+     * means the most recent past year with the same last two digits. */
+    this_year = parse_year_of(now);
+    y = this_year - this_year % 100 + yy;
+    if (y > this_year + 50) y -= 100;
+    return parse_finish((int)y, mon, d, h, mi, s, out);
+}
+
+/* "Sun Nov  6 08:49:37 1994" */
+static int parse_asctime(parse_cursor *c, double *out)
+{
+    int d, mon, y, h, mi, s;
+    if (!(parse_day_name(c, 0) && parse_char(c, ' ') && parse_month(c, &mon)
+          && parse_char(c, ' ')))
+        return 0;
+    if (parse_char(c, ' ')) {
+        if (!parse_digits(c, 1, &d)) return 0;
+    } else if (!parse_digits(c, 2, &d)) {
+        return 0;
+    }
+    if (!(parse_char(c, ' ') && parse_time_of_day(c, &h, &mi, &s) && parse_char(c, ' ')
+          && parse_digits(c, 4, &y) && c->pos == c->len))
+        return 0;
+    return parse_finish(y, mon, d, h, mi, s, out);
+}
+
+int rwp_parse_http_date(const char *s, size_t len, double now, double *out)
+{
+    parse_cursor c;
+    parse_trim(&s, &len);
+    c.s = s; c.len = len; c.pos = 0;
+    if (parse_imf_fixdate(&c, out)) return 1;
+    c.pos = 0;
+    if (parse_rfc850(&c, now, out)) return 1;
+    c.pos = 0;
+    return parse_asctime(&c, out);
+}
+
+int rwp_parse_retry_after(const char *s, size_t len, double now, double *out)
+{
+    double v;
+    if (rwp_parse_seconds(s, len, &v)) { *out = v; return 1; }
+    if (rwp_parse_http_date(s, len, now, &v)) {
+        *out = v > now ? v - now : 0.0;
+        if (*out > RW_MAX_SECONDS) *out = RW_MAX_SECONDS;
+        return 1;
+    }
+    return 0;
+}
+
+double rwp_backoff(double attempt, double base, double max_delay,
+                   enum rwp_jitter jitter, double u, double previous)
+{
+    /* ldexp saturates to +inf for huge attempts; min() then caps it. */
+    double grown = ldexp(base, attempt > 2000 ? 2000 : (int)attempt);
+    double cap = grown < max_delay ? grown : max_delay;
+    double hi, d;
+    switch (jitter) {
+    case RWP_JITTER_NONE:
+        return cap;
+    case RWP_JITTER_EQUAL:
+        return cap / 2 + u * cap / 2;
+    case RWP_JITTER_DECORRELATED:
+        /* AWS "decorrelated jitter": uniform in [base, 3 * previous). */
+        hi = previous * 3 > base ? previous * 3 : base;
+        d = base + u * (hi - base);
+        return d < max_delay ? d : max_delay;
+    case RWP_JITTER_FULL:
+    default:
+        return u * cap;
+    }
+}
+
+/* ---- Lua bindings ---- */
+
+static int parse_l_classify(lua_State *L)
+{
+    lua_Integer status;
+    if (lua_type(L, 1) != LUA_TNUMBER || !lua_isinteger(L, 1)) {
+        lua_Number n = lua_tonumber(L, 1);
+        if (lua_type(L, 1) != LUA_TNUMBER || n != floor(n) || fabs(n) > 1e9)
+            return luaL_argerror(L, 1, "status must be an integer");
+        status = (lua_Integer)n;
+    } else {
+        status = lua_tointeger(L, 1);
+    }
+    lua_pushstring(L, rwp_classify(status < 0 || status > 999 ? 0 : (long)status));
+    return 1;
+}
+
+/* The "now" argument, or the wall clock when it is absent. */
+static double parse_now(lua_State *L, int arg)
+{
+    lua_Number now;
+    if (lua_isnoneornil(L, arg)) return rw_clock_realtime();
+    now = luaL_checknumber(L, arg);
+    luaL_argcheck(L, isfinite(now), arg, "now must be a finite number");
+    return now;
+}
+
+/* Both return nil for a value that does not parse; a non-string raises. */
+static int parse_l_http_date(lua_State *L)
+{
+    size_t len;
+    const char *s = luaL_checklstring(L, 1, &len);
+    double out;
+    if (rwp_parse_http_date(s, len, parse_now(L, 2), &out)) lua_pushnumber(L, out);
+    else lua_pushnil(L);
+    return 1;
+}
+
+static int parse_l_retry_after(lua_State *L)
+{
+    size_t len;
+    const char *s = luaL_checklstring(L, 1, &len);
+    double out;
+    if (rwp_parse_retry_after(s, len, parse_now(L, 2), &out)) lua_pushnumber(L, out);
+    else lua_pushnil(L);
+    return 1;
+}
+
+static int parse_l_seconds(lua_State *L)
+{
+    size_t len;
+    const char *s = luaL_checklstring(L, 1, &len);
+    double out;
+    if (rwp_parse_seconds(s, len, &out)) lua_pushnumber(L, out);
+    else lua_pushnil(L);
+    return 1;
+}
+
+/* backoff(attempt, base, max_delay, jitter, u [, previous]): the options are
+ * checked by the Lua layer, which names them; these checks catch misuse of
+ * the core itself. */
+static int parse_l_backoff(lua_State *L)
+{
+    static const char *const names[] = { "none", "full", "equal", "decorrelated", NULL };
+    static const enum rwp_jitter kinds[] = {
+        RWP_JITTER_NONE, RWP_JITTER_FULL, RWP_JITTER_EQUAL, RWP_JITTER_DECORRELATED
+    };
+    lua_Number attempt = luaL_checknumber(L, 1);
+    lua_Number base = luaL_checknumber(L, 2);
+    lua_Number max_delay = luaL_checknumber(L, 3);
+    int jitter = luaL_checkoption(L, 4, "full", names);
+    lua_Number u = luaL_optnumber(L, 5, 0.0);
+    lua_Number previous = luaL_optnumber(L, 6, base);
+    luaL_argcheck(L, attempt >= 0 && attempt == floor(attempt), 1,
+                  "attempt must be a non-negative integer");
+    luaL_argcheck(L, base > 0 && isfinite(base), 2, "base must be a positive number");
+    luaL_argcheck(L, max_delay >= 0 && !isnan(max_delay), 3,
+                  "max_delay must be a non-negative number");
+    luaL_argcheck(L, u >= 0 && u < 1, 5, "random value must be in [0, 1)");
+    luaL_argcheck(L, previous >= 0 && isfinite(previous), 6,
+                  "previous delay must be a non-negative number");
+    lua_pushnumber(L, rwp_backoff(attempt, base, max_delay, kinds[jitter], u, previous));
+    return 1;
+}
+
+void rw_parse_register(lua_State *L)
+{
+    static const luaL_Reg funcs[] = {
+        { "classify", parse_l_classify },
+        { "parse_http_date", parse_l_http_date },
+        { "parse_retry_after", parse_l_retry_after },
+        { "parse_seconds", parse_l_seconds },
+        { "backoff", parse_l_backoff },
+        { NULL, NULL }
+    };
+    luaL_setfuncs(L, funcs, 0);
+}

@@ -1,0 +1,56 @@
+/*
+ * ratewise C core: declarations shared between the files of src/.
+ *
+ * Only luaopen_ratewise_core is exported from the shared object; everything
+ * declared here has hidden visibility (see the Makefile's -fvisibility=hidden).
+ * The parsers are plain C (no Lua) so that the fuzz targets can call them.
+ */
+#ifndef RATEWISE_H
+#define RATEWISE_H
+
+#include <stddef.h>
+#include "lua.h"
+
+#define RW_VERSION "0.1.0"
+
+/* Longest wait any parser reports, in seconds (about 31 billion years).
+ * A hint larger than this saturates instead of overflowing. */
+#define RW_MAX_SECONDS 1e18
+
+/* ---- parse.c: pure parsers, no Lua ---- */
+
+/* "success", "retryable" or "terminal" for an HTTP status code. */
+const char *rwp_classify(long status);
+
+/* A non-negative decimal number of seconds ("120", "1.5"); no sign, no
+ * exponent, no inner space; surrounding SP/HTAB allowed. Saturates at
+ * RW_MAX_SECONDS. Returns 1 and sets *out, or 0. */
+int rwp_parse_seconds(const char *s, size_t len, double *out);
+
+/* An HTTP-date in any of the three forms of RFC 9110 section 5.6.7.
+ * now (epoch seconds) resolves two-digit years. Returns 1 and sets *out to
+ * epoch seconds, or 0. */
+int rwp_parse_http_date(const char *s, size_t len, double now, double *out);
+
+/* A Retry-After value: delta-seconds or HTTP-date, relative to now.
+ * Returns 1 and sets *out to seconds >= 0, or 0. */
+int rwp_parse_retry_after(const char *s, size_t len, double now, double *out);
+
+enum rwp_jitter { RWP_JITTER_NONE, RWP_JITTER_FULL, RWP_JITTER_EQUAL, RWP_JITTER_DECORRELATED };
+
+/* Capped exponential backoff. u is a uniform random number in [0,1);
+ * previous is the last delay (decorrelated jitter only). */
+double rwp_backoff(double attempt, double base, double max_delay,
+                   enum rwp_jitter jitter, double u, double previous);
+
+/* ---- registration of each file's Lua functions into the module table ---- */
+void rw_parse_register(lua_State *L);
+void rw_bucket_register(lua_State *L);
+void rw_engine_register(lua_State *L);
+
+/* Clocks in seconds (core.c): monotonic for deadlines and buckets, the wall
+ * clock only to compare with dates the server sent. */
+double rw_clock_monotonic(void);
+double rw_clock_realtime(void);
+
+#endif
