@@ -50,7 +50,7 @@ test: deps $(CORE)
 	$(LUA_ENV) $(LUA) /usr/bin/busted -o spec/support/summary.lua spec/
 
 demo: deps $(CORE)
-	@$(LUA_ENV) $(LUA) examples/run_demo.lua
+	@$(LUA_ENV) $(LUA) examples/demo.lua
 
 bench: deps $(CORE)
 	@$(MAKE) -s -C bench

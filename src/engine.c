@@ -331,6 +331,14 @@ static void engine_configure(lua_State *L, transfer *t, int req, int tidx)
         lua_pop(L, 1);
     }
 
+    /* libcurl silently re-sends a request whose reused connection turns out
+     * to be dead, even one the server may have acted on; a request that must
+     * not be replayed asks for a connection of its own. */
+    if (engine_opt_field(L, req, "fresh_connect", LUA_TBOOLEAN, "a boolean")) {
+        curl_easy_setopt(easy, CURLOPT_FRESH_CONNECT, (long)lua_toboolean(L, -1));
+        lua_pop(L, 1);
+    }
+
     if (engine_opt_field(L, req, "verify_tls", LUA_TBOOLEAN, "a boolean")) {
         if (!lua_toboolean(L, -1)) {
             curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 0L);
@@ -611,9 +619,14 @@ static void transfer_push_headers(lua_State *L, const transfer *t)
     lua_pop(L, 1);
 }
 
-static int transfer_retryable(CURLcode code)
+static int transfer_retryable(const transfer *t)
 {
-    switch (code) {
+    switch (t->code) {
+    case CURLE_UNSUPPORTED_PROTOCOL:
+        /* With no status line, the server answered with something that is
+         * not HTTP ("HTTP/0.9"); with one, a redirect pointed to a scheme
+         * that is refused, which no retry will change. */
+        return t->status == 0 && t->request_size > 0;
     case CURLE_COULDNT_RESOLVE_PROXY:
     case CURLE_COULDNT_RESOLVE_HOST:
     case CURLE_COULDNT_CONNECT:
@@ -698,7 +711,7 @@ static int transfer_l_result(lua_State *L)
     lua_pushstring(L, curl_easy_strerror(t->code));
     lua_setfield(L, -2, "curl");
     transfer_setfield_bool(L, "retryable", !t->aborted && !t->body_too_large
-                           && !t->headers_too_large && transfer_retryable(t->code));
+                           && !t->headers_too_large && transfer_retryable(t));
     /* Nothing reached the server: safe to try again whatever the method. */
     transfer_setfield_bool(L, "sent", t->request_size > 0);
     transfer_setfield_bool(L, "timeout", t->code == CURLE_OPERATION_TIMEDOUT);

@@ -206,6 +206,9 @@ function fetch.fetch(url, opts)
     empty_body = opts.body == nil and has_body[method] or nil,
     follow_redirects = opts.follow_redirects ~= false,
     max_body = opts.max_body, verify_tls = opts.verify_tls,
+    -- libcurl re-sends a request on its own when a reused connection turns
+    -- out to be dead; only a replay-safe request may take that chance.
+    fresh_connect = not safe or nil,
   }
   local state = { attempts = 0, started = now() }
   local deadline = state.started + max_elapsed

@@ -1,0 +1,533 @@
+-- rw.fetch against a real HTTP/1.1 server on loopback (spec/support/server.py),
+-- asserting what that server saw.
+local rw = require "ratewise"
+local server = require "spec.support.server"
+
+local quiet = { on_retry = false }
+
+local function opts(extra)
+  local o = { on_retry = false }
+  for k, v in pairs(extra or {}) do o[k] = v end
+  return o
+end
+
+-- A sleep that records what it was asked and returns at once: for specs about
+-- which delay was chosen, not about waiting.
+local function recording_sleep()
+  local asked = {}
+  return asked, function(s) asked[#asked + 1] = s end
+end
+
+local function lua_cmd(script_path)
+  return "LUA_PATH='./lua/?.lua;./lua/?/init.lua;./?.lua;;' LUA_CPATH='./build/?.so;;' lua5.4 "
+    .. script_path .. " 2>&1"
+end
+
+describe("rw.fetch", function()
+  local s
+
+  setup(function() s = server.start() end)
+  teardown(function() s:stop() end)
+  before_each(function() s:reset() end)
+
+  describe("responses", function()
+    it("returns status, headers, body, attempts and elapsed", function()
+      s:script("/hello", { {
+        status = 200, body = "hi there",
+        headers = { ["X-Thing"] = "one", ["X-Multi"] = { "a", "b" }, ["Content-Type"] = "text/plain" },
+      } })
+      local res = assert(rw.fetch(s:url("/hello"), quiet))
+      assert.equal(200, res.status)
+      assert.equal("hi there", res.body)
+      assert.equal(1, res.attempts)
+      assert.is_true(res.elapsed >= 0 and res.elapsed < 1)
+      assert.equal("one", res.headers["x-thing"])
+      assert.equal("one", res.headers["X-Thing"])
+      assert.equal("text/plain", res.headers["CONTENT-TYPE"])
+      assert.equal("a, b", res.headers["x-multi"])
+    end)
+
+    it("sends the method, headers and body it is given", function()
+      local res = assert(rw.fetch(s:url("/echo"), opts {
+        method = "put", headers = { ["X-Api-Version"] = "7", Accept = "application/json" }, body = "payload",
+      }))
+      assert.equal(200, res.status)
+      local seen = s:log("/echo")[1]
+      assert.equal("PUT", seen.method)
+      assert.equal("payload", seen.body)
+      assert.equal("7", seen.headers["x-api-version"])
+      assert.equal("application/json", seen.headers["accept"])
+      assert.matches("^ratewise/", seen.headers["user-agent"])
+    end)
+
+    it("sends Content-Length: 0 on a POST without a body", function()
+      assert(rw.fetch(s:url("/echo"), opts { method = "POST" }))
+      assert.equal("0", s:log("/echo")[1].headers["content-length"])
+    end)
+
+    it("answers HEAD without a body", function()
+      local res = assert(rw.fetch(s:url("/echo"), opts { method = "HEAD" }))
+      assert.equal(200, res.status)
+      assert.equal("", res.body)
+      assert.equal("HEAD", s:log("/echo")[1].method)
+    end)
+
+    it("follows redirects by default, and returns a 3xx when told not to", function()
+      s:script("/moved", { { action = "redirect", location = "/final" } })
+      s:script("/final", { { status = 200, body = "here" } })
+      local res = assert(rw.fetch(s:url("/moved"), quiet))
+      assert.equal("here", res.body)
+      res = assert(rw.fetch(s:url("/moved"), opts { follow_redirects = false }))
+      assert.equal(302, res.status)
+      assert.equal("/final", res.headers.location)
+    end)
+  end)
+
+  describe("upstream hints are minimum waits", function()
+    it("waits out Retry-After: 1 before the retry reaches the server", function()
+      s:script("/ra", { { status = 429, headers = { ["Retry-After"] = "1" } }, { status = 200 } })
+      local res = assert(rw.fetch(s:url("/ra"), quiet))
+      assert.equal(2, res.attempts)
+      local log = s:log("/ra")
+      assert.equal(2, #log)
+      local gap = log[2].t - log[1].t
+      assert.is_true(gap >= 1.0, "retry came after " .. gap .. " s")
+      assert.is_true(gap < 1.3, "retry came after " .. gap .. " s")
+    end)
+
+    it("waits until a Retry-After HTTP-date", function()
+      local at = os.time() + 2
+      s:script("/date", {
+        { status = 503, headers = { ["Retry-After"] = os.date("!%a, %d %b %Y %H:%M:%S GMT", at) } },
+        { status = 200 },
+      })
+      assert(rw.fetch(s:url("/date"), quiet))
+      local log = s:log("/date")
+      assert.is_true(log[2].wall >= at, string.format("retry at %.3f, asked for %d", log[2].wall, at))
+    end)
+
+    it("waits until x-ratelimit-reset (epoch seconds)", function()
+      local at = os.time() + 2
+      s:script("/reset", { { status = 429, headers = { ["X-RateLimit-Reset"] = tostring(at) } }, { status = 200 } })
+      assert(rw.fetch(s:url("/reset"), quiet))
+      local log = s:log("/reset")
+      assert.is_true(log[2].wall >= at, string.format("retry at %.3f, asked for %d", log[2].wall, at))
+    end)
+
+    it("never caps a hint with max_delay, which caps only the fallback backoff", function()
+      local asked, sleep = recording_sleep()
+      s:script("/big", { { status = 429, headers = { ["Retry-After"] = "30" } }, { status = 503 }, { status = 200 } })
+      assert(rw.fetch(s:url("/big"), opts { sleep = sleep, max_delay = 0.5 }))
+      assert.equal(30, asked[1])
+      assert.is_true(asked[2] < 0.5)
+    end)
+
+    it("lets a delay hook lengthen a wait or replace the backoff, never shorten a hint", function()
+      local asked, sleep = recording_sleep()
+      local seen = {}
+      s:script("/hook", {
+        { status = 429, headers = { ["Retry-After"] = "5" } },
+        { status = 503 },
+        { status = 503 },
+        { status = 200 },
+      })
+      local res = assert(rw.fetch(s:url("/hook"), opts {
+        sleep = sleep,
+        delay = function(res, attempt)
+          seen[#seen + 1] = { status = res.status, attempt = attempt }
+          if attempt == 2 then return nil end
+          return 2
+        end,
+      }))
+      assert.equal(4, res.attempts)
+      assert.same({ 5, 2 }, { asked[1], asked[2] })   -- 2 < the hint of 5; 2 replaces backoff
+      assert.is_true(asked[3] < 4)                       -- nil: the built-in backoff
+      assert.same({ status = 429, attempt = 0 }, seen[1])
+      assert.same({ status = 503, attempt = 1 }, seen[2])
+    end)
+  end)
+
+  describe("the time budget", function()
+    it("stops at once when a hint will not fit in max_elapsed", function()
+      s:script("/long", { { status = 429, headers = { ["Retry-After"] = "10" } }, { status = 200 } })
+      local t0 = rw.now()
+      local res, err = rw.fetch(s:url("/long"), opts { max_elapsed = 2 })
+      assert.is_nil(res)
+      assert.equal("budget", err.kind)
+      assert.equal(429, err.status)
+      assert.equal(429, err.response.status)
+      assert.equal(1, err.attempts)
+      assert.is_true(rw.now() - t0 < 0.5)
+      assert.equal(1, #s:log("/long"))
+      assert.matches("10.00 s", err.message)
+    end)
+
+    it("cuts an attempt's timeout to what is left of the budget", function()
+      s:script("/hang", { { action = "hang", delay = 10 } })
+      local t0 = rw.now()
+      local res, err = rw.fetch(s:url("/hang"), opts { timeout = 30, max_elapsed = 0.6 })
+      local took = rw.now() - t0
+      assert.is_nil(res)
+      assert.equal("budget", err.kind)
+      assert.is_true(took >= 0.55 and took < 0.7, "took " .. took)
+    end)
+
+    it("counts the limiter's waits against the budget", function()
+      local b = rw.bucket { capacity = 1, rate = 2 }
+      b:acquire()
+      local res, err = rw.fetch(s:url("/x"), opts { limiter = b, max_elapsed = 0.3 })
+      assert.is_nil(res)
+      assert.equal("budget", err.kind)
+      assert.equal(0, #s:log("/x"))
+    end)
+  end)
+
+  describe("replay safety", function()
+    it("retries GET, HEAD, OPTIONS, PUT and DELETE", function()
+      for _, method in ipairs { "GET", "HEAD", "OPTIONS", "PUT", "DELETE" } do
+        s:reset()
+        s:script("/m", { { status = 503 }, { status = 200 } })
+        local res = assert(rw.fetch(s:url("/m"), opts { method = method, sleep = function() end }))
+        assert.equal(2, res.attempts, method)
+        assert.equal(2, #s:log("/m"), method)
+      end
+    end)
+
+    it("does not replay a POST or PATCH: kind unsafe right after the first failure", function()
+      for _, method in ipairs { "POST", "PATCH" } do
+        s:reset()
+        s:script("/p", { { status = 503 }, { status = 200 } })
+        local res, err = rw.fetch(s:url("/p"), opts { method = method, body = "{}" })
+        assert.is_nil(res)
+        assert.equal("unsafe", err.kind)
+        assert.equal(503, err.status)
+        assert.equal(1, err.attempts)
+        assert.equal(1, #s:log("/p"))
+        assert.matches("idempotency_key", err.message)
+      end
+    end)
+
+    it("does not replay a POST whose connection failed after it was sent", function()
+      s:script("/p", { { action = "drop" }, { status = 200 } })
+      local res, err = rw.fetch(s:url("/p"), opts { method = "POST", body = "x" })
+      assert.is_nil(res)
+      assert.equal("unsafe", err.kind)
+      assert.is_nil(err.status)
+      assert.equal(1, #s:log("/p"))
+    end)
+
+    it("retries a POST with retry_non_idempotent", function()
+      s:script("/p", { { status = 502 }, { status = 201 } })
+      local res = assert(rw.fetch(s:url("/p"), opts { method = "POST", retry_non_idempotent = true,
+        sleep = function() end }))
+      assert.equal(201, res.status)
+      assert.equal(2, #s:log("/p"))
+    end)
+
+    it("retries a POST with an idempotency key, sending the same key every time", function()
+      s:script("/p", { { status = 503 }, { status = 429 }, { status = 200 } })
+      local res = assert(rw.fetch(s:url("/p"), opts { method = "POST", body = "charge",
+        idempotency_key = "order-42", sleep = function() end }))
+      assert.equal(3, res.attempts)
+      for _, seen in ipairs(s:log("/p")) do
+        assert.equal("order-42", seen.headers["idempotency-key"])
+        assert.equal("charge", seen.body)
+      end
+    end)
+
+    it("generates a UUIDv4 key for idempotency_key = true, the same on every attempt", function()
+      s:script("/p", { { status = 503 }, { status = 200 } })
+      assert(rw.fetch(s:url("/p"), opts { method = "POST", idempotency_key = true, sleep = function() end }))
+      local log = s:log("/p")
+      local key = log[1].headers["idempotency-key"]
+      assert.matches("^%x%x%x%x%x%x%x%x%-%x%x%x%x%-4%x%x%x%-[89ab]%x%x%x%-%x%x%x%x%x%x%x%x%x%x%x%x$", key)
+      assert.equal(key, log[2].headers["idempotency-key"])
+      assert(rw.fetch(s:url("/p"), opts { method = "POST", idempotency_key = true }))
+      assert.not_equal(key, s:log("/p")[3].headers["idempotency-key"])
+    end)
+
+    it("treats an Idempotency-Key header as making the request replay-safe", function()
+      s:script("/p", { { status = 503 }, { status = 200 } })
+      assert(rw.fetch(s:url("/p"), opts { method = "POST", headers = { ["Idempotency-Key"] = "k1" },
+        sleep = function() end }))
+      assert.equal(2, #s:log("/p"))
+    end)
+  end)
+
+  describe("terminal statuses and max_retries", function()
+    it("never retries a terminal status", function()
+      for _, status in ipairs { 400, 401, 403, 404, 422, 501 } do
+        s:reset()
+        s:script("/t", { { status = status, body = "nope" } })
+        local res, err = rw.fetch(s:url("/t"), quiet)
+        assert.is_nil(res)
+        assert.equal("terminal", err.kind)
+        assert.equal(status, err.status)
+        assert.equal("nope", err.response.body)
+        assert.equal(1, err.attempts)
+        assert.equal(1, #s:log("/t"))
+        assert.matches("terminal", tostring(err))
+      end
+    end)
+
+    it("bounds the retries with max_retries: kind exhausted", function()
+      s:script("/e", { { status = 500 } })
+      local res, err = rw.fetch(s:url("/e"), opts { max_retries = 2, sleep = function() end })
+      assert.is_nil(res)
+      assert.equal("exhausted", err.kind)
+      assert.equal(500, err.status)
+      assert.equal(3, err.attempts)
+      assert.equal(3, #s:log("/e"))
+      local _, err0 = rw.fetch(s:url("/e"), opts { max_retries = 0 })
+      assert.equal("exhausted", err0.kind)
+      assert.equal(1, err0.attempts)
+    end)
+
+    it("retries each retryable status", function()
+      for _, status in ipairs { 408, 429, 500, 502, 503, 504 } do
+        s:reset()
+        s:script("/r", { { status = status }, { status = 200 } })
+        local res = assert(rw.fetch(s:url("/r"), opts { sleep = function() end }))
+        assert.equal(2, res.attempts, status)
+      end
+    end)
+  end)
+
+  describe("transport failures", function()
+    -- libcurl itself re-sends a request once when a reused connection dies
+    -- before any answer, so the attempts the caller sees may be one or two;
+    -- the server's log tells what happened.
+    for _, action in ipairs { "drop", "reset", "garbage", "truncate" } do
+      it("retries after a connection that ends in a " .. action, function()
+        s:script("/f", { { action = action, body = "partial" }, { status = 200, body = "fine" } })
+        local infos = {}
+        local res = assert(rw.fetch(s:url("/f"), {
+          sleep = function() end, on_retry = function(info) infos[#infos + 1] = info end,
+        }))
+        assert.equal("fine", res.body)
+        assert.equal(2, #s:log("/f"))
+        assert.equal(#infos + 1, res.attempts)
+        if infos[1] then
+          assert.is_nil(infos[1].status)
+          assert.is_string(infos[1].error)
+          assert.equal("backoff", infos[1].source)
+        end
+      end)
+
+      it("does not replay a POST after a connection that ends in a " .. action, function()
+        assert(rw.fetch(s:url("/warm"), quiet)) -- leave an idle connection to reuse
+        s:script("/f", { { action = action, body = "partial" }, { status = 200, body = "fine" } })
+        local res, err = rw.fetch(s:url("/f"), opts { method = "POST", body = "once" })
+        assert.is_nil(res)
+        assert.equal("unsafe", err.kind)
+        assert.equal(1, #s:log("/f"))
+      end)
+    end
+
+    it("retries after an attempt timed out", function()
+      s:script("/slow", { { action = "hang", delay = 5 }, { status = 200 } })
+      local t0 = rw.now()
+      local res = assert(rw.fetch(s:url("/slow"), opts { timeout = 0.3, sleep = function() end }))
+      assert.equal(2, res.attempts)
+      assert.is_true(rw.now() - t0 < 1)
+    end)
+
+    it("retries a refused connection, even for a POST, since nothing was sent", function()
+      local res, err = rw.fetch("http://127.0.0.1:1/", opts { method = "POST", max_retries = 2,
+        sleep = function() end })
+      assert.is_nil(res)
+      assert.equal("exhausted", err.kind)
+      assert.equal(3, err.attempts)
+      assert.is_nil(err.status)
+      assert.is_nil(err.response)
+    end)
+
+    describe("over TLS", function()
+      local tls, dir
+      setup(function()
+        dir = os.tmpname()
+        os.remove(dir)
+        assert(os.execute("mkdir -p " .. dir))
+        assert(os.execute("openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=127.0.0.1 -keyout "
+          .. dir .. "/key.pem -out " .. dir .. "/cert.pem 2>/dev/null"))
+        tls = server.start { tls = { cert = dir .. "/cert.pem", key = dir .. "/key.pem" } }
+      end)
+      teardown(function()
+        tls:stop()
+        os.execute("rm -rf " .. dir)
+      end)
+
+      it("verifies certificates by default and does not retry a failure", function()
+        local t0 = rw.now()
+        local res, err = rw.fetch(tls:url("/x"), opts { sleep = function() error("must not sleep") end })
+        assert.is_nil(res)
+        assert.equal("network", err.kind)
+        assert.equal(1, err.attempts)
+        assert.matches("TLS", err.message)
+        assert.is_true(rw.now() - t0 < 1)
+      end)
+
+      it("connects with verify_tls = false", function()
+        local res = assert(rw.fetch(tls:url("/x"), opts { verify_tls = false }))
+        assert.equal(200, res.status)
+      end)
+    end)
+  end)
+
+  describe("connections", function()
+    it("keeps one connection alive across attempts and calls", function()
+      s:script("/k", { { status = 503, body = string.rep("e", 100000) }, { status = 200 } })
+      assert(rw.fetch(s:url("/k"), opts { sleep = function() end }))
+      assert(rw.fetch(s:url("/k"), quiet))
+      assert(rw.fetch(s:url("/other"), quiet))
+      local log = s:log()
+      assert.equal(4, #log)
+      for i = 2, 4 do
+        assert.equal(log[1].conn, log[i].conn)
+        assert.equal(log[i - 1].conn_seq + 1, log[i].conn_seq)
+      end
+    end)
+  end)
+
+  describe("the limiter and on_retry", function()
+    it("calls limiter:acquire(1) before every attempt, retries included", function()
+      local calls = {}
+      local limiter = { acquire = function(_, n) calls[#calls + 1] = n end }
+      s:script("/l", { { status = 503 }, { status = 503 }, { status = 200 } })
+      assert(rw.fetch(s:url("/l"), opts { limiter = limiter, sleep = function() end }))
+      assert.same({ 1, 1, 1 }, calls)
+    end)
+
+    it("paces requests through a bucket", function()
+      local b = rw.bucket { capacity = 1, rate = 10 }
+      for _ = 1, 4 do assert(rw.fetch(s:url("/paced"), opts { limiter = b })) end
+      local log = s:log("/paced")
+      assert.is_true(log[4].t - log[1].t >= 0.29, tostring(log[4].t - log[1].t))
+    end)
+
+    it("tells on_retry the status, delay, attempt, max_retries and source", function()
+      s:script("/i", { { status = 429, headers = { ["Retry-After"] = "2" } }, { status = 503 }, { status = 200 } })
+      local infos = {}
+      assert(rw.fetch(s:url("/i"), {
+        sleep = function() end, max_retries = 5,
+        on_retry = function(info) infos[#infos + 1] = info end,
+      }))
+      assert.equal(2, #infos)
+      assert.equal(429, infos[1].status)
+      assert.equal(2, infos[1].delay)
+      assert.equal(1, infos[1].attempt)
+      assert.equal(5, infos[1].max_retries)
+      assert.equal("retry-after", infos[1].source)
+      assert.equal(503, infos[2].status)
+      assert.equal(2, infos[2].attempt)
+      assert.equal("backoff", infos[2].source)
+      assert.is_nil(infos[1].error)
+    end)
+
+    it("reports a failing callback clearly", function()
+      s:script("/cb", { { status = 503 }, { status = 200 } })
+      local ok, msg = pcall(rw.fetch, s:url("/cb"), { sleep = function() end, on_retry = function() error("boom") end })
+      assert.is_false(ok)
+      assert.matches("'on_retry' callback raised an error: .*boom", msg)
+      s:script("/cb", { { status = 503 }, { status = 200 } })
+      ok, msg = pcall(rw.fetch, s:url("/cb"), opts { sleep = function() end, delay = function() return "soon" end })
+      assert.is_false(ok)
+      assert.matches("'delay' callback must return", msg)
+    end)
+  end)
+
+  describe("secrets", function()
+    it("never prints Authorization, Cookie or URL userinfo, in logs or errors", function()
+      s:script("/s1", {
+        { status = 503, body = "busy" },
+        { action = "drop" },
+        { action = "redirect", location = "/s2" },
+      })
+      s:script("/s2", { { status = 429, headers = { ["Retry-After"] = "0" } } })
+      local script = os.tmpname()
+      local f = assert(io.open(script, "w"))
+      f:write(([[
+        local rw = require "ratewise"
+        local secret_url = "http://alice-user:pass-secret-789@127.0.0.1:%d/s1?api_key=key-secret-000"
+        local headers = { Authorization = "Bearer sk-secret-token-123", Cookie = "session=cookie-secret-456",
+          ["Proxy-Authorization"] = "Basic proxy-secret-321" }
+        local res, err = rw.fetch(secret_url, { headers = headers, base = 0.01, max_retries = 4 })
+        print(tostring(err)); print(err.message)
+        local res2, err2 = rw.fetch("http://alice-user:pass-secret-789@127.0.0.1:1/x?api_key=key-secret-000",
+          { headers = headers, base = 0.01, max_retries = 1, method = "POST", body = "x" })
+        print(tostring(err2)); print(err2.message, err2.transport and err2.transport.message)
+        rw.fetch(secret_url, { headers = headers, base = 0.01, max_retries = 1, on_retry = function(info)
+          for k, v in pairs(info) do print("info", k, v) end
+        end })
+      ]]):format(s.port))
+      f:close()
+      local p = assert(io.popen(lua_cmd(script)))
+      local out = p:read("a")
+      p:close()
+      os.remove(script)
+      assert.matches("retrying GET http://127.0.0.1:%d+/s1 in %d.%d%d s %(503, attempt 1/4, backoff%)", out)
+      assert.matches("exhausted", out)
+      assert.matches("info%s+url%s+http://127.0.0.1", out)
+      for _, secret in ipairs { "sk-secret-token-123", "cookie-secret-456", "pass-secret-789", "alice-user",
+        "proxy-secret-321", "key-secret-000" } do
+        assert.is_nil(out:find(secret, 1, true), secret .. " leaked in:\n" .. out)
+      end
+      -- ...and the server did receive them: they were sent, just never printed.
+      local seen = s:log("/s1")[1]
+      assert.equal("Bearer sk-secret-token-123", seen.headers.authorization)
+    end)
+  end)
+
+  describe("bad input", function()
+    it("refuses a URL that is not http(s)", function()
+      for _, url in ipairs { "file:///etc/passwd", "ftp://example.com/", "gopher://x", "example.com", "" } do
+        assert.error_matches(function() rw.fetch(url) end, "url must be http")
+      end
+      assert.error_matches(function() rw.fetch(42) end, "url must be a string")
+      assert.error_matches(function() rw.fetch("http://a b/") end, "white space")
+    end)
+
+    it("refuses a redirect to a scheme that is not http(s)", function()
+      s:script("/r", { { action = "redirect", location = "file:///etc/passwd" } })
+      local res, err = rw.fetch(s:url("/r"), quiet)
+      assert.is_nil(res)
+      assert.equal("network", err.kind)
+      assert.equal(1, err.attempts)
+    end)
+
+    it("refuses header names and values with CR or LF, without echoing the value", function()
+      assert.error_matches(function()
+        rw.fetch(s:url("/x"), { headers = { ["X-Evil"] = "a\r\nInjected: yes" } })
+      end, "header 'X%-Evil' has a value containing CR, LF")
+      assert.error_matches(function()
+        rw.fetch(s:url("/x"), { headers = { ["Bad\nName"] = "v" } })
+      end, "not a valid HTTP field name")
+      local ok, msg = pcall(rw.fetch, s:url("/x"), { headers = { Authorization = "secret\n" } })
+      assert.is_false(ok)
+      assert.is_nil(msg:find("secret", 1, true))
+      assert.equal(0, #s:log("/x"))
+    end)
+
+    it("refuses bad options, naming them", function()
+      local cases = {
+        { { timeout = -1 }, "'timeout' must be a positive number" },
+        { { timeout = "5" }, "'timeout' must be a positive number" },
+        { { timeout = 0 / 0 }, "'timeout'" },
+        { { max_retries = 1.5 }, "'max_retries'" },
+        { { max_elapsed = 0 }, "'max_elapsed'" },
+        { { method = 5 }, "'method' must be a string" },
+        { { method = "GE T" }, "not a valid HTTP method" },
+        { { headers = "x" }, "'headers' must be a table" },
+        { { limiter = {} }, "'limiter'" },
+        { { on_retry = true }, "'on_retry'" },
+        { { idempotency_key = "" }, "'idempotency_key'" },
+        { { retries = 3 }, "unknown option 'retries'" },
+      }
+      for _, case in ipairs(cases) do
+        assert.error_matches(function() rw.fetch(s:url("/x"), case[1]) end, case[2])
+      end
+      assert.error_matches(function() rw.fetch(s:url("/x"), "GET") end, "options must be a table")
+      assert.equal(0, #s:log("/x"))
+    end)
+  end)
+end)

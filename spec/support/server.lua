@@ -1,0 +1,238 @@
+--- Lua 5.4 driver for the scriptable test server (spec/support/server.py).
+--
+--   local server = require "spec.support.server"
+--   local s = server.start{ args = {"--api-rate", "5"} }
+--   s:script("/x", { {status = 429, headers = {["Retry-After"] = "1"}},
+--                    {status = 200, body = "ok"} })
+--   ... make requests to s:url("/x") ...
+--   local log = s:log("/x")   -- array of request records
+--   s:reset()
+--   s:stop()
+--
+-- The require path works from the repo root (where busted runs) because
+-- Lua 5.4's default package.path contains "./?.lua".
+--
+-- Control calls use luasocket + lua-cjson only, never the project's code, so
+-- a bug in ratewise cannot hide behind a bug in its own test harness.
+
+local socket = require "socket"
+local http = require "socket.http"
+local ltn12 = require "ltn12"
+-- A private cjson instance: specs that change cjson settings don't affect us.
+local cjson = require("cjson").new()
+
+local M = {}
+
+M.PYTHON = "/usr/bin/python3" -- not the pyenv python3 first on PATH
+M.START_TIMEOUT = 5           -- seconds to wait for "listening <port> <pid>"
+M.CONTROL_TIMEOUT = 10        -- seconds for one control call
+
+-- server.py lives next to this file.
+local function script_path()
+  local src = debug.getinfo(1, "S").source
+  local dir = src:sub(1, 1) == "@" and src:sub(2):match("^(.*)/[^/]*$") or nil
+  return (dir or "spec/support") .. "/server.py"
+end
+M.SCRIPT = script_path()
+
+local function shell_quote(s)
+  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
+end
+
+local function read_file(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local data = f:read("a")
+  f:close()
+  return data
+end
+
+-- True while the process exists and is not a zombie (Linux /proc).
+local function alive(pid)
+  local stat = read_file("/proc/" .. pid .. "/stat")
+  if not stat then return false end
+  local state = stat:match(".*%) (%a)") -- after "(comm)", which may hold spaces
+  return state ~= nil and state ~= "Z" and state ~= "X"
+end
+
+local function signal(pid, sig)
+  os.execute("kill -" .. sig .. " " .. pid .. " 2>/dev/null")
+end
+
+-- The server logs text decoded as latin-1 (one char per byte); JSON carries
+-- those chars as \u00XX, which cjson turns into UTF-8. Map them back so specs
+-- see the exact bytes that went over the wire.
+local function latin1_bytes(s)
+  if type(s) ~= "string" or not s:find("[\128-\255]") then return s end
+  local out = {}
+  for _, cp in utf8.codes(s) do out[#out + 1] = string.char(cp) end
+  return table.concat(out)
+end
+
+local function url_encode(s)
+  return (s:gsub("[^%w%-%._~/]", function(c)
+    return string.format("%%%02X", c:byte())
+  end))
+end
+
+local Server = {}
+Server.__index = Server
+
+--- Start a server. opts (all optional):
+--   args    = array of extra command-line arguments for server.py
+--   timeout = seconds to wait for startup (default M.START_TIMEOUT)
+--   stderr  = file to keep the server's stderr in (default: a temp file that
+--             is deleted on stop)
+function M.start(opts)
+  opts = opts or {}
+  local out = os.tmpname()
+  local err = opts.stderr or os.tmpname()
+  local argv = { M.PYTHON, M.SCRIPT, "--exit-with-parent" }
+  for _, a in ipairs(opts.args or {}) do argv[#argv + 1] = a end
+  if opts.tls then -- {cert = PEM file, key = PEM file}: serve HTTPS
+    argv[#argv + 1] = "--tls-cert"; argv[#argv + 1] = opts.tls.cert
+    argv[#argv + 1] = "--tls-key"; argv[#argv + 1] = opts.tls.key
+  end
+  for i, a in ipairs(argv) do argv[i] = shell_quote(a) end
+
+  -- "echo $$" gives us the pid at once (exec keeps the shell's pid), so the
+  -- startup deadline can be enforced: stdout goes to a file that we poll,
+  -- instead of a blocking read on the pipe that could hang forever.
+  -- The popen handle stays open; closing it reaps the process.
+  local cmd = "echo $$; exec " .. table.concat(argv, " ")
+    .. " <" .. "/dev/null >" .. shell_quote(out) .. " 2>" .. shell_quote(err)
+  local proc = assert(io.popen(cmd, "r"))
+  local pid = tonumber(proc:read("l"))
+
+  local function fail(why)
+    if pid then signal(pid, "KILL") end
+    proc:close()
+    local stderr = read_file(err) or ""
+    os.remove(out)
+    if not opts.stderr then os.remove(err) end
+    error(("spec.support.server: %s\n  command: %s\n  stderr: %s")
+      :format(why, cmd, stderr ~= "" and stderr or "(empty)"), 0)
+  end
+  if not pid then fail("could not start the shell") end
+
+  local deadline = socket.gettime() + (opts.timeout or M.START_TIMEOUT)
+  local port
+  while true do
+    local line = read_file(out) or ""
+    port = tonumber(line:match("^listening (%d+) %d+\n"))
+    if port then break end
+    if not alive(pid) then fail("server.py exited before it was listening") end
+    if socket.gettime() > deadline then
+      fail(("no 'listening' line within %g s"):format(opts.timeout or M.START_TIMEOUT))
+    end
+    socket.sleep(0.02)
+  end
+
+  return setmetatable({
+    port = port,
+    pid = pid,
+    base = (opts.tls and "https" or "http") .. "://127.0.0.1:" .. port,
+    _proc = proc,
+    _out = out,
+    _err = err,
+    _own_err = not opts.stderr,
+  }, Server)
+end
+
+--- Stop the server (SIGTERM, then SIGKILL after 3 s). Idempotent.
+function Server:stop()
+  if self._stopped then return end
+  self._stopped = true
+  signal(self.pid, "TERM")
+  local deadline = socket.gettime() + 3
+  while alive(self.pid) and socket.gettime() < deadline do socket.sleep(0.01) end
+  if alive(self.pid) then signal(self.pid, "KILL") end
+  self._proc:close() -- waitpid: no zombie left behind
+  os.remove(self._out)
+  if self._own_err then os.remove(self._err) end
+end
+
+-- A forgotten stop() must not leave a server running. (server.py also exits
+-- by itself when its parent dies, thanks to --exit-with-parent.)
+Server.__gc = Server.stop
+
+function Server:url(path)
+  return self.base .. (path or "/")
+end
+
+-- One control call; returns the decoded JSON answer or raises a clear error.
+function Server:_control(method, path, payload)
+  assert(not self._stopped, "spec.support.server: server already stopped")
+  local body = payload ~= nil and cjson.encode(payload) or nil
+  local chunks = {}
+  -- socket.http applies its module-wide TIMEOUT to every socket it creates;
+  -- set ours just for this call.
+  local saved = http.TIMEOUT
+  http.TIMEOUT = M.CONTROL_TIMEOUT
+  local ok, res, code = pcall(http.request, {
+    url = self.base .. path,
+    method = method,
+    headers = body and {
+      ["content-type"] = "application/json",
+      ["content-length"] = tostring(#body),
+    } or nil,
+    source = body and ltn12.source.string(body) or nil,
+    sink = ltn12.sink.table(chunks),
+  })
+  http.TIMEOUT = saved
+  local where = ("spec.support.server: %s %s"):format(method, path)
+  if not ok then error(where .. " failed: " .. tostring(res), 3) end
+  if not res then error(where .. " failed: " .. tostring(code), 3) end
+  local text = table.concat(chunks)
+  if code ~= 200 then
+    error(("%s: HTTP %s: %s"):format(where, tostring(code), text), 3)
+  end
+  local decoded_ok, value = pcall(cjson.decode, text)
+  if not decoded_ok then
+    error(("%s: bad JSON (%s): %s"):format(where, value, text), 3)
+  end
+  return value
+end
+
+--- Script the responses for one path (exact match, query ignored).
+-- steps: non-empty array of step tables; the last one repeats forever.
+-- An empty step {} means "200, empty body" (cjson encodes {} as an object,
+-- which is what a step is).
+function Server:script(path, steps)
+  assert(type(path) == "string", "script: path must be a string")
+  if type(steps) ~= "table" or #steps == 0 then
+    -- cjson would encode an empty array as {} and the server would refuse it
+    -- anyway; say so here, where the mistake is.
+    error("spec.support.server: script(" .. path .. ") needs a non-empty array of steps", 2)
+  end
+  self:_control("POST", "/_script", { path = path, steps = steps })
+end
+
+--- Request records, oldest first; only those for `path` if given.
+-- Always a plain Lua sequence (an empty log is {}). Fields: seq, path,
+-- query, method, headers (lowercase names), body, t, wall, conn, conn_seq,
+-- active. Strings hold the exact request bytes.
+function Server:log(path)
+  local q = path and ("?path=" .. url_encode(path)) or ""
+  local records = self:_control("GET", "/_log" .. q)
+  local out = {}
+  for i, r in ipairs(records) do
+    -- cjson decodes every number as a float; counters read better as integers.
+    for _, k in ipairs { "seq", "conn_seq", "active" } do
+      r[k] = math.tointeger(r[k]) or r[k]
+    end
+    r.body = latin1_bytes(r.body)
+    r.path = latin1_bytes(r.path)
+    r.query = latin1_bytes(r.query)
+    for k, v in pairs(r.headers) do r.headers[k] = latin1_bytes(v) end
+    out[i] = r
+  end
+  return out
+end
+
+--- Forget all scripts, the log (seq restarts at 1) and the demo limiter.
+function Server:reset()
+  self:_control("POST", "/_reset")
+end
+
+return M

@@ -1,0 +1,469 @@
+#!/usr/bin/python3
+"""Scriptable HTTP/1.1 test server for the ratewise specs.
+
+Standard library only. Run as ``/usr/bin/python3 spec/support/server.py``
+(the pyenv ``python3`` first on PATH is a different build). Once listening it
+prints exactly one line ``listening <port> <pid>`` to stdout.
+
+What it offers (see spec/support/server.lua for the Lua driver):
+
+* ``POST /_script`` ``{"path": "/x", "steps": [step, ...]}``: requests to
+  ``/x`` consume the steps in order; the last step then repeats forever.
+* ``GET /_log[?path=/x]``: JSON array of the logged requests.
+* ``POST /_reset``: forget scripts, log and the demo rate limiter.
+* ``/echo``: describes the request as JSON.
+* ``/api/...``: a demo rate-limited API (token bucket, random 503s).
+* anything else: ``200 ok``.
+
+Control requests (paths starting with ``/_``) are neither logged nor counted
+in ``active``.
+"""
+
+import argparse
+import json
+import math
+import os
+import random
+import select
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs
+
+ACTIONS = (
+    "respond", "drop", "reset", "garbage", "hang", "slow", "truncate",
+    "chunked_forever", "redirect",
+)
+
+# Errors that only mean "the client went away"; never worth a traceback.
+CLIENT_GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError,
+               TimeoutError)
+
+
+class State:
+    """All mutable server state, shared by the handler threads."""
+
+    def __init__(self, args):
+        self.args = args
+        self.lock = threading.Lock()
+        self.active = 0  # requests being handled right now (non-control)
+        self.reset()
+
+    def reset(self):
+        with self.lock:
+            self.seq = 0
+            self.log = []
+            self.scripts = {}  # path -> {"steps": [...], "next": index}
+            self.tokens = float(self.args.api_capacity)
+            self.refilled_at = time.monotonic()
+            self.rng = random.Random(self.args.seed)
+
+    def record(self, rec):
+        """Append a request to the log, assign its seq and pick its step.
+
+        Done under one lock so that seq order and step order always agree.
+        Returns the step (dict) or None if the path has no script.
+        """
+        with self.lock:
+            self.seq += 1
+            rec["seq"] = self.seq
+            self.log.append(rec)
+            script = self.scripts.get(rec["path"])
+            if script is None:
+                return None
+            steps = script["steps"]
+            step = steps[min(script["next"], len(steps) - 1)]
+            script["next"] += 1
+            return step
+
+    def take_token(self):
+        """Token bucket of the demo API.
+
+        Returns (allowed, tokens_left, seconds_until_next_token, fail) where
+        fail says whether an allowed request should fail with a 503 anyway.
+        The RNG is only drawn for allowed requests, so a given sequence of
+        allowed/limited requests always yields the same 503s for one seed.
+        """
+        cap = float(self.args.api_capacity)
+        rate = float(self.args.api_rate)
+        with self.lock:
+            now = time.monotonic()
+            self.tokens = min(cap, self.tokens + (now - self.refilled_at) * rate)
+            self.refilled_at = now
+            if self.tokens >= 1.0:
+                self.tokens -= 1.0
+                fail = self.rng.random() < self.args.api_fail
+                return True, self.tokens, 0.0, fail
+            wait = (1.0 - self.tokens) / rate if rate > 0 else 3600.0
+            return False, self.tokens, wait, False
+
+
+def num_str(x):
+    """Format a number for a header: 5.0 -> "5", 2.5 -> "2.5"."""
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def step_bytes(s):
+    """Encode a body string from a script.
+
+    The control body is decoded with surrogateescape (see read_json), so the
+    bytes a spec put into a step body come back out unchanged, even when
+    they are not valid UTF-8.
+    """
+    return s.encode("utf-8", "surrogateescape")
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive by default
+    disable_nagle_algorithm = True  # slow/chunked writes go out at once
+    server_version = "ratewise-test-server"
+    sys_version = ""
+
+    # --- plumbing -----------------------------------------------------
+
+    def setup(self):
+        super().setup()
+        self.conn_id = "%s:%d" % self.client_address[:2]
+        self.conn_seq = 0
+
+    def parse_request(self):
+        # Called right after the request line was read: that is our `t`.
+        self.t_start = time.monotonic()
+        self.wall_start = time.time()
+        self.conn_seq += 1
+        return super().parse_request()
+
+    def log_message(self, format, *args):  # noqa: A002 - stdlib signature
+        pass  # no per-request noise on stderr
+
+    def __getattr__(self, name):
+        # handle_one_request looks up do_<METHOD>; accept every method.
+        if name.startswith("do_"):
+            return self.dispatch
+        raise AttributeError(name)
+
+    def read_body(self):
+        """Read the request body: Content-Length or chunked."""
+        te = (self.headers.get("Transfer-Encoding") or "").lower()
+        if "chunked" in te:
+            parts = []
+            while True:
+                line = self.rfile.readline(65537)
+                if not line:
+                    break
+                size = int(line.split(b";", 1)[0].strip() or b"0", 16)
+                if size == 0:
+                    # Skip trailers up to the empty line.
+                    while self.rfile.readline(65537) not in (b"\r\n", b"\n", b""):
+                        pass
+                    break
+                parts.append(self.rfile.read(size))
+                self.rfile.readline(65537)  # CRLF after the chunk data
+            return b"".join(parts)
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length > 0 else b""
+
+    def wait(self, seconds):
+        """Sleep up to `seconds`; return early if the client goes away.
+
+        Ending early keeps `active` honest and frees the thread when a client
+        times out on a delayed or hanging request. A client that only shuts
+        down its sending side also counts as gone.
+        """
+        deadline = time.monotonic() + seconds
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return True
+            try:
+                readable, _, _ = select.select([self.connection], [], [], remaining)
+                if not readable:
+                    continue
+                if self.connection.recv(1, socket.MSG_PEEK) == b"":
+                    return False  # EOF: client closed
+            except (OSError, ValueError):
+                return False
+            # Data arrived (a pipelined request): we cannot watch for EOF any
+            # more without busy-looping, so just sleep out the rest.
+            time.sleep(max(0.0, deadline - time.monotonic()))
+            return True
+
+    def write(self, data):
+        self.wfile.write(data)
+
+    def head(self, status, headers):
+        """Status line + headers (list of (name, value)), not yet flushed."""
+        self.send_response_only(status)
+        for name, value in headers:
+            # send_header also sets close_connection on "Connection: close".
+            self.send_header(name, value)
+        self.end_headers()
+
+    def respond(self, status, body=b"", headers=(), content_type=None):
+        headers = list(headers)
+        names = {n.lower() for n, _ in headers}
+        if content_type and "content-type" not in names:
+            headers.append(("Content-Type", content_type))
+        if "content-length" not in names and "transfer-encoding" not in names:
+            headers.append(("Content-Length", str(len(body))))
+        if self.close_connection and "connection" not in names:
+            headers.append(("Connection", "close"))
+        # end_headers flushes the header buffer; send the body right after.
+        self.head(status, headers)
+        if self.command != "HEAD" and body:
+            self.write(body)
+
+    def respond_json(self, status, obj, headers=()):
+        body = json.dumps(obj).encode("ascii")
+        self.respond(status, body, headers, "application/json")
+
+    def close_now(self, rst=False):
+        """Close the TCP connection from inside the handler."""
+        self.close_connection = True
+        if rst:
+            # Linger {on, 0}: close() discards everything and sends RST.
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                       struct.pack("ii", 1, 0))
+            # rfile holds a reference to the socket (makefile); close it first
+            # or socket.close() would not really close the descriptor. The
+            # later shutdown/close by socketserver then fail harmlessly.
+            self.rfile.close()
+            self.connection.close()
+
+    # --- request dispatch ---------------------------------------------
+
+    def dispatch(self):
+        state = self.server.state
+        raw_path = self.path
+        path, _, query = raw_path.partition("?")
+        body = self.read_body()
+
+        if path.startswith("/_"):
+            self.control(path, query, body)
+            return
+
+        headers = {}
+        for name, value in self.headers.items():
+            key = name.lower()
+            headers[key] = headers[key] + ", " + value if key in headers else value
+
+        with state.lock:
+            state.active += 1
+            active = state.active
+        try:
+            rec = {
+                "seq": None,  # set by state.record
+                "path": path,
+                "query": query,
+                "method": self.command,
+                "headers": headers,
+                "body": body.decode("latin-1"),
+                "t": self.t_start,
+                "wall": self.wall_start,
+                "conn": self.conn_id,
+                "conn_seq": self.conn_seq,
+                "active": active,
+            }
+            step = state.record(rec)
+            if step is not None:
+                self.scripted(step)
+            elif path == "/echo":
+                self.respond_json(200, {
+                    "method": self.command, "path": path, "query": query,
+                    "headers": headers, "body": rec["body"],
+                })
+            elif path == "/api" or path.startswith("/api/"):
+                self.api(path, rec["seq"])
+            else:
+                self.respond(200, b"ok", (), "text/plain")
+        finally:
+            with state.lock:
+                state.active -= 1
+
+    # --- control endpoints --------------------------------------------
+
+    def control(self, path, query, body):
+        state = self.server.state
+        try:
+            if path == "/_script" and self.command == "POST":
+                spec = read_json(body)
+                steps = validate_script(spec)
+                with state.lock:
+                    state.scripts[spec["path"]] = {"steps": steps, "next": 0}
+                self.respond_json(200, {"ok": True})
+            elif path == "/_log" and self.command == "GET":
+                want = parse_qs(query).get("path", [None])[0]
+                with state.lock:
+                    recs = [r for r in state.log if want is None or r["path"] == want]
+                    out = json.dumps(recs)  # a list: "[]" when empty
+                self.respond(200, out.encode("ascii"), (), "application/json")
+            elif path == "/_reset" and self.command == "POST":
+                state.reset()
+                self.respond_json(200, {"ok": True})
+            else:
+                self.respond_json(404, {"ok": False, "error": "no such control endpoint: %s %s" % (self.command, path)})
+        except ValueError as e:  # includes json.JSONDecodeError
+            self.respond_json(400, {"ok": False, "error": str(e)})
+
+    # --- scripted responses --------------------------------------------
+
+    def scripted(self, step):
+        action = step.get("action", "respond")
+        delay = float(step.get("delay", 0))
+        status = int(step.get("status", 302 if action == "redirect" else 200))
+        body = step_bytes(step.get("body", ""))
+        headers = []
+        for name, value in (step.get("headers") or {}).items():
+            values = value if isinstance(value, list) else [value]
+            headers.extend((name, str(v)) for v in values)
+
+        if action == "hang":
+            self.wait(float(step.get("delay", 3600)))
+            self.close_now()
+            return
+
+        if delay > 0 and not self.wait(delay):
+            self.close_now()  # client gave up while we were waiting
+            return
+
+        if action == "drop":
+            self.close_now()
+        elif action == "reset":
+            self.close_now(rst=True)
+        elif action == "garbage":
+            self.write(b"this is not http\r\n\r\n")
+            self.close_now()
+        elif action == "slow":
+            interval = float(step.get("interval", 1))
+            self.head(status, headers + [("Content-Length", str(len(body)))])
+            if self.command != "HEAD":
+                for i in range(len(body)):
+                    time.sleep(interval)
+                    self.write(body[i:i + 1])
+        elif action == "truncate":
+            self.head(status, headers + [("Content-Length", str(len(body) + 1000))])
+            self.write(body)
+            self.close_now()
+        elif action == "chunked_forever":
+            interval = float(step.get("interval", 0.2))
+            self.head(status, headers + [("Transfer-Encoding", "chunked")])
+            # Ends when a write fails because the client went away.
+            while True:
+                self.write(b"6\r\nchunk\n\r\n")
+                time.sleep(interval)
+        else:  # respond, redirect
+            if action == "redirect":
+                headers.append(("Location", str(step.get("location", "/"))))
+            self.respond(status, body, headers)
+
+    # --- demo rate-limited API ----------------------------------------
+
+    def api(self, path, seq):
+        args = self.server.state.args
+        allowed, tokens, wait, fail = self.server.state.take_token()
+        limit = ("x-ratelimit-limit", num_str(args.api_capacity))
+        if not allowed:
+            self.respond_json(429, {"ok": False, "error": "rate limited"}, [
+                ("Retry-After", str(max(1, math.ceil(wait)))),
+                limit,
+                ("x-ratelimit-remaining", "0"),
+                ("x-ratelimit-reset", str(math.ceil(time.time() + wait))),
+            ])
+        elif fail:
+            self.respond_json(503, {"ok": False, "error": "unavailable"})
+        else:
+            self.respond_json(200, {"ok": True, "path": path, "n": seq}, [
+                limit,
+                ("x-ratelimit-remaining", str(math.floor(tokens))),
+            ])
+
+
+def read_json(body):
+    # surrogateescape: step bodies may hold arbitrary bytes (see step_bytes).
+    return json.loads(body.decode("utf-8", "surrogateescape"))
+
+
+def validate_script(spec):
+    """Check a /_script payload; return its steps. Raises ValueError."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("path"), str):
+        raise ValueError("script needs a string 'path'")
+    steps = spec.get("steps")
+    if not isinstance(steps, list) or not steps:
+        raise ValueError("script needs a non-empty 'steps' array")
+    for i, step in enumerate(steps, 1):
+        if not isinstance(step, dict):
+            raise ValueError("step %d is not an object" % i)
+        action = step.get("action", "respond")
+        if action not in ACTIONS:
+            raise ValueError("step %d: unknown action %r" % (i, action))
+        if not isinstance(step.get("body", ""), str):
+            raise ValueError("step %d: body must be a string" % i)
+        if not isinstance(step.get("headers") or {}, dict):
+            raise ValueError("step %d: headers must be an object" % i)
+        for key in ("status", "delay", "interval"):
+            if key in step:
+                float(step[key])  # raises ValueError if not a number
+    return steps
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 512  # listen backlog: bursts of many connections
+    allow_reuse_address = True
+
+    def handle_error(self, request, client_address):
+        exc = sys.exc_info()[1]
+        if isinstance(exc, CLIENT_GONE) or (isinstance(exc, OSError) and exc.errno == 9):
+            return  # client went away, or we closed the socket on purpose
+        super().handle_error(request, client_address)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--api-capacity", type=float, default=5.0)
+    p.add_argument("--api-rate", type=float, default=5.0)
+    p.add_argument("--api-fail", type=float, default=0.1)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
+    p.add_argument("--tls-key", help="the certificate's private key (PEM)")
+    p.add_argument("--exit-with-parent", action="store_true",
+                   help="exit when the parent process dies (so a crashed "
+                        "test run never leaves a server behind)")
+    args = p.parse_args()
+
+    # os._exit: handler threads may be sleeping or blocked; never wait for them.
+    def die(*_):
+        os._exit(0)
+    signal.signal(signal.SIGTERM, die)
+    signal.signal(signal.SIGINT, die)
+
+    httpd = Server(("127.0.0.1", args.port), Handler)
+    httpd.state = State(args)
+    if args.tls_cert:
+        import ssl
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(args.tls_cert, args.tls_key)
+        # A client that rejects the certificate aborts the handshake inside
+        # accept(); socketserver treats that OSError as a dropped connection.
+        httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True)
+
+    if args.exit_with_parent:
+        parent = os.getppid()
+
+        def watch():
+            while os.getppid() == parent:
+                time.sleep(0.5)
+            os._exit(0)
+        threading.Thread(target=watch, daemon=True).start()
+
+    print("listening %d %d" % (httpd.server_address[1], os.getpid()), flush=True)
+    httpd.serve_forever(poll_interval=0.5)
+
+
+if __name__ == "__main__":
+    main()
