@@ -59,8 +59,11 @@ bench: deps $(CORE)
 lint: deps
 	luacheck --no-color lua spec bench examples
 
+# luarocks leaves ./ratewise/core.so and src/*.o behind; a stray
+# ./ratewise/core.so would shadow the installed module through the cpath.
 install: deps
 	luarocks --lua-version 5.4 make rockspec/ratewise-scm-1.rockspec
+	rm -rf ratewise src/*.o
 
 clean:
 	rm -rf $(BUILD) src/*.o ./*.so

@@ -76,10 +76,12 @@ for _, k in ipairs(sorted_keys(stats.retries_by_status)) do
   parts[#parts + 1] = string.format("%s x%d", k, stats.retries_by_status[k])
 end
 print("  retries         " .. (#parts > 0 and table.concat(parts, ", ") or "none"))
+parts = {}
 for _, k in ipairs(sorted_keys(stats.waits_by_source)) do
   local w = stats.waits_by_source[k]
-  print(string.format("  waits (%s)%s%d, %.2f s in all", k, string.rep(" ", 18 - #k - 8), w.count, w.seconds))
+  parts[#parts + 1] = string.format("%s x%d (%.2f s)", k, w.count, w.seconds)
 end
+print("  waits           " .. (#parts > 0 and table.concat(parts, ", ") or "none"))
 print(string.format("  total time      %.2f s", total))
 print(string.format("  effective rate  %.2f successful requests/s (the API allows 5/s)", stats.ok / total))
 

@@ -64,9 +64,9 @@ local function check_option(name, v)
   end
   local t = type(v)
   if check == "positive" then
-    if t ~= "number" or not (v > 0) or v == huge then bad_option(name, "a positive number", v) end
+    if t ~= "number" or v ~= v or v <= 0 or v == huge then bad_option(name, "a positive number", v) end
   elseif check == "nonnegative" then
-    if t ~= "number" or not (v >= 0) then bad_option(name, "a non-negative number", v) end
+    if t ~= "number" or v ~= v or v < 0 then bad_option(name, "a non-negative number", v) end
   elseif check == "count" then
     if t ~= "number" or v < 0 or v % 1 ~= 0 then bad_option(name, "a non-negative integer", v) end
   elseif check == "key" then
@@ -150,7 +150,7 @@ local function next_delay(opts, state, res, attempt)
   if opts.delay then
     local v = call_hook("delay", opts.delay, res, attempt, state.last_transport)
     if v ~= nil then
-      if type(v) ~= "number" or not (v >= 0) then
+      if type(v) ~= "number" or v ~= v or v < 0 then
         error(format("fetch: the 'delay' callback must return a non-negative number or nil (got %s)",
           tostring(v)), 0)
       end

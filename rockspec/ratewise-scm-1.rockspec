@@ -1,0 +1,46 @@
+rockspec_format = "3.0"
+package = "ratewise"
+version = "scm-1"
+source = {
+   url = "git+file://.",
+}
+description = {
+   summary = "Calls to rate-limited web APIs that wait the way the server asks",
+   detailed = [[
+ratewise classifies every response, turns the server's own hints (Retry-After,
+x-ratelimit-reset) into waits that are never shorter than asked, falls back to
+capped exponential backoff with jitter, never replays an unsafe request, and
+keeps a client-side token bucket. A C core on libcurl; the waiting is in Lua.
+]],
+   license = "MIT",
+}
+dependencies = {
+   "lua >= 5.4",
+}
+external_dependencies = {
+   -- Debian keeps curl.h in /usr/include/x86_64-linux-gnu, which luarocks does
+   -- not search, so only the library is looked up.
+   CURL = { library = "curl" },
+}
+build = {
+   type = "builtin",
+   modules = {
+      ["ratewise.core"] = {
+         sources = { "src/bucket.c", "src/core.c", "src/engine.c", "src/parse.c" },
+         libraries = { "curl" },
+         incdirs = { "$(CURL_INCDIR)", "/usr/include/x86_64-linux-gnu" },
+         libdirs = { "$(CURL_LIBDIR)" },
+         defines = { "_POSIX_C_SOURCE=200809L" },
+      },
+      ["ratewise"] = "lua/ratewise/init.lua",
+      ["ratewise.bucket"] = "lua/ratewise/bucket.lua",
+      ["ratewise.fetch"] = "lua/ratewise/fetch.lua",
+      ["ratewise.headers"] = "lua/ratewise/headers.lua",
+      ["ratewise.retry"] = "lua/ratewise/retry.lua",
+      ["ratewise.runtime"] = "lua/ratewise/runtime.lua",
+   },
+}
+test = {
+   type = "command",
+   command = "make test",
+}
