@@ -11,11 +11,14 @@ local function opts(extra)
   return o
 end
 
--- A sleep that records what it was asked and returns at once: for specs about
--- which delay was chosen, not about waiting.
-local function recording_sleep()
-  local asked = {}
-  return asked, function(s) asked[#asked + 1] = s end
+-- Options that record each retry's delay and do not wait for it: for specs
+-- about which delay was chosen, not about waiting.
+local function recording(extra)
+  local delays = {}
+  local o = opts(extra)
+  o.sleep = function() end
+  o.on_retry = function(info) delays[#delays + 1] = info.delay end
+  return delays, o
 end
 
 local function lua_cmd(script_path)
@@ -115,15 +118,14 @@ describe("rw.fetch", function()
     end)
 
     it("never caps a hint with max_delay, which caps only the fallback backoff", function()
-      local asked, sleep = recording_sleep()
+      local asked, o = recording { max_delay = 0.5 }
       s:script("/big", { { status = 429, headers = { ["Retry-After"] = "30" } }, { status = 503 }, { status = 200 } })
-      assert(rw.fetch(s:url("/big"), opts { sleep = sleep, max_delay = 0.5 }))
+      assert(rw.fetch(s:url("/big"), o))
       assert.equal(30, asked[1])
       assert.is_true(asked[2] < 0.5)
     end)
 
     it("lets a delay hook lengthen a wait or replace the backoff, never shorten a hint", function()
-      local asked, sleep = recording_sleep()
       local seen = {}
       s:script("/hook", {
         { status = 429, headers = { ["Retry-After"] = "5" } },
@@ -131,14 +133,14 @@ describe("rw.fetch", function()
         { status = 503 },
         { status = 200 },
       })
-      local res = assert(rw.fetch(s:url("/hook"), opts {
-        sleep = sleep,
+      local asked, o = recording {
         delay = function(res, attempt)
           seen[#seen + 1] = { status = res.status, attempt = attempt }
           if attempt == 2 then return nil end
           return 2
         end,
-      }))
+      }
+      local res = assert(rw.fetch(s:url("/hook"), o))
       assert.equal(4, res.attempts)
       assert.same({ 5, 2 }, { asked[1], asked[2] })   -- 2 < the hint of 5; 2 replaces backoff
       assert.is_true(asked[3] < 4)                       -- nil: the built-in backoff
@@ -359,7 +361,7 @@ describe("rw.fetch", function()
 
       it("verifies certificates by default and does not retry a failure", function()
         local t0 = rw.now()
-        local res, err = rw.fetch(tls:url("/x"), opts { sleep = function() error("must not sleep") end })
+        local res, err = rw.fetch(tls:url("/x"), { on_retry = function() error("must not retry") end })
         assert.is_nil(res)
         assert.equal("network", err.kind)
         assert.equal(1, err.attempts)

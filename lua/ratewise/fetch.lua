@@ -60,7 +60,7 @@ end
 local function check_option(name, v)
   local check = option_checks[name]
   if not check then
-    error(format("fetch: unknown option '%s'", tostring(name)), 4)
+    error(format("fetch: unknown option '%s'", tostring(name)), 3)
   end
   local t = type(v)
   if check == "positive" then
@@ -226,7 +226,7 @@ function fetch.fetch(url, opts)
       return budget_error("no time left for another attempt", state.last_response)
     end
     request.timeout = min(timeout, left)
-    local res, terr = runtime.transfer(request)
+    local res, terr = runtime.transfer(request, opts.sleep)
     state.attempts = state.attempts + 1
     state.last_transport = terr
 

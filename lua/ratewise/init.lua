@@ -5,6 +5,8 @@ local core = require "ratewise.core"
 local bucket = require "ratewise.bucket"
 local fetch = require "ratewise.fetch"
 local retry = require "ratewise.retry"
+local runtime = require "ratewise.runtime"
+local scheduler = require "ratewise.scheduler"
 
 local ratewise = {
   _VERSION = core.version,
@@ -24,6 +26,24 @@ local ratewise = {
   fetch = fetch.fetch,
   --- seconds on the monotonic clock
   now = core.now,
+  --- results... = rw.run(fn, ...)
+  run = scheduler.run,
+  --- task = rw.spawn(fn, ...)
+  spawn = scheduler.spawn,
+  --- live_tasks = rw.step([timeout])
+  step = scheduler.step,
+  --- results, errors = rw.map(list, fn [, {concurrency = n}])
+  map = scheduler.map,
+  --- rw.configure{sleep = fn | false}
+  configure = runtime.configure,
 }
+
+--- rw.sleep(seconds): waits the way the host at hand waits (see runtime.lua).
+function ratewise.sleep(seconds)
+  if type(seconds) ~= "number" or seconds ~= seconds or seconds < 0 then
+    error(string.format("sleep: seconds must be a non-negative number (got %s)", tostring(seconds)), 2)
+  end
+  return runtime.sleep(seconds)
+end
 
 return ratewise

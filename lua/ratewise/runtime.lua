@@ -1,52 +1,94 @@
 -- How ratewise waits. Every wait in the library (backoff, Retry-After, a
--- bucket, a transfer in flight) goes through this module, so that there is
--- one place that decides how to wait on the host at hand.
+-- bucket, a transfer in flight) goes through this module, the one place
+-- that decides how to wait on the host at hand:
+--   0. a per-call `sleep` option always wins: the caller said how to wait;
+--   1. inside a ratewise task, the task yields to the scheduler;
+--   2. else, with a host sleep configured (rw.configure), that is called;
+--   3. else, inside a plain coroutine, coroutine.yield("ratewise.sleep", s),
+--      and whoever resumes it does so when the time is up;
+--   4. else (main thread), the thread blocks in the engine's poll, running
+--      the scheduler's tasks meanwhile, without spinning.
 local core = require "ratewise.core"
+local scheduler = require "ratewise.scheduler"
 
 local now = core.now
+local running, isyieldable, yield = coroutine.running, coroutine.isyieldable, coroutine.yield
+local format, min = string.format, math.min
+local type, pcall, error = type, pcall, error
 
 local runtime = {}
 
--- One engine (libcurl multi handle) per Lua state, created on first use; its
--- connection cache is what lets requests reuse connections.
-local engine
+local host_sleep -- set by rw.configure{sleep = fn}
 
-function runtime.engine()
-  if not engine then
-    engine = assert(core.engine())
+--- runtime.configure{sleep = fn | false}
+function runtime.configure(opts)
+  if type(opts) ~= "table" then
+    error(format("configure: expected a table of options (got %s)", type(opts)), 2)
   end
-  return engine
+  for k, v in pairs(opts) do
+    if k ~= "sleep" then
+      error(format("configure: unknown option '%s'", tostring(k)), 2)
+    end
+    if v ~= false and type(v) ~= "function" then
+      error(format("configure: option 'sleep' must be a function or false (got %s)", type(v)), 2)
+    end
+  end
+  if opts.sleep ~= nil then host_sleep = opts.sleep or nil end
 end
 
--- Waits at least `seconds`. A caller-supplied sleep (the host's own, such as
--- ngx.sleep) always wins; otherwise the thread blocks in the engine's poll,
--- which waits on libcurl's sockets and timers without spinning.
-function runtime.sleep(seconds, host_sleep)
-  if host_sleep then
-    return host_sleep(seconds)
-  end
-  local e = runtime.engine()
+local function in_plain_coroutine()
+  local _, main = running()
+  return not main and isyieldable()
+end
+
+-- Rule 3: the plain-coroutine protocol. Resumed early, it asks again for
+-- what is left, so the wait is never shorter than asked.
+local function yield_sleep(seconds)
   local deadline = now() + seconds
+  repeat
+    yield("ratewise.sleep", deadline - now())
+  until now() >= deadline
+end
+
+--- runtime.sleep(seconds [, per_call_sleep])
+function runtime.sleep(seconds, per_call)
+  if per_call then return per_call(seconds) end
+  if scheduler.current() then return scheduler.sleep(seconds) end
+  if host_sleep then return host_sleep(seconds) end
+  if in_plain_coroutine() then return yield_sleep(seconds) end
+  return scheduler.sleep(seconds)
+end
+
+-- A host sleep cannot be woken by a socket, so while a transfer runs under
+-- one, libcurl is driven between short naps.
+local NAP_FIRST, NAP_MAX = 0.001, 0.01
+
+local function await(transfer, per_call)
+  if scheduler.current() then return scheduler.await_transfer(transfer) end
+  local nap = per_call or host_sleep
+  if not nap and in_plain_coroutine() then nap = yield_sleep end
+  if not nap then return scheduler.await_transfer(transfer) end
+  local seconds = NAP_FIRST
   while true do
-    local left = deadline - now()
-    if left <= 0 then return end
-    e:poll(left)
+    scheduler.poll(0)
+    if transfer:done() then return end
+    nap(seconds)
+    seconds = min(seconds * 2, NAP_MAX)
   end
 end
 
--- Runs one request to completion. Returns the response table, or nil and the
--- transport error table of the C core.
-function runtime.transfer(request)
-  local e = runtime.engine()
-  local transfer, err = e:start(request)
+--- res | nil, transport_err = runtime.transfer(request [, per_call_sleep])
+-- Runs one request to completion. A wait that is interrupted (a cancelled
+-- task, a host sleep that raised) aborts the transfer before the error goes on.
+function runtime.transfer(request, per_call)
+  local transfer, err = scheduler.engine():start(request)
   if not transfer then
     return nil, { message = err, retryable = false, sent = false }
   end
-  -- Each transfer knows when it is done, so a transfer that finishes while
-  -- another one is being waited for is never lost.
-  local patience = (request.timeout or 3600) + 1
-  while not transfer:done() do
-    e:poll(patience)
+  local ok, werr = pcall(await, transfer, per_call)
+  if not ok then
+    transfer:close()
+    error(werr, 0)
   end
   local res, terr = transfer:result()
   transfer:close()

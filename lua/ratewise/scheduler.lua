@@ -1,0 +1,456 @@
+-- ratewise's scheduler: tasks are coroutines, every wait is a yield, and the
+-- thread only ever blocks in the engine's poll, which wakes for libcurl's
+-- sockets or the next timer, whichever comes first.
+local core = require "ratewise.core"
+
+local now = core.now
+local create, resume, yield, running, status = coroutine.create, coroutine.resume, coroutine.yield,
+  coroutine.running, coroutine.status
+local pack, unpack = table.pack, table.unpack
+local format, huge, min, max = string.format, math.huge, math.min, math.max
+local type, tostring, xpcall, setmetatable = type, tostring, xpcall, setmetatable
+
+local scheduler = {}
+
+---------------------------------------------------------------------------
+-- State of this Lua state's scheduler
+
+local engine                                    -- the libcurl multi handle, made on first use
+local tasks_by_co = setmetatable({}, { __mode = "k" })
+local ready, ready_head, ready_tail = {}, 1, 0  -- FIFO of tasks to resume
+local heap_at, heap_task, heap_id, heap_n = {}, {}, {}, 0  -- timers: a binary min-heap
+local transfer_waiter = {}                      -- transfer -> task waiting for it
+local live = 0                                  -- tasks not finished
+local current                                   -- the task running now, or nil
+
+function scheduler.engine()
+  if not engine then engine = assert(core.engine()) end
+  return engine
+end
+
+-- The error a waiting task sees when it is cancelled. A table, so that it
+-- can never be mistaken for an error the task's own code raised.
+local CANCELLED = setmetatable({}, { __tostring = function() return "cancelled" end })
+scheduler.CANCELLED = CANCELLED
+
+---------------------------------------------------------------------------
+-- Timers
+
+local function heap_push(at, task, id)
+  heap_n = heap_n + 1
+  local i = heap_n
+  while i > 1 do
+    local parent = i // 2
+    if heap_at[parent] <= at then break end
+    heap_at[i], heap_task[i], heap_id[i] = heap_at[parent], heap_task[parent], heap_id[parent]
+    i = parent
+  end
+  heap_at[i], heap_task[i], heap_id[i] = at, task, id
+end
+
+local function heap_pop()
+  local at, task, id = heap_at[1], heap_task[1], heap_id[1]
+  local last_at, last_task, last_id = heap_at[heap_n], heap_task[heap_n], heap_id[heap_n]
+  heap_at[heap_n], heap_task[heap_n], heap_id[heap_n] = nil, nil, nil
+  heap_n = heap_n - 1
+  if heap_n > 0 then
+    local i = 1
+    while true do
+      local child = 2 * i
+      if child > heap_n then break end
+      if child < heap_n and heap_at[child + 1] < heap_at[child] then child = child + 1 end
+      if heap_at[child] >= last_at then break end
+      heap_at[i], heap_task[i], heap_id[i] = heap_at[child], heap_task[child], heap_id[child]
+      i = child
+    end
+    heap_at[i], heap_task[i], heap_id[i] = last_at, last_task, last_id
+  end
+  return at, task, id
+end
+
+---------------------------------------------------------------------------
+-- Tasks
+
+local Task = {}
+Task.__index = Task
+
+local function make_ready(task, value)
+  task.state = "ready"
+  task.wake_value = value
+  ready_tail = ready_tail + 1
+  ready[ready_tail] = task
+end
+
+-- Every wait of a task is one yield; the scheduler resumes it with nil, or
+-- with CANCELLED when it has been cancelled meanwhile.
+local function wait_here(task)
+  if task.cancel_requested then error(CANCELLED, 0) end
+  task.state = "waiting"
+  local value = yield(task)
+  if value == CANCELLED or task.cancel_requested then error(CANCELLED, 0) end
+end
+
+-- Wakes a task if it is still in the wait numbered id (a task that was
+-- cancelled out of a wait has moved on, and must not be woken for it).
+local function wake(task, id)
+  if task.state == "waiting" and task.wait_id == id then make_ready(task) end
+end
+
+local function traceback(err)
+  if err == CANCELLED then return err end
+  return debug.traceback(tostring(err), 2)
+end
+
+local function finish(task, results)
+  live = live - 1
+  local group = task.group
+  if group then group.live = group.live - 1 end
+  task.state = "done"
+  if results[1] then
+    task.results = pack(unpack(results, 2, results.n))
+  else
+    task.failed = results[2]
+    if not task.joiners and task.failed ~= CANCELLED then
+      if group then
+        group.unjoined[#group.unjoined + 1] = task
+      else
+        io.stderr:write("ratewise: a task failed and nobody joined it: ", tostring(task.failed), "\n")
+      end
+    end
+  end
+  local joiners = task.joiners
+  if joiners then
+    for i = 1, #joiners, 2 do wake(joiners[i], joiners[i + 1]) end
+  end
+  task.joiners = nil
+  if group and group.live == 0 and group.waiter then
+    wake(group.waiter, group.waiter_id)
+  end
+end
+
+local function step_task(task)
+  local value = task.wake_value
+  task.wake_value = nil
+  if not task.started then
+    task.started = true
+    if task.cancel_requested then -- cancelled before it ever ran
+      return finish(task, { false, CANCELLED, n = 2 })
+    end
+  end
+  task.state = "running"
+  local previous = current
+  current = task
+  local results = pack(resume(task.co, value))
+  current = previous
+  if status(task.co) == "dead" then
+    if not results[1] then -- an error outside the task's xpcall: a bug of ours
+      results = { false, traceback(results[2]), n = 2 }
+    else
+      results = pack(unpack(results, 2, results.n))
+    end
+    return finish(task, results)
+  end
+  if task.state == "running" then
+    -- The task's own code yielded past ratewise: the plain-coroutine
+    -- protocol ("ratewise.sleep", seconds) is honoured, any other yield
+    -- just lets the other tasks run.
+    if results[2] == "ratewise.sleep" and type(results[3]) == "number" then
+      task.wait_id = task.wait_id + 1
+      heap_push(now() + results[3], task, task.wait_id)
+      task.state = "waiting"
+    else
+      make_ready(task)
+    end
+  end
+end
+
+--- task = scheduler.spawn(fn, ...)
+function scheduler.spawn(fn, ...)
+  if type(fn) ~= "function" then
+    error(format("spawn: expected a function (got %s)", type(fn)), 2)
+  end
+  local task = setmetatable({ state = "ready", wait_id = 0, group = current and current.group }, Task)
+  local args = pack(...)
+  task.co = create(function()
+    return xpcall(fn, traceback, unpack(args, 1, args.n))
+  end)
+  tasks_by_co[task.co] = task
+  live = live + 1
+  if task.group then task.group.live = task.group.live + 1 end
+  make_ready(task)
+  return task
+end
+
+--- The task whose coroutine is running now, or nil (main thread, or a plain
+-- coroutine, even one started from inside a task).
+function scheduler.current()
+  local co = running()
+  return tasks_by_co[co]
+end
+
+---------------------------------------------------------------------------
+-- Turning the wheel
+
+local function fire_timers()
+  local t = now()
+  while heap_n > 0 and heap_at[1] <= t do
+    local _, task, id = heap_pop()
+    wake(task, id)
+  end
+end
+
+local function wake_transfers(done)
+  for i = 1, #done do
+    local task = transfer_waiter[done[i]]
+    if task then
+      transfer_waiter[done[i]] = nil
+      if task.state == "waiting" then make_ready(task) end
+    end
+  end
+end
+
+--- scheduler.poll(timeout): lets libcurl work, waiting at most timeout
+-- seconds for a socket or one of its timers, and wakes the tasks whose
+-- transfers finished.
+function scheduler.poll(timeout)
+  wake_transfers(scheduler.engine():poll(timeout))
+end
+
+-- Resumes the tasks that are ready now; tasks made ready meanwhile wait for
+-- the next pass, so one busy task cannot starve a poll.
+local function run_ready()
+  local last = ready_tail
+  while ready_head <= last do
+    local task = ready[ready_head]
+    ready[ready_head] = nil
+    ready_head = ready_head + 1
+    if task.state == "ready" then step_task(task) end
+  end
+  if ready_head > ready_tail then ready_head, ready_tail = 1, 0 end
+end
+
+-- Anything at all that could make progress: a ready task, a timer, or a
+-- transfer in flight.
+local function has_work()
+  return ready_head <= ready_tail or heap_n > 0 or (engine ~= nil and engine:running() > 0)
+end
+
+-- One turn: run what is ready, then wait at most max_wait for a timer or
+-- for I/O (not at all if something is ready).
+local function turn(max_wait)
+  run_ready()
+  fire_timers()
+  if ready_head <= ready_tail then
+    max_wait = 0
+  elseif heap_n > 0 then
+    max_wait = min(max_wait, max(0, heap_at[1] - now()))
+  end
+  if max_wait > 0 or (engine and engine:running() > 0) then
+    scheduler.poll(max_wait)
+    fire_timers()
+  end
+end
+
+--- live = scheduler.step([timeout])
+function scheduler.step(timeout)
+  timeout = timeout or 0
+  if type(timeout) ~= "number" or timeout ~= timeout or timeout < 0 then
+    error(format("step: timeout must be a non-negative number of seconds (got %s)", tostring(timeout)), 2)
+  end
+  if current then error("step: called from inside a task; a task waits with rw.sleep instead", 2) end
+  local deadline = now() + timeout
+  repeat
+    turn(max(0, deadline - now()))
+    run_ready()
+  until live == 0 or now() >= deadline
+  return live
+end
+
+-- Drives the scheduler from outside any task until done() says so. Raises
+-- if nothing could ever change: every remaining task waits on another.
+local function drive_until(done)
+  while not done() do
+    if not has_work() then
+      error("ratewise: deadlock: the remaining tasks all wait for each other", 0)
+    end
+    turn(huge)
+  end
+end
+
+--- Waits `seconds`: as a task, by yielding; elsewhere, by driving the
+-- scheduler (the other tasks run meanwhile) and blocking in its poll.
+function scheduler.sleep(seconds)
+  local deadline = now() + seconds
+  local task = scheduler.current()
+  if task then
+    task.wait_id = task.wait_id + 1
+    heap_push(deadline, task, task.wait_id)
+    wait_here(task)
+    return
+  end
+  while true do
+    local left = deadline - now()
+    if left <= 0 then return end
+    turn(left)
+  end
+end
+
+--- Waits for a transfer to finish, as scheduler.sleep does. A task that is
+-- cancelled meanwhile aborts the transfer and frees its connection.
+function scheduler.await_transfer(transfer)
+  local task = scheduler.current()
+  if task then
+    transfer_waiter[transfer] = task
+    task.wait_id = task.wait_id + 1
+    task.transfer = transfer
+    local ok, err = pcall(wait_here, task)
+    task.transfer = nil
+    transfer_waiter[transfer] = nil
+    if not ok then
+      transfer:cancel()
+      error(err, 0)
+    end
+    return
+  end
+  drive_until(function() return transfer:done() end)
+end
+
+---------------------------------------------------------------------------
+-- Task methods
+
+local function task_outcome(task)
+  task.joined = true
+  if task.failed ~= nil then
+    return nil, task.failed == CANCELLED and "cancelled" or task.failed
+  end
+  return unpack(task.results, 1, task.results.n)
+end
+
+--- results... | nil, err = task:join()
+function Task:join()
+  if self.state ~= "done" then
+    local me = scheduler.current()
+    if me == self then error("join: a task cannot join itself", 2) end
+    if me then
+      local joiners = self.joiners or {}
+      self.joiners = joiners
+      me.wait_id = me.wait_id + 1
+      joiners[#joiners + 1] = me
+      joiners[#joiners + 1] = me.wait_id
+      wait_here(me)
+    else
+      drive_until(function() return self.state == "done" end)
+    end
+  end
+  return task_outcome(self)
+end
+
+--- task:cancel(): ends a task that is waiting (a sleep, a bucket, a
+-- transfer, a join). A task that has not started yet never runs; a running
+-- task is cancelled at its next wait.
+function Task:cancel()
+  if self.state == "done" then return end
+  self.cancel_requested = true
+  if self.state == "waiting" then
+    if self.transfer then self.transfer:cancel() end
+    make_ready(self, CANCELLED)
+  end
+end
+
+function Task:status()
+  return self.state
+end
+
+Task.__tostring = function(task)
+  return "ratewise.Task (" .. task.state .. ")"
+end
+
+---------------------------------------------------------------------------
+-- run and map
+
+-- Waits until every task of a group has finished.
+local function await_group(group)
+  local me = scheduler.current()
+  if me then
+    while group.live > 0 do
+      me.wait_id = me.wait_id + 1
+      group.waiter, group.waiter_id = me, me.wait_id
+      wait_here(me)
+    end
+    group.waiter = nil
+  else
+    drive_until(function() return group.live == 0 end)
+  end
+end
+
+--- results... = scheduler.run(fn, ...): runs fn as a task and returns once
+-- it and every task spawned under it have finished; raises fn's error, or
+-- the error of a task under it that failed and was never joined.
+function scheduler.run(fn, ...)
+  if type(fn) ~= "function" then
+    error(format("run: expected a function (got %s)", type(fn)), 2)
+  end
+  local group = { live = 0, unjoined = {} }
+  local outer = current
+  current = nil -- spawn the root outside any group, then put it in ours
+  local root = scheduler.spawn(fn, ...)
+  current = outer
+  root.group, group.live = group, 1
+  await_group(group)
+  if root.failed ~= nil then
+    root.joined = true
+    error(root.failed == CANCELLED and "cancelled" or root.failed, 0)
+  end
+  for i = 1, #group.unjoined do
+    local task = group.unjoined[i]
+    if not task.joined then
+      error("a task spawned under rw.run failed and was never joined: " .. tostring(task.failed), 0)
+    end
+  end
+  return unpack(root.results, 1, root.results.n)
+end
+
+--- results, errors = scheduler.map(list, fn [, {concurrency = n}])
+function scheduler.map(list, fn, opts)
+  if type(list) ~= "table" then error(format("map: list must be a table (got %s)", type(list)), 2) end
+  if type(fn) ~= "function" then error(format("map: fn must be a function (got %s)", type(fn)), 2) end
+  local n = #list
+  local concurrency = n
+  if opts ~= nil then
+    if type(opts) ~= "table" then error(format("map: options must be a table (got %s)", type(opts)), 2) end
+    for k in pairs(opts) do
+      if k ~= "concurrency" then error(format("map: unknown option '%s'", tostring(k)), 2) end
+    end
+    local c = opts.concurrency
+    if c ~= nil then
+      if type(c) ~= "number" or c < 1 or c % 1 ~= 0 then
+        error(format("map: option 'concurrency' must be a positive integer (got %s)", tostring(c)), 2)
+      end
+      concurrency = c
+    end
+  end
+  local results, errors = { n = n }, {}
+  if n == 0 then return results, errors end
+  return scheduler.run(function()
+    local next_index = 0
+    local function worker()
+      while next_index < n do
+        next_index = next_index + 1
+        local i = next_index
+        results[i], errors[i] = fn(list[i], i)
+      end
+    end
+    local workers = {}
+    for w = 1, min(concurrency, n) do workers[w] = scheduler.spawn(worker) end
+    for w = 1, #workers do
+      workers[w]:join()
+      if workers[w].failed ~= nil then
+        for other = 1, #workers do workers[other]:cancel() end
+        error(workers[w].failed, 0)
+      end
+    end
+    return results, errors
+  end)
+end
+
+return scheduler
