@@ -169,7 +169,9 @@ function scheduler.spawn(fn, ...)
   if type(fn) ~= "function" then
     error(format("spawn: expected a function (got %s)", type(fn)), 2)
   end
-  local task = setmetatable({ state = "ready", wait_id = 0, group = current and current.group }, Task)
+  local group = current and current.group
+  local task = setmetatable({ state = "ready", wait_id = 0, group = group }, Task)
+  if group then group.members[#group.members + 1] = task end
   local args = pack(...)
   task.co = create(function()
     return xpcall(fn, traceback, unpack(args, 1, args.n))
@@ -229,26 +231,32 @@ local function run_ready()
   if ready_head > ready_tail then ready_head, ready_tail = 1, 0 end
 end
 
+local function transfers_running()
+  return engine ~= nil and engine:running() > 0
+end
+
 -- Anything at all that could make progress: a ready task, a timer, or a
 -- transfer in flight.
 local function has_work()
-  return ready_head <= ready_tail or heap_n > 0 or (engine ~= nil and engine:running() > 0)
+  return ready_head <= ready_tail or heap_n > 0 or transfers_running()
 end
 
--- One turn: run what is ready, then wait at most max_wait for a timer or
--- for I/O (not at all if something is ready).
+-- One turn of the wheel. With tasks ready, runs them and lets libcurl work
+-- without waiting; otherwise blocks at most max_wait (less if a timer is
+-- due sooner) until a socket is ready or the time is up. Running tasks and
+-- blocking are never in the same turn, so that the caller can look at what
+-- the tasks did before waiting again.
 local function turn(max_wait)
-  run_ready()
   fire_timers()
   if ready_head <= ready_tail then
-    max_wait = 0
-  elseif heap_n > 0 then
-    max_wait = min(max_wait, max(0, heap_at[1] - now()))
-  end
-  if max_wait > 0 or (engine and engine:running() > 0) then
+    run_ready()
+    if transfers_running() then scheduler.poll(0) end
+  else
+    if heap_n > 0 then max_wait = min(max_wait, max(0, heap_at[1] - now())) end
+    if max_wait == huge and not transfers_running() then return end -- nothing could happen
     scheduler.poll(max_wait)
-    fire_timers()
   end
+  fire_timers()
 end
 
 --- live = scheduler.step([timeout])
@@ -257,12 +265,13 @@ function scheduler.step(timeout)
   if type(timeout) ~= "number" or timeout ~= timeout or timeout < 0 then
     error(format("step: timeout must be a non-negative number of seconds (got %s)", tostring(timeout)), 2)
   end
-  if current then error("step: called from inside a task; a task waits with rw.sleep instead", 2) end
+  if scheduler.current() then error("step: called from inside a task; a task waits with rw.sleep instead", 2) end
   local deadline = now() + timeout
   repeat
     turn(max(0, deadline - now()))
-    run_ready()
   until live == 0 or now() >= deadline
+  -- What the last turn's I/O and timers made ready runs now, not a frame later.
+  if ready_head <= ready_tail then turn(0) end
   return live
 end
 
@@ -390,13 +399,20 @@ function scheduler.run(fn, ...)
   if type(fn) ~= "function" then
     error(format("run: expected a function (got %s)", type(fn)), 2)
   end
-  local group = { live = 0, unjoined = {} }
+  local group = { live = 0, unjoined = {}, members = {} }
   local outer = current
   current = nil -- spawn the root outside any group, then put it in ours
   local root = scheduler.spawn(fn, ...)
   current = outer
-  root.group, group.live = group, 1
-  await_group(group)
+  root.group, group.live, group.members[1] = group, 1, root
+  local ok, err = pcall(await_group, group)
+  if not ok then
+    -- Deadlocked (or this task was cancelled): end every task of the group,
+    -- so that none is left waiting forever.
+    for i = 1, #group.members do group.members[i]:cancel() end
+    if not scheduler.current() then drive_until(function() return group.live == 0 end) end
+    error(err, 0)
+  end
   if root.failed ~= nil then
     root.joined = true
     error(root.failed == CANCELLED and "cancelled" or root.failed, 0)

@@ -1,0 +1,320 @@
+-- Tasks, waits and concurrent transfers, against the loopback test server.
+local rw = require "ratewise"
+local server = require "spec.support.server"
+local socket = require "socket" -- a sleep that is not ratewise's own, for frame loops
+
+local quiet = { on_retry = false }
+
+local function max_active(log)
+  local m = 0
+  for _, r in ipairs(log) do m = math.max(m, r.active) end
+  return m
+end
+
+describe("the scheduler", function()
+  local s
+
+  setup(function() s = server.start() end)
+  teardown(function() s:stop() end)
+  before_each(function() s:reset() end)
+
+  describe("rw.run and rw.spawn", function()
+    it("returns fn's results once every task under it has finished", function()
+      local order = {}
+      local a, b = rw.run(function(x)
+        rw.spawn(function() rw.sleep(0.05); order[#order + 1] = "child" end)
+        order[#order + 1] = "root"
+        return x, "two"
+      end, "one")
+      assert.equal("one", a)
+      assert.equal("two", b)
+      assert.same({ "root", "child" }, order)
+    end)
+
+    it("join returns a task's results, or nil plus its error with a traceback", function()
+      rw.run(function()
+        local ok = rw.spawn(function(n) rw.sleep(0.01); return n * 2, "x" end, 21)
+        local bad = rw.spawn(function() rw.sleep(0.01); error("kaput") end)
+        local v, x = ok:join()
+        assert.equal(42, v)
+        assert.equal("x", x)
+        local nothing, err = bad:join()
+        assert.is_nil(nothing)
+        assert.matches("kaput", err)
+        assert.matches("stack traceback", err)
+      end)
+    end)
+
+    it("raises fn's error, with its traceback", function()
+      local ok, err = pcall(rw.run, function() rw.sleep(0.01); error("from the root") end)
+      assert.is_false(ok)
+      assert.matches("from the root", err)
+      assert.matches("stack traceback", err)
+    end)
+
+    it("raises the error of a task under it that nobody joined", function()
+      local ok, err = pcall(rw.run, function()
+        rw.spawn(function() error("orphan failure") end)
+        rw.sleep(0.01)
+      end)
+      assert.is_false(ok)
+      assert.matches("never joined: .*orphan failure", err)
+    end)
+
+    it("reports tasks that wait for each other instead of hanging", function()
+      local ok, err = pcall(rw.run, function()
+        local me = rw.spawn(function() end)
+        me:join()
+        local a
+        local b = rw.spawn(function() rw.sleep(0.01); return a:join() end)
+        a = rw.spawn(function() rw.sleep(0.01); return b:join() end)
+        a:join()
+      end)
+      assert.is_false(ok)
+      assert.matches("deadlock", err)
+    end)
+
+    it("runs tasks concurrently: their sleeps overlap", function()
+      local t0 = rw.now()
+      rw.run(function()
+        for _ = 1, 50 do rw.spawn(rw.sleep, 0.2) end
+      end)
+      local took = rw.now() - t0
+      assert.is_true(took >= 0.2 and took < 0.3, "took " .. took)
+    end)
+
+    it("lets join from the main thread drive the scheduler", function()
+      local task = rw.spawn(function() rw.sleep(0.02); return "done" end)
+      assert.equal("done", task:join())
+    end)
+
+    it("rejects what is not a function", function()
+      assert.error_matches(function() rw.run(42) end, "expected a function")
+      assert.error_matches(function() rw.spawn("x") end, "expected a function")
+    end)
+  end)
+
+  describe("rw.sleep", function()
+    it("is never shorter than asked and overshoots by a few milliseconds at most", function()
+      rw.run(function()
+        for _, d in ipairs { 0.01, 0.05, 0.1 } do
+          local t0 = rw.now()
+          rw.sleep(d)
+          local took = rw.now() - t0
+          assert.is_true(took >= d, ("slept %.4f for %.4f"):format(took, d))
+          assert.is_true(took < d + 0.015, ("slept %.4f for %.4f"):format(took, d))
+        end
+      end)
+      local t0 = rw.now()
+      rw.sleep(0.05) -- the main thread blocks
+      assert.is_true(rw.now() - t0 >= 0.05)
+    end)
+
+    it("uses no CPU while every task waits", function()
+      local cpu0, t0 = os.clock(), rw.now()
+      rw.run(function()
+        for _ = 1, 100 do rw.spawn(rw.sleep, 0.5) end
+        rw.spawn(function()
+          local b = rw.bucket { capacity = 1, rate = 4 }
+          for _ = 1, 3 do b:acquire() end
+        end)
+      end)
+      local cpu, wall = os.clock() - cpu0, rw.now() - t0
+      assert.is_true(wall >= 0.5)
+      assert.is_true(cpu < 0.05, ("%.3f s of CPU over %.3f s"):format(cpu, wall))
+    end)
+
+    it("follows the yield protocol inside a plain coroutine", function()
+      local co = coroutine.create(function() rw.sleep(0.25); return "woke" end)
+      local ok, what, seconds = coroutine.resume(co)
+      assert.is_true(ok)
+      assert.equal("ratewise.sleep", what)
+      assert.near(0.25, seconds, 0.01)
+      -- Resumed early, it asks for the rest of the time.
+      ok, what, seconds = coroutine.resume(co)
+      assert.is_true(ok)
+      assert.equal("ratewise.sleep", what)
+      assert.is_true(seconds > 0 and seconds <= 0.25)
+      socket.sleep(seconds)
+      local _, result = coroutine.resume(co)
+      assert.equal("woke", result)
+    end)
+
+    it("calls the host sleep set with rw.configure outside tasks", function()
+      local asked = {}
+      rw.configure { sleep = function(sec) asked[#asked + 1] = sec end }
+      local ok, err = pcall(function()
+        s:script("/h", { { status = 429, headers = { ["Retry-After"] = "7" } }, { status = 200 } })
+        assert(rw.fetch(s:url("/h"), quiet))
+      end)
+      rw.configure { sleep = false }
+      assert(ok, err)
+      local found = false
+      for _, sec in ipairs(asked) do if sec == 7 then found = true end end
+      assert.is_true(found)
+      assert.error_matches(function() rw.configure { sleep = 5 } end, "'sleep'")
+      assert.error_matches(function() rw.configure { slep = print } end, "unknown option 'slep'")
+    end)
+  end)
+
+  describe("concurrent transfers", function()
+    it("runs 20 slow requests at once", function()
+      s:script("/slow", { { status = 200, body = "ok", delay = 0.3 } })
+      local t0 = rw.now()
+      local results = rw.map({}, function() end)
+      assert.same({ n = 0 }, results)
+      rw.run(function()
+        local tasks = {}
+        for i = 1, 20 do
+          tasks[i] = rw.spawn(function() return assert(rw.fetch(s:url("/slow"), quiet)).status end)
+        end
+        for i = 1, 20 do assert.equal(200, tasks[i]:join()) end
+      end)
+      local took = rw.now() - t0
+      assert.is_true(took < 1.5, "20 x 300 ms took " .. took .. " s")
+      assert.equal(20, #s:log("/slow"))
+      assert.is_true(max_active(s:log("/slow")) >= 10)
+    end)
+
+    it("rw.map keeps list order and honours its concurrency limit", function()
+      s:script("/m", { { status = 200, delay = 0.05 } })
+      local list = {}
+      for i = 1, 24 do list[i] = i end
+      local results, errors = rw.map(list, function(i)
+        local res, err = rw.fetch(s:url("/m") .. "?i=" .. i, quiet)
+        return res and (i * 10), err
+      end, { concurrency = 4 })
+      assert.equal(24, results.n)
+      for i = 1, 24 do assert.equal(i * 10, results[i]) end
+      assert.same({}, errors)
+      local log = s:log("/m")
+      assert.equal(24, #log)
+      assert.equal(4, max_active(log))
+      assert.error_matches(function() rw.map(list, print, { concurrency = 0 }) end, "'concurrency'")
+    end)
+
+    it("rw.map raises the first error and cancels the rest", function()
+      local ok, err = pcall(rw.map, { 1, 2, 3, 4 }, function(i)
+        if i == 2 then error("item two failed") end
+        rw.sleep(0.05)
+      end, { concurrency = 2 })
+      assert.is_false(ok)
+      assert.matches("item two failed", err)
+    end)
+
+    it("keeps the frame rate while tasks wait out a Retry-After", function()
+      s:script("/ra", { { status = 429, headers = { ["Retry-After"] = "1" } }, { status = 200 } })
+      local done = 0
+      for _ = 1, 5 do
+        rw.spawn(function()
+          local res = rw.fetch(s:url("/ra"), quiet)
+          if res then done = done + 1 end
+        end)
+      end
+      local worst, frames, t0 = 0, 0, rw.now()
+      while rw.step(0) > 0 and rw.now() - t0 < 5 do
+        local f0 = rw.now()
+        rw.step(0)
+        worst = math.max(worst, rw.now() - f0)
+        frames = frames + 1
+        socket.sleep(1 / 120)
+      end
+      assert.equal(5, done)
+      assert.is_true(worst < 0.01, ("slowest step(0) took %.4f s"):format(worst))
+      assert.is_true(frames > 60, "only " .. frames .. " frames in the wait")
+    end)
+
+    it("step(timeout) returns the number of live tasks", function()
+      assert.equal(0, rw.step(0))
+      rw.spawn(rw.sleep, 0.05)
+      assert.equal(1, rw.step(0))
+      assert.equal(0, rw.step(1))
+      assert.error_matches(function() rw.step(-1) end, "timeout")
+    end)
+  end)
+
+  describe("task:cancel", function()
+    it("ends a sleeping task at once", function()
+      local t0 = rw.now()
+      rw.run(function()
+        local sleeper = rw.spawn(function() rw.sleep(10) end)
+        rw.sleep(0.01)
+        sleeper:cancel()
+        local r, err = sleeper:join()
+        assert.is_nil(r)
+        assert.equal("cancelled", err)
+      end)
+      assert.is_true(rw.now() - t0 < 0.5)
+    end)
+
+    it("gives up a bucket waiter's place", function()
+      rw.run(function()
+        local b = rw.bucket { capacity = 1, rate = 1 }
+        b:acquire()
+        local waiter = rw.spawn(function() b:acquire() end)
+        rw.sleep(0.01)
+        assert.is_true(b:tokens() < -0.9) -- the waiter holds a reservation
+        waiter:cancel()
+        assert.equal("cancelled", select(2, waiter:join()))
+        assert.is_true(b:tokens() > -0.1)  -- ...which it gave back
+      end)
+    end)
+
+    it("aborts a transfer in flight and frees its connection", function()
+      s:script("/hang", { { action = "hang", delay = 30 } })
+      local t0 = rw.now()
+      rw.run(function()
+        local fetcher = rw.spawn(function() return rw.fetch(s:url("/hang"), quiet) end)
+        rw.sleep(0.1)
+        fetcher:cancel()
+        assert.equal("cancelled", select(2, fetcher:join()))
+      end)
+      assert.is_true(rw.now() - t0 < 1)
+      -- The server saw the client go, and the next request goes through.
+      assert.equal(1, #s:log("/hang"))
+      assert.equal(200, assert(rw.fetch(s:url("/after"), quiet)).status)
+    end)
+
+    it("serves bucket waiters across tasks first come, first served", function()
+      local order = {}
+      rw.run(function()
+        local b = rw.bucket { capacity = 1, rate = 50 }
+        for i = 1, 6 do
+          rw.spawn(function() b:acquire(); order[#order + 1] = i end)
+        end
+      end)
+      assert.same({ 1, 2, 3, 4, 5, 6 }, order)
+    end)
+  end)
+
+  describe("nothing is lost", function()
+    it("500 requests through a flaky server each end in a response or an error", function()
+      local rng, steps = 7, {}
+      local function rand() rng = (rng * 1103515245 + 12345) % 2147483648; return rng / 2147483648 end
+      for i = 1, 1200 do
+        local r = rand()
+        if r < 0.6 then steps[i] = { status = 200, body = "ok" }
+        elseif r < 0.75 then steps[i] = { status = 503 }
+        elseif r < 0.85 then steps[i] = { status = 429, headers = { ["Retry-After"] = "0" } }
+        elseif r < 0.9 then steps[i] = { action = "drop" }
+        elseif r < 0.95 then steps[i] = { status = 404 }
+        else steps[i] = { status = 200, delay = 0.02 } end
+      end
+      s:script("/flaky", steps)
+      local list = {}
+      for i = 1, 500 do list[i] = i end
+      local responses, errors = 0, 0
+      local results, errs = rw.map(list, function()
+        local res, err = rw.fetch(s:url("/flaky"), { on_retry = false, max_retries = 2, base = 0.005 })
+        if res then responses = responses + 1 else errors = errors + 1 end
+        return res, err
+      end, { concurrency = 32 })
+      assert.equal(500, responses + errors)
+      for i = 1, 500 do
+        assert.is_true((results[i] ~= nil) ~= (errs[i] ~= nil), "request " .. i)
+      end
+      assert.is_true(responses > 300)
+      assert.is_true(errors > 0)
+    end)
+  end)
+end)
