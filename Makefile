@@ -46,11 +46,17 @@ deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
-test: deps $(CORE)
+test: deps $(CORE) examples
 	$(LUA_ENV) $(LUA) /usr/bin/busted -o spec/support/summary.lua spec/
 
 demo: deps $(CORE)
 	@$(LUA_ENV) $(LUA) examples/demo.lua
+
+# examples/host embeds Lua itself, so it links liblua5.4 (the module does not).
+examples: examples/host
+
+examples/host: examples/host.c $(CORE)
+	$(CC) -std=c99 $(WARN) $(PKG_LUA) $(CFLAGS) -o $@ examples/host.c $(shell pkg-config --libs lua5.4) -lm
 
 bench: deps $(CORE)
 	@$(MAKE) -s -C bench
@@ -66,5 +72,5 @@ install: deps
 	rm -rf ratewise src/*.o
 
 clean:
-	rm -rf $(BUILD) src/*.o ./*.so
+	rm -rf $(BUILD) src/*.o ./*.so examples/host
 	@$(MAKE) -s -C bench clean 2>/dev/null || true

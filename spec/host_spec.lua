@@ -1,0 +1,28 @@
+-- examples/host: a C program that embeds Lua 5.4 and drives ratewise with
+-- one rw.step(0) per frame.
+local server = require "spec.support.server"
+
+describe("examples/host", function()
+  local s
+  setup(function() s = server.start() end)
+  teardown(function() s:stop() end)
+
+  it("keeps its frames going while requests wait out a Retry-After", function()
+    local busy = { status = 429, headers = { ["Retry-After"] = "1" } }
+    s:script("/scores", { busy, busy, busy, { status = 200, body = "ok" } })
+    local cmd = "LUA_PATH='./lua/?.lua;./lua/?/init.lua;;' LUA_CPATH='./build/?.so;;' examples/host "
+      .. s:url("/scores") .. " 3 2>&1"
+    local p = assert(io.popen(cmd))
+    local out = p:read("a")
+    local ok = p:close()
+    assert.is_true(ok, out)
+    for i = 1, 3 do assert.matches("request " .. i .. ": 200 after 2 attempts", out) end
+    local frames, seconds, worst = out:match("(%d+) frames in ([%d.]+) s, slowest rw.step%(0%): ([%d.]+) ms")
+    assert.is_not_nil(frames, out)
+    assert.is_true(tonumber(seconds) >= 1)
+    -- 60 frames a second went on during the 1 s wait.
+    assert.is_true(tonumber(frames) >= 50, out)
+    assert.is_true(tonumber(worst) < 10, out)
+    assert.equal(6, #s:log("/scores"))
+  end)
+end)
