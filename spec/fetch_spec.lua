@@ -369,14 +369,39 @@ describe("rw.fetch", function()
         assert.is_true(rw.now() - t0 < 1)
       end)
 
-      it("connects with verify_tls = false", function()
+      it("connects with verify_tls = false, for that call only", function()
         local res = assert(rw.fetch(tls:url("/x"), opts { verify_tls = false }))
         assert.equal(200, res.status)
+        local _, err = rw.fetch(tls:url("/x"), quiet)
+        assert.equal("network", err.kind)
       end)
     end)
   end)
 
   describe("connections", function()
+    it("sends each request as asked, whatever the request before it on a recycled handle", function()
+      local sequence = {
+        { method = "HEAD" }, { method = "GET" },
+        { method = "POST", body = "one" }, { method = "GET" },
+        { method = "PUT", body = "two" }, { method = "DELETE" }, { method = "GET" },
+        { method = "PATCH", body = "three", timeout = 5 }, { method = "OPTIONS" }, { method = "GET" },
+      }
+      for _, req in ipairs(sequence) do
+        local res = assert(rw.fetch(s:url("/echo"), opts(req)))
+        assert.equal(200, res.status)
+        if req.method ~= "HEAD" then assert.matches('"method"', res.body) end
+      end
+      local log = s:log("/echo")
+      assert.equal(#sequence, #log)
+      for i, req in ipairs(sequence) do
+        assert.equal(req.method, log[i].method)
+        assert.equal(req.body or "", log[i].body)
+        if req.method == "GET" or req.method == "DELETE" or req.method == "HEAD" then
+          assert.is_nil(log[i].headers["content-length"], req.method)
+        end
+      end
+    end)
+
     it("keeps one connection alive across attempts and calls", function()
       s:script("/k", { { status = 503, body = string.rep("e", 100000) }, { status = 200 } })
       assert(rw.fetch(s:url("/k"), opts { sleep = function() end }))

@@ -129,13 +129,12 @@ static size_t engine_on_header(char *ptr, size_t size, size_t nmemb, void *ud)
 
 /* ---- engine internals ---- */
 
-static CURL *engine_take_easy(engine *e)
+/* A pooled handle keeps the options that every transfer sets alike; *fresh
+ * says whether they still have to be set. */
+static CURL *engine_take_easy(engine *e, int *fresh)
 {
-    if (e->npool > 0) {
-        CURL *easy = e->pool[--e->npool];
-        curl_easy_reset(easy);
-        return easy;
-    }
+    *fresh = e->npool == 0;
+    if (e->npool > 0) return e->pool[--e->npool];
     return curl_easy_init();
 }
 
@@ -243,7 +242,7 @@ static int engine_has_crlf(const char *s, size_t n)
 }
 
 /* Sets up t->easy from the request table at index req. Misuse raises. */
-static void engine_configure(lua_State *L, transfer *t, int req, int tidx)
+static void engine_configure(lua_State *L, transfer *t, int req, int tidx, int fresh)
 {
     CURL *easy = t->easy;
     const char *method;
@@ -251,6 +250,33 @@ static void engine_configure(lua_State *L, transfer *t, int req, int tidx)
     double seconds;
     int follow = 1;
     const char *url;
+
+    if (fresh) {
+        curl_easy_setopt(easy, CURLOPT_MAXREDIRS, 10L);
+        /* Only http and https, also after a redirect. */
+#if LIBCURL_VERSION_NUM >= 0x075500
+        curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
+        curl_easy_setopt(easy, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+#else
+        curl_easy_setopt(easy, CURLOPT_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
+        curl_easy_setopt(easy, CURLOPT_REDIR_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
+#endif
+        curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
+        curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, engine_on_body);
+        curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, engine_on_header);
+    } else {
+        /* Back to the defaults of what the last transfer may have changed,
+         * which costs a tenth of curl_easy_reset. POSTFIELDS first: setting
+         * it turns the method to POST, which HTTPGET then undoes. */
+        curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)-1);
+        curl_easy_setopt(easy, CURLOPT_POSTFIELDS, (char *)NULL);
+        curl_easy_setopt(easy, CURLOPT_HTTPGET, 1L);
+        curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, (char *)NULL);
+        curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, 0L);
+        curl_easy_setopt(easy, CURLOPT_FRESH_CONNECT, 0L);
+        curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 1L);
+        curl_easy_setopt(easy, CURLOPT_SSL_VERIFYHOST, 2L);
+    }
 
     engine_opt_field(L, req, "url", LUA_TSTRING, "a string");
     url = lua_tolstring(L, -1, &len);
@@ -320,7 +346,6 @@ static void engine_configure(lua_State *L, transfer *t, int req, int tidx)
         lua_pop(L, 1);
     }
     curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, (long)follow);
-    curl_easy_setopt(easy, CURLOPT_MAXREDIRS, 10L);
 
     t->max_body = (size_t)ENGINE_DEFAULT_MAX_BODY;
     if (engine_opt_field(L, req, "max_body", LUA_TNUMBER, "a number of bytes")) {
@@ -347,19 +372,8 @@ static void engine_configure(lua_State *L, transfer *t, int req, int tidx)
         lua_pop(L, 1);
     }
 
-    /* Only http and https, also after a redirect. */
-#if LIBCURL_VERSION_NUM >= 0x075500
-    curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(easy, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
-#else
-    curl_easy_setopt(easy, CURLOPT_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
-    curl_easy_setopt(easy, CURLOPT_REDIR_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
-#endif
-    curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, t->errbuf);
-    curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, engine_on_body);
     curl_easy_setopt(easy, CURLOPT_WRITEDATA, t);
-    curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, engine_on_header);
     curl_easy_setopt(easy, CURLOPT_HEADERDATA, t);
     curl_easy_setopt(easy, CURLOPT_PRIVATE, t);
 }
@@ -390,6 +404,7 @@ static int engine_l_start(lua_State *L)
     engine *e = engine_check(L);
     transfer *t;
     CURLMcode mc;
+    int fresh;
     luaL_checktype(L, 2, LUA_TTABLE);
     lua_settop(L, 2);
     t = (transfer *)lua_newuserdatauv(L, sizeof(transfer), 2);
@@ -399,7 +414,7 @@ static int engine_l_start(lua_State *L)
     lua_pushvalue(L, 1);
     lua_setiuservalue(L, 3, TRANSFER_UV_ENGINE);
 
-    t->easy = engine_take_easy(e);
+    t->easy = engine_take_easy(e, &fresh);
     if (!t->easy) {
         lua_pushnil(L);
         lua_pushliteral(L, "libcurl could not create an easy handle");
@@ -407,7 +422,7 @@ static int engine_l_start(lua_State *L)
     }
     t->state = TRANSFER_DONE; /* owns an easy handle from here on */
     t->engine = e;
-    engine_configure(L, t, 2, 3); /* may raise: __gc releases the handle */
+    engine_configure(L, t, 2, 3, fresh); /* may raise: __gc releases the handle */
     mc = curl_multi_add_handle(e->multi, t->easy);
     if (mc != CURLM_OK) {
         engine_give_easy(e, t->easy);
@@ -560,9 +575,10 @@ static int engine_lower(int c) { return (c >= 'A' && c <= 'Z') ? c + 32 : c; }
  * lower-case names, values trimmed, repeated fields joined with ", ". */
 static void transfer_push_headers(lua_State *L, const transfer *t)
 {
-    const char *p = t->head.data, *end = p ? p + t->head.len : NULL;
-    int tbl, have_last = 0;
-    lua_newtable(L);
+    const char *p = t->head.data, *end = p ? p + t->head.len : NULL, *q;
+    int tbl, have_last = 0, lines = 0;
+    for (q = p; q && q < end; q++) lines += *q == '\n';
+    lua_createtable(L, 0, lines);
     tbl = lua_gettop(L);
     lua_pushnil(L); /* name of the last field, for obs-fold continuations */
     while (p && p < end) {
@@ -677,7 +693,7 @@ static int transfer_l_result(lua_State *L)
     transfer *t = transfer_check(L);
     if (t->state != TRANSFER_DONE) return luaL_argerror(L, 1, "transfer is still running");
     if (t->code == CURLE_OK && !t->aborted) {
-        lua_createtable(L, 0, 6);
+        lua_createtable(L, 0, 8); /* room for the two fields fetch adds */
         lua_pushinteger(L, t->status);
         lua_setfield(L, -2, "status");
         transfer_push_headers(L, t);

@@ -38,6 +38,12 @@ local function fetch_error(kind, message, state, res, transport)
   }, error_mt)
 end
 
+local function budget_error(state, why, res, transport)
+  return nil, fetch_error("budget", format("%s: %s (max_elapsed %.2f s, %d attempt%s)",
+    state.label, why, state.max_elapsed, state.attempts, state.attempts == 1 and "" or "s"),
+    state, res, transport)
+end
+
 fetch.error_mt = error_mt
 
 ---------------------------------------------------------------------------
@@ -85,18 +91,36 @@ end
 
 local function check_url(url)
   if type(url) ~= "string" then
-    error(format("fetch: url must be a string (got %s)", type(url)), 3)
+    error(format("fetch: url must be a string (got %s)", type(url)), 4)
   end
   local scheme = url:match("^(%a[%w+.-]*)://")
   scheme = scheme and lower(scheme)
   if scheme ~= "http" and scheme ~= "https" then
     error(format("fetch: url must be http:// or https:// (got %s)",
-      scheme and (scheme .. "://...") or "a string without a scheme"), 3)
+      scheme and (scheme .. "://...") or "a string without a scheme"), 4)
   end
   if url:find("[%s%z]") then
-    error("fetch: url contains white space, CR, LF or NUL", 3)
+    error("fetch: url contains white space, CR, LF or NUL", 4)
   end
 end
+
+-- What fetch derives from a URL (checked, printable form, credentials),
+-- kept for the last URL seen: programs call one endpoint many times.
+local last_url, last_shown, last_secrets
+
+local function url_facts(url)
+  if url ~= last_url then
+    check_url(url)
+    last_shown = headers.redact_url(url)
+    last_secrets = url:find("@", 1, true) and headers.url_secrets(url, {}) or false
+    last_url = url
+  end
+  return last_shown, last_secrets
+end
+
+local user_agent_line = "User-Agent: ratewise/" .. core.version
+local common_methods = { GET = true, HEAD = true, POST = true, PUT = true, DELETE = true,
+  PATCH = true, OPTIONS = true }
 
 -- A version 4 UUID from the kernel's random source.
 local function uuid4()
@@ -169,7 +193,7 @@ end
 
 --- res | nil, err = fetch.fetch(url [, opts])
 function fetch.fetch(url, opts)
-  check_url(url)
+  local shown_url, url_secrets = url_facts(url)
   if opts == nil then
     opts = {}
   elseif type(opts) ~= "table" then
@@ -177,19 +201,21 @@ function fetch.fetch(url, opts)
   end
   for k, v in pairs(opts) do check_option(k, v) end
 
-  local method = upper(opts.method or "GET")
-  if not method:find("^[%w!#$%%&'*+%-.^_`|~]+$") then
-    error(format("fetch: option 'method' is not a valid HTTP method (got %q)", method), 2)
+  local method = opts.method or "GET"
+  if not common_methods[method] then
+    method = upper(method)
+    if not method:find("^[%w!#$%%&'*+%-.^_`|~]+$") then
+      error(format("fetch: option 'method' is not a valid HTTP method (got %q)", method), 2)
+    end
   end
-  local secrets = headers.url_secrets(url, {})
-  local lines, given = headers.request_lines(opts.headers, secrets)
+  local lines, given, header_secrets = headers.request_lines(opts.headers)
   local key = opts.idempotency_key
   if key ~= nil and given["idempotency-key"] then
     error("fetch: the idempotency key is given both as an option and as a header", 2)
   end
   if key == true then key = uuid4() end
   if key then lines[#lines + 1] = "Idempotency-Key: " .. key end
-  if not given["user-agent"] then lines[#lines + 1] = "User-Agent: ratewise/" .. core.version end
+  if not given["user-agent"] then lines[#lines + 1] = user_agent_line end
 
   local max_retries = opts.max_retries or 3
   local max_elapsed = opts.max_elapsed or 120
@@ -198,7 +224,6 @@ function fetch.fetch(url, opts)
     or given["idempotency-key"] ~= nil
   local on_retry = opts.on_retry
   if on_retry == nil then on_retry = default_on_retry end
-  local shown_url = headers.redact_url(url)
   local label = method .. " " .. shown_url
 
   local request = {
@@ -210,20 +235,15 @@ function fetch.fetch(url, opts)
     -- out to be dead; only a replay-safe request may take that chance.
     fresh_connect = not safe or nil,
   }
-  local state = { attempts = 0, started = now() }
+  local state = { attempts = 0, started = now(), label = label, max_elapsed = max_elapsed }
   local deadline = state.started + max_elapsed
   local retries = 0
-
-  local function budget_error(why, res, transport)
-    return nil, fetch_error("budget", format("%s: %s (max_elapsed %.2f s, %d attempt%s)",
-      label, why, max_elapsed, state.attempts, state.attempts == 1 and "" or "s"), state, res, transport)
-  end
 
   while true do
     if opts.limiter then opts.limiter:acquire(1, opts.sleep) end
     local left = deadline - now()
     if left <= 0 then
-      return budget_error("no time left for another attempt", state.last_response)
+      return budget_error(state, "no time left for another attempt", state.last_response)
     end
     request.timeout = min(timeout, left)
     local res, terr = runtime.transfer(request, opts.sleep)
@@ -233,7 +253,7 @@ function fetch.fetch(url, opts)
     local why
     if res then
       res.headers = headers.wrap(res.headers)
-      res.url = res.url and headers.redact_url(res.url)
+      res.url = (res.url == url or not res.url) and shown_url or headers.redact_url(res.url)
       res.attempts = state.attempts
       res.elapsed = now() - state.started
       state.last_response = res
@@ -247,9 +267,12 @@ function fetch.fetch(url, opts)
       end
       why = tostring(res.status)
     else
-      terr.message = headers.scrub(terr.message or "transport failure", secrets)
+      local message = terr.message or "transport failure"
+      if url_secrets then message = headers.scrub(message, url_secrets) end
+      if header_secrets then message = headers.scrub(message, header_secrets) end
+      terr.message = message
       if terr.timeout and request.timeout < timeout then
-        return budget_error("the attempt was cut short by the time budget", nil, terr)
+        return budget_error(state, "the attempt was cut short by the time budget", nil, terr)
       end
       if not terr.retryable then
         return nil, fetch_error("network", format("%s: %s%s", label,
@@ -272,7 +295,7 @@ function fetch.fetch(url, opts)
     local delay, source = next_delay(opts, state, res, retries)
     left = deadline - now()
     if delay >= left then
-      return budget_error(format("a retry in %.2f s (%s) would not fit the %.2f s left",
+      return budget_error(state, format("a retry in %.2f s (%s) would not fit the %.2f s left",
         delay, source, left > 0 and left or 0), res, terr)
     end
     retries = retries + 1

@@ -49,12 +49,14 @@ function headers.is_secret(name)
   return secret_names[lower(name)] == true
 end
 
+local no_names = setmetatable({}, { __newindex = function() error("read-only", 2) end })
+
 -- Turns the caller's header table into the lines libcurl sends. Raises a
 -- clear error (that never repeats a value) for bad input. Returns the lines,
--- a set of the lower-case names given, and the secret values seen.
-function headers.request_lines(t, secrets)
-  local lines, seen = {}, {}
-  if t == nil then return lines, seen end
+-- a set of the lower-case names given, and the secret values seen (or nil).
+function headers.request_lines(t)
+  local lines, seen, secrets = {}, {}, nil
+  if t == nil then return lines, no_names end
   if type(t) ~= "table" then
     error(format("fetch: option 'headers' must be a table (got %s)", type(t)), 3)
   end
@@ -76,24 +78,28 @@ function headers.request_lines(t, secrets)
       error(format("fetch: header '%s' is given twice (names are case-insensitive)", name), 3)
     end
     seen[lname] = true
-    if secret_names[lname] and secrets then
+    if secret_names[lname] then
+      secrets = secrets or {}
       secrets[#secrets + 1] = value
     end
     -- libcurl sends "Name;" as a header with an empty value; "Name:" would
     -- remove the header instead.
     lines[#lines + 1] = value == "" and (name .. ";") or (name .. ": " .. value)
   end
-  return lines, seen
+  return lines, seen, secrets
 end
 
 -- scheme://host[:port]/path of a URL: no userinfo, no query, no fragment,
 -- so that a printed URL carries neither credentials nor API keys.
 function headers.redact_url(url)
+  if not (find(url, "@", 1, true) or find(url, "?", 1, true) or find(url, "#", 1, true)) then
+    return url -- nothing to take out
+  end
   local scheme, rest = string.match(url, "^(%a[%w+.-]*://)(.*)$")
   if not scheme then return "[url]" end
   local authority_end = find(rest, "[/?#]") or (#rest + 1)
   local authority = sub(rest, 1, authority_end - 1)
-  local at = authority:match(".*()@")
+  local at = authority:match("^.*()@")
   if at then authority = sub(authority, at + 1) end
   local path = sub(rest, authority_end):gsub("[?#].*$", "")
   return scheme .. authority .. path

@@ -85,10 +85,15 @@ function runtime.transfer(request, per_call)
   if not transfer then
     return nil, { message = err, retryable = false, sent = false }
   end
-  local ok, werr = pcall(await, transfer, per_call)
-  if not ok then
-    transfer:close()
-    error(werr, 0)
+  if not per_call and not host_sleep and not scheduler.current() and not in_plain_coroutine() then
+    -- Rule 4, the main thread: nothing can interrupt this wait.
+    scheduler.await_transfer(transfer)
+  else
+    local ok, werr = pcall(await, transfer, per_call)
+    if not ok then
+      transfer:close()
+      error(werr, 0)
+    end
   end
   local res, terr = transfer:result()
   transfer:close()

@@ -321,7 +321,7 @@ function scheduler.await_transfer(transfer)
     end
     return
   end
-  drive_until(function() return transfer:done() end)
+  while not transfer:done() do turn(huge) end
 end
 
 ---------------------------------------------------------------------------

@@ -1,0 +1,117 @@
+#!/bin/bash
+# A private nginx for `make bench`, on loopback only.
+#
+#   bench/nginx.sh install          installs Debian's nginx if it is missing,
+#                                   without leaving the system service running
+#   bench/nginx.sh start DIR [PORT] writes DIR/nginx.conf, starts nginx (daemon)
+#                                   on 127.0.0.1:PORT (a free one when PORT is
+#                                   not given) and prints the port
+#   bench/nginx.sh stop DIR         stops that nginx by the pid in DIR/nginx.pid
+set -euo pipefail
+
+NGINX=/usr/sbin/nginx
+
+log() { echo "nginx.sh: $*" >&2; }
+
+install_nginx() {
+    [ -x "$NGINX" ] && return 0
+    if [ "$(id -u)" != 0 ]; then
+        log "nginx is not installed and installing it needs root"
+        exit 1
+    fi
+    log "installing Debian's nginx"
+    # Keep the package's scripts from starting the system service (which
+    # would listen on port 80): policy-rc.d answering 101 makes invoke-rc.d
+    # and deb-systemd-invoke skip the start. Use our own only when the
+    # machine has none.
+    local policy=/usr/sbin/policy-rc.d ours=0
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\nexit 101\n' > "$policy"
+        chmod 755 "$policy"
+        ours=1
+    fi
+    local rc=0
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -qq nginx >/dev/null; } || rc=$?
+    [ "$ours" = 1 ] && rm -f "$policy"
+    [ "$rc" = 0 ] || { log "apt-get install nginx failed ($rc)"; exit 1; }
+    # Belt and braces: should a system nginx have started anyway, stop it.
+    if [ -s /run/nginx.pid ] && kill -0 "$(cat /run/nginx.pid)" 2>/dev/null; then
+        log "stopping the system nginx that the package started"
+        kill -QUIT "$(cat /run/nginx.pid)" || true
+    fi
+}
+
+port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+write_conf() { # DIR PORT
+    local dir=$1 port=$2
+    cat > "$dir/nginx.conf" <<CONF
+daemon on;
+master_process on;
+worker_processes 1;
+pid $dir/nginx.pid;
+error_log $dir/error.log warn;
+events { worker_connections 256; }
+http {
+    access_log off;
+    client_body_temp_path $dir/client_body;
+    proxy_temp_path $dir/proxy;
+    fastcgi_temp_path $dir/fastcgi;
+    uwsgi_temp_path $dir/uwsgi;
+    scgi_temp_path $dir/scgi;
+    keepalive_requests 1000000;
+    keepalive_timeout 60s;
+    server {
+        listen 127.0.0.1:$port;
+        location / { return 200 "ok"; }
+    }
+}
+CONF
+}
+
+start() { # DIR [PORT]
+    local dir=$1 want=${2:-} port
+    install_nginx
+    mkdir -p "$dir"
+    dir=$(cd "$dir" && pwd)
+    chmod 755 "$dir"
+    for _ in 1 2 3 4 5 6 7 8 9 10; do
+        if [ -n "$want" ]; then port=$want; else port=$((20000 + RANDOM % 40000)); fi
+        if [ -z "$want" ] && port_in_use "$port"; then continue; fi
+        write_conf "$dir" "$port"
+        if "$NGINX" -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" 2>>"$dir/start.log"; then
+            # the master forks and returns; wait until the port answers
+            for _ in $(seq 50); do
+                if port_in_use "$port"; then echo "$port"; return 0; fi
+                sleep 0.1
+            done
+            log "nginx started but 127.0.0.1:$port does not answer"
+            stop "$dir"
+            exit 1
+        fi
+        [ -n "$want" ] && break
+        grep -q "Address already in use" "$dir/start.log" || break
+    done
+    log "nginx failed to start:"; cat "$dir/start.log" >&2
+    exit 1
+}
+
+stop() { # DIR
+    local pidfile=$1/nginx.pid pid
+    [ -s "$pidfile" ] || return 0
+    pid=$(cat "$pidfile")
+    kill -QUIT "$pid" 2>/dev/null || return 0
+    for _ in $(seq 50); do
+        kill -0 "$pid" 2>/dev/null || return 0
+        sleep 0.1
+    done
+    kill -KILL "$pid" 2>/dev/null || true
+}
+
+case "${1:-}" in
+    install) install_nginx ;;
+    start) [ $# -ge 2 ] || { log "usage: $0 start DIR [PORT]"; exit 2; }; start "$2" "${3:-}" ;;
+    stop) [ $# -eq 2 ] || { log "usage: $0 stop DIR"; exit 2; }; stop "$2" ;;
+    *) log "usage: $0 install | start DIR [PORT] | stop DIR"; exit 2 ;;
+esac
