@@ -133,8 +133,9 @@ local function uuid4()
     bytes = table.concat(t)
   end
   local b = { bytes:byte(1, 16) }
-  b[7] = (b[7] & 0x0f) | 0x40
-  b[9] = (b[9] & 0x3f) | 0x80
+  -- version 4 and the RFC 4122 variant, in arithmetic LuaJIT also reads
+  b[7] = b[7] % 16 + 0x40
+  b[9] = b[9] % 64 + 0x80
   return format("%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
     table.unpack(b))
 end

@@ -6,9 +6,10 @@ local core = require "ratewise.core"
 local now = core.now
 local create, resume, yield, running, status = coroutine.create, coroutine.resume, coroutine.yield,
   coroutine.running, coroutine.status
-local pack, unpack = table.pack, table.unpack
+local unpack = table.unpack or unpack -- luacheck: ignore (LuaJIT)
+local pack = table.pack or function(...) return { n = select("#", ...), ... } end
 local format, huge, min, max = string.format, math.huge, math.min, math.max
-local type, tostring, xpcall, setmetatable = type, tostring, xpcall, setmetatable
+local type, tostring, setmetatable = type, tostring, setmetatable
 
 local scheduler = {}
 
@@ -16,8 +17,8 @@ local scheduler = {}
 -- State of this Lua state's scheduler
 
 local engine                                    -- the libcurl multi handle, made on first use
-local tasks_by_co = setmetatable({}, { __mode = "k" })
-local ready, ready_head, ready_tail = {}, 1, 0  -- FIFO of tasks to resume
+local ready, ready_value = {}, {}               -- FIFO of tasks to resume, and what to resume them with
+local ready_head, ready_tail = 1, 0
 local heap_at, heap_task, heap_id, heap_n = {}, {}, {}, 0  -- timers: a binary min-heap
 local transfer_waiter = {}                      -- transfer -> task waiting for it
 local live = 0                                  -- tasks not finished
@@ -40,7 +41,7 @@ local function heap_push(at, task, id)
   heap_n = heap_n + 1
   local i = heap_n
   while i > 1 do
-    local parent = i // 2
+    local parent = math.floor(i / 2)
     if heap_at[parent] <= at then break end
     heap_at[i], heap_task[i], heap_id[i] = heap_at[parent], heap_task[parent], heap_id[parent]
     i = parent
@@ -76,18 +77,23 @@ Task.__index = Task
 
 local function make_ready(task, value)
   task.state = "ready"
-  task.wake_value = value
   ready_tail = ready_tail + 1
   ready[ready_tail] = task
+  ready_value[ready_tail] = value
 end
 
 -- Every wait of a task is one yield; the scheduler resumes it with nil, or
--- with CANCELLED when it has been cancelled meanwhile.
-local function wait_here(task)
-  if task.cancel_requested then error(CANCELLED, 0) end
-  task.state = "waiting"
-  local value = yield(task)
-  if value == CANCELLED or task.cancel_requested then error(CANCELLED, 0) end
+-- with CANCELLED when it has been cancelled meanwhile. on_cancel(a, b), if
+-- given, undoes what the wait held before the cancellation goes on (it sits
+-- on the waiting coroutine's stack, which costs less than a pcall frame).
+local function wait_here(task, on_cancel, a, b)
+  if not task.cancel_requested then
+    task.state = "waiting"
+    local value = yield(task)
+    if value ~= CANCELLED and not task.cancel_requested then return true end
+  end
+  if on_cancel then on_cancel(a, b) end
+  error(CANCELLED, 0)
 end
 
 -- Wakes a task if it is still in the wait numbered id (a task that was
@@ -96,25 +102,21 @@ local function wake(task, id)
   if task.state == "waiting" and task.wait_id == id then make_ready(task) end
 end
 
-local function traceback(err)
-  if err == CANCELLED then return err end
-  return debug.traceback(tostring(err), 2)
-end
-
-local function finish(task, results)
+local function finish(task, ok, ...)
   live = live - 1
   local group = task.group
   if group then group.live = group.live - 1 end
   task.state = "done"
-  if results[1] then
-    task.results = pack(unpack(results, 2, results.n))
+  if ok then
+    task.results = pack(...)
   else
-    task.failed = results[2]
-    if not task.joiners and task.failed ~= CANCELLED then
+    local failed = ...
+    task.failed = failed
+    if not task.joiners and failed ~= CANCELLED then
       if group then
         group.unjoined[#group.unjoined + 1] = task
       else
-        io.stderr:write("ratewise: a task failed and nobody joined it: ", tostring(task.failed), "\n")
+        io.stderr:write("ratewise: a task failed and nobody joined it: ", tostring(failed), "\n")
       end
     end
   end
@@ -128,40 +130,54 @@ local function finish(task, results)
   end
 end
 
-local function step_task(task)
-  local value = task.wake_value
-  task.wake_value = nil
-  if not task.started then
-    task.started = true
-    if task.cancel_requested then -- cancelled before it ever ran
-      return finish(task, { false, CANCELLED, n = 2 })
-    end
-  end
-  task.state = "running"
-  local previous = current
-  current = task
-  local results = pack(resume(task.co, value))
-  current = previous
+-- What a resume of a task's coroutine came back with. The task's function
+-- is the coroutine's body itself, with no pcall frame around it, which keeps
+-- a waiting task small; a dead coroutine keeps its stack, so the traceback
+-- of an error is still there to read.
+local function after_resume(task, resumed, ...)
   if status(task.co) == "dead" then
-    if not results[1] then -- an error outside the task's xpcall: a bug of ours
-      results = { false, traceback(results[2]), n = 2 }
-    else
-      results = pack(unpack(results, 2, results.n))
-    end
-    return finish(task, results)
+    if resumed then return finish(task, true, ...) end
+    local err = ...
+    if err ~= CANCELLED then err = debug.traceback(task.co, tostring(err)) end
+    return finish(task, false, err)
   end
   if task.state == "running" then
     -- The task's own code yielded past ratewise: the plain-coroutine
     -- protocol ("ratewise.sleep", seconds) is honoured, any other yield
     -- just lets the other tasks run.
-    if results[2] == "ratewise.sleep" and type(results[3]) == "number" then
+    local what, seconds = ...
+    if what == "ratewise.sleep" and type(seconds) == "number" then
       task.wait_id = task.wait_id + 1
-      heap_push(now() + results[3], task, task.wait_id)
+      heap_push(now() + seconds, task, task.wait_id)
       task.state = "waiting"
     else
       make_ready(task)
     end
   end
+end
+
+local function step_task(task, value)
+  local fn = task.fn
+  task.state = "running"
+  local previous = current
+  current = task
+  if fn then -- the first run: the coroutine gets the function and its arguments
+    task.fn = false
+    local args = task.args
+    task.args = nil
+    if task.cancel_requested then -- cancelled before it ever ran
+      current = previous
+      return finish(task, false, CANCELLED)
+    end
+    if args then
+      after_resume(task, resume(task.co, unpack(args, 1, args.n)))
+    else
+      after_resume(task, resume(task.co))
+    end
+  else
+    after_resume(task, resume(task.co, value))
+  end
+  current = previous
 end
 
 --- task = scheduler.spawn(fn, ...)
@@ -170,15 +186,14 @@ function scheduler.spawn(fn, ...)
     error(format("spawn: expected a function (got %s)", type(fn)), 2)
   end
   local group = current and current.group
-  local task = setmetatable({ state = "ready", wait_id = 0, group = group }, Task)
-  if group then group.members[#group.members + 1] = task end
-  local args = pack(...)
-  task.co = create(function()
-    return xpcall(fn, traceback, unpack(args, 1, args.n))
-  end)
-  tasks_by_co[task.co] = task
+  local task = setmetatable({ co = create(fn), fn = true, state = "ready", wait_id = 0,
+    group = group }, Task)
+  if select("#", ...) > 0 then task.args = pack(...) end
+  if group then
+    group.members[#group.members + 1] = task
+    group.live = group.live + 1
+  end
   live = live + 1
-  if task.group then task.group.live = task.group.live + 1 end
   make_ready(task)
   return task
 end
@@ -186,8 +201,9 @@ end
 --- The task whose coroutine is running now, or nil (main thread, or a plain
 -- coroutine, even one started from inside a task).
 function scheduler.current()
-  local co = running()
-  return tasks_by_co[co]
+  local task = current
+  if task and task.co == running() then return task end
+  return nil
 end
 
 ---------------------------------------------------------------------------
@@ -223,10 +239,10 @@ end
 local function run_ready()
   local last = ready_tail
   while ready_head <= last do
-    local task = ready[ready_head]
-    ready[ready_head] = nil
+    local task, value = ready[ready_head], ready_value[ready_head]
+    ready[ready_head], ready_value[ready_head] = nil, nil
     ready_head = ready_head + 1
-    if task.state == "ready" then step_task(task) end
+    if task.state == "ready" then step_task(task, value) end
   end
   if ready_head > ready_tail then ready_head, ready_tail = 1, 0 end
 end
@@ -287,15 +303,15 @@ local function drive_until(done)
 end
 
 --- Waits `seconds`: as a task, by yielding; elsewhere, by driving the
--- scheduler (the other tasks run meanwhile) and blocking in its poll.
-function scheduler.sleep(seconds)
+-- scheduler (the other tasks run meanwhile) and blocking in its poll. A task
+-- that is cancelled meanwhile calls on_cancel(a, b) first.
+function scheduler.sleep(seconds, on_cancel, a, b)
   local deadline = now() + seconds
   local task = scheduler.current()
   if task then
     task.wait_id = task.wait_id + 1
     heap_push(deadline, task, task.wait_id)
-    wait_here(task)
-    return
+    return wait_here(task, on_cancel, a, b) -- a tail call: one frame less on a waiting task
   end
   while true do
     local left = deadline - now()
