@@ -135,6 +135,39 @@ static int bucket_l_refund(lua_State *L)
     return 0;
 }
 
+/* b:wait_time([n]) -> seconds until n tokens are there (0: now), taking
+ * nothing: what a caller that needs several buckets at once asks each. */
+static int bucket_l_wait_time(lua_State *L)
+{
+    bucket *b = bucket_check(L);
+    double n = bucket_check_count(L, b, 2);
+    bucket_refill(b);
+    lua_pushnumber(L, b->tokens >= n ? 0.0 : (n - b->tokens) / b->rate);
+    return 1;
+}
+
+/* b:sync(remaining [, reset_in]): what the server says of its own quota.
+ * The balance is lowered to `remaining` (never raised: the client's view may
+ * be stricter); with nothing remaining, the next token is put off until the
+ * server's reset, `reset_in` seconds from now. */
+static int bucket_l_sync(lua_State *L)
+{
+    bucket *b = bucket_check(L);
+    lua_Number remaining = luaL_checknumber(L, 2);
+    lua_Number reset_in = luaL_optnumber(L, 3, 0);
+    luaL_argcheck(L, remaining >= 0 && !isnan(remaining), 2, "remaining must be a non-negative number");
+    luaL_argcheck(L, reset_in >= 0 && !isnan(reset_in), 3, "reset_in must be a non-negative number of seconds");
+    bucket_refill(b);
+    if (remaining >= 1) {
+        if (b->tokens > remaining) b->tokens = remaining;
+    } else {
+        /* A reservation of one token made now must wait reset_in. */
+        double held = 1.0 - (reset_in > RW_MAX_SECONDS ? RW_MAX_SECONDS : reset_in) * b->rate;
+        if (b->tokens > held) b->tokens = held;
+    }
+    return 0;
+}
+
 /* b:tokens() -> the balance now (negative while waiters hold reservations) */
 static int bucket_l_tokens(lua_State *L)
 {
@@ -178,6 +211,8 @@ void rw_bucket_register(lua_State *L)
         { "take", bucket_l_take },
         { "reserve", bucket_l_reserve },
         { "refund", bucket_l_refund },
+        { "wait_time", bucket_l_wait_time },
+        { "sync", bucket_l_sync },
         { "tokens", bucket_l_tokens },
         { "capacity", bucket_l_capacity },
         { "rate", bucket_l_rate },

@@ -3,6 +3,7 @@ local core = require "ratewise.core"
 local headers = require "ratewise.headers"
 local retry = require "ratewise.retry"
 local runtime = require "ratewise.runtime"
+local policy_module = require "ratewise.policy"
 
 local classify, now = core.classify, core.now
 local format, lower, upper = string.format, string.lower, string.upper
@@ -55,7 +56,13 @@ local option_checks = {
   retry_non_idempotent = "boolean", idempotency_key = "key", limiter = "limiter",
   on_retry = "callback_or_false", delay = "function", sleep = "function",
   follow_redirects = "boolean", base = "positive", jitter = "string",
-  max_body = "nonnegative", verify_tls = "boolean",
+  max_body = "nonnegative", verify_tls = "boolean", policy = "policy", circuit = "circuit",
+  budget = "budget", cost = "positive", on_event = "function",
+}
+
+-- The methods an object option must have.
+local required_methods = {
+  limiter = { "acquire" }, circuit = { "allow", "record" }, budget = { "request", "allow_retry" },
 }
 
 local function bad_option(name, expected, v)
@@ -79,9 +86,15 @@ local function check_option(name, v)
     if v ~= true and (t ~= "string" or v == "" or v:find("[\r\n%z]")) then
       bad_option(name, "true or a non-empty string without CR or LF", v)
     end
-  elseif check == "limiter" then
-    local ok, acquire = pcall(function() return v.acquire end)
-    if not ok or type(acquire) ~= "function" then bad_option(name, "an object with an acquire method", v) end
+  elseif required_methods[check] then
+    for _, m in ipairs(required_methods[check]) do
+      local ok, fn = pcall(function() return v[m] end)
+      if not ok or type(fn) ~= "function" then
+        bad_option(name, "an object with the methods " .. table.concat(required_methods[check], ", "), v)
+      end
+    end
+  elseif check == "policy" then
+    if not policy_module.is_policy(v) then bad_option(name, "a policy made by rw.policy", v) end
   elseif check == "callback_or_false" then
     if v ~= false and t ~= "function" then bad_option(name, "a function or false", v) end
   elseif t ~= check then
@@ -106,16 +119,17 @@ end
 
 -- What fetch derives from a URL (checked, printable form, credentials),
 -- kept for the last URL seen: programs call one endpoint many times.
-local last_url, last_shown, last_secrets
+local last_url, last_shown, last_secrets, last_origin
 
 local function url_facts(url)
   if url ~= last_url then
     check_url(url)
     last_shown = headers.redact_url(url)
     last_secrets = url:find("@", 1, true) and headers.url_secrets(url, {}) or false
+    last_origin = headers.origin(url)
     last_url = url
   end
-  return last_shown, last_secrets
+  return last_shown, last_secrets, last_origin
 end
 
 local user_agent_line = "User-Agent: ratewise/" .. core.version
@@ -170,7 +184,16 @@ end
 -- never make it shorter.
 local function next_delay(opts, state, res, attempt)
   local hint, source
-  if res then hint, source = retry.hint(res.headers) end
+  local policy_delay = res and opts.policy and opts.policy.delay
+  if policy_delay then
+    hint = call_hook("delay", policy_delay, res, attempt)
+    if hint ~= nil and (type(hint) ~= "number" or hint ~= hint or hint < 0) then
+      error(format("fetch: the policy's delay must return a non-negative number or nil (got %s)",
+        tostring(hint)), 0)
+    end
+    source = "policy"
+  end
+  if res and hint == nil then hint, source = retry.hint(res.headers) end
   local delay
   if opts.delay then
     local v = call_hook("delay", opts.delay, res, attempt, state.last_transport)
@@ -192,9 +215,46 @@ local function next_delay(opts, state, res, attempt)
   return delay, "backoff"
 end
 
+-- The policy's verdict on a response, checked, or the built-in one.
+local function verdict(policy, res)
+  local hook = policy and policy.classify
+  if hook then
+    local class = call_hook("classify", hook, res)
+    if class ~= nil then
+      if class ~= "success" and class ~= "retryable" and class ~= "terminal" then
+        error(format("fetch: the policy's classify must answer success, retryable, terminal or nil (got %s)",
+          tostring(class)), 0)
+      end
+      return class
+    end
+  end
+  return classify(res.status)
+end
+
+-- What the caller's hooks may change before the first attempt: a policy's
+-- prepare sees (and may add to) the headers and the idempotency key.
+local function prepared(opts, method, url)
+  local prepare = opts.policy and opts.policy.prepare
+  if not prepare then return opts.headers, opts.idempotency_key end
+  local h = {}
+  for k, v in pairs(opts.headers or {}) do h[k] = v end
+  local request = { method = method, url = url, headers = h, idempotency_key = opts.idempotency_key,
+    body = opts.body }
+  call_hook("prepare", prepare, request)
+  local key = request.idempotency_key
+  if key ~= nil and key ~= true and (type(key) ~= "string" or key == "" or key:find("[\r\n%z]")) then
+    error("fetch: the policy's prepare set an idempotency_key that is not true or a clean string", 0)
+  end
+  return request.headers, key
+end
+
+local function emit(on_event, event)
+  if on_event then call_hook("on_event", on_event, event) end
+end
+
 --- res | nil, err = fetch.fetch(url [, opts])
 function fetch.fetch(url, opts)
-  local shown_url, url_secrets = url_facts(url)
+  local shown_url, url_secrets, origin = url_facts(url)
   if opts == nil then
     opts = {}
   elseif type(opts) ~= "table" then
@@ -209,8 +269,9 @@ function fetch.fetch(url, opts)
       error(format("fetch: option 'method' is not a valid HTTP method (got %q)", method), 2)
     end
   end
-  local lines, given, header_secrets = headers.request_lines(opts.headers)
-  local key = opts.idempotency_key
+  local policy = opts.policy
+  local header_table, key = prepared(opts, method, url)
+  local lines, given, header_secrets = headers.request_lines(header_table)
   if key ~= nil and given["idempotency-key"] then
     error("fetch: the idempotency key is given both as an option and as a header", 2)
   end
@@ -225,6 +286,8 @@ function fetch.fetch(url, opts)
     or given["idempotency-key"] ~= nil
   local on_retry = opts.on_retry
   if on_retry == nil then on_retry = default_on_retry end
+  local limiter, circuit, budget, on_event = opts.limiter, opts.circuit, opts.budget, opts.on_event
+  local cost = opts.cost or 1
   local label = method .. " " .. shown_url
 
   local request = {
@@ -239,9 +302,20 @@ function fetch.fetch(url, opts)
   local state = { attempts = 0, started = now(), label = label, max_elapsed = max_elapsed }
   local deadline = state.started + max_elapsed
   local retries = 0
+  if budget then budget:request() end
+  emit(on_event, { type = "request", method = method, url = shown_url })
 
   while true do
-    if opts.limiter then opts.limiter:acquire(1, opts.sleep) end
+    if circuit then
+      local allowed, retry_in = circuit:allow(origin)
+      if not allowed then
+        emit(on_event, { type = "circuit_open", url = shown_url, retry_in = retry_in })
+        return nil, fetch_error("circuit_open", format("%s: the circuit for %s is open after repeated "
+          .. "failures; nothing was sent (a trial request goes through in %.2f s)", label, origin, retry_in or 0),
+          state, state.last_response, state.last_transport)
+      end
+    end
+    if limiter then limiter:acquire(cost, opts.sleep) end
     local left = deadline - now()
     if left <= 0 then
       return budget_error(state, "no time left for another attempt", state.last_response)
@@ -251,18 +325,27 @@ function fetch.fetch(url, opts)
     state.attempts = state.attempts + 1
     state.last_transport = terr
 
-    local why
+    local why, class
     if res then
       res.headers = headers.wrap(res.headers)
       res.url = (res.url == url or not res.url) and shown_url or headers.redact_url(res.url)
       res.attempts = state.attempts
       res.elapsed = now() - state.started
       state.last_response = res
-      local class = classify(res.status)
+      if policy and policy.observe then call_hook("observe", policy.observe, res, limiter) end
+      class = verdict(policy, res)
+      emit(on_event, { type = "response", status = res.status, class = class, attempt = state.attempts })
       -- A redirect that was not followed, or a 304, is an answer, not a failure.
-      if class == "success" or (res.status >= 300 and res.status < 400) then
+      if class ~= "retryable" and res.status >= 300 and res.status < 400 then class = "success" end
+      if circuit then
+        -- A terminal 4xx says nothing about the server's health.
+        circuit:record(origin, class == "success" and "success"
+          or (class == "retryable" or res.status >= 500) and "failure" or "neutral")
+      end
+      if class == "success" then
         return res
       elseif class == "terminal" then
+        emit(on_event, { type = "error", kind = "terminal", status = res.status })
         return nil, fetch_error("terminal", format("%s: %d is a terminal status, not retried",
           label, res.status), state, res)
       end
@@ -272,6 +355,8 @@ function fetch.fetch(url, opts)
       if url_secrets then message = headers.scrub(message, url_secrets) end
       if header_secrets then message = headers.scrub(message, header_secrets) end
       terr.message = message
+      emit(on_event, { type = "response", error = message, class = "retryable", attempt = state.attempts })
+      if circuit and not terr.tls then circuit:record(origin, "failure") end
       if terr.timeout and request.timeout < timeout then
         return budget_error(state, "the attempt was cut short by the time budget", nil, terr)
       end
@@ -299,7 +384,14 @@ function fetch.fetch(url, opts)
       return budget_error(state, format("a retry in %.2f s (%s) would not fit the %.2f s left",
         delay, source, left > 0 and left or 0), res, terr)
     end
+    if budget and not budget:allow_retry() then
+      emit(on_event, { type = "budget_refused", status = res and res.status or nil })
+      return budget_error(state, format(
+        "the retry budget refused a retry after %s (retries are capped at a share of requests)", why), res, terr)
+    end
     retries = retries + 1
+    emit(on_event, { type = "retry", status = res and res.status or nil, delay = delay, source = source,
+      attempt = retries })
     if on_retry then
       call_hook("on_retry", on_retry, {
         method = method, url = shown_url, status = res and res.status or nil,

@@ -105,6 +105,19 @@ function headers.redact_url(url)
   return scheme .. authority .. path
 end
 
+-- scheme://host:port of a URL, lower-cased, with the default port filled in:
+-- what a circuit breaker keys its state on.
+function headers.origin(url)
+  local scheme, authority = string.match(url, "^(%a[%w+.-]*)://([^/?#]*)")
+  if not scheme then return nil end
+  scheme = lower(scheme)
+  authority = lower(authority:gsub("^.*@", ""))
+  if not authority:find(":%d+$") and not authority:find("^%[.*%]:%d+$") then
+    authority = authority .. (scheme == "https" and ":443" or ":80")
+  end
+  return scheme .. "://" .. authority
+end
+
 -- The user and password of a URL, for scrubbing from messages.
 function headers.url_secrets(url, secrets)
   local authority = string.match(url, "^%a[%w+.-]*://([^/?#]*)")

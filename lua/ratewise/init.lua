@@ -5,6 +5,7 @@ local core = require "ratewise.core"
 local bucket = require "ratewise.bucket"
 local fetch = require "ratewise.fetch"
 local retry = require "ratewise.retry"
+local policy = require "ratewise.policy"
 local runtime = require "ratewise.runtime"
 local scheduler = require "ratewise.scheduler"
 
@@ -36,7 +37,25 @@ local ratewise = {
   map = scheduler.map,
   --- rw.configure{sleep = fn | false}
   configure = runtime.configure,
+  --- sem = rw.semaphore(n): sem:acquire(), sem:release()
+  semaphore = scheduler.semaphore,
+  --- p = rw.policy{classify = fn, delay = fn, observe = fn, prepare = fn}; rw.policy.chain(a, b, ...)
+  policy = policy,
 }
+
+--- rw.providers.NAME: the built-in provider policies, loaded on first use.
+ratewise.providers = setmetatable({}, {
+  __index = function(t, name)
+    if type(name) ~= "string" or not name:match("^[%w_]+$") then return nil end
+    local ok, p = pcall(require, "ratewise.providers." .. name)
+    if not ok then
+      if tostring(p):find("module 'ratewise.providers." .. name .. "' not found", 1, true) then return nil end
+      error(p, 2)
+    end
+    rawset(t, name, p)
+    return p
+  end,
+})
 
 --- rw.sleep(seconds): waits the way the host at hand waits (see runtime.lua).
 function ratewise.sleep(seconds)

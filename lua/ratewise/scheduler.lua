@@ -391,6 +391,68 @@ Task.__tostring = function(task)
 end
 
 ---------------------------------------------------------------------------
+-- Semaphores: at most n holders at once, served first come, first served.
+
+local Semaphore = {}
+Semaphore.__index = Semaphore
+
+--- sem = scheduler.semaphore(n)
+function scheduler.semaphore(n)
+  if type(n) ~= "number" or n < 1 or n % 1 ~= 0 then
+    error(format("semaphore: size must be a positive integer (got %s)", tostring(n)), 2)
+  end
+  return setmetatable({ available = n, size = n, queue = {}, head = 1, tail = 0 }, Semaphore)
+end
+
+-- A queued task that is cancelled gives its place up; one that had already
+-- been handed the permit passes it on.
+local function leave_queue(sem, entry)
+  entry.gone = true
+  if entry.granted then sem:release() end
+end
+
+--- sem:acquire(): waits for a permit (as a task, by yielding).
+function Semaphore:acquire()
+  if self.available > 0 and self.head > self.tail then
+    self.available = self.available - 1
+    return true
+  end
+  local me = scheduler.current()
+  if not me then
+    drive_until(function() return self.available > 0 and self.head > self.tail end)
+    self.available = self.available - 1
+    return true
+  end
+  me.wait_id = me.wait_id + 1
+  local entry = { task = me, id = me.wait_id }
+  self.tail = self.tail + 1
+  self.queue[self.tail] = entry
+  return wait_here(me, leave_queue, self, entry)
+end
+
+--- sem:release(): hands the permit to the first task still waiting, if any.
+function Semaphore:release()
+  local queue = self.queue
+  while self.head <= self.tail do
+    local entry = queue[self.head]
+    queue[self.head] = nil
+    self.head = self.head + 1
+    local task = entry.task
+    if not entry.gone and task.state == "waiting" and task.wait_id == entry.id then
+      entry.granted = true
+      make_ready(task)
+      return
+    end
+  end
+  self.head, self.tail = 1, 0
+  self.available = math.min(self.available + 1, self.size)
+end
+
+function Semaphore:__tostring()
+  return format("ratewise.Semaphore (%d of %d free)", self.available, self.size)
+end
+
+---------------------------------------------------------------------------
 -- run and map
 
 -- Waits until every task of a group has finished.

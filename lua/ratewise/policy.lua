@@ -1,0 +1,102 @@
+-- Policies: the rules of one API's dialect, written in Lua. Each hook may be
+-- missing or answer nil, and then the built-in behaviour applies.
+--   classify(res)          -> "success" | "retryable" | "terminal" | nil
+--   delay(res, attempt)    -> seconds | nil: the wait the server asked for
+--   observe(res, limiter)  -> nothing: feeds what the response says of the
+--                             quota back into the limiter
+--   prepare(request)       -> nothing: may add headers (request.headers) or
+--                             an idempotency key (request.idempotency_key)
+--                             before the first attempt
+local format = string.format
+local type, tostring, pairs, select, setmetatable, getmetatable = type, tostring, pairs, select,
+  setmetatable, getmetatable
+
+local policy = {}
+
+local Policy = {}
+Policy.__index = Policy
+Policy.__name = "ratewise.Policy"
+
+local hooks = { classify = true, delay = true, observe = true, prepare = true }
+
+local function is_policy(v)
+  return getmetatable(v) == Policy
+end
+policy.is_policy = is_policy
+
+--- p = rw.policy{classify = fn, delay = fn, observe = fn, prepare = fn, name = "..."}
+function policy.new(spec)
+  if is_policy(spec) then return spec end
+  if type(spec) ~= "table" then
+    error(format("policy: expected a table of hooks (got %s)", type(spec)), 2)
+  end
+  local p = {}
+  for k, v in pairs(spec) do
+    if k == "name" then
+      if type(v) ~= "string" then error("policy: 'name' must be a string", 2) end
+    elseif not hooks[k] then
+      error(format("policy: unknown field '%s' (expected classify, delay, observe, prepare, name)",
+        tostring(k)), 2)
+    elseif type(v) ~= "function" then
+      error(format("policy: hook '%s' must be a function (got %s)", k, type(v)), 2)
+    end
+    p[k] = v
+  end
+  return setmetatable(p, Policy)
+end
+
+-- The first non-nil answer of the policies, in order.
+local function first_answer(list, hook)
+  return function(...)
+    for i = 1, #list do
+      local fn = list[i][hook]
+      if fn then
+        local answer = fn(...)
+        if answer ~= nil then return answer end
+      end
+    end
+    return nil
+  end
+end
+
+-- Every policy sees the response and may prepare the request.
+local function all_of(list, hook)
+  return function(...)
+    for i = 1, #list do
+      local fn = list[i][hook]
+      if fn then fn(...) end
+    end
+  end
+end
+
+--- p = rw.policy.chain(a, b, ...): the first non-nil answer wins; observe
+-- and prepare run for every policy, in order.
+function policy.chain(...)
+  local list, names = {}, {}
+  for i = 1, select("#", ...) do
+    local p = select(i, ...)
+    if p ~= nil then
+      p = is_policy(p) and p or policy.new(p)
+      list[#list + 1] = p
+      names[#names + 1] = p.name or "?"
+    end
+  end
+  local chained = { name = table.concat(names, "+") }
+  for hook in pairs(hooks) do
+    local any = false
+    for i = 1, #list do if list[i][hook] then any = true end end
+    if any then
+      chained[hook] = (hook == "observe" or hook == "prepare") and all_of(list, hook)
+        or first_answer(list, hook)
+    end
+  end
+  return setmetatable(chained, Policy)
+end
+
+Policy.__tostring = function(p)
+  return "ratewise.Policy (" .. (p.name or "custom") .. ")"
+end
+
+return setmetatable(policy, {
+  __call = function(_, spec) return policy.new(spec) end,
+})
