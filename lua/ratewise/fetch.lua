@@ -252,6 +252,17 @@ local function emit(on_event, event)
   if on_event then call_hook("on_event", on_event, event) end
 end
 
+--- fetch.check(url, opts): raises, as fetch would, for a bad URL or option.
+-- For callers that run the fetch elsewhere (a shared task) and want misuse
+-- reported at the call.
+function fetch.check(url, opts)
+  url_facts(url)
+  if type(opts) ~= "table" then
+    error(format("fetch: options must be a table (got %s)", type(opts)), 3)
+  end
+  for k, v in pairs(opts) do check_option(k, v) end
+end
+
 --- res | nil, err = fetch.fetch(url [, opts])
 function fetch.fetch(url, opts)
   local shown_url, url_secrets, origin = url_facts(url)

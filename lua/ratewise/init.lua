@@ -3,6 +3,7 @@
 -- transfers; the Lua modules here wire that into the public API.
 local core = require "ratewise.core"
 local bucket = require "ratewise.bucket"
+local client = require "ratewise.client"
 local fetch = require "ratewise.fetch"
 local retry = require "ratewise.retry"
 local policy = require "ratewise.policy"
@@ -37,6 +38,8 @@ local ratewise = {
   map = scheduler.map,
   --- rw.configure{sleep = fn | false}
   configure = runtime.configure,
+  --- c = rw.client{base_url = ..., ...}
+  client = client.new,
   --- sem = rw.semaphore(n): sem:acquire(), sem:release()
   semaphore = scheduler.semaphore,
   --- p = rw.policy{classify = fn, delay = fn, observe = fn, prepare = fn}; rw.policy.chain(a, b, ...)

@@ -112,7 +112,7 @@ local function finish(task, ok, ...)
   else
     local failed = ...
     task.failed = failed
-    if not task.joiners and failed ~= CANCELLED then
+    if not task.joiners and not task.awaited and failed ~= CANCELLED then
       if group then
         group.unjoined[#group.unjoined + 1] = task
       else
@@ -364,6 +364,7 @@ function Task:join()
       joiners[#joiners + 1] = me.wait_id
       wait_here(me)
     else
+      self.awaited = true -- the main thread is joining: its failure is not lost
       drive_until(function() return self.state == "done" end)
     end
   end
