@@ -200,6 +200,17 @@ describe("rw.retry_delay", function()
     assert.equal("x-ratelimit-reset", source)
   end)
 
+  it("skips x-ratelimit-reset while x-ratelimit-remaining says requests are left", function()
+    local d, source = rw.retry_delay({ ["x-ratelimit-reset"] = "1003000", ["x-ratelimit-remaining"] = "4999" }, 0,
+      { now = 1000000, jitter = "none" })
+    assert.equal(1, d)
+    assert.equal("backoff", source)
+    d, source = rw.retry_delay({ ["x-ratelimit-reset"] = "1000030", ["x-ratelimit-remaining"] = "0" }, 0,
+      { now = 1000000 })
+    assert.equal(30, d)
+    assert.equal("x-ratelimit-reset", source)
+  end)
+
   it("gives 0 for a reset time in the past", function()
     local d, source = rw.retry_delay({ ["x-ratelimit-reset"] = "999990" }, 0, { now = 1000000 })
     assert.equal(0, d)
@@ -238,5 +249,143 @@ describe("rw.retry_delay", function()
     assert.error_matches(function() rw.retry_delay({}, -1) end, "attempt")
     assert.error_matches(function() rw.retry_delay({}, 0, { now = "x" }) end, "'now'")
     assert.error_matches(function() rw.retry_delay({}, 0, { bogus = 1 }) end, "unknown option")
+  end)
+end)
+
+describe("rw.parse_duration", function()
+  local parse_duration = rw.parse_duration
+
+  it("reads Go durations as OpenAI sends them", function()
+    local cases = {
+      { "1s", 1 }, { "6m0s", 360 }, { "12ms", 0.012 }, { "1h2m3.5s", 3723.5 }, { "500us", 0.0005 },
+      { "500\194\181s", 0.0005 }, -- U+00B5 MICRO SIGN, what Go writes
+      { "500\206\188s", 0.0005 }, -- U+03BC GREEK SMALL LETTER MU
+      { "20ns", 2e-8 }, { "0", 0 }, { "0s", 0 }, { "1.5h", 5400 }, { "1m30s", 90 }, { "2h45m", 9900 },
+      { "1.1ms", 0.0011 }, { "59.999s", 59.999 }, { "1h0m0.001s", 3600.001 },
+    }
+    for _, case in ipairs(cases) do
+      assert.equal(case[2], parse_duration(case[1]), case[1])
+    end
+  end)
+
+  it("reads a fraction the way Go does, with digits on either side of the point", function()
+    assert.equal(0.5, parse_duration(".5s"))
+    assert.equal(1, parse_duration("1.s"))
+    assert.equal(parse_duration("1s") + parse_duration("500ms"), parse_duration("1.5s"))
+  end)
+
+  it("allows surrounding white space", function()
+    assert.equal(7, parse_duration(" 7s\t"))
+    assert.equal(0, parse_duration("\t0 "))
+  end)
+
+  it("gives nil for signs, bare numbers, unknown units and garbage", function()
+    for _, s in ipairs {
+      "", "  ", "-1s", "+1s", "-0", "+0", "1", "00", "12", "0.0", "s", ".s", "1sm", "1 s", "1s 2m", "1S", "1H",
+      "1e3s", "1d", "1s2", "1..5s", "0x10s", "inf", "nan", "1,5s", "\194\181s", "5\194\181", "5\194s",
+      "1s\0", "1s\0garbage", "1h-2m", "garbage",
+    } do
+      assert.is_nil(parse_duration(s), s)
+    end
+  end)
+
+  it("saturates a huge value at 1e18 seconds instead of overflowing", function()
+    assert.equal(1e18, parse_duration(string.rep("9", 400) .. "h"))
+    assert.equal(1e18, parse_duration(string.rep("9", 400) .. "ns"))
+    assert.equal(1e18, parse_duration("300000000000000000000s"))
+    assert.equal(1e18, parse_duration(string.rep("999999999999999h", 2000)))
+    -- large but below the cap: read, not saturated
+    local d = parse_duration("99999999999999999999999ns") -- 10^23 ns = 10^14 s
+    assert.is_true(math.abs(d - 1e14) < 1, tostring(d))
+  end)
+
+  it("reads every digit of a long fraction without running past the string", function()
+    local d = parse_duration("0." .. string.rep("0", 10000) .. "1s")
+    assert.is_true(d >= 0 and d < 1e-9, tostring(d))
+    d = parse_duration("1." .. string.rep("9", 10000) .. "s")
+    assert.is_true(math.abs(d - 2) < 1e-9, tostring(d))
+  end)
+
+  it("raises for a value that is not a string", function()
+    assert.error_matches(function() parse_duration(nil) end, "#1")
+    assert.error_matches(function() parse_duration({}) end, "#1")
+  end)
+end)
+
+describe("rw.parse_rfc3339", function()
+  local parse_rfc3339 = rw.parse_rfc3339
+  local sunday = 784111777 -- 1994-11-06T08:49:37Z, Sun, 06 Nov 1994 08:49:37 GMT
+
+  it("reads a UTC date-time as epoch seconds", function()
+    assert.equal(sunday, parse_rfc3339("1994-11-06T08:49:37Z"))
+    assert.equal(rw.parse_http_date("Wed, 01 Jan 2025 12:00:30 GMT"), parse_rfc3339("2025-01-01T12:00:30Z"))
+    assert.equal(0, parse_rfc3339("1970-01-01T00:00:00Z"))
+  end)
+
+  it("keeps fractional seconds", function()
+    local whole = parse_rfc3339("2025-01-01T12:00:30Z")
+    assert.is_true(math.abs(parse_rfc3339("2025-01-01T12:00:30.123Z") - (whole + 0.123)) < 1e-6)
+    assert.is_true(math.abs(parse_rfc3339("2025-01-01T12:00:30.5Z") - (whole + 0.5)) < 1e-6)
+    local long = parse_rfc3339("2025-01-01T12:00:30." .. string.rep("9", 1000) .. "Z")
+    assert.is_true(math.abs(long - (whole + 1)) < 1e-6, tostring(long))
+  end)
+
+  it("applies a numeric offset", function()
+    local utc = parse_rfc3339("2025-01-01T12:00:30Z")
+    assert.equal(utc, parse_rfc3339("2025-01-01T14:00:30+02:00"))
+    assert.equal(utc, parse_rfc3339("2025-01-01T06:30:30-05:30"))
+    assert.equal(utc, parse_rfc3339("2025-01-01T12:00:30-00:00"))
+    assert.equal(utc, parse_rfc3339("2025-01-02T11:59:30+23:59"))
+  end)
+
+  it("accepts 't' and 'z' in lower case, and surrounding white space", function()
+    assert.equal(sunday, parse_rfc3339("1994-11-06t08:49:37z"))
+    assert.equal(sunday, parse_rfc3339(" 1994-11-06T08:49:37Z\t"))
+  end)
+
+  it("handles leap years, month ends and a leap second", function()
+    assert.equal(rw.parse_http_date("Thu, 29 Feb 2024 00:00:00 GMT"), parse_rfc3339("2024-02-29T00:00:00Z"))
+    assert.equal(951782400, parse_rfc3339("2000-02-29T00:00:00Z"))
+    assert.equal(parse_rfc3339("2025-01-01T00:00:00Z"), parse_rfc3339("2024-12-31T23:59:60Z"))
+    for _, s in ipairs {
+      "2023-02-29T00:00:00Z", "1900-02-29T00:00:00Z", "2025-04-31T00:00:00Z", "2025-06-31T00:00:00Z",
+    } do
+      assert.is_nil(parse_rfc3339(s), s)
+    end
+  end)
+
+  it("rejects values out of range", function()
+    for _, s in ipairs {
+      "2025-00-01T00:00:00Z", "2025-13-01T00:00:00Z", "2025-01-00T00:00:00Z", "2025-01-32T00:00:00Z",
+      "2025-01-01T24:00:00Z", "2025-01-01T23:60:00Z", "2025-01-01T23:59:61Z",
+      "2025-01-01T00:00:00+24:00", "2025-01-01T00:00:00+02:60",
+    } do
+      assert.is_nil(parse_rfc3339(s), s)
+    end
+  end)
+
+  it("rejects garbage and near misses", function()
+    for _, s in ipairs {
+      "", "garbage", "2025-01-01", "2025-01-01T12:00Z", "12:00:30Z", "2025-1-01T12:00:30Z", "25-01-01T12:00:30Z",
+      "2025-01-01T12:00:30", "2025-01-01T12:00:30.Z", "2025-01-01 12:00:30Z", "2025-01-01T12:00:30Zx",
+      "2025-01-01T12:00:30+0200", "2025-01-01T12:00:30+02", "2025-01-01T12:00:30 Z", "2025-01-01T12:00:30UTC",
+      "+2025-01-01T12:00:30Z", "2025-01-01T12:00:30Z\0", "Wed, 01 Jan 2025 12:00:30 GMT", "1735732830",
+    } do
+      assert.is_nil(parse_rfc3339(s), s)
+    end
+  end)
+
+  it("never reads past the end: every prefix of a valid value is rejected", function()
+    for _, valid in ipairs { "2025-01-01T12:00:30.25+02:00", "2025-01-01T12:00:30Z" } do
+      assert.is_number(parse_rfc3339(valid))
+      for i = 0, #valid - 1 do
+        assert.is_nil(parse_rfc3339(valid:sub(1, i)), valid:sub(1, i))
+      end
+    end
+  end)
+
+  it("raises for a value that is not a string", function()
+    assert.error_matches(function() parse_rfc3339(nil) end, "#1")
+    assert.error_matches(function() parse_rfc3339(true) end, "#1")
   end)
 end)

@@ -257,6 +257,133 @@ int rwp_parse_retry_after(const char *s, size_t len, double now, double *out)
     return 0;
 }
 
+/* ---- Go durations and RFC 3339 date-times (OpenAI's and Anthropic's
+ * rate-limit headers) ---- */
+
+/* The powers of ten a double holds exactly: dividing by one of them rounds
+ * once, so "12ms" is exactly the double nearest 0.012. */
+static const double parse_pow10[23] = {
+    1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
+    1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22
+};
+
+static double parse_div_pow10(double v, int exp)
+{
+    while (exp > 22) { v /= parse_pow10[22]; exp -= 22; }
+    return v / parse_pow10[exp];
+}
+
+/* Digits are gathered into an integer mantissa while it stays exact in a
+ * double (below 2^53); later digits only scale it (integer part) or are
+ * below a double's precision (fraction). */
+#define PARSE_MANTISSA_LIMIT 1e14
+
+/* Go's units. A unit of a second or more multiplies; a smaller one is a
+ * power of ten to divide by, folded into the fraction's division. */
+typedef struct parse_unit { const char *name; size_t len; double mul; int exp10; } parse_unit;
+
+static const parse_unit parse_units[] = {
+    { "ns", 2, 1.0, 9 },
+    { "us", 2, 1.0, 6 },
+    { "\xc2\xb5s", 3, 1.0, 6 }, /* U+00B5 MICRO SIGN, what Go writes */
+    { "\xce\xbcs", 3, 1.0, 6 }, /* U+03BC GREEK SMALL LETTER MU */
+    { "ms", 2, 1.0, 3 },
+    { "s", 1, 1.0, 0 },
+    { "m", 1, 60.0, 0 },
+    { "h", 1, 3600.0, 0 },
+};
+
+static int parse_is_digit(char ch) { return ch >= '0' && ch <= '9'; }
+
+int rwp_parse_duration(const char *s, size_t len, double *out)
+{
+    double total = 0.0;
+    size_t i = 0;
+
+    parse_trim(&s, &len);
+    if (len == 1 && s[0] == '0') { *out = 0.0; return 1; }
+    if (len == 0) return 0;
+    while (i < len) {
+        double value = 0.0;
+        int digits = 0, kept_frac = 0, scaled = 0;
+        size_t unit_start, k;
+        const parse_unit *unit = NULL;
+
+        while (i < len && parse_is_digit(s[i])) {
+            if (value < PARSE_MANTISSA_LIMIT) value = value * 10.0 + (s[i] - '0');
+            else if (scaled < 40) scaled++; /* 10^40 of anything saturates */
+            i++; digits++;
+        }
+        if (i < len && s[i] == '.') {
+            i++;
+            while (i < len && parse_is_digit(s[i])) {
+                if (value < PARSE_MANTISSA_LIMIT && kept_frac < 40) {
+                    value = value * 10.0 + (s[i] - '0');
+                    kept_frac++;
+                }
+                i++; digits++;
+            }
+        }
+        if (digits == 0) return 0; /* a sign, a lone '.', a unit alone */
+        /* The unit is everything up to the next number, as in Go, so "1sm"
+         * or "1 s" is an unknown unit rather than two parts. */
+        unit_start = i;
+        while (i < len && s[i] != '.' && !parse_is_digit(s[i])) i++;
+        for (k = 0; k < sizeof parse_units / sizeof parse_units[0]; k++) {
+            if (i - unit_start == parse_units[k].len
+                && memcmp(s + unit_start, parse_units[k].name, parse_units[k].len) == 0) {
+                unit = &parse_units[k];
+                break;
+            }
+        }
+        if (unit == NULL) return 0;
+        value *= unit->mul;
+        if (scaled > 0) value *= pow(10.0, scaled);
+        total += parse_div_pow10(value, kept_frac + unit->exp10);
+        if (total > RW_MAX_SECONDS) total = RW_MAX_SECONDS;
+    }
+    *out = total;
+    return 1;
+}
+
+int rwp_parse_rfc3339(const char *s, size_t len, double *out)
+{
+    parse_cursor c;
+    int y, mon, d, h, mi, sec, off_h = 0, off_m = 0, sign = 0;
+    double frac = 0.0, base;
+
+    parse_trim(&s, &len);
+    c.s = s; c.len = len; c.pos = 0;
+    if (!(parse_digits(&c, 4, &y) && parse_char(&c, '-') && parse_digits(&c, 2, &mon)
+          && parse_char(&c, '-') && parse_digits(&c, 2, &d)
+          && (parse_char(&c, 'T') || parse_char(&c, 't'))
+          && parse_time_of_day(&c, &h, &mi, &sec)))
+        return 0;
+    if (parse_char(&c, '.')) {
+        double mantissa = 0.0;
+        int kept = 0, digits = 0;
+        while (c.pos < c.len && parse_is_digit(c.s[c.pos])) {
+            if (kept < 15) { mantissa = mantissa * 10.0 + (c.s[c.pos] - '0'); kept++; }
+            c.pos++; digits++;
+        }
+        if (digits == 0) return 0;
+        frac = mantissa / parse_pow10[kept];
+    }
+    if (!(parse_char(&c, 'Z') || parse_char(&c, 'z'))) {
+        if (parse_char(&c, '+')) sign = 1;
+        else if (parse_char(&c, '-')) sign = -1;
+        else return 0;
+        if (!(parse_digits(&c, 2, &off_h) && parse_char(&c, ':') && parse_digits(&c, 2, &off_m))
+            || off_h > 23 || off_m > 59)
+            return 0;
+    }
+    if (c.pos != c.len || mon < 1 || mon > 12) return 0;
+    if (!parse_finish(y, mon, d, h, mi, sec, &base)) return 0;
+    /* 12:00+02:00 is 10:00 UTC. */
+    *out = base + frac - sign * (off_h * 3600.0 + off_m * 60.0);
+    return 1;
+}
+
 double rwp_backoff(double attempt, double base, double max_delay,
                    enum rwp_jitter jitter, double u, double previous)
 {
@@ -338,6 +465,27 @@ static int parse_l_seconds(lua_State *L)
     return 1;
 }
 
+/* Both return nil for a value that does not parse; a non-string raises. */
+static int parse_l_duration(lua_State *L)
+{
+    size_t len;
+    const char *s = luaL_checklstring(L, 1, &len);
+    double out;
+    if (rwp_parse_duration(s, len, &out)) lua_pushnumber(L, out);
+    else lua_pushnil(L);
+    return 1;
+}
+
+static int parse_l_rfc3339(lua_State *L)
+{
+    size_t len;
+    const char *s = luaL_checklstring(L, 1, &len);
+    double out;
+    if (rwp_parse_rfc3339(s, len, &out)) lua_pushnumber(L, out);
+    else lua_pushnil(L);
+    return 1;
+}
+
 /* backoff(attempt, base, max_delay, jitter, u [, previous]): the options are
  * checked by the Lua layer, which names them; these checks catch misuse of
  * the core itself. */
@@ -372,6 +520,8 @@ void rw_parse_register(lua_State *L)
         { "parse_http_date", parse_l_http_date },
         { "parse_retry_after", parse_l_retry_after },
         { "parse_seconds", parse_l_seconds },
+        { "parse_duration", parse_l_duration },
+        { "parse_rfc3339", parse_l_rfc3339 },
         { "backoff", parse_l_backoff },
         { NULL, NULL }
     };

@@ -36,6 +36,20 @@ int rwp_parse_http_date(const char *s, size_t len, double now, double *out);
  * Returns 1 and sets *out to seconds >= 0, or 0. */
 int rwp_parse_retry_after(const char *s, size_t len, double now, double *out);
 
+/* A Go duration as time.Duration.String() writes it ("1s", "6m0s", "12ms",
+ * "1h2m3.5s", "500us", "500\xc2\xb5s", "20ns"): one or more decimal numbers
+ * (optional fraction, as Go reads them: "1.5h", ".5s", "1.s"), each followed
+ * by a unit (ns, us, U+00B5 s, U+03BC s, ms, s, m, h); a bare "0" too.
+ * No sign, no inner space; surrounding SP/HTAB allowed. Saturates at
+ * RW_MAX_SECONDS. Returns 1 and sets *out to seconds, or 0. */
+int rwp_parse_duration(const char *s, size_t len, double *out);
+
+/* An RFC 3339 date-time ("2025-01-01T12:00:30Z", "...30.123Z",
+ * "...30+02:00"; 'T' and 'Z' in either case), ranges checked (leap years,
+ * second 60, offset hours <= 23); surrounding SP/HTAB allowed. Returns 1
+ * and sets *out to epoch seconds (fraction kept), or 0. */
+int rwp_parse_rfc3339(const char *s, size_t len, double *out);
+
 enum rwp_jitter { RWP_JITTER_NONE, RWP_JITTER_FULL, RWP_JITTER_EQUAL, RWP_JITTER_DECORRELATED };
 
 /* Capped exponential backoff. u is a uniform random number in [0,1);

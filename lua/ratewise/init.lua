@@ -18,6 +18,10 @@ local ratewise = {
   parse_http_date = core.parse_http_date,
   --- seconds | nil = rw.parse_retry_after(value [, now])
   parse_retry_after = core.parse_retry_after,
+  --- seconds | nil = rw.parse_duration(s): Go durations such as "6m0s"
+  parse_duration = core.parse_duration,
+  --- epoch_seconds | nil = rw.parse_rfc3339(s)
+  parse_rfc3339 = core.parse_rfc3339,
   --- seconds = rw.backoff(attempt [, opts])
   backoff = retry.backoff,
   --- seconds, source = rw.retry_delay(headers, attempt [, opts])
@@ -55,6 +59,7 @@ ratewise.providers = setmetatable({}, {
       if tostring(p):find("module 'ratewise.providers." .. name .. "' not found", 1, true) then return nil end
       error(p, 2)
     end
+    if not policy.is_policy(p) then return nil end -- a helper module, not a provider
     rawset(t, name, p)
     return p
   end,

@@ -118,7 +118,12 @@ function retry.hint(h, now)
     if seconds then return seconds, "retry-after" end
   end
   local reset = headers.get(h, "x-ratelimit-reset")
-  if reset then
+  -- APIs send the reset time on every response; it is a wait only when the
+  -- quota is spent (or its state unknown), not before a retry of a 502 with
+  -- thousands of requests left.
+  local remaining = reset and headers.get(h, "x-ratelimit-remaining")
+  remaining = remaining and core.parse_seconds(remaining)
+  if reset and not (remaining and remaining >= 1) then
     local epoch = core.parse_seconds(reset)
     if epoch then return epoch > now and epoch - now or 0, "x-ratelimit-reset" end
   end

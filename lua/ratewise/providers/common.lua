@@ -1,0 +1,120 @@
+-- What the provider policies share: reading a response's headers without
+-- trusting their shape, the server's clock, and feeding a limiter.
+-- Every reader answers nil for a header that is absent or does not parse,
+-- so that a hook built on them falls through to the built-in behaviour.
+local core = require "ratewise.core"
+local headers = require "ratewise.headers"
+local retry = require "ratewise.retry"
+
+local type, pcall, tostring = type, pcall, tostring
+local lower, match = string.lower, string.match
+
+local common = {}
+
+--- value | nil = common.header(res, name): the header as a string, whatever
+-- the case of its name; nil when absent or when res is not a response.
+function common.header(res, name)
+  local h = type(res) == "table" and res.headers
+  if type(h) ~= "table" then return nil end
+  local v = headers.get(h, name)
+  if type(v) == "number" then return tostring(v) end -- a hand-made response
+  if type(v) ~= "string" then return nil end
+  return v
+end
+
+--- n | nil = common.number(res, name): a non-negative decimal ("0", "4999", "1.5").
+function common.number(res, name)
+  local v = common.header(res, name)
+  return v and core.parse_seconds(v) or nil
+end
+
+--- true | false | nil = common.flag(res, name): "true" or "false", any case.
+function common.flag(res, name)
+  local v = common.header(res, name)
+  if not v then return nil end
+  v = lower(match(v, "^%s*(.-)%s*$"))
+  if v == "true" then return true end
+  if v == "false" then return false end
+  return nil
+end
+
+--- epoch = common.server_now(res): the server's clock when the response has
+-- a Date header (so a local clock that runs ahead cannot cut a wait short,
+-- as in retry.lua), else the local wall clock.
+function common.server_now(res)
+  local date = common.header(res, "date")
+  return date and core.parse_http_date(date) or core.time()
+end
+
+--- seconds = common.until_epoch(res, epoch): from the server's now to epoch;
+-- 0 for a time already past.
+function common.until_epoch(res, epoch)
+  local left = epoch - common.server_now(res)
+  return left > 0 and left or 0
+end
+
+--- seconds | nil = common.retry_after(res): Retry-After as seconds or an
+-- HTTP-date (against the server's clock); a repeated field gives its longest wait.
+function common.retry_after(res)
+  local v = common.header(res, "retry-after")
+  if not v then return nil end
+  return (retry.hint({ ["retry-after"] = v }, common.server_now(res)))
+end
+
+--- seconds | nil = common.reset_at(res, name): an epoch-seconds header
+-- ("1735732830") as seconds from the server's now.
+function common.reset_at(res, name)
+  local epoch = common.number(res, name)
+  return epoch and common.until_epoch(res, epoch) or nil
+end
+
+--- seconds | nil = common.reset_rfc3339(res, name): an RFC 3339 header as
+-- seconds from the server's now.
+function common.reset_rfc3339(res, name)
+  local v = common.header(res, name)
+  local epoch = v and core.parse_rfc3339(v)
+  return epoch and common.until_epoch(res, epoch) or nil
+end
+
+--- seconds | nil = common.duration(res, name): a Go duration header ("6m0s").
+function common.duration(res, name)
+  local v = common.header(res, name)
+  return v and core.parse_duration(v) or nil
+end
+
+--- class | nil = common.override(res, name): a "should retry" header
+-- (x-should-retry, Stripe-Should-Retry) decides for a response that is not
+-- a 2xx: true -> "retryable", false -> "terminal".
+function common.override(res, name)
+  local status = type(res) == "table" and res.status
+  if type(status) ~= "number" or (status >= 200 and status <= 299) then return nil end
+  local flag = common.flag(res, name)
+  if flag == nil then return nil end
+  return flag and "retryable" or "terminal"
+end
+
+local function sync_method(limiter)
+  local t = type(limiter)
+  if t ~= "table" and t ~= "userdata" then return nil end
+  -- A limiter may be any object; an __index that raises means "no sync".
+  local ok, fn = pcall(function() return limiter.sync end)
+  if ok and type(fn) == "function" then return fn end
+  return nil
+end
+
+--- common.sync(limiter, remaining, reset_in): tells a limiter that has a
+-- sync method what the server says is left; anything else is left alone.
+-- reset_in may be nil (unknown). An error raised by sync itself is the
+-- limiter's and is not hidden.
+function common.sync(limiter, remaining, reset_in)
+  if remaining == nil then return end
+  local sync = sync_method(limiter)
+  if not sync then return end
+  if reset_in == nil then
+    sync(limiter, remaining)
+  else
+    sync(limiter, remaining, reset_in)
+  end
+end
+
+return common
