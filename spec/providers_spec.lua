@@ -296,6 +296,41 @@ describe("rw.providers", function()
     end)
   end)
 
+  describe("replaying a POST the server refused", function()
+    it("openai: a rate-limited POST is sent again (a 429 was not acted on)", function()
+      s:script("/v1/chat", { { status = 429, headers = { ["retry-after-ms"] = "50" } }, { status = 200 } })
+      local res = assert(rw.fetch(s:url("/v1/chat"), { method = "POST", body = "{}", policy = rw.providers.openai,
+        on_retry = false }))
+      assert.equal(2, res.attempts)
+      assert.equal(2, #s:log("/v1/chat"))
+    end)
+
+    it("openai: a POST that failed with a 500 is not, unless x-should-retry says true", function()
+      s:script("/v1/a", { { status = 500 }, { status = 200 } })
+      local _, err = rw.fetch(s:url("/v1/a"), { method = "POST", policy = rw.providers.openai, on_retry = false })
+      assert.equal("unsafe", err.kind)
+      assert.equal(1, #s:log("/v1/a"))
+      s:script("/v1/b", { { status = 500, headers = { ["x-should-retry"] = "true" } }, { status = 200 } })
+      assert(rw.fetch(s:url("/v1/b"), { method = "POST", policy = rw.providers.openai, on_retry = false,
+        sleep = function() end }))
+      assert.equal(2, #s:log("/v1/b"))
+    end)
+
+    it("anthropic: an overloaded (529) POST is sent again", function()
+      s:script("/v1/messages", { { status = 529 }, { status = 200 } })
+      assert(rw.fetch(s:url("/v1/messages"), { method = "POST", policy = rw.providers.anthropic, on_retry = false,
+        sleep = function() end }))
+      assert.equal(2, #s:log("/v1/messages"))
+    end)
+
+    it("without a policy that says so, a POST is never replayed", function()
+      s:script("/plain", { { status = 429, headers = { ["Retry-After"] = "0" } }, { status = 200 } })
+      local _, err = rw.fetch(s:url("/plain"), { method = "POST", on_retry = false })
+      assert.equal("unsafe", err.kind)
+      assert.equal(1, #s:log("/plain"))
+    end)
+  end)
+
   describe("anthropic", function()
     local anthropic = rw.providers.anthropic
 
@@ -573,6 +608,18 @@ describe("rw.policy", function()
     local _, err = rw.fetch(s:url("/gh-chain"), { policy = p, on_retry = false })
     assert.equal("terminal", err.kind)
     assert.equal("2022-11-28", s:log("/gh-chain")[1].headers["x-github-api-version"])
+  end)
+
+  it("lets a replayable hook allow a retry of a POST", function()
+    local seen = {}
+    local p = rw.policy { replayable = function(res, method)
+      seen[#seen + 1] = method
+      return res and res.status == 503 or nil
+    end }
+    s:script("/rp", { { status = 503 }, { status = 200 } })
+    assert(rw.fetch(s:url("/rp"), { method = "POST", policy = p, on_retry = false, sleep = function() end }))
+    assert.same({ "POST" }, seen)
+    assert.equal(2, #s:log("/rp"))
   end)
 
   it("raises for an unknown field or a hook that is not a function, naming it", function()

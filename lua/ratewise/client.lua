@@ -61,7 +61,7 @@ local function resolve_provider(p)
 end
 
 -- `true` or an options table builds one; an object is used as it is.
-local function resolve_object(name, v, make)
+local function resolve_object(v, make)
   if v == nil or v == false then return nil end
   if v == true then return make({}) end
   if type(v) == "table" and getmetatable(v) == nil then return make(v) end
@@ -124,7 +124,7 @@ function client.new(opts)
   end
   local cache = opts.cache
   if cache ~= nil then
-    if type(cache) ~= "table" or type(cache.ttl) ~= "number" or not (cache.ttl > 0) then
+    if type(cache) ~= "table" or type(cache.ttl) ~= "number" or cache.ttl ~= cache.ttl or cache.ttl <= 0 then
       error("client: option 'cache' must be {ttl = seconds [, max_entries = n]}", 2)
     end
   end
@@ -136,8 +136,8 @@ function client.new(opts)
     limiter = opts.limiter,
     routes = compile_routes(opts.routes),
     semaphore = opts.concurrency and scheduler.semaphore(opts.concurrency) or nil,
-    circuit = resolve_object("circuit", opts.circuit, rw.circuit),
-    budget = resolve_object("budget", opts.budget, rw.retry_budget),
+    circuit = resolve_object(opts.circuit, rw.circuit),
+    budget = resolve_object(opts.budget, rw.retry_budget),
     dedupe = opts.dedupe ~= false,
     cache_ttl = cache and cache.ttl, cache_max = cache and cache.max_entries or 1000,
     cached = {}, cache_order = {}, in_flight = {},
@@ -254,10 +254,12 @@ function Client:_limiter_for(path, explicit)
   end
   if not route then return self.limiter end
   if not self.limiter then return route.limiter end
-  -- Both the route's quota and the API's overall quota apply.
+  -- Both the route's quota and the API's overall quota apply, taken at once.
+  -- The route's counts requests (and hears what the server says of them);
+  -- the client's takes the call's cost.
   if not route.both then
     local rw = require "ratewise"
-    route.both = rw.limiters { route.limiter, self.limiter }
+    route.both = rw.limiters { route.limiter, cost = self.limiter }
   end
   return route.both
 end

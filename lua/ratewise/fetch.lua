@@ -378,8 +378,10 @@ function fetch.fetch(url, opts)
       why = terr.message
     end
 
-    -- A request that never reached the server is not a replay.
-    if not safe and (res or terr.sent) then
+    -- A request that never reached the server is not a replay; nor is one
+    -- the policy knows the server refused without acting on it.
+    if not safe and (res or terr.sent)
+      and not (policy and policy.replayable and call_hook("replayable", policy.replayable, res, method)) then
       return nil, fetch_error("unsafe", format(
         "%s was not retried after %s: %s is not replay-safe (give an idempotency_key, or set retry_non_idempotent)",
         label, why, method), state, res, terr)

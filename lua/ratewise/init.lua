@@ -3,7 +3,10 @@
 -- transfers; the Lua modules here wire that into the public API.
 local core = require "ratewise.core"
 local bucket = require "ratewise.bucket"
+local circuit = require "ratewise.circuit"
 local client = require "ratewise.client"
+local limiters = require "ratewise.limiters"
+local retry_budget = require "ratewise.retry_budget"
 local fetch = require "ratewise.fetch"
 local retry = require "ratewise.retry"
 local policy = require "ratewise.policy"
@@ -44,6 +47,12 @@ local ratewise = {
   configure = runtime.configure,
   --- c = rw.client{base_url = ..., ...}
   client = client.new,
+  --- breaker = rw.circuit{failures = 5, cooldown = 30}
+  circuit = circuit.new,
+  --- budget = rw.retry_budget{ratio = 0.1, min_per_second = 10, window = 10}
+  retry_budget = retry_budget.new,
+  --- limiter = rw.limiters{a, b, ..., cost = c}
+  limiters = limiters.new,
   --- sem = rw.semaphore(n): sem:acquire(), sem:release()
   semaphore = scheduler.semaphore,
   --- p = rw.policy{classify = fn, delay = fn, observe = fn, prepare = fn}; rw.policy.chain(a, b, ...)

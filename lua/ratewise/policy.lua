@@ -7,6 +7,10 @@
 --   prepare(request)       -> nothing: may add headers (request.headers) or
 --                             an idempotency key (request.idempotency_key)
 --                             before the first attempt
+--   replayable(res, method) -> true | nil: the server's word that a failed
+--                             attempt of a request that is not replay-safe
+--                             was not acted on (a 429), so it may be sent
+--                             again (res is nil after a transport failure)
 local format = string.format
 local type, tostring, pairs, select, setmetatable, getmetatable = type, tostring, pairs, select,
   setmetatable, getmetatable
@@ -17,7 +21,7 @@ local Policy = {}
 Policy.__index = Policy
 Policy.__name = "ratewise.Policy"
 
-local hooks = { classify = true, delay = true, observe = true, prepare = true }
+local hooks = { classify = true, delay = true, observe = true, prepare = true, replayable = true }
 
 local function is_policy(v)
   return getmetatable(v) == Policy
@@ -35,7 +39,7 @@ function policy.new(spec)
     if k == "name" then
       if type(v) ~= "string" then error("policy: 'name' must be a string", 2) end
     elseif not hooks[k] then
-      error(format("policy: unknown field '%s' (expected classify, delay, observe, prepare, name)",
+      error(format("policy: unknown field '%s' (expected classify, delay, observe, prepare, replayable, name)",
         tostring(k)), 2)
     elseif type(v) ~= "function" then
       error(format("policy: hook '%s' must be a function (got %s)", k, type(v)), 2)

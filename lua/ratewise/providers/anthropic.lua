@@ -46,8 +46,15 @@ local function observe(res, limiter)
   end
 end
 
+-- A rate-limited (429, 529) or should-retry response was not acted on: the
+-- official SDKs send such a POST again, and so may ratewise.
+local function replayable(res)
+  return common.not_acted_on(res, "x-should-retry") or (type(res) == "table" and res.status == 529) or nil
+end
+
 return policy.new {
   name = "anthropic",
+  replayable = replayable,
   classify = classify,
   delay = delay,
   observe = observe,

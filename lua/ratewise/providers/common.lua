@@ -93,6 +93,16 @@ function common.override(res, name)
   return flag and "retryable" or "terminal"
 end
 
+--- true | nil = common.not_acted_on(res, flag_header): the failed attempt
+-- was refused before the server acted on it: a 429 (the request was not
+-- processed), or a "should retry: true" header (the server says a retry is
+-- safe). Then even a POST may be sent again.
+function common.not_acted_on(res, name)
+  if type(res) ~= "table" then return nil end
+  if res.status == 429 or (name and common.flag(res, name) == true) then return true end
+  return nil
+end
+
 local function sync_method(limiter)
   local t = type(limiter)
   if t ~= "table" and t ~= "userdata" then return nil end

@@ -37,8 +37,15 @@ local function observe(res, limiter)
   end
 end
 
+-- A rate-limited (429) or should-retry response was not acted on: the
+-- official SDKs send such a POST again, and so may ratewise.
+local function replayable(res)
+  return common.not_acted_on(res, "x-should-retry")
+end
+
 return policy.new {
   name = "openai",
+  replayable = replayable,
   classify = classify,
   delay = delay,
   observe = observe,

@@ -1,0 +1,58 @@
+-- An OpenAI-style API through rw.client with the "openai" provider, against
+-- a local mock that speaks its dialect: retry-after-ms, x-ratelimit-*
+-- headers in Go duration form, and x-should-retry.
+--
+--   lua5.4 examples/openai_like.lua     (from the repo root, after `make`)
+package.path = "./?.lua;" .. package.path
+local rw = require "ratewise"
+local server = require "spec.support.server"
+
+local api = server.start()
+local completion = function(text)
+  return { status = 200, body = string.format('{"choices":[{"message":{"content":"%s"}}]}', text),
+    headers = { ["Content-Type"] = "application/json", ["x-ratelimit-remaining-requests"] = "59",
+      ["x-ratelimit-reset-requests"] = "1s" } }
+end
+api:script("/v1/chat/completions", {
+  completion("Hello!"),
+  -- Rate limited: the precise wait is in retry-after-ms.
+  { status = 429, headers = { ["retry-after-ms"] = "700", ["retry-after"] = "1",
+    ["x-ratelimit-remaining-requests"] = "0", ["x-ratelimit-reset-requests"] = "700ms" },
+    body = '{"error":{"message":"Rate limit reached"}}' },
+  completion("Second answer"),
+  -- A 500 the server says is not worth retrying.
+  { status = 500, headers = { ["x-should-retry"] = "false", ["Content-Type"] = "application/json" },
+    body = '{"error":{"message":"invalid request shape"}}' },
+})
+
+-- Requests per minute and tokens per minute, taken together for each request.
+local rpm = rw.bucket { capacity = 10, rate = 60 / 60 }
+local tpm = rw.bucket { capacity = 4000, rate = 40000 / 60 }
+local openai = rw.client {
+  base_url = api.base .. "/v1",
+  headers = { Authorization = "Bearer sk-demo-not-a-real-key" },
+  provider = "openai",
+  limiter = rw.limiters { rpm, cost = tpm },
+  on_retry = function(info)
+    print(string.format("  waiting %.2f s after %s (source: %s)", info.delay, info.status, info.source))
+  end,
+}
+
+local started = rw.now()
+for i, prompt in ipairs { "Say hello", "Say something else", "Break the API" } do
+  local res, err = openai:post("/chat/completions", {
+    json = { model = "gpt-demo", messages = { { role = "user", content = prompt } } },
+    cost = 500, -- the tokens this request may use
+  })
+  if res then
+    local answer = res.json and res.json.choices[1].message.content or res.body
+    print(string.format("request %d: %s (%d attempts, %.2f s)", i, answer,
+      res.attempts, rw.now() - started))
+  else
+    print(string.format("request %d: %s: %s", i, err.kind, err.response and err.response.json.error.message))
+  end
+end
+local st = openai:stats()
+print(string.format("requests %d, attempts %d, retries %d (%s), waited %.2f s, failures %d",
+  st.requests, st.attempts, st.retries, next(st.retries_by_source) or "-", st.waited, st.failures))
+api:stop()

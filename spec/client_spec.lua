@@ -1,0 +1,219 @@
+-- rw.client against the real loopback server.
+local rw = require "ratewise"
+local server = require "spec.support.server"
+
+local function max_active(log)
+  local m = 0
+  for _, r in ipairs(log) do m = math.max(m, r.active) end
+  return m
+end
+
+describe("rw.client", function()
+  local s
+
+  setup(function() s = server.start() end)
+  teardown(function() s:stop() end)
+  before_each(function() s:reset() end)
+
+  local function new(extra)
+    local o = { base_url = s.base .. "/", on_retry = false }
+    for k, v in pairs(extra or {}) do o[k] = v end
+    return rw.client(o)
+  end
+
+  describe("requests", function()
+    it("joins base_url and path, adds the query, and merges headers", function()
+      local c = new { headers = { Authorization = "Bearer client", ["X-Client"] = "1" } }
+      local res = assert(c:get("/echo", { query = { q = "a b", page = 2, flag = true },
+        headers = { authorization = "Bearer call" } }))
+      assert.equal(200, res.status)
+      local seen = s:log("/echo")[1]
+      assert.equal("GET", seen.method)
+      assert.equal("flag&page=2&q=a%20b", seen.query)
+      assert.equal("Bearer call", seen.headers.authorization) -- the call's header wins, whatever its case
+      assert.equal("1", seen.headers["x-client"])
+    end)
+
+    it("sends json = table as JSON and decodes a JSON response into res.json", function()
+      local c = new()
+      local res = assert(c:post("/echo", { json = { name = "widget", tags = { "a", "b" } } }))
+      local seen = s:log("/echo")[1]
+      assert.equal("application/json", seen.headers["content-type"])
+      assert.same({ name = "widget", tags = { "a", "b" } }, require("cjson").decode(seen.body))
+      assert.equal("POST", res.json.method)
+      assert.equal(seen.body, res.json.body)
+    end)
+
+    it("keeps a body that is not JSON, and says so", function()
+      s:script("/bad", { { status = 200, body = "{nope", headers = { ["Content-Type"] = "application/json" } } })
+      local res = assert(new():get("/bad"))
+      assert.is_nil(res.json)
+      assert.matches("not valid JSON", res.json_error)
+      assert.equal("{nope", res.body)
+    end)
+
+    it("decodes the JSON of a failed response into err.response.json", function()
+      s:script("/nf", { { status = 404, body = '{"error":"no such thing"}',
+        headers = { ["Content-Type"] = "application/json" } } })
+      local res, err = new():get("/nf")
+      assert.is_nil(res)
+      assert.equal("terminal", err.kind)
+      assert.equal("no such thing", err.response.json.error)
+    end)
+
+    it("lets per-call options override the client's", function()
+      s:script("/r", { { status = 503 } })
+      local c = new { max_retries = 3, sleep = function() end }
+      local _, err = c:get("/r", { max_retries = 1 })
+      assert.equal(2, err.attempts)
+      s:reset()
+      s:script("/r", { { status = 503 } })
+      _, err = c:get("/r")
+      assert.equal(4, err.attempts)
+    end)
+
+    it("offers get, post, put, patch, delete and head", function()
+      local c = new()
+      for _, m in ipairs { "get", "post", "put", "patch", "delete", "head" } do
+        assert.equal(200, assert(c[m](c, "/echo")).status)
+      end
+      local methods = {}
+      for _, r in ipairs(s:log("/echo")) do methods[#methods + 1] = r.method end
+      assert.same({ "GET", "POST", "PUT", "PATCH", "DELETE", "HEAD" }, methods)
+    end)
+
+    it("rejects bad options, naming them", function()
+      assert.error_matches(function() rw.client { base_url = "ftp://x" } end, "'base_url'")
+      assert.error_matches(function() rw.client {} end, "'base_url'")
+      assert.error_matches(function() rw.client { base_url = s.base, retries = 3 } end, "unknown option 'retries'")
+      assert.error_matches(function() rw.client { base_url = s.base, provider = "nosuch" } end,
+        "unknown provider 'nosuch'")
+      assert.error_matches(function() rw.client { base_url = s.base, cache = { ttl = 0 } } end, "'cache'")
+      local c = new()
+      assert.error_matches(function() c:get("echo") end, "path must be a string starting with /")
+      assert.error_matches(function() c:get("/echo", { json = { f = print } }) end, "'json' cannot be encoded")
+      assert.error_matches(function() c:get("/echo", { timeout = -1 }) end, "'timeout'")
+      assert.equal(0, #s:log("/echo"))
+    end)
+  end)
+
+  describe("limits", function()
+    it("uses the route's limiter as well as the client's", function()
+      local search = rw.bucket { capacity = 1, rate = 5 }
+      local all = rw.bucket { capacity = 100, rate = 0.01 }
+      local c = new { limiter = all, routes = { ["/search/"] = search } }
+      local t0 = rw.now()
+      for _ = 1, 3 do assert(c:get("/search/code")) end
+      assert.is_true(rw.now() - t0 >= 0.39, "route limiter did not pace")
+      assert.is_true(all:tokens() < 98) -- the overall quota was charged as well
+      assert.is_true(all:tokens() > 96) -- ...once per request
+      t0 = rw.now()
+      for _ = 1, 3 do assert(c:get("/other")) end
+      assert.is_true(rw.now() - t0 < 0.2, "other routes are not paced by the search limiter")
+    end)
+
+    it("matches routes given as Lua patterns", function()
+      local issues = rw.bucket { capacity = 1, rate = 5 }
+      local c = new { routes = { { "^/repos/[^/]+/[^/]+/issues", issues } } }
+      local t0 = rw.now()
+      assert(c:get("/repos/a/b/issues"))
+      assert(c:get("/repos/c/d/issues"))
+      assert.is_true(rw.now() - t0 >= 0.19)
+    end)
+
+    it("keeps at most `concurrency` requests in flight", function()
+      s:script("/slow", { { status = 200, delay = 0.05 } })
+      local c = new { concurrency = 3 }
+      rw.run(function()
+        for i = 1, 12 do rw.spawn(function() assert(c:get("/slow", { query = { i = i } })) end) end
+      end)
+      local log = s:log("/slow")
+      assert.equal(12, #log)
+      assert.equal(3, max_active(log))
+    end)
+
+    it("takes `cost` tokens from the limiter", function()
+      local tokens = rw.bucket { capacity = 1000, rate = 1 }
+      local c = new { limiter = tokens }
+      assert(c:post("/echo", { cost = 400 }))
+      assert.is_true(tokens:tokens() < 601)
+    end)
+  end)
+
+  describe("dedupe and cache", function()
+    it("shares one transfer between identical requests in flight", function()
+      s:script("/same", { { status = 200, body = "shared", delay = 0.1 } })
+      local c = new()
+      local bodies = {}
+      rw.run(function()
+        for i = 1, 10 do rw.spawn(function() bodies[i] = assert(c:get("/same")).body end) end
+      end)
+      assert.equal(1, #s:log("/same"))
+      for i = 1, 10 do assert.equal("shared", bodies[i]) end
+      assert.equal(9, c:stats().deduped)
+    end)
+
+    it("does not share requests that differ in headers or method", function()
+      s:script("/same", { { status = 200, delay = 0.05 } })
+      local c = new()
+      rw.run(function()
+        rw.spawn(function() c:get("/same", { headers = { Authorization = "Bearer a" } }) end)
+        rw.spawn(function() c:get("/same", { headers = { Authorization = "Bearer b" } }) end)
+        rw.spawn(function() c:post("/same") end)
+        rw.spawn(function() c:post("/same") end)
+      end)
+      assert.equal(4, #s:log("/same"))
+    end)
+
+    it("keeps successful responses for cache.ttl seconds when asked", function()
+      local c = new { cache = { ttl = 0.3 } }
+      assert(c:get("/cached"))
+      assert(c:get("/cached"))
+      assert.equal(1, #s:log("/cached"))
+      rw.sleep(0.35)
+      assert(c:get("/cached"))
+      assert.equal(2, #s:log("/cached"))
+      assert(c:post("/cached"))
+      assert(c:post("/cached"))
+      assert.equal(4, #s:log("/cached"))
+      assert.equal(1, c:stats().cache_hits)
+    end)
+
+    it("never caches a failure or a no-store response", function()
+      s:script("/nostore", { { status = 200, headers = { ["Cache-Control"] = "no-store" } } })
+      s:script("/fail", { { status = 404 } })
+      local c = new { cache = { ttl = 10 } }
+      c:get("/nostore"); c:get("/nostore")
+      c:get("/fail"); c:get("/fail")
+      assert.equal(2, #s:log("/nostore"))
+      assert.equal(2, #s:log("/fail"))
+    end)
+  end)
+
+  describe("telemetry", function()
+    it("counts requests, attempts, retries by status and source, waits and errors", function()
+      s:script("/t", { { status = 429, headers = { ["Retry-After"] = "0" } }, { status = 503 }, { status = 200 } })
+      s:script("/gone", { { status = 410 } })
+      local events = {}
+      local c = new { sleep = function() end, on_event = function(e) events[#events + 1] = e.type end }
+      assert(c:get("/t"))
+      c:get("/gone")
+      local st = c:stats()
+      assert.equal(2, st.requests)
+      assert.equal(4, st.attempts)
+      assert.equal(2, st.retries)
+      assert.equal(1, st.retries_by_status["429"])
+      assert.equal(1, st.retries_by_status["503"])
+      assert.equal(1, st.retries_by_source["retry-after"])
+      assert.equal(1, st.retries_by_source.backoff)
+      assert.equal(2, st.waits)
+      assert.equal(1, st.successes)
+      assert.equal(1, st.failures)
+      assert.equal(1, st.errors.terminal)
+      assert.equal(1, st.statuses["410"])
+      assert.equal(0, st.in_flight)
+      assert.is_true(#events >= 7)
+      assert.equal("request", events[1])
+    end)
+  end)
+end)

@@ -1,0 +1,46 @@
+-- The Lua examples run as a reader would run them, and say what they should.
+local function run(example)
+  local p = assert(io.popen("LUA_PATH='./lua/?.lua;./lua/?/init.lua;;' LUA_CPATH='./build/?.so;;' timeout 60 "
+    .. "lua5.4 examples/" .. example .. " 2>&1"))
+  local out = p:read("a")
+  local ok = p:close()
+  assert.is_true(ok, example .. " failed:\n" .. out)
+  return out
+end
+
+describe("examples", function()
+  it("fanout.lua keeps three APIs under their limits at once", function()
+    local out = run("fanout.lua")
+    assert.matches("search%s+12/12 succeeded", out)
+    assert.matches("billing%s+6/6 succeeded", out)
+    assert.matches("weather%s+20/20 succeeded", out)
+    assert.matches("all 38 requests to 3 APIs took", out)
+  end)
+
+  it("game_loop.lua keeps its frame rate while requests wait", function()
+    local out = run("game_loop.lua")
+    for player = 1, 4 do assert.matches("player " .. player .. " got %[alice 120", out) end
+    local fps = tonumber(out:match("%(([%d.]+) fps%)"))
+    assert.is_true(fps > 50, out)
+  end)
+
+  it("openai_like.lua waits out retry-after-ms and stops on x-should-retry: false", function()
+    local out = run("openai_like.lua")
+    assert.matches("request 1: Hello!", out)
+    assert.matches("waiting 0.70 s after 429 %(source: policy%)", out)
+    assert.matches("request 2: Second answer %(2 attempts", out)
+    assert.matches("request 3: terminal: invalid request shape", out)
+    assert.is_nil(out:find("sk-demo-not-a-real-key", 1, true))
+  end)
+
+  it("github_like.lua waits for the quota's reset and paces the search route", function()
+    local out = run("github_like.lua")
+    assert.matches("403: waiting [%d.]+ s %(policy%)", out)
+    assert.matches("GET /repos/lua/lua %(quota%)%s+200 after 2 attempt", out)
+    assert.matches("GET /repos/lua/luarocks%s+200 after 2 attempt", out)
+    local t1 = tonumber(out:match("GET /search/code #1 .- at ([%d.]+) s"))
+    local t3 = tonumber(out:match("GET /search/code #3 .- at ([%d.]+) s"))
+    assert.is_true(t3 - t1 >= 0.99, out) -- two more tokens at 2 per second, at least
+    assert.is_nil(out:find("ghp_demo_not_a_real_token", 1, true))
+  end)
+end)
