@@ -2,11 +2,7 @@
 local rw = require "ratewise"
 local server = require "spec.support.server"
 
-local function max_active(log)
-  local m = 0
-  for _, r in ipairs(log) do m = math.max(m, r.active) end
-  return m
-end
+local max_active = server.max_active
 
 describe("rw.client", function()
   local s

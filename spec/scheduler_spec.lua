@@ -5,11 +5,7 @@ local socket = require "socket" -- a sleep that is not ratewise's own, for frame
 
 local quiet = { on_retry = false }
 
-local function max_active(log)
-  local m = 0
-  for _, r in ipairs(log) do m = math.max(m, r.active) end
-  return m
-end
+local max_active = server.max_active
 
 describe("the scheduler", function()
   local s

@@ -455,36 +455,23 @@ static int parse_l_retry_after(lua_State *L)
     return 1;
 }
 
-static int parse_l_seconds(lua_State *L)
+typedef int (*parse_fn)(const char *s, size_t len, double *out);
+
+/* The bindings of the parsers that need no clock: nil for a value that
+ * does not parse; a non-string raises. */
+static int parse_apply(lua_State *L, parse_fn fn)
 {
     size_t len;
     const char *s = luaL_checklstring(L, 1, &len);
     double out;
-    if (rwp_parse_seconds(s, len, &out)) lua_pushnumber(L, out);
+    if (fn(s, len, &out)) lua_pushnumber(L, out);
     else lua_pushnil(L);
     return 1;
 }
 
-/* Both return nil for a value that does not parse; a non-string raises. */
-static int parse_l_duration(lua_State *L)
-{
-    size_t len;
-    const char *s = luaL_checklstring(L, 1, &len);
-    double out;
-    if (rwp_parse_duration(s, len, &out)) lua_pushnumber(L, out);
-    else lua_pushnil(L);
-    return 1;
-}
-
-static int parse_l_rfc3339(lua_State *L)
-{
-    size_t len;
-    const char *s = luaL_checklstring(L, 1, &len);
-    double out;
-    if (rwp_parse_rfc3339(s, len, &out)) lua_pushnumber(L, out);
-    else lua_pushnil(L);
-    return 1;
-}
+static int parse_l_seconds(lua_State *L) { return parse_apply(L, rwp_parse_seconds); }
+static int parse_l_duration(lua_State *L) { return parse_apply(L, rwp_parse_duration); }
+static int parse_l_rfc3339(lua_State *L) { return parse_apply(L, rwp_parse_rfc3339); }
 
 /* backoff(attempt, base, max_delay, jitter, u [, previous]): the options are
  * checked by the Lua layer, which names them; these checks catch misuse of

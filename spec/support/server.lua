@@ -78,6 +78,15 @@ end
 local Server = {}
 Server.__index = Server
 
+--- The most requests the server was handling at once, over a log.
+function M.max_active(log)
+  local most = 0
+  for _, record in ipairs(log) do
+    if record.active > most then most = record.active end
+  end
+  return most
+end
+
 --- Start a server. opts (all optional):
 --   args    = array of extra command-line arguments for server.py
 --   timeout = seconds to wait for startup (default M.START_TIMEOUT)
