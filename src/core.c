@@ -3,6 +3,10 @@
  */
 #include <time.h>
 
+#if defined(__GLIBC__) || defined(__linux__)
+#include <malloc.h>
+#endif
+
 #include <curl/curl.h>
 
 #include "lauxlib.h"
@@ -34,6 +38,20 @@ static int core_l_time(lua_State *L)
     return 1;
 }
 
+/* core.malloc_in_use() -> bytes the C heap has handed out and not had back
+ * (glibc's mallinfo2), or nil elsewhere. A diagnostic for the soak: unlike
+ * the resident size, it does not move with memory that malloc keeps free. */
+static int core_l_malloc_in_use(lua_State *L)
+{
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
+    struct mallinfo2 mi = mallinfo2();
+    lua_pushnumber(L, (lua_Number)mi.uordblks + (lua_Number)mi.hblkhd);
+#else
+    lua_pushnil(L);
+#endif
+    return 1;
+}
+
 __attribute__((visibility("default"))) int luaopen_ratewise_core(lua_State *L);
 
 int luaopen_ratewise_core(lua_State *L)
@@ -41,6 +59,7 @@ int luaopen_ratewise_core(lua_State *L)
     static const luaL_Reg funcs[] = {
         { "now", core_l_now },
         { "time", core_l_time },
+        { "malloc_in_use", core_l_malloc_in_use },
         { NULL, NULL }
     };
     luaL_checkversion(L);
