@@ -1,0 +1,189 @@
+/*
+ * multi_curl64 URL N [IN_FLIGHT [USER_AGENT]]
+ *
+ * The baseline of `make bench`'s concurrent part: N keep-alive GETs of URL
+ * driven by ONE libcurl multi handle that keeps IN_FLIGHT (default 64)
+ * transfers going at a time. IN_FLIGHT easy handles are configured once and
+ * reused: as soon as one finishes (curl_multi_info_read) it is removed and,
+ * while requests remain, added again at once. The loop is the textbook one:
+ * curl_multi_perform, curl_multi_info_read, curl_multi_poll.
+ *
+ * Options mirror plain_curl.c (and what ratewise puts on the wire):
+ * User-Agent, no "Expect:", redirects followed, a timeout, no signals; the
+ * body goes to a per-handle buffer that is thrown away. Every transfer must
+ * end with CURLE_OK and status 200; the others are counted as failures.
+ * Prints, timed on the monotonic clock with set-up excluded:
+ *   requests=N failures=F seconds=S rate=R cpu_us=C performs=P polls=Q
+ * (cpu_us: process CPU microseconds per request; P and Q: how many times
+ * curl_multi_perform and curl_multi_poll were called). Exits 1 when F > 0.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <curl/curl.h>
+
+typedef struct {
+    CURL *easy;
+    char *data;
+    size_t len, cap;
+    char errbuf[CURL_ERROR_SIZE];
+} slot;
+
+static size_t on_body(char *ptr, size_t size, size_t nmemb, void *ud)
+{
+    slot *s = (slot *)ud;
+    size_t n = size * nmemb;
+    if (s->len + n > s->cap) {
+        size_t cap = s->cap ? s->cap : 1024;
+        char *data;
+        while (cap < s->len + n) cap *= 2;
+        data = (char *)realloc(s->data, cap);
+        if (!data) return 0;
+        s->data = data;
+        s->cap = cap;
+    }
+    memcpy(s->data + s->len, ptr, n);
+    s->len += n;
+    return n;
+}
+
+static double clock_of(clockid_t id)
+{
+    struct timespec ts;
+    clock_gettime(id, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+int main(int argc, char **argv)
+{
+    const char *url, *agent;
+    char *end;
+    long n, conc, started = 0, finished = 0, failures = 0, performs = 0, polls = 0, i;
+    struct curl_slist *headers = NULL;
+    CURLM *multi;
+    slot *slots;
+    double t0, c0, secs, cpu;
+    int running = 0, shown = 0;
+
+    if (argc < 3 || argc > 5) {
+        fprintf(stderr, "usage: %s URL N [IN_FLIGHT [USER_AGENT]]\n", argv[0]);
+        return 2;
+    }
+    url = argv[1];
+    n = strtol(argv[2], &end, 10);
+    if (*end || n <= 0) {
+        fprintf(stderr, "multi_curl64: N must be a positive integer\n");
+        return 2;
+    }
+    conc = 64;
+    if (argc >= 4) {
+        conc = strtol(argv[3], &end, 10);
+        if (*end || conc <= 0) {
+            fprintf(stderr, "multi_curl64: IN_FLIGHT must be a positive integer\n");
+            return 2;
+        }
+    }
+    if (conc > n) conc = n;
+    agent = argc == 5 ? argv[4] : "multi_curl64";
+
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+        fprintf(stderr, "multi_curl64: curl_global_init failed\n");
+        return 1;
+    }
+    multi = curl_multi_init();
+    headers = curl_slist_append(headers, "Expect:");
+    slots = (slot *)calloc((size_t)conc, sizeof *slots);
+    if (!multi || !headers || !slots) {
+        fprintf(stderr, "multi_curl64: out of memory\n");
+        return 1;
+    }
+    for (i = 0; i < conc; i++) {
+        slot *s = &slots[i];
+        CURL *easy = s->easy = curl_easy_init();
+        if (!easy) {
+            fprintf(stderr, "multi_curl64: out of memory\n");
+            return 1;
+        }
+        curl_easy_setopt(easy, CURLOPT_URL, url);
+        curl_easy_setopt(easy, CURLOPT_USERAGENT, agent);
+        curl_easy_setopt(easy, CURLOPT_HTTPHEADER, headers);
+        curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 1L);
+        curl_easy_setopt(easy, CURLOPT_MAXREDIRS, 10L);
+        curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, 30000L);
+        curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
+        curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, s->errbuf);
+        curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, on_body);
+        curl_easy_setopt(easy, CURLOPT_WRITEDATA, s);
+        curl_easy_setopt(easy, CURLOPT_PRIVATE, s);
+    }
+
+    t0 = clock_of(CLOCK_MONOTONIC);
+    c0 = clock_of(CLOCK_PROCESS_CPUTIME_ID);
+    for (i = 0; i < conc; i++) {
+        slots[i].errbuf[0] = '\0';
+        curl_multi_add_handle(multi, slots[i].easy);
+        started++;
+    }
+    while (finished < n) {
+        CURLMsg *msg;
+        int left;
+        CURLMcode mc = curl_multi_perform(multi, &running);
+        performs++;
+        if (mc != CURLM_OK) {
+            fprintf(stderr, "multi_curl64: curl_multi_perform: %s\n", curl_multi_strerror(mc));
+            return 1;
+        }
+        while ((msg = curl_multi_info_read(multi, &left)) != NULL) {
+            slot *s = NULL;
+            CURL *easy;
+            long status = 0;
+            if (msg->msg != CURLMSG_DONE) continue;
+            easy = msg->easy_handle;
+            curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&s);
+            curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
+            if (msg->data.result != CURLE_OK || status != 200) {
+                failures++;
+                if (shown++ < 5)
+                    fprintf(stderr, "multi_curl64: request failed: %s (status %ld)\n",
+                            msg->data.result != CURLE_OK
+                                ? (s && s->errbuf[0] ? s->errbuf : curl_easy_strerror(msg->data.result))
+                                : "not 200",
+                            status);
+            }
+            finished++;
+            curl_multi_remove_handle(multi, easy); /* msg is invalid after this */
+            if (started < n) {
+                if (s) {
+                    s->len = 0; /* the body is discarded */
+                    s->errbuf[0] = '\0';
+                }
+                curl_multi_add_handle(multi, easy);
+                started++;
+            }
+        }
+        if (finished >= n) break;
+        mc = curl_multi_poll(multi, NULL, 0, 1000, NULL);
+        polls++;
+        if (mc != CURLM_OK) {
+            fprintf(stderr, "multi_curl64: curl_multi_poll: %s\n", curl_multi_strerror(mc));
+            return 1;
+        }
+    }
+    secs = clock_of(CLOCK_MONOTONIC) - t0;
+    cpu = clock_of(CLOCK_PROCESS_CPUTIME_ID) - c0;
+    printf("requests=%ld failures=%ld seconds=%.6f rate=%.1f cpu_us=%.2f performs=%ld polls=%ld\n", n,
+           failures, secs, (double)n / secs, cpu * 1e6 / (double)n, performs, polls);
+
+    for (i = 0; i < conc; i++) {
+        curl_easy_cleanup(slots[i].easy);
+        free(slots[i].data);
+    }
+    free(slots);
+    curl_multi_cleanup(multi);
+    curl_slist_free_all(headers);
+    curl_global_cleanup();
+    return failures > 0 ? 1 : 0;
+}
