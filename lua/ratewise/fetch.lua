@@ -248,8 +248,10 @@ local function prepared(opts, method, url)
   return request.headers, key
 end
 
+-- Callers write `if on_event then emit(...) end`, so that no event table is
+-- built when nobody listens.
 local function emit(on_event, event)
-  if on_event then call_hook("on_event", on_event, event) end
+  call_hook("on_event", on_event, event)
 end
 
 --- fetch.check(url, opts): raises, as fetch would, for a bad URL or option.
@@ -301,26 +303,25 @@ function fetch.fetch(url, opts)
   local cost = opts.cost or 1
   local label = method .. " " .. shown_url
 
-  local request = {
-    url = url, method = method, headers = lines, body = opts.body,
-    empty_body = opts.body == nil and has_body[method] or nil,
-    follow_redirects = opts.follow_redirects ~= false,
-    max_body = opts.max_body, verify_tls = opts.verify_tls,
-    -- libcurl re-sends a request on its own when a reused connection turns
-    -- out to be dead; only a replay-safe request may take that chance.
-    fresh_connect = not safe or nil,
-  }
+  local request = { url = url, method = method, headers = lines, follow_redirects = opts.follow_redirects ~= false }
+  -- Only the fields that are there: a table built with nil fields is as big as one without.
+  if opts.body ~= nil then request.body = opts.body elseif has_body[method] then request.empty_body = true end
+  if opts.max_body ~= nil then request.max_body = opts.max_body end
+  if opts.verify_tls ~= nil then request.verify_tls = opts.verify_tls end
+  -- libcurl re-sends a request on its own when a reused connection turns
+  -- out to be dead; only a replay-safe request may take that chance.
+  if not safe then request.fresh_connect = true end
   local state = { attempts = 0, started = now(), label = label, max_elapsed = max_elapsed }
   local deadline = state.started + max_elapsed
   local retries = 0
   if budget then budget:request() end
-  emit(on_event, { type = "request", method = method, url = shown_url })
+  if on_event then emit(on_event, { type = "request", method = method, url = shown_url }) end
 
   while true do
     if circuit then
       local allowed, retry_in = circuit:allow(origin)
       if not allowed then
-        emit(on_event, { type = "circuit_open", url = shown_url, retry_in = retry_in })
+        if on_event then emit(on_event, { type = "circuit_open", url = shown_url, retry_in = retry_in }) end
         return nil, fetch_error("circuit_open", format("%s: the circuit for %s is open after repeated "
           .. "failures; nothing was sent (a trial request goes through in %.2f s)", label, origin, retry_in or 0),
           state, state.last_response, state.last_transport)
@@ -345,7 +346,9 @@ function fetch.fetch(url, opts)
       state.last_response = res
       if policy and policy.observe then call_hook("observe", policy.observe, res, limiter) end
       class = verdict(policy, res)
-      emit(on_event, { type = "response", status = res.status, class = class, attempt = state.attempts })
+      if on_event then
+        emit(on_event, { type = "response", status = res.status, class = class, attempt = state.attempts })
+      end
       -- A redirect that was not followed, or a 304, is an answer, not a failure.
       if class ~= "retryable" and res.status >= 300 and res.status < 400 then class = "success" end
       if circuit then
@@ -356,7 +359,7 @@ function fetch.fetch(url, opts)
       if class == "success" then
         return res
       elseif class == "terminal" then
-        emit(on_event, { type = "error", kind = "terminal", status = res.status })
+        if on_event then emit(on_event, { type = "error", kind = "terminal", status = res.status }) end
         return nil, fetch_error("terminal", format("%s: %d is a terminal status, not retried",
           label, res.status), state, res)
       end
@@ -366,7 +369,9 @@ function fetch.fetch(url, opts)
       if url_secrets then message = headers.scrub(message, url_secrets) end
       if header_secrets then message = headers.scrub(message, header_secrets) end
       terr.message = message
-      emit(on_event, { type = "response", error = message, class = "retryable", attempt = state.attempts })
+      if on_event then
+        emit(on_event, { type = "response", error = message, class = "retryable", attempt = state.attempts })
+      end
       if circuit and not terr.tls then circuit:record(origin, "failure") end
       if terr.timeout and request.timeout < timeout then
         return budget_error(state, "the attempt was cut short by the time budget", nil, terr)
@@ -398,13 +403,15 @@ function fetch.fetch(url, opts)
         delay, source, left > 0 and left or 0), res, terr)
     end
     if budget and not budget:allow_retry() then
-      emit(on_event, { type = "budget_refused", status = res and res.status or nil })
+      if on_event then emit(on_event, { type = "budget_refused", status = res and res.status or nil }) end
       return budget_error(state, format(
         "the retry budget refused a retry after %s (retries are capped at a share of requests)", why), res, terr)
     end
     retries = retries + 1
-    emit(on_event, { type = "retry", status = res and res.status or nil, delay = delay, source = source,
-      attempt = retries })
+    if on_event then
+      emit(on_event, { type = "retry", status = res and res.status or nil, delay = delay, source = source,
+        attempt = retries })
+    end
     if on_retry then
       call_hook("on_retry", on_retry, {
         method = method, url = shown_url, status = res and res.status or nil,

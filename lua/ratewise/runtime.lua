@@ -85,8 +85,10 @@ function runtime.transfer(request, per_call)
   if not transfer then
     return nil, { message = err, retryable = false, sent = false }
   end
-  if not per_call and not host_sleep and not scheduler.current() and not in_plain_coroutine() then
-    -- Rule 4, the main thread: nothing can interrupt this wait.
+  if scheduler.current() or not (per_call or host_sleep or in_plain_coroutine()) then
+    -- Rule 1, a task: a cancellation closes the transfer from inside the
+    -- scheduler, with no pcall frame per request. Rule 4, the main thread:
+    -- nothing can interrupt this wait.
     scheduler.await_transfer(transfer)
   else
     local ok, werr = pcall(await, transfer, per_call)

@@ -322,19 +322,22 @@ end
 
 --- Waits for a transfer to finish, as scheduler.sleep does. A task that is
 -- cancelled meanwhile aborts the transfer and frees its connection.
+-- A task cancelled while its transfer runs: the transfer is aborted (its
+-- connection closed) and released before the cancellation goes on.
+local function abort_transfer(transfer, task)
+  transfer_waiter[transfer] = nil
+  task.transfer = nil
+  transfer:close()
+end
+
 function scheduler.await_transfer(transfer)
   local task = scheduler.current()
   if task then
     transfer_waiter[transfer] = task
     task.wait_id = task.wait_id + 1
     task.transfer = transfer
-    local ok, err = pcall(wait_here, task)
+    wait_here(task, abort_transfer, transfer, task)
     task.transfer = nil
-    transfer_waiter[transfer] = nil
-    if not ok then
-      transfer:cancel()
-      error(err, 0)
-    end
     return
   end
   while not transfer:done() do turn(huge) end
