@@ -603,16 +603,23 @@ static void transfer_push_headers(lua_State *L, const transfer *t)
         colon = (const char *)memchr(line, ':', (size_t)(lend - line));
         if (!colon || colon == line) continue;
         {
-            luaL_Buffer name;
-            const char *c;
+            /* Field names are short: lower-cased on the C stack, pushed once. */
+            char small[128];
+            size_t n = (size_t)(colon - line), i;
             int valid = 1;
-            for (c = line; c < colon; c++)
-                if (*c == ' ' || *c == '\t') valid = 0;
+            for (i = 0; i < n; i++)
+                if (line[i] == ' ' || line[i] == '\t') valid = 0;
             if (!valid) continue;
             lua_pop(L, 1);
-            luaL_buffinit(L, &name);
-            for (c = line; c < colon; c++) luaL_addchar(&name, (char)engine_lower((unsigned char)*c));
-            luaL_pushresult(&name);
+            if (n <= sizeof small) {
+                for (i = 0; i < n; i++) small[i] = (char)engine_lower((unsigned char)line[i]);
+                lua_pushlstring(L, small, n);
+            } else {
+                luaL_Buffer name;
+                luaL_buffinit(L, &name);
+                for (i = 0; i < n; i++) luaL_addchar(&name, (char)engine_lower((unsigned char)line[i]));
+                luaL_pushresult(&name);
+            }
         }
         have_last = 1;
         v = colon + 1;

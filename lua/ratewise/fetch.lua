@@ -4,6 +4,7 @@ local headers = require "ratewise.headers"
 local retry = require "ratewise.retry"
 local runtime = require "ratewise.runtime"
 local policy_module = require "ratewise.policy"
+local CANCELLED = require("ratewise.scheduler").CANCELLED
 
 local classify, now = core.classify, core.now
 local format, lower, upper = string.format, string.lower, string.upper
@@ -176,6 +177,18 @@ local function call_hook(name, fn, ...)
   return a, b
 end
 
+-- The objects fetch drives (a limiter, a circuit, a budget, a sleep) are the
+-- caller's code too: an error they raise is reported naming the option. A
+-- cancellation passes through untouched: it is how a waiting task ends.
+local function guarded(option, method, fn, ...)
+  local ok, a, b = pcall(fn, ...)
+  if not ok then
+    if a == CANCELLED then error(a, 0) end
+    error(format("fetch: option '%s' raised an error in %s: %s", option, method, tostring(a)), 0)
+  end
+  return a, b
+end
+
 ---------------------------------------------------------------------------
 -- The retry loop
 
@@ -241,6 +254,10 @@ local function prepared(opts, method, url)
   local request = { method = method, url = url, headers = h, idempotency_key = opts.idempotency_key,
     body = opts.body }
   call_hook("prepare", prepare, request)
+  if type(request.headers) ~= "table" then
+    error(format("fetch: the policy's prepare left request.headers that is not a table (got %s)",
+      type(request.headers)), 0)
+  end
   local key = request.idempotency_key
   if key ~= nil and key ~= true and (type(key) ~= "string" or key == "" or key:find("[\r\n%z]")) then
     error("fetch: the policy's prepare set an idempotency_key that is not true or a clean string", 0)
@@ -314,12 +331,12 @@ function fetch.fetch(url, opts)
   local state = { attempts = 0, started = now(), label = label, max_elapsed = max_elapsed }
   local deadline = state.started + max_elapsed
   local retries = 0
-  if budget then budget:request() end
+  if budget then guarded("budget", "request", budget.request, budget) end
   if on_event then emit(on_event, { type = "request", method = method, url = shown_url }) end
 
   while true do
     if circuit then
-      local allowed, retry_in = circuit:allow(origin)
+      local allowed, retry_in = guarded("circuit", "allow", circuit.allow, circuit, origin)
       if not allowed then
         if on_event then emit(on_event, { type = "circuit_open", url = shown_url, retry_in = retry_in }) end
         return nil, fetch_error("circuit_open", format("%s: the circuit for %s is open after repeated "
@@ -327,13 +344,18 @@ function fetch.fetch(url, opts)
           state, state.last_response, state.last_transport)
       end
     end
-    if limiter then limiter:acquire(cost, opts.sleep) end
+    if limiter then guarded("limiter", "acquire", limiter.acquire, limiter, cost, opts.sleep) end
     local left = deadline - now()
     if left <= 0 then
       return budget_error(state, "no time left for another attempt", state.last_response)
     end
     request.timeout = min(timeout, left)
-    local res, terr = runtime.transfer(request, opts.sleep)
+    local res, terr
+    if opts.sleep then
+      res, terr = guarded("sleep", "a wait for the transfer", runtime.transfer, request, opts.sleep)
+    else
+      res, terr = runtime.transfer(request)
+    end
     state.attempts = state.attempts + 1
     state.last_transport = terr
 
@@ -353,7 +375,7 @@ function fetch.fetch(url, opts)
       if class ~= "retryable" and res.status >= 300 and res.status < 400 then class = "success" end
       if circuit then
         -- A terminal 4xx says nothing about the server's health.
-        circuit:record(origin, class == "success" and "success"
+        guarded("circuit", "record", circuit.record, circuit, origin, class == "success" and "success"
           or (class == "retryable" or res.status >= 500) and "failure" or "neutral")
       end
       if class == "success" then
@@ -372,7 +394,7 @@ function fetch.fetch(url, opts)
       if on_event then
         emit(on_event, { type = "response", error = message, class = "retryable", attempt = state.attempts })
       end
-      if circuit and not terr.tls then circuit:record(origin, "failure") end
+      if circuit and not terr.tls then guarded("circuit", "record", circuit.record, circuit, origin, "failure") end
       if terr.timeout and request.timeout < timeout then
         return budget_error(state, "the attempt was cut short by the time budget", nil, terr)
       end
@@ -402,7 +424,7 @@ function fetch.fetch(url, opts)
       return budget_error(state, format("a retry in %.2f s (%s) would not fit the %.2f s left",
         delay, source, left > 0 and left or 0), res, terr)
     end
-    if budget and not budget:allow_retry() then
+    if budget and not guarded("budget", "allow_retry", budget.allow_retry, budget) then
       if on_event then emit(on_event, { type = "budget_refused", status = res and res.status or nil }) end
       return budget_error(state, format(
         "the retry budget refused a retry after %s (retries are capped at a share of requests)", why), res, terr)
@@ -419,7 +441,11 @@ function fetch.fetch(url, opts)
         error = terr and terr.message or nil,
       })
     end
-    runtime.sleep(delay, opts.sleep)
+    if opts.sleep then
+      guarded("sleep", "the wait before a retry", runtime.sleep, delay, opts.sleep)
+    else
+      runtime.sleep(delay)
+    end
   end
 end
 
