@@ -14,6 +14,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <curl/curl.h>
 
@@ -23,7 +24,7 @@
 #define ENGINE_MT "ratewise.Engine"
 #define TRANSFER_MT "ratewise.Transfer"
 #define ENGINE_POOL_MAX 64
-#define ENGINE_MAX_HEADER_BYTES (1024 * 1024)
+#define ENGINE_MAX_HEADER_BYTES (256 * 1024) /* under libcurl's own 300 KiB */
 #define ENGINE_DEFAULT_MAX_BODY (64.0 * 1024 * 1024)
 
 /* Transfer user values */
@@ -43,7 +44,8 @@ struct engine;
 typedef struct transfer {
     struct engine *engine; /* set while running */
     CURL *easy;            /* set while running */
-    struct curl_slist *headers;
+    struct curl_slist *headers, *proxy_headers;
+    int headers_done; /* the blank line after the last response's headers came */
     engine_buf body, head;
     size_t max_body;
     int body_too_large, headers_too_large, out_of_memory;
@@ -115,7 +117,11 @@ static size_t engine_on_header(char *ptr, size_t size, size_t nmemb, void *ud)
     size_t n = size * nmemb;
     /* Each response (interim 1xx, every redirect hop) starts with its status
      * line; keep only the headers of the last one. */
-    if (n >= 5 && memcmp(ptr, "HTTP/", 5) == 0) t->head.len = 0;
+    if (n >= 5 && memcmp(ptr, "HTTP/", 5) == 0) {
+        t->head.len = 0;
+        t->headers_done = 0;
+    }
+    if ((n == 2 && ptr[0] == '\r') || (n == 1 && ptr[0] == '\n')) t->headers_done = 1;
     if (t->head.len + n > ENGINE_MAX_HEADER_BYTES) {
         t->headers_too_large = 1;
         return 0;
@@ -191,6 +197,8 @@ static void transfer_release(transfer *t)
     }
     curl_slist_free_all(t->headers);
     t->headers = NULL;
+    curl_slist_free_all(t->proxy_headers);
+    t->proxy_headers = NULL;
     engine_buf_free(&t->body);
     engine_buf_free(&t->head);
     free(t->effective_url);
@@ -280,7 +288,10 @@ static void engine_configure(lua_State *L, transfer *t, int req, int tidx, int f
 
     engine_opt_field(L, req, "url", LUA_TSTRING, "a string");
     url = lua_tolstring(L, -1, &len);
-    if (!url) luaL_error(L, "request option 'url' is required");
+    if (!url) {
+        luaL_error(L, "request option 'url' is required");
+        return; /* not reached; lauxlib.h does not tell the analyzer so */
+    }
     if (engine_has_crlf(url, len)) luaL_error(L, "request url contains CR, LF or NUL");
     curl_easy_setopt(easy, CURLOPT_URL, url); /* copied by libcurl */
     lua_pop(L, 1);
@@ -322,9 +333,18 @@ static void engine_configure(lua_State *L, transfer *t, int req, int tidx, int f
             line = lua_tolstring(L, -1, &len);
             if (engine_has_crlf(line, len))
                 luaL_error(L, "request header %d contains CR, LF or NUL", (int)i);
-            next = curl_slist_append(t->headers, line); /* copied */
-            if (!next) luaL_error(L, "out of memory building request headers");
-            t->headers = next;
+            /* Proxy-Authorization goes to a proxy only, never to an origin
+             * (libcurl would hand it to every host a redirect leads to). */
+            if (len > 19 && strncasecmp(line, "proxy-authorization", 19) == 0
+                && (line[19] == ':' || line[19] == ';')) {
+                next = curl_slist_append(t->proxy_headers, line); /* copied */
+                if (!next) luaL_error(L, "out of memory building request headers");
+                t->proxy_headers = next;
+            } else {
+                next = curl_slist_append(t->headers, line); /* copied */
+                if (!next) luaL_error(L, "out of memory building request headers");
+                t->headers = next;
+            }
             lua_pop(L, 1);
         }
         lua_pop(L, 1);
@@ -337,6 +357,8 @@ static void engine_configure(lua_State *L, transfer *t, int req, int tidx, int f
         t->headers = next;
     }
     curl_easy_setopt(easy, CURLOPT_HTTPHEADER, t->headers);
+    curl_easy_setopt(easy, CURLOPT_HEADEROPT, CURLHEADER_SEPARATE);
+    curl_easy_setopt(easy, CURLOPT_PROXYHEADER, t->proxy_headers);
 
     if ((seconds = engine_opt_seconds(L, req, "timeout")) > 0)
         curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, engine_ms(seconds));
@@ -350,7 +372,8 @@ static void engine_configure(lua_State *L, transfer *t, int req, int tidx, int f
     t->max_body = (size_t)ENGINE_DEFAULT_MAX_BODY;
     if (engine_opt_field(L, req, "max_body", LUA_TNUMBER, "a number of bytes")) {
         lua_Number mb = lua_tonumber(L, -1);
-        if (!(mb >= 0) || mb > (lua_Number)((size_t)-1 / 2))
+        /* The integer half of SIZE_MAX, then as a float: meant. */
+        if (!(mb >= 0) || mb > (lua_Number)((size_t)-1 / 2)) /* NOLINT(bugprone-integer-division) */
             luaL_error(L, "request option 'max_body' must be a non-negative number of bytes");
         t->max_body = (size_t)mb;
         lua_pop(L, 1);
@@ -698,7 +721,14 @@ static void transfer_setfield_bool(lua_State *L, const char *k, int v)
 static int transfer_l_result(lua_State *L)
 {
     transfer *t = transfer_check(L);
+    int line_too_long;
     if (t->state != TRANSFER_DONE) return luaL_argerror(L, 1, "transfer is still running");
+    /* libcurl's own cap on a response's headers (300 KiB since 8.3.0, and
+     * in distributions' CVE-2023-38039 backports) fails with RECV_ERROR. */
+    if (t->code == CURLE_RECV_ERROR && strncmp(t->errbuf, "Too large response headers", 26) == 0)
+        t->headers_too_large = 1;
+    /* A header line over CURL_MAX_HTTP_HEADER (100 KiB) fails as OUT_OF_MEMORY. */
+    line_too_long = t->code == CURLE_OUT_OF_MEMORY && !t->out_of_memory && !t->headers_done;
     if (t->code == CURLE_OK && !t->aborted) {
         lua_createtable(L, 0, 8); /* room for the two fields fetch adds */
         lua_pushinteger(L, t->status);
@@ -724,10 +754,13 @@ static int transfer_l_result(lua_State *L)
     if (t->aborted == ABORT_CANCELLED) lua_pushliteral(L, "transfer cancelled");
     else if (t->aborted == ABORT_ENGINE_CLOSED) lua_pushliteral(L, "engine closed during the transfer");
     else if (t->body_too_large)
+        /* %I is lua_pushfstring's lua_Integer, unknown to printf checkers */
+        /* cppcheck-suppress invalidLengthModifierError */
         lua_pushfstring(L, "response body too large (limit %I bytes)", (lua_Integer)t->max_body);
     else if (t->headers_too_large)
         lua_pushfstring(L, "response headers too large (limit %d bytes)", ENGINE_MAX_HEADER_BYTES);
     else if (t->out_of_memory) lua_pushliteral(L, "out of memory buffering the response");
+    else if (line_too_long) lua_pushliteral(L, "a response header line too large (libcurl's limit is 100 KiB)");
     else if (t->errbuf[0]) lua_pushstring(L, t->errbuf);
     else lua_pushstring(L, curl_easy_strerror(t->code));
     lua_setfield(L, -2, "message");

@@ -15,6 +15,18 @@ end
 -- Waits until n tokens are there, first come first served: the tokens are
 -- reserved at once, so a later caller queues behind this one.
 function methods:acquire(n, host_sleep)
+  -- Checked here, so that an error names acquire and the caller's line.
+  if n ~= nil and (type(n) ~= "number" or n ~= n or n <= 0 or n == math.huge) then
+    error(string.format("bad argument #1 to 'acquire' (token count must be a positive number, got %s)",
+      tostring(n)), 2)
+  end
+  if n ~= nil and n > self:capacity() then
+    error(string.format("bad argument #1 to 'acquire' (%s tokens asked of a bucket whose capacity is %s: "
+      .. "it could never be served)", tostring(n), tostring(self:capacity())), 2)
+  end
+  if host_sleep ~= nil and type(host_sleep) ~= "function" then
+    error(string.format("bad argument #2 to 'acquire' (sleep must be a function, got %s)", type(host_sleep)), 2)
+  end
   local wait = self:reserve(n)
   if wait <= 0 then return true end
   -- A waiter that is gone (a cancelled task, a host sleep that raised) gives

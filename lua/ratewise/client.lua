@@ -50,6 +50,9 @@ end
 
 local function resolve_provider(p)
   if p == nil then return nil end
+  if type(p) ~= "string" and type(p) ~= "table" then
+    error(format("client: option 'provider' must be a provider's name or a policy (got %s)", type(p)), 4)
+  end
   if type(p) == "string" then
     local ok, found = pcall(require, "ratewise.providers." .. p)
     if not ok or not policy_mod.is_policy(found) then
@@ -119,6 +122,10 @@ function client.new(opts)
   if opts.headers ~= nil and type(opts.headers) ~= "table" then
     error(format("client: option 'headers' must be a table (got %s)", type(opts.headers)), 2)
   end
+  local conc = opts.concurrency
+  if conc ~= nil and (type(conc) ~= "number" or conc < 1 or conc % 1 ~= 0) then
+    error(format("client: option 'concurrency' must be a positive integer (got %s)", tostring(conc)), 2)
+  end
   if opts.on_event ~= nil and type(opts.on_event) ~= "function" then
     error("client: option 'on_event' must be a function", 2)
   end
@@ -127,6 +134,9 @@ function client.new(opts)
     if type(cache) ~= "table" or type(cache.ttl) ~= "number" or cache.ttl ~= cache.ttl or cache.ttl <= 0 then
       error("client: option 'cache' must be {ttl = seconds [, max_entries = n]}", 2)
     end
+  end
+  if opts.dedupe ~= nil and type(opts.dedupe) ~= "boolean" then
+    error(format("client: option 'dedupe' must be a boolean (got %s)", type(opts.dedupe)), 2)
   end
   local rw = require "ratewise" -- the constructors of circuits and budgets
   local c = setmetatable({
@@ -150,6 +160,11 @@ function client.new(opts)
     },
   }, Client)
   for k in pairs(fetch_defaults) do c.defaults[k] = opts[k] end
+  -- The defaults and objects are checked now, where they were given, not at the first request.
+  local checked = {}
+  for k, v in pairs(c.defaults) do checked[k] = v end
+  checked.limiter, checked.circuit, checked.budget = c.limiter, c.circuit, c.budget
+  fetch.check(c.base_url, checked)
   c.on_event = function(event) c:_count(event) end
   return c
 end
@@ -207,7 +222,7 @@ end
 
 local function query_string(q)
   if type(q) ~= "table" then
-    error(format("client: option 'query' must be a table (got %s)", type(q)), 4)
+    error(format("client: option 'query' must be a table (got %s)", type(q)), 3)
   end
   local keys = {}
   for k in pairs(q) do keys[#keys + 1] = tostring(k) end

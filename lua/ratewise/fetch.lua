@@ -22,6 +22,8 @@ local has_body = { POST = true, PUT = true, PATCH = true }
 ---------------------------------------------------------------------------
 -- Errors
 
+local call_hook -- defined with the other callback helpers below
+
 local error_mt = {}
 error_mt.__index = error_mt
 error_mt.__tostring = function(e)
@@ -29,7 +31,7 @@ error_mt.__tostring = function(e)
 end
 
 local function fetch_error(kind, message, state, res, transport)
-  return setmetatable({
+  local err = setmetatable({
     kind = kind,
     message = message,
     status = res and res.status or (transport and transport.status) or nil,
@@ -38,6 +40,13 @@ local function fetch_error(kind, message, state, res, transport)
     elapsed = now() - state.started,
     transport = transport,
   }, error_mt)
+  -- Every call that fails tells a listener how it ended (an open circuit
+  -- already said so with its own event).
+  if state.on_event and kind ~= "circuit_open" then
+    call_hook("on_event", state.on_event, { type = "error", kind = kind, status = err.status,
+      attempts = err.attempts })
+  end
+  return err
 end
 
 local function budget_error(state, why, res, transport)
@@ -53,10 +62,10 @@ fetch.error_mt = error_mt
 
 local option_checks = {
   method = "string", headers = "table", body = "string", timeout = "positive",
-  max_retries = "count", max_elapsed = "positive", max_delay = "nonnegative",
+  max_retries = "count", max_elapsed = "positive", max_delay = "finite",
   retry_non_idempotent = "boolean", idempotency_key = "key", limiter = "limiter",
   on_retry = "callback_or_false", delay = "function", sleep = "function",
-  follow_redirects = "boolean", base = "positive", jitter = "string",
+  follow_redirects = "boolean", base = "positive", jitter = "jitter",
   max_body = "nonnegative", verify_tls = "boolean", policy = "policy", circuit = "circuit",
   budget = "budget", cost = "positive", on_event = "function",
 }
@@ -66,40 +75,49 @@ local required_methods = {
   limiter = { "acquire" }, circuit = { "allow", "record" }, budget = { "request", "allow_retry" },
 }
 
-local function bad_option(name, expected, v)
+-- `depth` counts the frames between fetch's caller and the function that
+-- checks (0 for fetch itself), so that the error names the caller's line.
+local function bad_option(name, expected, v, depth)
   error(format("fetch: option '%s' must be %s (got %s)", name, expected,
-    type(v) == "string" and format("%q", v) or tostring(v)), 4)
+    type(v) == "string" and format("%q", v) or tostring(v)), 4 + depth)
 end
 
-local function check_option(name, v)
+local function check_option(name, v, depth)
+  depth = depth or 0
   local check = option_checks[name]
   if not check then
-    error(format("fetch: unknown option '%s'", tostring(name)), 3)
+    error(format("fetch: unknown option '%s'", tostring(name)), 3 + depth)
   end
   local t = type(v)
   if check == "positive" then
-    if t ~= "number" or v ~= v or v <= 0 or v == huge then bad_option(name, "a positive number", v) end
+    if t ~= "number" or v ~= v or v <= 0 or v == huge then bad_option(name, "a positive number", v, depth) end
   elseif check == "nonnegative" then
-    if t ~= "number" or v ~= v or v < 0 then bad_option(name, "a non-negative number", v) end
+    if t ~= "number" or v ~= v or v < 0 then bad_option(name, "a non-negative number", v, depth) end
+  elseif check == "finite" then
+    if t ~= "number" or v ~= v or v < 0 or v == huge then bad_option(name, "a finite non-negative number", v, depth) end
+  elseif check == "jitter" then
+    if v ~= "none" and v ~= "full" and v ~= "equal" and v ~= "decorrelated" then
+      bad_option(name, "one of none, full, equal, decorrelated", v, depth)
+    end
   elseif check == "count" then
-    if t ~= "number" or v < 0 or v % 1 ~= 0 then bad_option(name, "a non-negative integer", v) end
+    if t ~= "number" or v < 0 or v % 1 ~= 0 then bad_option(name, "a non-negative integer", v, depth) end
   elseif check == "key" then
     if v ~= true and (t ~= "string" or v == "" or v:find("[\r\n%z]")) then
-      bad_option(name, "true or a non-empty string without CR or LF", v)
+      bad_option(name, "true or a non-empty string without CR or LF", v, depth)
     end
   elseif required_methods[check] then
     for _, m in ipairs(required_methods[check]) do
       local ok, fn = pcall(function() return v[m] end)
       if not ok or type(fn) ~= "function" then
-        bad_option(name, "an object with the methods " .. table.concat(required_methods[check], ", "), v)
+        bad_option(name, "an object with the methods " .. table.concat(required_methods[check], ", "), v, depth)
       end
     end
   elseif check == "policy" then
-    if not policy_module.is_policy(v) then bad_option(name, "a policy made by rw.policy", v) end
+    if not policy_module.is_policy(v) then bad_option(name, "a policy made by rw.policy", v, depth) end
   elseif check == "callback_or_false" then
-    if v ~= false and t ~= "function" then bad_option(name, "a function or false", v) end
+    if v ~= false and t ~= "function" then bad_option(name, "a function or false", v, depth) end
   elseif t ~= check then
-    bad_option(name, "a " .. check, v)
+    bad_option(name, "a " .. check, v, depth)
   end
 end
 
@@ -169,7 +187,7 @@ local function default_on_retry(info)
     info.method, info.url, info.delay, why, info.attempt, info.max_retries, info.source))
 end
 
-local function call_hook(name, fn, ...)
+function call_hook(name, fn, ...)
   local ok, a, b = pcall(fn, ...)
   if not ok then
     error(format("fetch: the '%s' callback raised an error: %s", name, tostring(a)), 0)
@@ -274,12 +292,13 @@ end
 --- fetch.check(url, opts): raises, as fetch would, for a bad URL or option.
 -- For callers that run the fetch elsewhere (a shared task) and want misuse
 -- reported at the call.
-function fetch.check(url, opts)
+function fetch.check(url, opts, depth)
+  depth = depth or 0
   url_facts(url)
   if type(opts) ~= "table" then
-    error(format("fetch: options must be a table (got %s)", type(opts)), 3)
+    error(format("fetch: options must be a table (got %s)", type(opts)), 3 + depth)
   end
-  for k, v in pairs(opts) do check_option(k, v) end
+  for k, v in pairs(opts) do check_option(k, v, depth + 1) end
 end
 
 --- res | nil, err = fetch.fetch(url [, opts])
@@ -318,6 +337,14 @@ function fetch.fetch(url, opts)
   if on_retry == nil then on_retry = default_on_retry end
   local limiter, circuit, budget, on_event = opts.limiter, opts.circuit, opts.budget, opts.on_event
   local cost = opts.cost or 1
+  if opts.cost and limiter then
+    -- A cost no limiter could ever serve would wait forever (or fail deep inside).
+    local ok, capacity = pcall(function() return limiter:capacity() end)
+    if ok and type(capacity) == "number" and cost > capacity then
+      error(format("fetch: option 'cost' (%s) is more than the limiter's capacity (%s): it could never be served",
+        tostring(cost), tostring(capacity)), 2)
+    end
+  end
   local label = method .. " " .. shown_url
 
   local request = { url = url, method = method, headers = lines, follow_redirects = opts.follow_redirects ~= false }
@@ -328,7 +355,7 @@ function fetch.fetch(url, opts)
   -- libcurl re-sends a request on its own when a reused connection turns
   -- out to be dead; only a replay-safe request may take that chance.
   if not safe then request.fresh_connect = true end
-  local state = { attempts = 0, started = now(), label = label, max_elapsed = max_elapsed }
+  local state = { attempts = 0, started = now(), label = label, max_elapsed = max_elapsed, on_event = on_event }
   local deadline = state.started + max_elapsed
   local retries = 0
   if budget then guarded("budget", "request", budget.request, budget) end
@@ -381,7 +408,6 @@ function fetch.fetch(url, opts)
       if class == "success" then
         return res
       elseif class == "terminal" then
-        if on_event then emit(on_event, { type = "error", kind = "terminal", status = res.status }) end
         return nil, fetch_error("terminal", format("%s: %d is a terminal status, not retried",
           label, res.status), state, res)
       end

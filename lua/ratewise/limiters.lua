@@ -46,16 +46,16 @@ local function capacity_of(member)
   return huge
 end
 
-local function not_a_limiter(what, v)
+local function not_a_limiter(what, v, level)
   error(format("limiters: %s must be a limiter with wait_time, take and refund, such as rw.bucket "
-    .. "(got %s)", what, type(v) == "table" and "a table without them" or tostring(v)), 4)
+    .. "(got %s)", what, type(v) == "table" and "a table without them" or tostring(v)), level)
 end
 
 -- The members of the `cost` option: one limiter or an array of them.
 local function cost_members(cost)
   if is_limiter(cost) then return { cost } end
   if type(cost) ~= "table" or getmetatable(cost) ~= nil or #cost == 0 then
-    not_a_limiter("option 'cost'", cost)
+    not_a_limiter("option 'cost'", cost, 4)
   end
   local list = {}
   for k in pairs(cost) do
@@ -65,7 +65,7 @@ local function cost_members(cost)
     end
   end
   for i = 1, #cost do
-    if not is_limiter(cost[i]) then not_a_limiter("cost member #" .. i, cost[i]) end
+    if not is_limiter(cost[i]) then not_a_limiter("cost member #" .. i, cost[i], 4) end
     list[i] = cost[i]
   end
   return list
@@ -85,7 +85,7 @@ function limiters.new(spec)
   local each, by_cost, seen = {}, {}, {}
   for i = 1, count do
     local member = spec[i]
-    if not is_limiter(member) then not_a_limiter("member #" .. i, member) end
+    if not is_limiter(member) then not_a_limiter("member #" .. i, member, 3) end
     if capacity_of(member) < 1 then
       error(format("limiters: member #%d holds fewer than the 1 token each acquire takes of it", i), 2)
     end

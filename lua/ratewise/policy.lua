@@ -28,25 +28,31 @@ local function is_policy(v)
 end
 policy.is_policy = is_policy
 
---- p = rw.policy{classify = fn, delay = fn, observe = fn, prepare = fn, name = "..."}
-function policy.new(spec)
+-- Errors are raised at `level`, the caller's line of rw.policy or chain.
+local function build(spec, level)
   if is_policy(spec) then return spec end
   if type(spec) ~= "table" then
-    error(format("policy: expected a table of hooks (got %s)", type(spec)), 2)
+    error(format("policy: expected a table of hooks (got %s)", type(spec)), level)
   end
   local p = {}
   for k, v in pairs(spec) do
     if k == "name" then
-      if type(v) ~= "string" then error("policy: 'name' must be a string", 2) end
+      if type(v) ~= "string" then error("policy: 'name' must be a string", level) end
     elseif not hooks[k] then
       error(format("policy: unknown field '%s' (expected classify, delay, observe, prepare, replayable, name)",
-        tostring(k)), 2)
+        tostring(k)), level)
     elseif type(v) ~= "function" then
-      error(format("policy: hook '%s' must be a function (got %s)", k, type(v)), 2)
+      error(format("policy: hook '%s' must be a function (got %s)", k, type(v)), level)
     end
     p[k] = v
   end
   return setmetatable(p, Policy)
+end
+
+--- p = rw.policy{classify = fn, delay = fn, observe = fn, prepare = fn, replayable = fn, name = "..."}
+function policy.new(spec)
+  local p = build(spec, 3)
+  return p
 end
 
 -- The first non-nil answer of the policies, in order.
@@ -80,7 +86,7 @@ function policy.chain(...)
   for i = 1, select("#", ...) do
     local p = select(i, ...)
     if p ~= nil then
-      p = is_policy(p) and p or policy.new(p)
+      p = build(p, 3)
       list[#list + 1] = p
       names[#names + 1] = p.name or "?"
     end

@@ -32,11 +32,11 @@ for k in pairs(backoff_options) do delay_options[k] = true end
 local function check_options(fn, opts, known)
   if opts == nil then return {} end
   if type(opts) ~= "table" then
-    error(format("%s: options must be a table (got %s)", fn, type(opts)), 4)
+    error(format("%s: options must be a table (got %s)", fn, type(opts)), 3)
   end
   for k in pairs(opts) do
     if not known[k] then
-      error(format("%s: unknown option '%s'", fn, tostring(k)), 4)
+      error(format("%s: unknown option '%s'", fn, tostring(k)), 3)
     end
   end
   return opts
@@ -72,7 +72,8 @@ end
 --- seconds = retry.backoff(attempt [, opts])
 function retry.backoff(attempt, opts)
   check_attempt("backoff", attempt)
-  return backoff("backoff", attempt, check_options("backoff", opts, backoff_options))
+  local seconds = backoff("backoff", attempt, check_options("backoff", opts, backoff_options))
+  return seconds -- not a tail call: the option errors name the caller's line
 end
 
 local day_names = { Mon = true, Tue = true, Wed = true, Thu = true, Fri = true, Sat = true, Sun = true,

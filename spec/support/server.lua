@@ -205,6 +205,9 @@ end
 
 --- Script the responses for one path (exact match, query ignored).
 -- steps: non-empty array of step tables; the last one repeats forever.
+-- Step fields and actions: see the docstring of server.py (among them
+-- reset_body = headers, part of the body, then a TCP RST; raw = the body is
+-- the whole answer, status line included).
 -- An empty step {} means "200, empty body" (cjson encodes {} as an object,
 -- which is what a step is).
 function Server:script(path, steps)

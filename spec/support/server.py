@@ -9,6 +9,13 @@ What it offers (see spec/support/server.lua for the Lua driver):
 
 * ``POST /_script`` ``{"path": "/x", "steps": [step, ...]}``: requests to
   ``/x`` consume the steps in order; the last step then repeats forever.
+  A step has ``status``, ``headers`` (name -> string or array of strings),
+  ``body``, ``delay`` (seconds) and ``action``: respond, drop, reset
+  (RST before a byte), garbage (a line that is not HTTP), hang, slow (body
+  byte by byte, every ``interval`` s), truncate (Content-Length 1000 bytes
+  over the body), chunked_forever, redirect (to ``location``), reset_body
+  (headers and the first ``sent`` bytes of the body, default half, then
+  RST) or raw (``body`` is the whole answer, status line included).
 * ``GET /_log[?path=/x]``: JSON array of the logged requests.
 * ``POST /_reset``: forget scripts, log and the demo rate limiter.
 * ``/echo``: describes the request as JSON.
@@ -36,7 +43,7 @@ from urllib.parse import parse_qs
 
 ACTIONS = (
     "respond", "drop", "reset", "garbage", "hang", "slow", "truncate",
-    "chunked_forever", "redirect",
+    "chunked_forever", "redirect", "reset_body", "raw",
 )
 
 # Errors that only mean "the client went away"; never worth a traceback.
@@ -344,6 +351,20 @@ class Handler(BaseHTTPRequestHandler):
                 for i in range(len(body)):
                     time.sleep(interval)
                     self.write(body[i:i + 1])
+        elif action == "reset_body":
+            # Headers and the first `sent` bytes (default: half) of a body
+            # whose Content-Length promises all of it, then a TCP RST.
+            sent = int(step.get("sent", len(body) // 2))
+            self.head(status, headers + [("Content-Length", str(len(body)))])
+            self.write(body[:sent])
+            self.wfile.flush()
+            time.sleep(0.05)  # let the partial body leave before the RST
+            self.close_now(rst=True)
+        elif action == "raw":
+            # The body's bytes, as they are, for the whole answer (status
+            # line and headers included); then the connection closes.
+            self.write(body)
+            self.close_now()
         elif action == "truncate":
             self.head(status, headers + [("Content-Length", str(len(body) + 1000))])
             self.write(body)
@@ -404,7 +425,7 @@ def validate_script(spec):
             raise ValueError("step %d: body must be a string" % i)
         if not isinstance(step.get("headers") or {}, dict):
             raise ValueError("step %d: headers must be an object" % i)
-        for key in ("status", "delay", "interval"):
+        for key in ("status", "delay", "interval", "sent"):
             if key in step:
                 float(step[key])  # raises ValueError if not a number
     return steps
