@@ -173,7 +173,8 @@ static void engine_finish(transfer *t, CURLcode code, enum transfer_abort aborte
     curl_easy_getinfo(easy, CURLINFO_REQUEST_SIZE, &t->request_size);
     curl_easy_getinfo(easy, CURLINFO_REDIRECT_COUNT, &t->redirects);
     curl_easy_getinfo(easy, CURLINFO_TOTAL_TIME, &t->total_time);
-    if (curl_easy_getinfo(easy, CURLINFO_EFFECTIVE_URL, &url) == CURLE_OK && url) {
+    /* Without a redirect the caller knows the URL already. */
+    if (t->redirects > 0 && curl_easy_getinfo(easy, CURLINFO_EFFECTIVE_URL, &url) == CURLE_OK && url) {
         size_t n = strlen(url);
         t->effective_url = (char *)malloc(n + 1);
         if (t->effective_url) memcpy(t->effective_url, url, n + 1);

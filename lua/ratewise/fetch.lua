@@ -51,7 +51,7 @@ end
 
 local function budget_error(state, why, res, transport)
   return nil, fetch_error("budget", format("%s: %s (max_elapsed %.2f s, %d attempt%s)",
-    state.label, why, state.max_elapsed, state.attempts, state.attempts == 1 and "" or "s"),
+    state.method .. " " .. state.shown_url, why, state.max_elapsed, state.attempts, state.attempts == 1 and "" or "s"),
     state, res, transport)
 end
 
@@ -345,7 +345,6 @@ function fetch.fetch(url, opts)
         tostring(cost), tostring(capacity)), 2)
     end
   end
-  local label = method .. " " .. shown_url
 
   local request = { url = url, method = method, headers = lines, follow_redirects = opts.follow_redirects ~= false }
   -- Only the fields that are there: a table built with nil fields is as big as one without.
@@ -355,7 +354,9 @@ function fetch.fetch(url, opts)
   -- libcurl re-sends a request on its own when a reused connection turns
   -- out to be dead; only a replay-safe request may take that chance.
   if not safe then request.fresh_connect = true end
-  local state = { attempts = 0, started = now(), label = label, max_elapsed = max_elapsed, on_event = on_event }
+  -- What the error messages need; "METHOD url" is only put together for one.
+  local state = { attempts = 0, started = now(), method = method, shown_url = shown_url,
+    max_elapsed = max_elapsed, on_event = on_event }
   local deadline = state.started + max_elapsed
   local retries = 0
   if budget then guarded("budget", "request", budget.request, budget) end
@@ -367,7 +368,8 @@ function fetch.fetch(url, opts)
       if not allowed then
         if on_event then emit(on_event, { type = "circuit_open", url = shown_url, retry_in = retry_in }) end
         return nil, fetch_error("circuit_open", format("%s: the circuit for %s is open after repeated "
-          .. "failures; nothing was sent (a trial request goes through in %.2f s)", label, origin, retry_in or 0),
+          .. "failures; nothing was sent (a trial request goes through in %.2f s)",
+          method .. " " .. shown_url, origin, retry_in or 0),
           state, state.last_response, state.last_transport)
       end
     end
@@ -409,7 +411,7 @@ function fetch.fetch(url, opts)
         return res
       elseif class == "terminal" then
         return nil, fetch_error("terminal", format("%s: %d is a terminal status, not retried",
-          label, res.status), state, res)
+          method .. " " .. shown_url, res.status), state, res)
       end
       why = tostring(res.status)
     else
@@ -425,7 +427,7 @@ function fetch.fetch(url, opts)
         return budget_error(state, "the attempt was cut short by the time budget", nil, terr)
       end
       if not terr.retryable then
-        return nil, fetch_error("network", format("%s: %s%s", label,
+        return nil, fetch_error("network", format("%s: %s%s", method .. " " .. shown_url,
           terr.tls and "TLS verification failed: " or "", terr.message), state, nil, terr)
       end
       why = terr.message
@@ -437,11 +439,12 @@ function fetch.fetch(url, opts)
       and not (policy and policy.replayable and call_hook("replayable", policy.replayable, res, method)) then
       return nil, fetch_error("unsafe", format(
         "%s was not retried after %s: %s is not replay-safe (give an idempotency_key, or set retry_non_idempotent)",
-        label, why, method), state, res, terr)
+        method .. " " .. shown_url, why, method), state, res, terr)
     end
     if retries >= max_retries then
       return nil, fetch_error("exhausted", format("%s failed after %d attempt%s (max_retries %d), last: %s",
-        label, state.attempts, state.attempts == 1 and "" or "s", max_retries, why), state, res, terr)
+        method .. " " .. shown_url, state.attempts, state.attempts == 1 and "" or "s", max_retries, why),
+        state, res, terr)
     end
 
     local delay, source = next_delay(opts, state, res, retries)
