@@ -27,8 +27,12 @@ LUA_ENV   = LUA_PATH="./lua/?.lua;./lua/?/init.lua;./?.lua;;" LUA_CPATH="./$(BUI
 DEB_BUILD := gcc make pkg-config lua5.4 liblua5.4-dev libcurl4-openssl-dev
 DEB_TEST  := lua-busted lua-socket lua-cjson python3 openssl
 DEB_TOOLS := lua-check luarocks
+# For lint, fuzz, test-asan and test-valgrind (`make deps-check`);
+# libclang-rt-14-dev has libFuzzer and the sanitizer runtimes.
+DEB_CHECK := clang libclang-rt-14-dev clang-tidy cppcheck valgrind
 
-.PHONY: all deps test demo bench examples install lint clean
+.PHONY: all deps deps-check test demo bench examples install lint clean \
+        fuzz test-asan test-valgrind
 
 all: $(CORE)
 
@@ -37,14 +41,21 @@ $(CORE): $(SRC) $(HDR) Makefile
 	$(CC) $(ALL_CFLAGS) -shared -o $@ $(SRC) $(LDFLAGS) $(LIBS)
 
 # Installs the Debian packages that are missing (needs root, as on a fresh machine).
-deps:
-	@missing=""; for p in $(DEB_BUILD) $(DEB_TEST) $(DEB_TOOLS); do \
+define install_missing
+	@missing=""; for p in $(1); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
 	done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
+endef
+
+deps:
+	$(call install_missing,$(DEB_BUILD) $(DEB_TEST) $(DEB_TOOLS))
+
+deps-check:
+	$(call install_missing,$(DEB_CHECK))
 
 test: deps $(CORE) examples
 	$(LUA_ENV) $(LUA) /usr/bin/busted -o spec/support/summary.lua spec/
@@ -62,8 +73,25 @@ bench: deps $(CORE)
 	@$(MAKE) -s -C bench
 	@$(LUA_ENV) $(LUA) bench/run.lua
 
-lint: deps
+# luacheck (config .luacheckrc), then clang-tidy (checks and the reasons for
+# each exclusion in .clang-tidy) and cppcheck on src/; any finding fails.
+# cppcheck gets no -I for Lua (its many configurations make cppcheck give
+# up, "toomanyconfigs"); --library teaches it Lua's, libcurl's and POSIX's
+# functions instead, so the project's own headers are all it must find.
+TIDY_FLAGS = -std=c99 -D_POSIX_C_SOURCE=200809L $(PKG_LUA) $(PKG_CURL_CFLAGS)
+CPPCHECK_FLAGS := --std=c99 -D_POSIX_C_SOURCE=200809L --library=posix,lua,libcurl \
+                  --enable=warning,style,performance,portability --inline-suppr \
+                  --suppress=missingIncludeSystem --suppress=missingInclude \
+                  --error-exitcode=1 --quiet
+
+lint: deps deps-check
 	luacheck --no-color lua spec bench examples
+	@echo "clang-tidy src/*.c"
+	@out=$$(clang-tidy --quiet $(SRC) -- $(TIDY_FLAGS) 2>&1); rc=$$?; \
+	  printf '%s\n' "$$out" | grep -v -e 'warnings\? generated\.$$' -e '^$$' || true; \
+	  [ $$rc -eq 0 ] && echo "clang-tidy: no findings"; exit $$rc
+	cppcheck $(CPPCHECK_FLAGS) src/
+	@echo "cppcheck: no findings"
 
 # luarocks leaves ./ratewise/core.so and src/*.o behind; a stray
 # ./ratewise/core.so would shadow the installed module through the cpath.
@@ -71,6 +99,90 @@ install: deps
 	luarocks --lua-version 5.4 make rockspec/ratewise-scm-1.rockspec
 	rm -rf ratewise src/*.o
 
+# ---- fuzzing: one libFuzzer target per parser of src/parse.c (fuzz/) ----
+# `make fuzz FUZZ_SECONDS=600` for a long run; each target prints one line.
+CLANG        ?= clang
+FUZZ_SECONDS ?= 30
+FUZZ_TARGETS := retry_after http_date seconds duration rfc3339 backoff
+FUZZ_BUILD   := build-fuzz
+FUZZ_BINS    := $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz_%)
+FUZZ_CFLAGS   = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+                -std=c99 -D_DEFAULT_SOURCE $(WARN) -Isrc
+
+# parse.c is plain C (its Lua bindings are in lparse.c): no Lua, no libcurl.
+$(FUZZ_BUILD)/fuzz_%: fuzz/fuzz_%.c fuzz/fuzz.h fuzz/fuzz_nows.h src/parse.c src/ratewise.h Makefile | deps-check
+	@mkdir -p $(dir $@)
+	$(CLANG) $(FUZZ_CFLAGS) -o $@ $< src/parse.c -lm
+
+fuzz: $(FUZZ_BINS)
+	@failed=""; for t in $(FUZZ_TARGETS); do \
+	  sh fuzz/run.sh $$t $(FUZZ_SECONDS) $(FUZZ_BUILD) || failed="$$failed $$t"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "fuzz: failures in$$failed"; exit 1; fi
+
+# ---- the spec suite under AddressSanitizer + UndefinedBehaviorSanitizer ----
+# The C core is built with clang into build-asan/ (never mixed with build/).
+# lua5.4 is not instrumented, so the ASan runtime must be loaded first: the
+# dynamic loader's --preload does that for lua5.4 alone, where LD_PRELOAD
+# would be inherited by every process the specs start (the python test
+# server, sh, timeout, examples/host, other lua5.4s).
+# -z nodelete: lua_close unloads C modules, after which LeakSanitizer can
+# neither name our frames nor see libcurl's global state as reachable;
+# keeping the module (and so libcurl) mapped needs no leak suppressions.
+# Subprocesses of the specs load ./build/?.so with a plain lua5.4 and are
+# not instrumented; RATEWISE_LUA, RATEWISE_CPATH and RATEWISE_HOST say how
+# to run them instrumented, for specs that read them.
+ASAN_BUILD   := build-asan
+ASAN_CORE    := $(ASAN_BUILD)/ratewise/core.so
+ASAN_HOST    := $(ASAN_BUILD)/host
+ASAN_CFLAGS  := -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
+ASAN_LDFLAGS := -Wl,-z,nodelete
+LDSO         := /lib64/ld-linux-x86-64.so.2
+ASAN_LUA      = $(LDSO) --preload $$($(CLANG) -print-file-name=libclang_rt.asan-x86_64.so) $$(command -v $(LUA))
+ASAN_ENV      = ASAN_OPTIONS=detect_leaks=1:detect_stack_use_after_return=1:strict_string_checks=1:halt_on_error=1 \
+                UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+                RATEWISE_LUA="$(ASAN_LUA)" RATEWISE_CPATH="./$(ASAN_BUILD)/?.so" RATEWISE_HOST="$(ASAN_HOST)"
+
+$(ASAN_CORE): $(SRC) $(HDR) Makefile | deps-check
+	@mkdir -p $(dir $@)
+	$(CLANG) $(ALL_CFLAGS) $(ASAN_CFLAGS) -shared -o $@ $(SRC) $(ASAN_LDFLAGS) $(LIBS)
+
+$(ASAN_HOST): examples/host.c Makefile | deps-check
+	@mkdir -p $(dir $@)
+	$(CLANG) -std=c99 $(WARN) $(PKG_LUA) $(ASAN_CFLAGS) -o $@ examples/host.c $(shell pkg-config --libs lua5.4) -lm
+
+# Any ASan, LeakSanitizer or UBSan report fails the run (exit status), as a
+# failed spec does. --ignore-lua: .busted's `lua` would re-run busted
+# through a plain lua5.4; --cpath puts build-asan/ before .busted's build/.
+test-asan: deps $(CORE) examples $(ASAN_CORE) $(ASAN_HOST)
+	LUA_PATH="./lua/?.lua;./lua/?/init.lua;./?.lua;;" LUA_CPATH="./$(ASAN_BUILD)/?.so;;" $(ASAN_ENV) \
+	  $(ASAN_LUA) /usr/bin/busted --ignore-lua --cpath="./$(ASAN_BUILD)/?.so" -o spec/support/summary.lua spec/
+
+# ---- the spec suite under valgrind memcheck (build/, as `make test` uses) ----
+# Fails on an invalid access or a definite or indirect leak (exit 99), or a
+# crash. Spec failures alone do not fail it: at valgrind's speed, specs
+# that time a first TLS handshake (< 1 s) fail; `make test` judges specs.
+# The whole suite takes about 80 s; VALGRIND_SPECS="spec/parse_spec.lua ..."
+# runs a part.
+# libcurl is preloaded so that unloading it at exit (lua_close) does not turn
+# its global state into false "definitely lost" reports.
+VALGRIND_SPECS ?= spec/
+VALGRIND_FLAGS := -q --trace-children=no --leak-check=full --show-leak-kinds=definite,indirect \
+                  --errors-for-leak-kinds=definite,indirect --error-exitcode=99 --num-callers=30
+
+test-valgrind: deps deps-check $(CORE) examples
+	@start=$$(date +%s); \
+	$(LUA_ENV) LD_PRELOAD=libcurl.so.4 valgrind $(VALGRIND_FLAGS) $$(command -v $(LUA)) /usr/bin/busted \
+	  --ignore-lua -o utfTerminal $(VALGRIND_SPECS); rc=$$?; \
+	took=$$(( $$(date +%s) - start )); \
+	case $$rc in \
+	  0) echo "valgrind: no invalid access, no definite or indirect leak; every spec passed ($$took s)";; \
+	  1) echo "valgrind: no invalid access, no definite or indirect leak ($$took s);" \
+	          "spec failures above are for make test to judge (timing fails at valgrind's speed)";; \
+	  99) echo "valgrind: memcheck errors above ($$took s)"; exit 1;; \
+	  *) echo "valgrind: run ended with status $$rc ($$took s)"; exit 1;; \
+	esac
+
 clean:
-	rm -rf $(BUILD) src/*.o ./*.so examples/host
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) src/*.o ./*.so examples/host
 	@$(MAKE) -s -C bench clean 2>/dev/null || true

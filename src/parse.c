@@ -4,14 +4,18 @@
  * Hand-written because no maintained C library parses all three HTTP-date
  * forms without going through the process-global locale and time zone
  * (strptime/timegm), and these run on every retried response.
+ *
+ * Plain C, no Lua (the bindings are in lparse.c), so that the fuzz targets
+ * in fuzz/ link this file alone.
  */
 #include <math.h>
 #include <string.h>
 
-#include "lauxlib.h"
 #include "ratewise.h"
 
 #define PARSE_SECONDS_PER_DAY 86400.0
+#define PARSE_EPOCH_YEAR_0 (-62167219200.0)     /* 0000-01-01T00:00:00Z */
+#define PARSE_EPOCH_YEAR_10000 (253402300800.0) /* 10000-01-01T00:00:00Z */
 
 static int parse_is_ows(char c) { return c == ' ' || c == '\t'; }
 
@@ -207,11 +211,16 @@ static int parse_rfc850(parse_cursor *c, double now, double *out)
           && parse_time_of_day(c, &h, &mi, &s) && parse_char(c, ' ')))
         return 0;
     if (c->len - c->pos != 3 || !parse_ieq(c->s + c->pos, "GMT", 3)) return 0;
+    /* Outside the four-digit years the century is no calendar year we can
+     * name (and floor(now / day) may not fit a long). */
+    if (!(now >= PARSE_EPOCH_YEAR_0 && now < PARSE_EPOCH_YEAR_10000)) return 0;
     /* RFC 9110 5.6.7: a two-digit year more than 50 years in the future
-     * means the most recent past year with the same last two digits. */
+     * means the most recent past year with the same last two digits; any
+     * other means the year within 50 years ahead (in 2080, "05" is 2105). */
     this_year = parse_year_of(now);
     y = this_year - this_year % 100 + yy;
     if (y > this_year + 50) y -= 100;
+    else if (y <= this_year - 50) y += 100;
     return parse_finish((int)y, mon, d, h, mi, s, out);
 }
 
@@ -387,8 +396,9 @@ int rwp_parse_rfc3339(const char *s, size_t len, double *out)
 double rwp_backoff(double attempt, double base, double max_delay,
                    enum rwp_jitter jitter, double u, double previous)
 {
-    /* ldexp saturates to +inf for huge attempts; min() then caps it. */
-    double grown = ldexp(base, attempt > 2000 ? 2000 : (int)attempt);
+    /* ldexp saturates to +inf for huge attempts; min() then caps it. 2^2100
+     * takes even the smallest double (2^-1074) past DBL_MAX. */
+    double grown = ldexp(base, attempt > 2100 ? 2100 : (int)attempt);
     double cap = grown < max_delay ? grown : max_delay;
     double hi, d;
     switch (jitter) {
@@ -405,112 +415,4 @@ double rwp_backoff(double attempt, double base, double max_delay,
     default:
         return u * cap;
     }
-}
-
-/* ---- Lua bindings ---- */
-
-static int parse_l_classify(lua_State *L)
-{
-    lua_Integer status;
-    if (lua_type(L, 1) != LUA_TNUMBER || !lua_isinteger(L, 1)) {
-        lua_Number n = lua_tonumber(L, 1);
-        if (lua_type(L, 1) != LUA_TNUMBER || n != floor(n) || fabs(n) > 1e9)
-            return luaL_argerror(L, 1, "status must be an integer");
-        status = (lua_Integer)n;
-    } else {
-        status = lua_tointeger(L, 1);
-    }
-    lua_pushstring(L, rwp_classify(status < 0 || status > 999 ? 0 : (long)status));
-    return 1;
-}
-
-/* The "now" argument, or the wall clock when it is absent. */
-static double parse_now(lua_State *L, int arg)
-{
-    lua_Number now;
-    if (lua_isnoneornil(L, arg)) return rw_clock_realtime();
-    now = luaL_checknumber(L, arg);
-    luaL_argcheck(L, isfinite(now), arg, "now must be a finite number");
-    return now;
-}
-
-/* Both return nil for a value that does not parse; a non-string raises. */
-static int parse_l_http_date(lua_State *L)
-{
-    size_t len;
-    const char *s = luaL_checklstring(L, 1, &len);
-    double out;
-    if (rwp_parse_http_date(s, len, parse_now(L, 2), &out)) lua_pushnumber(L, out);
-    else lua_pushnil(L);
-    return 1;
-}
-
-static int parse_l_retry_after(lua_State *L)
-{
-    size_t len;
-    const char *s = luaL_checklstring(L, 1, &len);
-    double out;
-    if (rwp_parse_retry_after(s, len, parse_now(L, 2), &out)) lua_pushnumber(L, out);
-    else lua_pushnil(L);
-    return 1;
-}
-
-typedef int (*parse_fn)(const char *s, size_t len, double *out);
-
-/* The bindings of the parsers that need no clock: nil for a value that
- * does not parse; a non-string raises. */
-static int parse_apply(lua_State *L, parse_fn fn)
-{
-    size_t len;
-    const char *s = luaL_checklstring(L, 1, &len);
-    double out;
-    if (fn(s, len, &out)) lua_pushnumber(L, out);
-    else lua_pushnil(L);
-    return 1;
-}
-
-static int parse_l_seconds(lua_State *L) { return parse_apply(L, rwp_parse_seconds); }
-static int parse_l_duration(lua_State *L) { return parse_apply(L, rwp_parse_duration); }
-static int parse_l_rfc3339(lua_State *L) { return parse_apply(L, rwp_parse_rfc3339); }
-
-/* backoff(attempt, base, max_delay, jitter, u [, previous]): the options are
- * checked by the Lua layer, which names them; these checks catch misuse of
- * the core itself. */
-static int parse_l_backoff(lua_State *L)
-{
-    static const char *const names[] = { "none", "full", "equal", "decorrelated", NULL };
-    static const enum rwp_jitter kinds[] = {
-        RWP_JITTER_NONE, RWP_JITTER_FULL, RWP_JITTER_EQUAL, RWP_JITTER_DECORRELATED
-    };
-    lua_Number attempt = luaL_checknumber(L, 1);
-    lua_Number base = luaL_checknumber(L, 2);
-    lua_Number max_delay = luaL_checknumber(L, 3);
-    int jitter = luaL_checkoption(L, 4, "full", names);
-    lua_Number u = luaL_optnumber(L, 5, 0.0);
-    lua_Number previous = luaL_optnumber(L, 6, base);
-    luaL_argcheck(L, attempt >= 0 && attempt == floor(attempt), 1,
-                  "attempt must be a non-negative integer");
-    luaL_argcheck(L, base > 0 && isfinite(base), 2, "base must be a positive number");
-    luaL_argcheck(L, max_delay >= 0 && !isnan(max_delay), 3,
-                  "max_delay must be a non-negative number");
-    luaL_argcheck(L, u >= 0 && u < 1, 5, "random value must be in [0, 1)");
-    luaL_argcheck(L, previous >= 0 && isfinite(previous), 6,
-                  "previous delay must be a non-negative number");
-    lua_pushnumber(L, rwp_backoff(attempt, base, max_delay, kinds[jitter], u, previous));
-    return 1;
-}
-
-void rw_parse_register(lua_State *L)
-{
-    static const luaL_Reg funcs[] = {
-        { "classify", parse_l_classify },
-        { "parse_http_date", parse_l_http_date },
-        { "parse_retry_after", parse_l_retry_after },
-        { "parse_seconds", parse_l_seconds },
-        { "parse_duration", parse_l_duration },
-        { "parse_rfc3339", parse_l_rfc3339 },
-        { "backoff", parse_l_backoff },
-        { NULL, NULL }
-    };
-    luaL_setfuncs(L, funcs, 0);
 }

@@ -3,13 +3,17 @@
  *
  * Only luaopen_ratewise_core is exported from the shared object; everything
  * declared here has hidden visibility (see the Makefile's -fvisibility=hidden).
- * The parsers are plain C (no Lua) so that the fuzz targets can call them.
+ * The parsers are plain C (no Lua) so that the fuzz targets can call them:
+ * parse.c has them, lparse.c their Lua bindings.
  */
 #ifndef RATEWISE_H
 #define RATEWISE_H
 
 #include <stddef.h>
-#include "lua.h"
+
+/* lua.h's typedef names this same struct; declaring it here keeps this
+ * header free of Lua, so parse.c and the fuzz targets build without it. */
+struct lua_State;
 
 #define RW_VERSION "0.1.0"
 
@@ -17,7 +21,7 @@
  * A hint larger than this saturates instead of overflowing. */
 #define RW_MAX_SECONDS 1e18
 
-/* ---- parse.c: pure parsers, no Lua ---- */
+/* ---- parse.c: pure parsers, no Lua (the bindings are in lparse.c) ---- */
 
 /* "success", "retryable" or "terminal" for an HTTP status code. */
 const char *rwp_classify(long status);
@@ -28,8 +32,9 @@ const char *rwp_classify(long status);
 int rwp_parse_seconds(const char *s, size_t len, double *out);
 
 /* An HTTP-date in any of the three forms of RFC 9110 section 5.6.7.
- * now (epoch seconds) resolves two-digit years. Returns 1 and sets *out to
- * epoch seconds, or 0. */
+ * now (epoch seconds) resolves two-digit years (RFC 850 form, refused when
+ * now is outside the years 0000-9999). Returns 1 and sets *out to epoch
+ * seconds, or 0. */
 int rwp_parse_http_date(const char *s, size_t len, double now, double *out);
 
 /* A Retry-After value: delta-seconds or HTTP-date, relative to now.
@@ -58,9 +63,9 @@ double rwp_backoff(double attempt, double base, double max_delay,
                    enum rwp_jitter jitter, double u, double previous);
 
 /* ---- registration of each file's Lua functions into the module table ---- */
-void rw_parse_register(lua_State *L);
-void rw_bucket_register(lua_State *L);
-void rw_engine_register(lua_State *L);
+void rw_parse_register(struct lua_State *L); /* lparse.c */
+void rw_bucket_register(struct lua_State *L);
+void rw_engine_register(struct lua_State *L);
 
 /* Clocks in seconds (core.c): monotonic for deadlines and buckets, the wall
  * clock only to compare with dates the server sent. */
