@@ -31,7 +31,7 @@ DEB_TOOLS := lua-check luarocks
 # libclang-rt-14-dev has libFuzzer and the sanitizer runtimes.
 DEB_CHECK := clang libclang-rt-14-dev clang-tidy cppcheck valgrind
 
-.PHONY: all deps deps-check test demo bench examples install lint clean \
+.PHONY: all deps deps-check test demo bench examples install lint clean soak \
         fuzz test-asan test-valgrind
 
 all: $(CORE)
@@ -68,6 +68,12 @@ examples: examples/host
 
 examples/host: examples/host.c $(CORE)
 	$(CC) -std=c99 $(WARN) $(PKG_LUA) $(CFLAGS) -o $@ examples/host.c $(shell pkg-config --libs lua5.4) -lm
+
+# The soak (bench/soak.lua): requests through a fault-injecting server;
+# CI runs it with SOAK_REQUESTS=1000.
+SOAK_REQUESTS ?= 10000
+soak: deps $(CORE)
+	@SOAK_REQUESTS=$(SOAK_REQUESTS) $(LUA_ENV) $(LUA) bench/soak.lua
 
 bench: deps $(CORE)
 	@$(MAKE) -s -C bench

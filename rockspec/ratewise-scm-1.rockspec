@@ -14,6 +14,9 @@ keeps a client-side token bucket. A C core on libcurl; the waiting is in Lua.
 ]],
    license = "MIT",
 }
+-- rw.client also needs lua-cjson at run time. It is not listed here because
+-- an offline `luarocks make` would then try to download it; install Debian's
+-- lua-cjson (the Makefile's `deps` does).
 dependencies = {
    "lua >= 5.4",
 }
@@ -24,6 +27,9 @@ external_dependencies = {
 }
 build = {
    type = "builtin",
+   -- The Lua modules need no list: builtin copies the top-level lua/ folder,
+   -- whose paths mirror the module names (ratewise/init.lua, ratewise/*.lua,
+   -- ratewise/providers/*.lua).
    modules = {
       ["ratewise.core"] = {
          sources = { "src/bucket.c", "src/core.c", "src/engine.c", "src/lparse.c", "src/parse.c" },
@@ -32,12 +38,6 @@ build = {
          libdirs = { "$(CURL_LIBDIR)" },
          defines = { "_POSIX_C_SOURCE=200809L" },
       },
-      ["ratewise"] = "lua/ratewise/init.lua",
-      ["ratewise.bucket"] = "lua/ratewise/bucket.lua",
-      ["ratewise.fetch"] = "lua/ratewise/fetch.lua",
-      ["ratewise.headers"] = "lua/ratewise/headers.lua",
-      ["ratewise.retry"] = "lua/ratewise/retry.lua",
-      ["ratewise.runtime"] = "lua/ratewise/runtime.lua",
    },
 }
 test = {

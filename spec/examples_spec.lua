@@ -1,7 +1,8 @@
 -- The Lua examples run as a reader would run them, and say what they should.
+local subprocess = require "spec.support.subprocess"
+
 local function run(example)
-  local p = assert(io.popen("LUA_PATH='./lua/?.lua;./lua/?/init.lua;;' LUA_CPATH='./build/?.so;;' timeout 60 "
-    .. "lua5.4 examples/" .. example .. " 2>&1"))
+  local p = assert(io.popen(subprocess.env .. "timeout 60 " .. subprocess.lua .. " examples/" .. example .. " 2>&1"))
   local out = p:read("a")
   local ok = p:close()
   assert.is_true(ok, example .. " failed:\n" .. out)

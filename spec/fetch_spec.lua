@@ -22,8 +22,7 @@ local function recording(extra)
 end
 
 local function lua_cmd(script_path)
-  return "LUA_PATH='./lua/?.lua;./lua/?/init.lua;./?.lua;;' LUA_CPATH='./build/?.so;;' lua5.4 "
-    .. script_path .. " 2>&1"
+  return require("spec.support.subprocess").lua_command(script_path) .. " 2>&1"
 end
 
 describe("rw.fetch", function()

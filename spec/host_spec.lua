@@ -10,7 +10,8 @@ describe("examples/host", function()
   it("keeps its frames going while requests wait out a Retry-After", function()
     local busy = { status = 429, headers = { ["Retry-After"] = "1" } }
     s:script("/scores", { busy, busy, busy, { status = 200, body = "ok" } })
-    local cmd = "LUA_PATH='./lua/?.lua;./lua/?/init.lua;;' LUA_CPATH='./build/?.so;;' examples/host "
+    local subprocess = require "spec.support.subprocess"
+    local cmd = subprocess.env .. subprocess.host .. " "
       .. s:url("/scores") .. " 3 2>&1"
     local p = assert(io.popen(cmd))
     local out = p:read("a")

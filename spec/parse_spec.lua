@@ -54,6 +54,16 @@ describe("rw.parse_http_date", function()
       rw.parse_http_date("Monday, 01-Jan-24 00:00:00 GMT", now2026))
   end)
 
+  it("puts a two-digit year up to 50 years ahead in the next century when that is near", function()
+    local now2080 = rw.parse_http_date("Sat, 01 Jun 2080 00:00:00 GMT")
+    assert.equal(rw.parse_http_date("Tue, 06 Nov 2105 08:49:37 GMT"),
+      rw.parse_http_date("Sunday, 06-Nov-05 08:49:37 GMT", now2080))
+  end)
+
+  it("gives nil for an RFC 850 date when now is out of the four-digit years", function()
+    assert.is_nil(rw.parse_http_date("Sunday, 06-Nov-94 08:49:37 GMT", 1e300))
+  end)
+
   it("handles leap years and the end of months", function()
     assert.equal(951782400, rw.parse_http_date("Tue, 29 Feb 2000 00:00:00 GMT"))
     assert.is_nil(rw.parse_http_date("Wed, 29 Feb 2023 00:00:00 GMT"))
@@ -130,6 +140,7 @@ describe("rw.backoff", function()
     assert.equal(0.5, rw.backoff(2, { jitter = "none", base = 0.125 }))
     assert.equal(5, rw.backoff(4, { jitter = "none", max_delay = 5 }))
     assert.equal(60, rw.backoff(100000, { jitter = "none" }))
+    assert.equal(1e300, rw.backoff(3000, { jitter = "none", base = 2.3e-308, max_delay = 1e300 }))
   end)
 
   it("with full jitter (the default) is uniform below the cap", function()
