@@ -17,8 +17,12 @@ local scheduler = {}
 -- State of this Lua state's scheduler
 
 local engine                                    -- the libcurl multi handle, made on first use
-local ready, ready_value = {}, {}               -- FIFO of tasks to resume, and what to resume them with
-local ready_head, ready_tail = 1, 0
+-- The tasks to resume, in order, and what to resume each with. run_ready
+-- swaps in the spare pair and works through the old one, so the arrays are
+-- reused and never grow past one pass's worth (a queue whose indices only
+-- ever went up would turn into a growing hash under steady load).
+local ready, ready_value, ready_n = {}, {}, 0
+local spare, spare_value = {}, {}
 local heap_at, heap_task, heap_id, heap_n = {}, {}, {}, 0  -- timers: a binary min-heap
 local transfer_waiter = {}                      -- transfer -> task waiting for it
 local live = 0                                  -- tasks not finished
@@ -77,9 +81,9 @@ Task.__index = Task
 
 local function make_ready(task, value)
   task.state = "ready"
-  ready_tail = ready_tail + 1
-  ready[ready_tail] = task
-  ready_value[ready_tail] = value
+  ready_n = ready_n + 1
+  ready[ready_n] = task
+  ready_value[ready_n] = value
 end
 
 -- Every wait of a task is one yield; the scheduler resumes it with nil, or
@@ -237,14 +241,16 @@ end
 -- Resumes the tasks that are ready now; tasks made ready meanwhile wait for
 -- the next pass, so one busy task cannot starve a poll.
 local function run_ready()
-  local last = ready_tail
-  while ready_head <= last do
-    local task, value = ready[ready_head], ready_value[ready_head]
-    ready[ready_head], ready_value[ready_head] = nil, nil
-    ready_head = ready_head + 1
+  local tasks, values, n = ready, ready_value, ready_n
+  -- Nothing to do; or a pass is under way (its spare is in use as `ready`).
+  if n == 0 or tasks == spare then return end
+  ready, ready_value, ready_n = spare, spare_value, 0
+  for i = 1, n do
+    local task, value = tasks[i], values[i]
+    tasks[i], values[i] = nil, nil
     if task.state == "ready" then step_task(task, value) end
   end
-  if ready_head > ready_tail then ready_head, ready_tail = 1, 0 end
+  spare, spare_value = tasks, values
 end
 
 local function transfers_running()
@@ -254,7 +260,7 @@ end
 -- Anything at all that could make progress: a ready task, a timer, or a
 -- transfer in flight.
 local function has_work()
-  return ready_head <= ready_tail or heap_n > 0 or transfers_running()
+  return ready_n > 0 or heap_n > 0 or transfers_running()
 end
 
 -- One turn of the wheel. With tasks ready, runs them and lets libcurl work
@@ -264,7 +270,7 @@ end
 -- the tasks did before waiting again.
 local function turn(max_wait)
   fire_timers()
-  if ready_head <= ready_tail then
+  if ready_n > 0 then
     run_ready()
     if transfers_running() then scheduler.poll(0) end
   else
@@ -287,7 +293,7 @@ function scheduler.step(timeout)
     turn(max(0, deadline - now()))
   until live == 0 or now() >= deadline
   -- What the last turn's I/O and timers made ready runs now, not a frame later.
-  if ready_head <= ready_tail then turn(0) end
+  if ready_n > 0 then turn(0) end
   return live
 end
 
