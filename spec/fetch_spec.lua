@@ -344,19 +344,9 @@ describe("rw.fetch", function()
     end)
 
     describe("over TLS", function()
-      local tls, dir
-      setup(function()
-        dir = os.tmpname()
-        os.remove(dir)
-        assert(os.execute("mkdir -p " .. dir))
-        assert(os.execute("openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=127.0.0.1 -keyout "
-          .. dir .. "/key.pem -out " .. dir .. "/cert.pem 2>/dev/null"))
-        tls = server.start { tls = { cert = dir .. "/cert.pem", key = dir .. "/key.pem" } }
-      end)
-      teardown(function()
-        tls:stop()
-        os.execute("rm -rf " .. dir)
-      end)
+      local tls
+      setup(function() tls = server.start_tls() end)
+      teardown(function() tls:stop() end)
 
       it("verifies certificates by default and does not retry a failure", function()
         local t0 = rw.now()

@@ -148,6 +148,21 @@ function M.start(opts)
   }, Server)
 end
 
+--- An HTTPS server with a fresh self-signed certificate (for 127.0.0.1),
+-- made with openssl in a temporary folder that stop() removes.
+function M.start_tls(opts)
+  local dir = os.tmpname()
+  os.remove(dir)
+  assert(os.execute("mkdir -p " .. shell_quote(dir)))
+  assert(os.execute("openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=127.0.0.1 -keyout "
+    .. shell_quote(dir .. "/key.pem") .. " -out " .. shell_quote(dir .. "/cert.pem") .. " 2>/dev/null"))
+  opts = opts or {}
+  opts.tls = { cert = dir .. "/cert.pem", key = dir .. "/key.pem" }
+  local s = M.start(opts)
+  s._tls_dir = dir
+  return s
+end
+
 --- Stop the server (SIGTERM, then SIGKILL after 3 s). Idempotent.
 function Server:stop()
   if self._stopped then return end
@@ -158,6 +173,7 @@ function Server:stop()
   if alive(self.pid) then signal(self.pid, "KILL") end
   self._proc:close() -- waitpid: no zombie left behind
   os.remove(self._out)
+  if self._tls_dir then os.execute("rm -rf " .. shell_quote(self._tls_dir)) end
   if self._own_err then os.remove(self._err) end
 end
 
