@@ -29,7 +29,7 @@ DEB_TEST  := lua-busted lua-socket lua-cjson python3 openssl
 DEB_TOOLS := lua-check luarocks
 # For lint, fuzz, test-asan and test-valgrind (`make deps-check`);
 # libclang-rt-14-dev has libFuzzer and the sanitizer runtimes.
-DEB_CHECK := clang libclang-rt-14-dev clang-tidy cppcheck valgrind
+DEB_CHECK := clang libclang-rt-14-dev clang-tidy cppcheck valgrind luajit
 
 .PHONY: all deps deps-check test demo bench examples install lint clean soak \
         fuzz test-asan test-valgrind
@@ -92,6 +92,9 @@ CPPCHECK_FLAGS := --std=c99 -D_POSIX_C_SOURCE=200809L --library=posix,lua,libcur
 
 lint: deps deps-check
 	luacheck --no-color lua spec bench examples
+	@# The Lua layer is meant to run on LuaJIT (OpenResty) too: it must at least parse there.
+	@for f in $$(find lua -name '*.lua'); do luajit -bl "$$f" >/dev/null || exit 1; done; \
+	  echo "luajit: every file in lua/ parses"
 	@echo "clang-tidy src/*.c"
 	@out=$$(clang-tidy --quiet $(SRC) -- $(TIDY_FLAGS) 2>&1); rc=$$?; \
 	  printf '%s\n' "$$out" | grep -v -e 'warnings\? generated\.$$' -e '^$$' || true; \
