@@ -12,7 +12,12 @@ local core = require "ratewise.core"
 local scheduler = require "ratewise.scheduler"
 
 local now = core.now
-local running, isyieldable, yield = coroutine.running, coroutine.isyieldable, coroutine.yield
+local running, yield = coroutine.running, coroutine.yield
+-- LuaJIT (Lua 5.1) has no coroutine.isyieldable; there, any coroutine is one.
+local isyieldable = coroutine.isyieldable or function()
+  local co, main = running()
+  return co ~= nil and main ~= true
+end
 local format, min = string.format, math.min
 local type, pcall, error = type, pcall, error
 
