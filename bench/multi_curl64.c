@@ -25,37 +25,13 @@
 
 #include <curl/curl.h>
 
+#include "bench_common.h"
+
 typedef struct {
     CURL *easy;
-    char *data;
-    size_t len, cap;
+    bench_buffer body;
     char errbuf[CURL_ERROR_SIZE];
 } slot;
-
-static size_t on_body(char *ptr, size_t size, size_t nmemb, void *ud)
-{
-    slot *s = (slot *)ud;
-    size_t n = size * nmemb;
-    if (s->len + n > s->cap) {
-        size_t cap = s->cap ? s->cap : 1024;
-        char *data;
-        while (cap < s->len + n) cap *= 2;
-        data = (char *)realloc(s->data, cap);
-        if (!data) return 0;
-        s->data = data;
-        s->cap = cap;
-    }
-    memcpy(s->data + s->len, ptr, n);
-    s->len += n;
-    return n;
-}
-
-static double clock_of(clockid_t id)
-{
-    struct timespec ts;
-    clock_gettime(id, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 int main(int argc, char **argv)
 {
@@ -115,13 +91,13 @@ int main(int argc, char **argv)
         curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, 30000L);
         curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
         curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, s->errbuf);
-        curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, on_body);
-        curl_easy_setopt(easy, CURLOPT_WRITEDATA, s);
+        curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, bench_on_body);
+        curl_easy_setopt(easy, CURLOPT_WRITEDATA, &s->body);
         curl_easy_setopt(easy, CURLOPT_PRIVATE, s);
     }
 
-    t0 = clock_of(CLOCK_MONOTONIC);
-    c0 = clock_of(CLOCK_PROCESS_CPUTIME_ID);
+    t0 = bench_clock(CLOCK_MONOTONIC);
+    c0 = bench_clock(CLOCK_PROCESS_CPUTIME_ID);
     for (i = 0; i < conc; i++) {
         slots[i].errbuf[0] = '\0';
         curl_multi_add_handle(multi, slots[i].easy);
@@ -157,7 +133,7 @@ int main(int argc, char **argv)
             curl_multi_remove_handle(multi, easy); /* msg is invalid after this */
             if (started < n) {
                 if (s) {
-                    s->len = 0; /* the body is discarded */
+                    s->body.len = 0; /* the body is discarded */
                     s->errbuf[0] = '\0';
                 }
                 curl_multi_add_handle(multi, easy);
@@ -172,14 +148,14 @@ int main(int argc, char **argv)
             return 1;
         }
     }
-    secs = clock_of(CLOCK_MONOTONIC) - t0;
-    cpu = clock_of(CLOCK_PROCESS_CPUTIME_ID) - c0;
+    secs = bench_clock(CLOCK_MONOTONIC) - t0;
+    cpu = bench_clock(CLOCK_PROCESS_CPUTIME_ID) - c0;
     printf("requests=%ld failures=%ld seconds=%.6f rate=%.1f cpu_us=%.2f performs=%ld polls=%ld\n", n,
            failures, secs, (double)n / secs, cpu * 1e6 / (double)n, performs, polls);
 
     for (i = 0; i < conc; i++) {
         curl_easy_cleanup(slots[i].easy);
-        free(slots[i].data);
+        free(slots[i].body.data);
     }
     free(slots);
     curl_multi_cleanup(multi);

@@ -17,42 +17,14 @@
 
 #include <curl/curl.h>
 
-typedef struct {
-    char *data;
-    size_t len, cap;
-} buffer;
-
-static size_t on_body(char *ptr, size_t size, size_t nmemb, void *ud)
-{
-    buffer *b = (buffer *)ud;
-    size_t n = size * nmemb;
-    if (b->len + n > b->cap) {
-        size_t cap = b->cap ? b->cap : 1024;
-        char *data;
-        while (cap < b->len + n) cap *= 2;
-        data = (char *)realloc(b->data, cap);
-        if (!data) return 0;
-        b->data = data;
-        b->cap = cap;
-    }
-    memcpy(b->data + b->len, ptr, n);
-    b->len += n;
-    return n;
-}
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
+#include "bench_common.h"
 
 int main(int argc, char **argv)
 {
     const char *url, *agent;
     char *end;
     long n, i, status = 0;
-    buffer body = { NULL, 0, 0 };
+    bench_buffer body = { NULL, 0, 0 };
     char errbuf[CURL_ERROR_SIZE];
     struct curl_slist *headers = NULL;
     CURL *easy;
@@ -90,10 +62,10 @@ int main(int argc, char **argv)
     curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, 30000L);
     curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, errbuf);
-    curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, bench_on_body);
     curl_easy_setopt(easy, CURLOPT_WRITEDATA, &body);
 
-    t0 = now();
+    t0 = bench_clock(CLOCK_MONOTONIC);
     for (i = 0; i < n; i++) {
         CURLcode code;
         body.len = 0; /* the body is discarded */
@@ -111,7 +83,7 @@ int main(int argc, char **argv)
             break;
         }
     }
-    secs = now() - t0;
+    secs = bench_clock(CLOCK_MONOTONIC) - t0;
     if (rc == 0)
         printf("requests=%ld seconds=%.6f rate=%.1f\n", n, secs, (double)n / secs);
 

@@ -142,18 +142,23 @@ local function note_failure(res, err)
   end
 end
 
-local function run_ratewise(url, n)
-  local fetch, now = rw.fetch, rw.now
-  local opts = { on_retry = false }
-  local failed = 0
-  local t0 = now()
-  for _ = 1, n do
+-- `count` keep-alive GETs through rw.fetch; returns how many failed.
+local function fetch_loop(url, count)
+  local fetch, opts, failed = rw.fetch, { on_retry = false }, 0
+  for _ = 1, count do
     local res, err = fetch(url, opts)
     if not res or res.status ~= 200 then
       failed = failed + 1
       note_failure(res, err)
     end
   end
+  return failed
+end
+
+local function run_ratewise(url, n)
+  local now = rw.now
+  local t0 = now()
+  local failed = fetch_loop(url, n)
   local secs = now() - t0
   failures = failures + failed
   return n / secs, failed
@@ -164,17 +169,10 @@ end
 -- the rate, the failures, CPU microseconds and minor page faults per request.
 local conc_failures = 0
 local function run_ratewise_concurrent(url, n, conc)
-  local fetch, now, spawn = rw.fetch, rw.now, rw.spawn
-  local opts = { on_retry = false }
+  local now, spawn = rw.now, rw.spawn
   local failed = 0
   local function worker(count)
-    for _ = 1, count do
-      local res, err = fetch(url, opts)
-      if not res or res.status ~= 200 then
-        failed = failed + 1
-        note_failure(res, err)
-      end
-    end
+    failed = failed + fetch_loop(url, count)
   end
   local f0, c0, t0 = minor_faults(), os.clock(), now()
   rw.run(function()

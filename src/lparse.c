@@ -34,26 +34,22 @@ static double lparse_now(lua_State *L, int arg)
     return now;
 }
 
-/* Both return nil for a value that does not parse; a non-string raises. */
-static int lparse_l_http_date(lua_State *L)
+typedef int (*lparse_clock_fn)(const char *s, size_t len, double now, double *out);
+
+/* The bindings of the parsers read against a clock (argument 2, or the wall
+ * clock): nil for a value that does not parse; a non-string raises. */
+static int lparse_apply_now(lua_State *L, lparse_clock_fn fn)
 {
     size_t len;
     const char *s = luaL_checklstring(L, 1, &len);
     double out;
-    if (rwp_parse_http_date(s, len, lparse_now(L, 2), &out)) lua_pushnumber(L, out);
+    if (fn(s, len, lparse_now(L, 2), &out)) lua_pushnumber(L, out);
     else lua_pushnil(L);
     return 1;
 }
 
-static int lparse_l_retry_after(lua_State *L)
-{
-    size_t len;
-    const char *s = luaL_checklstring(L, 1, &len);
-    double out;
-    if (rwp_parse_retry_after(s, len, lparse_now(L, 2), &out)) lua_pushnumber(L, out);
-    else lua_pushnil(L);
-    return 1;
-}
+static int lparse_l_http_date(lua_State *L) { return lparse_apply_now(L, rwp_parse_http_date); }
+static int lparse_l_retry_after(lua_State *L) { return lparse_apply_now(L, rwp_parse_retry_after); }
 
 typedef int (*lparse_fn)(const char *s, size_t len, double *out);
 

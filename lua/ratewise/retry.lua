@@ -108,11 +108,15 @@ end
 -- The wait the server asked for, or nil. Dates are read against the
 -- response's own Date header when there is one: that is the server's clock,
 -- so a local clock that runs ahead cannot cut the wait short.
+--- epoch = retry.server_now(headers): the response's Date when it has one
+-- (the server's clock), else the local wall clock.
+function retry.server_now(h)
+  local date = headers.get(h, "date")
+  return date and core.parse_http_date(date) or core.time()
+end
+
 function retry.hint(h, now)
-  if now == nil then
-    local date = headers.get(h, "date")
-    now = date and core.parse_http_date(date) or core.time()
-  end
+  if now == nil then now = retry.server_now(h) end
   local ra = headers.get(h, "retry-after")
   if ra then
     local seconds = parse_retry_after_list(ra, now)

@@ -42,8 +42,9 @@ end
 -- a Date header (so a local clock that runs ahead cannot cut a wait short,
 -- as in retry.lua), else the local wall clock.
 function common.server_now(res)
-  local date = common.header(res, "date")
-  return date and core.parse_http_date(date) or core.time()
+  local h = type(res) == "table" and res.headers
+  if type(h) ~= "table" then return core.time() end
+  return retry.server_now(h)
 end
 
 --- seconds = common.until_epoch(res, epoch): from the server's now to epoch;
