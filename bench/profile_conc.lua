@@ -36,12 +36,12 @@ local polls, polls_empty, polled_done = 0, 0, 0
 if stats then -- count engine:poll calls (the wrapper costs a little)
   local methods = getmetatable(engine).__index
   local poll = methods.poll
-  methods.poll = function(e, timeout)
-    local done = poll(e, timeout)
+  methods.poll = function(e, timeout, out)
+    local done, n = poll(e, timeout, out)
     polls = polls + 1
-    if #done == 0 then polls_empty = polls_empty + 1 end
-    polled_done = polled_done + #done
-    return done
+    if n == 0 then polls_empty = polls_empty + 1 end
+    polled_done = polled_done + n
+    return done, n
   end
 end
 
@@ -52,10 +52,12 @@ local function direct(with_result)
     assert(engine:start(request()))
   end
   for _ = 1, math.min(conc, count) do start() end
+  local done = {}
   while finished < count do
-    local done = engine:poll(1)
-    for i = 1, #done do
+    local _, n = engine:poll(1, done)
+    for i = 1, n do
       local t = done[i]
+      done[i] = nil
       if with_result then assert(t:result().status == 200) end
       t:close()
       finished = finished + 1

@@ -221,21 +221,23 @@ local function fire_timers()
   end
 end
 
-local function wake_transfers(done)
-  for i = 1, #done do
-    local task = transfer_waiter[done[i]]
-    if task then
-      transfer_waiter[done[i]] = nil
-      if task.state == "waiting" then make_ready(task) end
-    end
-  end
-end
+-- The engine's poll fills this table, so that a poll leaves no garbage.
+local finished = {}
 
 --- scheduler.poll(timeout): lets libcurl work, waiting at most timeout
 -- seconds for a socket or one of its timers, and wakes the tasks whose
 -- transfers finished.
 function scheduler.poll(timeout)
-  wake_transfers(scheduler.engine():poll(timeout))
+  local _, n = scheduler.engine():poll(timeout, finished)
+  for i = 1, n do
+    local transfer = finished[i]
+    finished[i] = nil
+    local task = transfer_waiter[transfer]
+    if task then
+      transfer_waiter[transfer] = nil
+      if task.state == "waiting" then make_ready(task) end
+    end
+  end
 end
 
 -- Resumes the tasks that are ready now; tasks made ready meanwhile wait for
