@@ -41,6 +41,12 @@
 #define DIRTY_FRESH 8u
 #define DIRTY_NOVERIFY 16u
 
+/* libcurl's receive buffer: its own default (CURL_MAX_WRITE_SIZE) at most,
+ * and down to its minimum when the responses are small; see
+ * engine_buffer_size. */
+#define ENGINE_RECV_MAX 16384L
+#define ENGINE_RECV_MIN 1024L
+
 /* Buffers above this are not kept with a pooled record. */
 #define ENGINE_KEEP_BUFFER (64 * 1024)
 
@@ -63,6 +69,7 @@ typedef struct transfer {
     struct engine *engine; /* set while running */
     CURL *easy;            /* the record's own, for its whole life */
     unsigned dirty;        /* DIRTY_* options the request set */
+    long recv_buffer;      /* CURLOPT_BUFFERSIZE of the handle */
     int ref;               /* its box in the engine's table, while running */
     struct curl_slist *headers, *proxy_headers;
     int headers_done; /* the blank line after the last response's headers came */
@@ -86,6 +93,7 @@ typedef struct engine {
     int nrunning;
     transfer *pool[ENGINE_POOL_MAX];
     int npool;
+    double response_bytes; /* moving average of a response's size */
 } engine;
 
 /* ---- buffers ---- */
@@ -171,7 +179,25 @@ static transfer *engine_take(engine *e, int *fresh)
     }
     t->state = TRANSFER_CLOSED;
     t->ref = LUA_NOREF;
+    t->recv_buffer = ENGINE_RECV_MAX;
     return t;
+}
+
+/* libcurl mallocs its receive buffer when a transfer starts and frees it
+ * when the transfer ends. At libcurl's 16 KiB, amid the Lua heap's own
+ * churn, glibc seldom finds a free block that size: it grows the heap for
+ * the buffer, and gives the memory back when the buffer is freed, so under
+ * a steady load the heap's top grows and shrinks every few requests, each
+ * time with fresh page faults (with 64 transfers in flight, that cost more
+ * than all the rest of a request). A buffer of about half the usual
+ * response keeps the recv calls per response at two or three and the heap
+ * still: the size follows a moving average of the responses seen, from
+ * libcurl's minimum (1 KiB) up to its default, never above. */
+static long engine_buffer_size(const engine *e)
+{
+    long size = ENGINE_RECV_MIN;
+    while (size < ENGINE_RECV_MAX && (double)size * 2 < e->response_bytes) size *= 2;
+    return size;
 }
 
 static void engine_destroy(transfer *t)
@@ -228,6 +254,7 @@ static void engine_finish(transfer *t, CURLcode code, enum transfer_abort aborte
     if (!e) return;
     t->code = code;
     t->aborted = aborted;
+    e->response_bytes += ((double)(t->head.len + t->body.len) - e->response_bytes) / 8;
     curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &t->status);
     curl_easy_getinfo(easy, CURLINFO_REQUEST_SIZE, &t->request_size);
     curl_easy_getinfo(easy, CURLINFO_REDIRECT_COUNT, &t->redirects);
@@ -473,6 +500,7 @@ static int engine_l_new(lua_State *L)
 {
     engine *e = (engine *)lua_newuserdatauv(L, sizeof(engine), 1);
     memset(e, 0, sizeof *e); /* closed until the multi handle exists */
+    e->response_bytes = (double)ENGINE_RECV_MAX * 2; /* libcurl's default until responses are seen */
     luaL_setmetatable(L, ENGINE_MT);
     /* The boxes of running transfers (luaL_ref), which also keeps them alive. */
     lua_createtable(L, ENGINE_POOL_MAX, 0);
@@ -513,6 +541,10 @@ static int engine_l_start(lua_State *L)
     t->state = TRANSFER_DONE;
     t->max_body = (size_t)ENGINE_DEFAULT_MAX_BODY;
     engine_configure(L, t, 2, 3, fresh); /* may raise */
+    if (t->recv_buffer != engine_buffer_size(e)) {
+        t->recv_buffer = engine_buffer_size(e);
+        curl_easy_setopt(t->easy, CURLOPT_BUFFERSIZE, t->recv_buffer);
+    }
     mc = curl_multi_add_handle(e->multi, t->easy);
     if (mc != CURLM_OK) {
         box->t = NULL;
@@ -672,16 +704,67 @@ static int transfer_l_close(lua_State *L)
 
 static int engine_lower(int c) { return (c >= 'A' && c <= 'Z') ? c + 32 : c; }
 
+/* Pushes the field name line[0..n) lower-cased; 0 (nothing pushed) if it
+ * holds a space or a tab, which RFC 9112 forbids. */
+static int engine_push_name(lua_State *L, const char *line, size_t n)
+{
+    char small[128]; /* field names are short: lower-cased on the C stack */
+    luaL_Buffer big;
+    char *dst = small;
+    size_t i;
+    if (n > sizeof small) {
+        luaL_buffinit(L, &big);
+        dst = luaL_prepbuffsize(&big, n);
+    }
+    for (i = 0; i < n; i++) {
+        int c = (unsigned char)line[i];
+        if (c == ' ' || c == '\t') {
+            if (dst != small) {
+                luaL_pushresult(&big);
+                lua_pop(L, 1);
+            }
+            return 0;
+        }
+        dst[i] = (char)engine_lower(c);
+    }
+    if (dst == small) {
+        lua_pushlstring(L, small, n);
+    } else {
+        luaL_addsize(&big, n);
+        luaL_pushresult(&big);
+    }
+    return 1;
+}
+
+/* Sets t[name] = value, or appends ", " value to what is there (a repeated
+ * field). Expects name and value on the stack; pops both. */
+static void engine_add_field(lua_State *L, int tbl)
+{
+    lua_pushvalue(L, -2);
+    if (lua_rawget(L, tbl) == LUA_TSTRING) {
+        lua_insert(L, -2); /* name, old, value */
+        lua_pushliteral(L, ", ");
+        lua_insert(L, -2);
+        lua_concat(L, 3);
+    } else {
+        lua_pop(L, 1);
+    }
+    lua_rawset(L, tbl);
+}
+
 /* Parses the stored header block into a table at the top of the stack:
- * lower-case names, values trimmed, repeated fields joined with ", ". */
+ * lower-case names, values trimmed, repeated fields joined with ", ",
+ * obs-fold continuation lines joined to their field with a space. */
 static void transfer_push_headers(lua_State *L, const transfer *t)
 {
     const char *p = t->head.data, *end = p ? p + t->head.len : NULL, *q;
-    int tbl, have_last = 0, lines = 0;
-    for (q = p; q && q < end; q++) lines += *q == '\n';
-    lua_createtable(L, 0, lines);
+    const char *last = NULL; /* the name of the last field, for obs-fold */
+    size_t last_len = 0;
+    int tbl, lines = 0;
+    /* Sized for the fields alone: less the status line and the blank line. */
+    for (q = p; q && (q = (const char *)memchr(q, '\n', (size_t)(end - q))) != NULL; q++) lines++;
+    lua_createtable(L, 0, lines > 2 ? lines - 2 : 0);
     tbl = lua_gettop(L);
-    lua_pushnil(L); /* name of the last field, for obs-fold continuations */
     while (p && p < end) {
         const char *eol = (const char *)memchr(p, '\n', (size_t)(end - p));
         const char *line = p, *lend = eol ? eol : end, *colon, *v, *vend;
@@ -689,58 +772,28 @@ static void transfer_push_headers(lua_State *L, const transfer *t)
         if (lend > line && lend[-1] == '\r') lend--;
         if (lend == line || (lend - line >= 5 && memcmp(line, "HTTP/", 5) == 0)) continue;
         if (*line == ' ' || *line == '\t') { /* obs-fold: continues the last value */
-            if (!have_last) continue;
+            if (!last) continue;
             while (line < lend && (*line == ' ' || *line == '\t')) line++;
+            engine_push_name(L, last, last_len);
             lua_pushvalue(L, -1);
             lua_rawget(L, tbl);
             lua_pushliteral(L, " ");
             lua_pushlstring(L, line, (size_t)(lend - line));
             lua_concat(L, 3);
-            lua_pushvalue(L, -2);
-            lua_insert(L, -2);
             lua_rawset(L, tbl);
             continue;
         }
         colon = (const char *)memchr(line, ':', (size_t)(lend - line));
-        if (!colon || colon == line) continue;
-        {
-            /* Field names are short: lower-cased on the C stack, pushed once. */
-            char small[128];
-            size_t n = (size_t)(colon - line), i;
-            int valid = 1;
-            for (i = 0; i < n; i++)
-                if (line[i] == ' ' || line[i] == '\t') valid = 0;
-            if (!valid) continue;
-            lua_pop(L, 1);
-            if (n <= sizeof small) {
-                for (i = 0; i < n; i++) small[i] = (char)engine_lower((unsigned char)line[i]);
-                lua_pushlstring(L, small, n);
-            } else {
-                luaL_Buffer name;
-                luaL_buffinit(L, &name);
-                for (i = 0; i < n; i++) luaL_addchar(&name, (char)engine_lower((unsigned char)line[i]));
-                luaL_pushresult(&name);
-            }
-        }
-        have_last = 1;
+        if (!colon || colon == line || !engine_push_name(L, line, (size_t)(colon - line))) continue;
+        last = line;
+        last_len = (size_t)(colon - line);
         v = colon + 1;
         vend = lend;
         while (v < vend && (*v == ' ' || *v == '\t')) v++;
         while (vend > v && (vend[-1] == ' ' || vend[-1] == '\t')) vend--;
-        lua_pushvalue(L, -1);
-        if (lua_rawget(L, tbl) == LUA_TSTRING) {
-            lua_pushliteral(L, ", ");
-            lua_pushlstring(L, v, (size_t)(vend - v));
-            lua_concat(L, 3);
-        } else {
-            lua_pop(L, 1);
-            lua_pushlstring(L, v, (size_t)(vend - v));
-        }
-        lua_pushvalue(L, -2);
-        lua_insert(L, -2);
-        lua_rawset(L, tbl);
+        lua_pushlstring(L, v, (size_t)(vend - v));
+        engine_add_field(L, tbl);
     }
-    lua_pop(L, 1);
 }
 
 static int transfer_retryable(const transfer *t)
