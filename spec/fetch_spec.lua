@@ -391,6 +391,36 @@ describe("rw.fetch", function()
       end
     end)
 
+    it("receives a big body whole after many small ones shrank the receive buffer", function()
+      -- The engine sizes libcurl's receive buffer to the responses it sees:
+      -- 1 KiB after these, so the big body arrives in hundreds of pieces.
+      s:script("/small", { { status = 200, body = "ok" } })
+      for _ = 1, 40 do assert(rw.fetch(s:url("/small"), quiet)) end
+      local big = {}
+      for i = 1, 30000 do big[i] = string.format("%09d\n", i) end
+      big = table.concat(big)
+      s:script("/big", { { status = 200, body = big } })
+      local res = assert(rw.fetch(s:url("/big"), quiet))
+      assert.equal(#big, #res.body)
+      assert.is_true(res.body == big)
+      -- and the buffer grows back: the next big ones are whole too
+      for _ = 1, 10 do assert.is_true(assert(rw.fetch(s:url("/big"), quiet)).body == big) end
+      assert.equal("ok", assert(rw.fetch(s:url("/small"), quiet)).body)
+    end)
+
+    it("parses folded, repeated and long-named response headers", function()
+      local long = string.rep("x", 300)
+      s:script("/hdr", { { action = "raw", body = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n"
+        .. "X-Folded: first\r\n  second\r\n\tthird\r\nX-Rep: a\r\nX-REP: b\r\n"
+        .. long .. "-Name: v\r\nBad Name: dropped\r\n\r\nok" } })
+      local res = assert(rw.fetch(s:url("/hdr"), quiet))
+      assert.equal("ok", res.body)
+      assert.equal("first second third", res.headers["x-folded"])
+      assert.equal("a, b", res.headers["x-rep"])
+      assert.equal("v", res.headers[long .. "-name"])
+      assert.is_nil(res.headers["bad name"])
+    end)
+
     it("keeps one connection alive across attempts and calls", function()
       s:script("/k", { { status = 503, body = string.rep("e", 100000) }, { status = 200 } })
       assert(rw.fetch(s:url("/k"), opts { sleep = function() end }))
@@ -401,6 +431,30 @@ describe("rw.fetch", function()
       for i = 2, 4 do
         assert.equal(log[1].conn, log[i].conn)
         assert.equal(log[i - 1].conn_seq + 1, log[i].conn_seq)
+      end
+    end)
+  end)
+
+  describe("many calls at once", function()
+    it("sends each task's own method, headers and body", function()
+      local calls = {}
+      for i = 1, 40 do
+        calls[i] = { method = (i % 3 == 0) and "PUT" or (i % 3 == 1) and "POST" or "GET",
+          body = (i % 3 ~= 2) and ("body-" .. i) or nil, headers = { ["X-Call"] = tostring(i) } }
+      end
+      local results = rw.map(calls, function(call)
+        return assert(rw.fetch(s:url("/echo"), opts(call))).status
+      end, { concurrency = 8 })
+      for i = 1, #calls do assert.equal(200, results[i]) end
+      local log = s:log("/echo")
+      assert.equal(#calls, #log)
+      local seen = {}
+      for _, entry in ipairs(log) do
+        local i = tonumber(entry.headers["x-call"])
+        assert.is_nil(seen[i])
+        seen[i] = true
+        assert.equal(calls[i].method, entry.method)
+        assert.equal(calls[i].body or "", entry.body)
       end
     end)
   end)

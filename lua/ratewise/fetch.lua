@@ -152,6 +152,10 @@ local function url_facts(url)
 end
 
 local user_agent_line = "User-Agent: ratewise/" .. core.version
+-- The header lines of a call that gives no headers of its own: shared,
+-- since the engine only reads them.
+local default_lines = { user_agent_line }
+local no_headers = {}
 local common_methods = { GET = true, HEAD = true, POST = true, PUT = true, DELETE = true,
   PATCH = true, OPTIONS = true }
 
@@ -289,6 +293,16 @@ local function emit(on_event, event)
   call_hook("on_event", on_event, event)
 end
 
+local function new_state(started, method, shown_url, max_elapsed, on_event)
+  return { attempts = 0, started = started, method = method, shown_url = shown_url,
+    max_elapsed = max_elapsed, on_event = on_event }
+end
+
+-- Every field the engine reads, so that assigning one never grows the table.
+local scratch_request = { url = false, method = false, headers = false, follow_redirects = false,
+  timeout = false, body = false, empty_body = false, max_body = false, verify_tls = false,
+  fresh_connect = false }
+
 --- fetch.check(url, opts): raises, as fetch would, for a bad URL or option.
 -- For callers that run the fetch elsewhere (a shared task) and want misuse
 -- reported at the call.
@@ -320,13 +334,16 @@ function fetch.fetch(url, opts)
   end
   local policy = opts.policy
   local header_table, key = prepared(opts, method, url)
-  local lines, given, header_secrets = headers.request_lines(header_table)
-  if key ~= nil and given["idempotency-key"] then
-    error("fetch: the idempotency key is given both as an option and as a header", 2)
+  local lines, given, header_secrets = default_lines, no_headers, nil
+  if header_table ~= nil or key ~= nil then
+    lines, given, header_secrets = headers.request_lines(header_table)
+    if key ~= nil and given["idempotency-key"] then
+      error("fetch: the idempotency key is given both as an option and as a header", 2)
+    end
+    if key == true then key = uuid4() end
+    if key then lines[#lines + 1] = "Idempotency-Key: " .. key end
+    if not given["user-agent"] then lines[#lines + 1] = user_agent_line end
   end
-  if key == true then key = uuid4() end
-  if key then lines[#lines + 1] = "Idempotency-Key: " .. key end
-  if not given["user-agent"] then lines[#lines + 1] = user_agent_line end
 
   local max_retries = opts.max_retries or 3
   local max_elapsed = opts.max_elapsed or 120
@@ -337,6 +354,8 @@ function fetch.fetch(url, opts)
   if on_retry == nil then on_retry = default_on_retry end
   local limiter, circuit, budget, on_event = opts.limiter, opts.circuit, opts.budget, opts.on_event
   local cost = opts.cost or 1
+  local follow, max_body, verify_tls = opts.follow_redirects ~= false, opts.max_body, opts.verify_tls
+  local fresh_connect = not safe or nil
   if opts.cost and limiter then
     -- A cost no limiter could ever serve would wait forever (or fail deep inside).
     local ok, capacity = pcall(function() return limiter:capacity() end)
@@ -346,19 +365,13 @@ function fetch.fetch(url, opts)
     end
   end
 
-  local request = { url = url, method = method, headers = lines, follow_redirects = opts.follow_redirects ~= false }
-  -- Only the fields that are there: a table built with nil fields is as big as one without.
-  if opts.body ~= nil then request.body = opts.body elseif has_body[method] then request.empty_body = true end
-  if opts.max_body ~= nil then request.max_body = opts.max_body end
-  if opts.verify_tls ~= nil then request.verify_tls = opts.verify_tls end
-  -- libcurl re-sends a request on its own when a reused connection turns
-  -- out to be dead; only a replay-safe request may take that chance.
-  if not safe then request.fresh_connect = true end
-  -- What the error messages need; "METHOD url" is only put together for one.
-  local state = { attempts = 0, started = now(), method = method, shown_url = shown_url,
-    max_elapsed = max_elapsed, on_event = on_event }
-  local deadline = state.started + max_elapsed
-  local retries = 0
+  local body, empty_body = opts.body, opts.body == nil and has_body[method] or nil
+  local started = now()
+  local deadline = started + max_elapsed
+  -- What the error messages and the backoff need, made at the first attempt
+  -- that does not succeed: a call that succeeds at once builds no state.
+  local state
+  local attempts, retries = 0, 0
   if budget then guarded("budget", "request", budget.request, budget) end
   if on_event then emit(on_event, { type = "request", method = method, url = shown_url }) end
 
@@ -366,6 +379,7 @@ function fetch.fetch(url, opts)
     if circuit then
       local allowed, retry_in = guarded("circuit", "allow", circuit.allow, circuit, origin)
       if not allowed then
+        state = state or new_state(started, method, shown_url, max_elapsed, on_event)
         if on_event then emit(on_event, { type = "circuit_open", url = shown_url, retry_in = retry_in }) end
         return nil, fetch_error("circuit_open", format("%s: the circuit for %s is open after repeated "
           .. "failures; nothing was sent (a trial request goes through in %.2f s)",
@@ -376,29 +390,39 @@ function fetch.fetch(url, opts)
     if limiter then guarded("limiter", "acquire", limiter.acquire, limiter, cost, opts.sleep) end
     local left = deadline - now()
     if left <= 0 then
+      state = state or new_state(started, method, shown_url, max_elapsed, on_event)
       return budget_error(state, "no time left for another attempt", state.last_response)
     end
-    request.timeout = min(timeout, left)
+    local attempt_timeout = min(timeout, left)
+    -- The engine copies what it needs from the request as it starts the
+    -- transfer, so one table serves every attempt of every call. Only the
+    -- fields that are there are set: libcurl's defaults cover the rest.
+    local request = scratch_request
+    request.url, request.method, request.headers = url, method, lines
+    request.follow_redirects, request.timeout = follow, attempt_timeout
+    request.body, request.empty_body, request.max_body = body, empty_body, max_body
+    -- libcurl re-sends a request on its own when a reused connection turns
+    -- out to be dead; only a replay-safe request may take that chance.
+    request.verify_tls, request.fresh_connect = verify_tls, fresh_connect
     local res, terr
     if opts.sleep then
       res, terr = guarded("sleep", "a wait for the transfer", runtime.transfer, request, opts.sleep)
     else
       res, terr = runtime.transfer(request)
     end
-    state.attempts = state.attempts + 1
-    state.last_transport = terr
+    attempts = attempts + 1
+    if body ~= nil then request.body = nil end -- not kept alive by the next call's table
 
     local why, class
     if res then
       res.headers = headers.wrap(res.headers)
       res.url = (res.url == url or not res.url) and shown_url or headers.redact_url(res.url)
-      res.attempts = state.attempts
-      res.elapsed = now() - state.started
-      state.last_response = res
+      res.attempts = attempts
+      res.elapsed = now() - started
       if policy and policy.observe then call_hook("observe", policy.observe, res, limiter) end
       class = verdict(policy, res)
       if on_event then
-        emit(on_event, { type = "response", status = res.status, class = class, attempt = state.attempts })
+        emit(on_event, { type = "response", status = res.status, class = class, attempt = attempts })
       end
       -- A redirect that was not followed, or a 304, is an answer, not a failure.
       if class ~= "retryable" and res.status >= 300 and res.status < 400 then class = "success" end
@@ -407,23 +431,26 @@ function fetch.fetch(url, opts)
         guarded("circuit", "record", circuit.record, circuit, origin, class == "success" and "success"
           or (class == "retryable" or res.status >= 500) and "failure" or "neutral")
       end
-      if class == "success" then
-        return res
-      elseif class == "terminal" then
+      if class == "success" then return res end
+      state = state or new_state(started, method, shown_url, max_elapsed, on_event)
+      state.attempts, state.last_response, state.last_transport = attempts, res, nil
+      if class == "terminal" then
         return nil, fetch_error("terminal", format("%s: %d is a terminal status, not retried",
           method .. " " .. shown_url, res.status), state, res)
       end
       why = tostring(res.status)
     else
+      state = state or new_state(started, method, shown_url, max_elapsed, on_event)
+      state.attempts, state.last_transport = attempts, terr
       local message = terr.message or "transport failure"
       if url_secrets then message = headers.scrub(message, url_secrets) end
       if header_secrets then message = headers.scrub(message, header_secrets) end
       terr.message = message
       if on_event then
-        emit(on_event, { type = "response", error = message, class = "retryable", attempt = state.attempts })
+        emit(on_event, { type = "response", error = message, class = "retryable", attempt = attempts })
       end
       if circuit and not terr.tls then guarded("circuit", "record", circuit.record, circuit, origin, "failure") end
-      if terr.timeout and request.timeout < timeout then
+      if terr.timeout and attempt_timeout < timeout then
         return budget_error(state, "the attempt was cut short by the time budget", nil, terr)
       end
       if not terr.retryable then
