@@ -280,8 +280,9 @@ local function concurrent(url)
     end
     ratios[r] = ours[r] / plain[r]
     -- CPU per request tells the contenders' own cost from the machine's
-    -- noise; page faults are what the Lua collector's frees cost (glibc
-    -- hands the memory back to the kernel, and the next allocations fault).
+    -- noise; page faults show glibc trimming the heap's top and growing it
+    -- again (what libcurl's 16 KiB receive buffer per transfer caused
+    -- before the engine sized it to the responses, see src/engine.c).
     plain_cpus[r], our_cpus[r], our_faults[r] = plain_cpu or 0 / 0, our_cpu, faults or 0 / 0
     io.write(format("  round %d: libcurl multi %6.0f req/s, %4.1f us CPU/req | ratewise %6.0f req/s, "
       .. "%4.1f us CPU/req, %.2f page faults/req | ratio %.3f\n",
