@@ -395,8 +395,9 @@ function fetch.fetch(url, opts)
     end
     local attempt_timeout = min(timeout, left)
     -- The engine copies what it needs from the request as it starts the
-    -- transfer, so one table serves every attempt of every call. Only the
-    -- fields that are there are set: libcurl's defaults cover the rest.
+    -- transfer, so one table serves every attempt of every call. Every
+    -- field is assigned; those the call does not use are nil, and the
+    -- engine leaves libcurl's defaults for them.
     local request = scratch_request
     request.url, request.method, request.headers = url, method, lines
     request.follow_redirects, request.timeout = follow, attempt_timeout
