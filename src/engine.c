@@ -254,7 +254,9 @@ static void engine_finish(transfer *t, CURLcode code, enum transfer_abort aborte
     if (!e) return;
     t->code = code;
     t->aborted = aborted;
-    e->response_bytes += ((double)(t->head.len + t->body.len) - e->response_bytes) / 8;
+    /* Only whole responses say what size the responses are. */
+    if (code == CURLE_OK && aborted == ABORT_NONE)
+        e->response_bytes += ((double)(t->head.len + t->body.len) - e->response_bytes) / 8;
     curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &t->status);
     curl_easy_getinfo(easy, CURLINFO_REQUEST_SIZE, &t->request_size);
     curl_easy_getinfo(easy, CURLINFO_REDIRECT_COUNT, &t->redirects);
@@ -522,6 +524,7 @@ static int engine_l_start(lua_State *L)
     transfer_box *box;
     transfer *t;
     CURLMcode mc;
+    long recv_buffer;
     int fresh;
     luaL_checktype(L, 2, LUA_TTABLE);
     lua_settop(L, 2);
@@ -539,11 +542,11 @@ static int engine_l_start(lua_State *L)
     }
     box->t = t; /* from here on __gc gives the record back, whatever happens */
     t->state = TRANSFER_DONE;
-    t->max_body = (size_t)ENGINE_DEFAULT_MAX_BODY;
     engine_configure(L, t, 2, 3, fresh); /* may raise */
-    if (t->recv_buffer != engine_buffer_size(e)) {
-        t->recv_buffer = engine_buffer_size(e);
-        curl_easy_setopt(t->easy, CURLOPT_BUFFERSIZE, t->recv_buffer);
+    recv_buffer = engine_buffer_size(e);
+    if (t->recv_buffer != recv_buffer) {
+        t->recv_buffer = recv_buffer;
+        curl_easy_setopt(t->easy, CURLOPT_BUFFERSIZE, recv_buffer);
     }
     mc = curl_multi_add_handle(e->multi, t->easy);
     if (mc != CURLM_OK) {
@@ -660,9 +663,9 @@ static int transfer_l_done(lua_State *L)
     return 1;
 }
 
-/* The engine of the transfer at index 1; with a running transfer, also
- * drops it from the engine's table of running ones. */
-static engine *transfer_engine(lua_State *L, transfer *t)
+/* Drops the transfer at index 1 from its engine's table of running ones
+ * (if it is there), and returns that engine. */
+static engine *transfer_detach(lua_State *L, transfer *t)
 {
     engine *e = NULL;
     if (lua_getiuservalue(L, 1, TRANSFER_UV_ENGINE) == LUA_TUSERDATA) {
@@ -681,7 +684,7 @@ static int transfer_l_cancel(lua_State *L)
 {
     transfer *t = transfer_check(L);
     if (t->state == TRANSFER_RUNNING) {
-        transfer_engine(L, t);
+        transfer_detach(L, t);
         engine_finish(t, CURLE_ABORTED_BY_CALLBACK, ABORT_CANCELLED);
     }
     return 0;
@@ -696,7 +699,7 @@ static int transfer_l_close(lua_State *L)
     engine *e;
     if (!t) return 0;
     box->t = NULL;
-    e = transfer_engine(L, t);
+    e = transfer_detach(L, t);
     if (t->state == TRANSFER_RUNNING) engine_finish(t, CURLE_ABORTED_BY_CALLBACK, ABORT_CANCELLED);
     engine_give(e, t);
     return 0;

@@ -155,7 +155,6 @@ local user_agent_line = "User-Agent: ratewise/" .. core.version
 -- The header lines of a call that gives no headers of its own: shared,
 -- since the engine only reads them.
 local default_lines = { user_agent_line }
-local no_headers = {}
 local common_methods = { GET = true, HEAD = true, POST = true, PUT = true, DELETE = true,
   PATCH = true, OPTIONS = true }
 
@@ -334,7 +333,7 @@ function fetch.fetch(url, opts)
   end
   local policy = opts.policy
   local header_table, key = prepared(opts, method, url)
-  local lines, given, header_secrets = default_lines, no_headers, nil
+  local lines, given, header_secrets = default_lines, headers.no_names, nil
   if header_table ~= nil or key ~= nil then
     lines, given, header_secrets = headers.request_lines(header_table)
     if key ~= nil and given["idempotency-key"] then

@@ -49,7 +49,9 @@ function headers.is_secret(name)
   return secret_names[lower(name)] == true
 end
 
+-- The names given when no headers are: one read-only set for every call.
 local no_names = setmetatable({}, { __newindex = function() error("read-only", 2) end })
+headers.no_names = no_names
 
 -- Turns the caller's header table into the lines libcurl sends. Raises a
 -- clear error (that never repeats a value) for bad input. Returns the lines,
