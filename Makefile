@@ -3,9 +3,9 @@
 
 LUA       ?= lua5.4
 CC        ?= cc
-PKG_LUA   := $(shell pkg-config --cflags lua5.4 2>/dev/null)
-PKG_CURL_CFLAGS := $(shell pkg-config --cflags libcurl 2>/dev/null)
-PKG_CURL_LIBS   := $(shell pkg-config --libs libcurl 2>/dev/null || echo -lcurl)
+PKG_LUA    = $(shell pkg-config --cflags lua5.4 2>/dev/null)
+PKG_CURL_CFLAGS = $(shell pkg-config --cflags libcurl 2>/dev/null)
+PKG_CURL_LIBS   = $(shell pkg-config --libs libcurl 2>/dev/null || echo -lcurl)
 WARN      := -Wall -Wextra -Werror -Wshadow -Wmissing-prototypes -Wstrict-prototypes \
              -Wpointer-arith -Wcast-qual -Wformat=2 -Wundef
 CFLAGS    ?= -O2 -g
@@ -29,7 +29,7 @@ DEB_TEST  := lua-busted lua-socket lua-cjson python3 openssl
 DEB_TOOLS := lua-check luarocks
 # For lint, fuzz, test-asan and test-valgrind (`make deps-check`);
 # libclang-rt-14-dev has libFuzzer and the sanitizer runtimes.
-DEB_CHECK := clang libclang-rt-14-dev clang-tidy cppcheck valgrind luajit
+DEB_CHECK := clang libclang-rt-14-dev clang-tidy cppcheck valgrind luajit2
 
 .PHONY: all deps deps-check test demo bench examples install lint clean soak \
         fuzz test-asan test-valgrind
