@@ -19,6 +19,30 @@ function headers.wrap(t)
   return setmetatable(t, response_mt)
 end
 
+--- values = headers.values(res, name): every value of a response header
+-- field, one entry per field line, in the order they came (Set-Cookie lines
+-- cannot be told apart once joined with ", "). An empty array when absent.
+-- The engine keeps res.header_lists[name] only for names that came more
+-- than once; the others are res.headers[name] alone.
+function headers.values(res, name)
+  if type(res) ~= "table" or type(res.headers) ~= "table" then
+    error(format("header_values: expected a response (got %s)", type(res)), 2)
+  end
+  if type(name) ~= "string" then
+    error(format("header_values: name must be a string (got %s)", type(name)), 2)
+  end
+  local lname = lower(name)
+  local lists = res.header_lists
+  local list = type(lists) == "table" and lists[lname]
+  local out = {}
+  if list then
+    for i = 1, #list do out[i] = list[i] end
+  else
+    out[1] = rawget(res.headers, lname)
+  end
+  return out
+end
+
 -- Looks a header up by name, whatever the case of the table's keys.
 function headers.get(t, name)
   local v = t[name]

@@ -8,6 +8,7 @@ local client = require "ratewise.client"
 local limiters = require "ratewise.limiters"
 local retry_budget = require "ratewise.retry_budget"
 local fetch = require "ratewise.fetch"
+local headers = require "ratewise.headers"
 local retry = require "ratewise.retry"
 local policy = require "ratewise.policy"
 local runtime = require "ratewise.runtime"
@@ -29,6 +30,8 @@ local ratewise = {
   backoff = retry.backoff,
   --- seconds, source = rw.retry_delay(headers, attempt [, opts])
   retry_delay = retry.delay,
+  --- values = rw.header_values(res, name): each line of a repeated response header (Set-Cookie)
+  header_values = headers.values,
   --- bucket = rw.bucket{capacity = C, rate = R}
   bucket = bucket.new,
   --- res | nil, err = rw.fetch(url [, opts])
