@@ -1,8 +1,12 @@
 /*
  * ratewise C core: declarations shared between the files of src/.
  *
- * Only luaopen_ratewise_core is exported from the shared object; everything
- * declared here has hidden visibility (see the Makefile's -fvisibility=hidden).
+ * Only luaopen_ratewise_core is exported from the shared object. Everything
+ * declared here is hidden by the pragma below, not only by the Makefile's
+ * -fvisibility=hidden: luarocks (and any other builder) compiles without that
+ * flag, and every non-static function has its prototype here (the Makefile's
+ * -Wmissing-prototypes makes sure), so the definitions inherit the hidden
+ * visibility of their declarations whoever builds the module.
  * The parsers are plain C (no Lua) so that the fuzz targets can call them:
  * parse.c has them, lparse.c their Lua bindings.
  */
@@ -14,6 +18,12 @@
 /* lua.h's typedef names this same struct; declaring it here keeps this
  * header free of Lua, so parse.c and the fuzz targets build without it. */
 struct lua_State;
+
+/* Up to the pop at the end of this file: declarations added anywhere in
+ * between are hidden too. No #include in between: a library's functions
+ * declared hidden would be called as if they were in this object, and the
+ * link fails. */
+#pragma GCC visibility push(hidden)
 
 #define RW_VERSION "0.1.0"
 
@@ -71,5 +81,7 @@ void rw_engine_register(struct lua_State *L);
  * clock only to compare with dates the server sent. */
 double rw_clock_monotonic(void);
 double rw_clock_realtime(void);
+
+#pragma GCC visibility pop
 
 #endif
