@@ -161,6 +161,16 @@ static size_t engine_on_header(char *ptr, size_t size, size_t nmemb, void *ud)
     return n;
 }
 
+/* Never reads anything: see engine_configure. */
+static size_t engine_on_read(char *ptr, size_t size, size_t nmemb, void *ud)
+{
+    (void)ptr;
+    (void)size;
+    (void)nmemb;
+    (void)ud;
+    return 0;
+}
+
 /* ---- engine internals ---- */
 
 /* A pooled record's handle keeps the options that every transfer sets
@@ -325,7 +335,7 @@ static void engine_configure(lua_State *L, transfer *t, int req, int tidx, int f
     const char *method;
     size_t len;
     double seconds;
-    int follow = 1;
+    int follow = 1, post = 0;
     const char *url;
 
     if (fresh) {
@@ -347,6 +357,11 @@ static void engine_configure(lua_State *L, transfer *t, int req, int tidx, int f
         curl_easy_setopt(easy, CURLOPT_WRITEDATA, t);
         curl_easy_setopt(easy, CURLOPT_HEADERDATA, t);
         curl_easy_setopt(easy, CURLOPT_PRIVATE, t);
+        /* libcurl's default read callback is fread(stdin): a request whose
+         * body libcurl would have to read (a POST without POSTFIELDS, an
+         * upload) would send the process's standard input. Every body is
+         * POSTFIELDS, so the read callback only ever says "no more". */
+        curl_easy_setopt(easy, CURLOPT_READFUNCTION, engine_on_read);
     } else if (t->dirty) {
         /* Back to the defaults of what the last request changed, which costs
          * far less than curl_easy_reset. POSTFIELDS first: setting it turns
@@ -387,7 +402,7 @@ static void engine_configure(lua_State *L, transfer *t, int req, int tidx, int f
             if (strcmp(method, "HEAD") == 0)
                 curl_easy_setopt(easy, CURLOPT_NOBODY, 1L);
             else if (strcmp(method, "POST") == 0)
-                curl_easy_setopt(easy, CURLOPT_POST, 1L);
+                post = 1; /* the body options below make it a POST */
             else
                 curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, method); /* copied */
         }
@@ -408,6 +423,13 @@ static void engine_configure(lua_State *L, transfer *t, int req, int tidx, int f
             curl_easy_setopt(easy, CURLOPT_POSTFIELDS, "");
         }
         lua_pop(L, 1);
+    }
+    if (post && !(t->dirty & DIRTY_BODY)) {
+        /* A POST without a body sends "Content-Length: 0" (CURLOPT_POST
+         * alone would make libcurl read the body from stdin). */
+        t->dirty |= DIRTY_BODY;
+        curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)0);
+        curl_easy_setopt(easy, CURLOPT_POSTFIELDS, "");
     }
 
     if (engine_opt_field(L, req, "headers", LUA_TTABLE, "a table")) {
