@@ -58,6 +58,50 @@ describe("ratewise.core engine", function()
   end)
 end)
 
+describe("core.random_bytes", function()
+  it("returns n bytes from the kernel, different on each call", function()
+    for _, n in ipairs { 1, 16, 256 } do
+      assert.equal(n, #assert(core.random_bytes(n)))
+    end
+    local a, b = core.random_bytes(32), core.random_bytes(32)
+    assert.not_equal(a, b)
+    -- 32 random bytes are not all one value (1 chance in 2^248 of a false alarm).
+    assert.is_nil(a:match("^" .. a:sub(1, 1):gsub("%W", "%%%0") .. "+$"))
+  end)
+
+  it("refuses a count that is not an integer from 1 to 256", function()
+    for _, n in ipairs { 0, -1, 257, 1.5, 0 / 0 } do
+      assert.error_matches(function() core.random_bytes(n) end, "random_bytes")
+    end
+    assert.error_matches(function() core.random_bytes(0) end, "from 1 to 256")
+    assert.error_matches(function() core.random_bytes("16") end, "random_bytes")
+    assert.error_matches(function() core.random_bytes() end, "number expected")
+  end)
+
+  -- /dev/urandom needs a descriptor; with all of them in use, a fallback
+  -- to math.random used to be the only way out.
+  it("still has bytes when the process has no descriptor left", function()
+    local out, ok = run_lua([[
+      local core = require "ratewise.core"
+      local held = {}
+      while true do
+        local f = io.open("/dev/null")
+        if not f then break end
+        held[#held + 1] = f
+      end
+      assert(io.open("/dev/urandom") == nil, "a descriptor was still free")
+      local a, err = core.random_bytes(16)
+      local b = core.random_bytes(16)
+      print(#held, a and #a or err, a ~= b)
+    ]], "", "ulimit -n 64; ")
+    assert.is_true(ok, out)
+    local held, n, differ = out:match("^(%d+)\t(%S+)\t(%a+)\n$")
+    assert.is_true(tonumber(held) > 40, out)
+    assert.equal("16", n, out)
+    assert.equal("true", differ)
+  end)
+end)
+
 describe("ratewise.core as a shared object", function()
   -- luarocks compiles each source with its own CFLAGS (-O2 -fPIC) and links
   -- with -shared: no -fvisibility=hidden, so only the header can hide the

@@ -1,7 +1,17 @@
 /*
- * ratewise.core: the module entry point and the clocks.
+ * ratewise.core: the module entry point, the clocks and random bytes.
  */
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
 #include <time.h>
+#include <unistd.h>
+
+#if defined(__linux__) && defined(__GLIBC__) \
+    && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 25))
+#include <sys/random.h>
+#define CORE_HAVE_GETRANDOM 1
+#endif
 
 #if defined(__GLIBC__) || defined(__linux__)
 #include <malloc.h>
@@ -52,6 +62,73 @@ static int core_l_malloc_in_use(lua_State *L)
     return 1;
 }
 
+#define CORE_RANDOM_MAX 256
+
+/* Fills buf with n bytes from /dev/urandom. 0 or an errno value. */
+static int core_urandom(unsigned char *buf, size_t n)
+{
+    size_t got = 0;
+    int fd, err = 0;
+    do fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    while (fd < 0 && errno == EINTR);
+    if (fd < 0) return errno;
+    while (got < n) {
+        ssize_t r = read(fd, buf + got, n - got);
+        if (r > 0) got += (size_t)r;
+        else if (r < 0 && errno == EINTR) continue;
+        else {
+            err = r < 0 ? errno : EIO;
+            break;
+        }
+    }
+    close(fd);
+    return err;
+}
+
+/* Fills buf with n bytes from the kernel's generator: getrandom(2), which
+ * needs no descriptor (so it works when they are all in use) and blocks only
+ * until the generator is first seeded at boot; /dev/urandom only on a
+ * kernel without it. *source names what failed. 0 or an errno value. */
+static int core_entropy(unsigned char *buf, size_t n, const char **source)
+{
+#ifdef CORE_HAVE_GETRANDOM
+    size_t got = 0;
+    *source = "getrandom";
+    while (got < n) {
+        ssize_t r = getrandom(buf + got, n - got, 0);
+        if (r > 0) got += (size_t)r;
+        else if (r < 0 && errno == EINTR) continue;
+        else if (r < 0 && errno == ENOSYS && got == 0) break;
+        else return r < 0 ? errno : EIO;
+    }
+    if (got == n) return 0;
+#endif
+    *source = "/dev/urandom";
+    return core_urandom(buf, n);
+}
+
+/* core.random_bytes(n) -> string of n bytes from the kernel's
+ * cryptographic generator, or nil, err when none can be had (never a
+ * weaker source in its place). n is an integer from 1 to 256. */
+static int core_l_random_bytes(lua_State *L)
+{
+    unsigned char buf[CORE_RANDOM_MAX];
+    lua_Integer n;
+    const char *source = "";
+    int err;
+    luaL_checktype(L, 1, LUA_TNUMBER); /* not a string that looks like one */
+    n = luaL_checkinteger(L, 1);
+    luaL_argcheck(L, n >= 1 && n <= CORE_RANDOM_MAX, 1, "must be an integer from 1 to 256");
+    err = core_entropy(buf, (size_t)n, &source);
+    if (err != 0) {
+        lua_pushnil(L);
+        lua_pushfstring(L, "no random bytes to be had: %s: %s", source, strerror(err));
+        return 2;
+    }
+    lua_pushlstring(L, (const char *)buf, (size_t)n);
+    return 1;
+}
+
 __attribute__((visibility("default"))) int luaopen_ratewise_core(lua_State *L);
 
 int luaopen_ratewise_core(lua_State *L)
@@ -60,6 +137,7 @@ int luaopen_ratewise_core(lua_State *L)
         { "now", core_l_now },
         { "time", core_l_time },
         { "malloc_in_use", core_l_malloc_in_use },
+        { "random_bytes", core_l_random_bytes },
         { NULL, NULL }
     };
     luaL_checkversion(L);
