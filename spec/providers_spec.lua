@@ -245,14 +245,14 @@ describe("rw.providers", function()
     it("prefers retry-after-ms, then retry-after, then the longer x-ratelimit-reset-* on a 429", function()
       local seen, o = recording(openai, { max_retries = 4 })
       s:script("/oa-order", {
-        { status = 429, headers = { ["retry-after-ms"] = "250", ["retry-after"] = "5" } },
+        { status = 429, headers = { ["retry-after-ms"] = "1250", ["retry-after"] = "1" } },
         { status = 429, headers = { ["retry-after"] = "5", ["x-ratelimit-reset-requests"] = "20s" } },
         { status = 429, headers = { ["x-ratelimit-reset-requests"] = "120ms", ["x-ratelimit-reset-tokens"] = "6m0s" } },
         { status = 429, headers = { ["x-ratelimit-reset-requests"] = "1.5s", ["x-ratelimit-reset-tokens"] = "bad" } },
         { status = 200 },
       })
       assert(rw.fetch(s:url("/oa-order"), o))
-      assert.same({ 0.25, 5, 360, 1.5 }, { seen[1].delay, seen[2].delay, seen[3].delay, seen[4].delay })
+      assert.same({ 1.25, 5, 360, 1.5 }, { seen[1].delay, seen[2].delay, seen[3].delay, seen[4].delay })
       for i = 1, 4 do assert.equal("policy", seen[i].source) end
     end)
 

@@ -26,7 +26,7 @@ local fetch_defaults = {
 }
 local client_options = {
   base_url = true, headers = true, provider = true, limiter = true, concurrency = true, circuit = true,
-  budget = true, routes = true, dedupe = true, cache = true, on_event = true,
+  budget = true, routes = true, dedupe = true, cache = true, on_event = true, secret_headers = true,
 }
 for k in pairs(fetch_defaults) do client_options[k] = true end
 
@@ -106,6 +106,14 @@ local function compile_routes(routes)
   return list
 end
 
+-- A copy of the `secret_headers` option, checked.
+local function secret_list(names)
+  headers_mod.secret_set(names, "client", 4)
+  local list = {}
+  for i, name in ipairs(names) do list[i] = name end
+  return list
+end
+
 --- c = rw.client{base_url = ..., ...}
 function client.new(opts)
   if type(opts) ~= "table" then
@@ -149,6 +157,7 @@ function client.new(opts)
     circuit = resolve_object(opts.circuit, rw.circuit),
     budget = resolve_object(opts.budget, rw.retry_budget),
     dedupe = opts.dedupe ~= false,
+    secret_headers = opts.secret_headers ~= nil and secret_list(opts.secret_headers) or nil,
     cache_ttl = cache and cache.ttl, cache_max = cache and cache.max_entries or 1000,
     cached = {}, cache_order = {}, in_flight = {},
     user_on_event = opts.on_event,
@@ -341,6 +350,10 @@ function Client:request(method, path, opts)
   end
   opts = opts or {}
   method = upper(method)
+  if (opts.json ~= nil or opts.body ~= nil) and (method == "GET" or method == "HEAD") then
+    error(format("client:%s: a %s request cannot carry a body (option '%s'); use client:post or the method "
+      .. "the API expects", lower(method), method, opts.json ~= nil and "json" or "body"), 2)
+  end
 
   local call = {}
   for k, v in pairs(self.defaults) do call[k] = v end
@@ -348,6 +361,16 @@ function Client:request(method, path, opts)
     if not call_only[k] then call[k] = v end
   end
   call.method = method
+  -- The client's secret header names and the call's, together.
+  local secret_names = self.secret_headers
+  if opts.secret_headers ~= nil and secret_names then
+    headers_mod.secret_set(opts.secret_headers, "client:request", 3)
+    local both = {}
+    for i, name in ipairs(secret_names) do both[i] = name end
+    for _, name in ipairs(opts.secret_headers) do both[#both + 1] = name end
+    secret_names = both
+  end
+  call.secret_headers = secret_names or opts.secret_headers
   call.policy = opts.policy or self.policy
   call.circuit = opts.circuit or self.circuit
   call.budget = opts.budget or self.budget

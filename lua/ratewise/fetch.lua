@@ -67,13 +67,18 @@ local option_checks = {
   on_retry = "callback_or_false", delay = "function", sleep = "function",
   follow_redirects = "boolean", base = "positive", jitter = "jitter",
   max_body = "nonnegative", verify_tls = "boolean", policy = "policy", circuit = "circuit",
-  budget = "budget", cost = "positive", on_event = "function",
+  budget = "budget", cost = "positive", on_event = "function", secret_headers = "names",
 }
 
 -- The methods an object option must have.
 local required_methods = {
   limiter = { "acquire" }, circuit = { "allow", "record" }, budget = { "request", "allow_retry" },
 }
+
+-- An idempotency key the server can tell apart: blank or empty ones are not.
+local function clean_key(v)
+  return type(v) == "string" and v:find("%S") ~= nil and not v:find("%c")
+end
 
 -- `depth` counts the frames between fetch's caller and the function that
 -- checks (0 for fetch itself), so that the error names the caller's line.
@@ -102,9 +107,19 @@ local function check_option(name, v, depth)
   elseif check == "count" then
     if t ~= "number" or v < 0 or v % 1 ~= 0 then bad_option(name, "a non-negative integer", v, depth) end
   elseif check == "key" then
-    if v ~= true and (t ~= "string" or v == "" or v:find("[\r\n%z]")) then
-      bad_option(name, "true or a non-empty string without CR or LF", v, depth)
+    if v ~= true and not clean_key(v) then
+      bad_option(name, "true or a non-blank string without control characters", v, depth)
     end
+  elseif check == "names" then
+    local ok = t == "table"
+    if ok then
+      for k, field in pairs(v) do
+        if type(k) ~= "number" or type(field) ~= "string" or not field:find("^[%w!#$%%&'*+%-.^_`|~]+$") then
+          ok = false
+        end
+      end
+    end
+    if not ok then bad_option(name, "an array of header names", v, depth) end
   elseif required_methods[check] then
     for _, m in ipairs(required_methods[check]) do
       local ok, fn = pcall(function() return v[m] end)
@@ -157,6 +172,27 @@ local user_agent_line = "User-Agent: ratewise/" .. core.version
 local default_lines = { user_agent_line }
 local common_methods = { GET = true, HEAD = true, POST = true, PUT = true, DELETE = true,
   PATCH = true, OPTIONS = true }
+
+-- The method a call sends: the caller's, or POST for a body given without
+-- one (as libcurl and `curl -d` do). Replay safety, logs and connection
+-- reuse are all decided on this method. GET and HEAD carry no body: libcurl
+-- would send such a request as a POST while everything else took it for a
+-- GET. `level` is the caller's frame for errors.
+local function request_method(opts, level)
+  local method, body = opts.method, opts.body
+  if method == nil then return body ~= nil and "POST" or "GET" end
+  if not common_methods[method] then
+    method = upper(method)
+    if not method:find("^[%w!#$%%&'*+%-.^_`|~]+$") then
+      error(format("fetch: option 'method' is not a valid HTTP method (got %q)", method), level)
+    end
+  end
+  if body ~= nil and (method == "GET" or method == "HEAD") then
+    error(format("fetch: a %s request cannot carry a body (option 'body'); give the method the API expects, "
+      .. "such as method = \"POST\"", method), level)
+  end
+  return method
+end
 
 -- A version 4 UUID from the kernel's random source.
 local function uuid4()
@@ -227,7 +263,17 @@ local function next_delay(opts, state, res, attempt)
     end
     source = "policy"
   end
-  if res and hint == nil then hint, source = retry.hint(res.headers) end
+  if res then
+    if hint == nil then
+      hint, source = retry.hint(res.headers)
+    else
+      -- Whatever a policy reads (a quota's reset, say), the response's own
+      -- Retry-After is the least it waits: every draft of the RateLimit
+      -- fields gives Retry-After precedence.
+      local asked = retry.retry_after(res.headers)
+      if asked and asked > hint then hint, source = asked, "retry-after" end
+    end
+  end
   local delay
   if opts.delay then
     local v = call_hook("delay", opts.delay, res, attempt, state.last_transport)
@@ -249,7 +295,9 @@ local function next_delay(opts, state, res, attempt)
   return delay, "backoff"
 end
 
--- The policy's verdict on a response, checked, or the built-in one.
+-- The policy's verdict on a response, checked, or the built-in one. A 413
+-- that says when to come back (RFC 9110 15.5.14: the condition is
+-- temporary) is retryable, as in urllib3 and got.
 local function verdict(policy, res)
   local hook = policy and policy.classify
   if hook then
@@ -262,7 +310,22 @@ local function verdict(policy, res)
       return class
     end
   end
-  return classify(res.status)
+  local status = res.status
+  if status == 413 and retry.retry_after(res.headers) then return "retryable" end
+  return classify(status)
+end
+
+-- The policy's word that a refused attempt was not acted on. Hooks answer
+-- booleans: "no" or 0 would read as yes, so anything else is misuse.
+local function replay_allowed(policy, res, method)
+  local hook = policy and policy.replayable
+  if not hook then return false end
+  local answer = call_hook("replayable", hook, res, method)
+  if answer ~= nil and answer ~= true and answer ~= false then
+    error(format("fetch: the policy's replayable must answer true, false or nil (got %s %s)", type(answer),
+      type(answer) == "string" and format("%q", answer) or tostring(answer)), 0)
+  end
+  return answer == true
 end
 
 -- What the caller's hooks may change before the first attempt: a policy's
@@ -280,10 +343,25 @@ local function prepared(opts, method, url)
       type(request.headers)), 0)
   end
   local key = request.idempotency_key
-  if key ~= nil and key ~= true and (type(key) ~= "string" or key == "" or key:find("[\r\n%z]")) then
-    error("fetch: the policy's prepare set an idempotency_key that is not true or a clean string", 0)
+  if key ~= nil and key ~= true and not clean_key(key) then
+    error("fetch: the policy's prepare set an idempotency_key that is not true or a non-blank string "
+      .. "without control characters", 0)
   end
   return request.headers, key
+end
+
+-- limiter -> its wait_time method, or false. A limiter may be any object
+-- with acquire (an __index that raises means "no such method"), so the
+-- lookup is guarded, and made once per limiter.
+local wait_time_of = setmetatable({}, { __mode = "k" })
+local function limiter_wait_time(limiter)
+  local fn = wait_time_of[limiter]
+  if fn == nil then
+    local ok, found = pcall(function() return limiter.wait_time end)
+    fn = ok and type(found) == "function" and found or false
+    wait_time_of[limiter] = fn
+  end
+  return fn
 end
 
 -- Callers write `if on_event then emit(...) end`, so that no event table is
@@ -312,6 +390,7 @@ function fetch.check(url, opts, depth)
     error(format("fetch: options must be a table (got %s)", type(opts)), 3 + depth)
   end
   for k, v in pairs(opts) do check_option(k, v, depth + 1) end
+  request_method(opts, 4 + depth)
 end
 
 --- res | nil, err = fetch.fetch(url [, opts])
@@ -324,20 +403,21 @@ function fetch.fetch(url, opts)
   end
   for k, v in pairs(opts) do check_option(k, v) end
 
-  local method = opts.method or "GET"
-  if not common_methods[method] then
-    method = upper(method)
-    if not method:find("^[%w!#$%%&'*+%-.^_`|~]+$") then
-      error(format("fetch: option 'method' is not a valid HTTP method (got %q)", method), 2)
-    end
-  end
+  local method = request_method(opts, 3)
   local policy = opts.policy
   local header_table, key = prepared(opts, method, url)
   local lines, given, header_secrets = default_lines, headers.no_names, nil
+  local extra_secrets = opts.secret_headers and headers.secret_set(opts.secret_headers, "fetch")
   if header_table ~= nil or key ~= nil then
-    lines, given, header_secrets = headers.request_lines(header_table)
-    if key ~= nil and given["idempotency-key"] then
-      error("fetch: the idempotency key is given both as an option and as a header", 2)
+    lines, given, header_secrets = headers.request_lines(header_table, extra_secrets)
+    local header_key = given["idempotency-key"]
+    if header_key ~= nil then
+      if key ~= nil then
+        error("fetch: the idempotency key is given both as an option and as a header", 2)
+      end
+      if not clean_key(header_key) then
+        error("fetch: header 'Idempotency-Key' is blank: a blank key cannot make a request replay-safe", 2)
+      end
     end
     if key == true then key = uuid4() end
     if key then lines[#lines + 1] = "Idempotency-Key: " .. key end
@@ -386,7 +466,34 @@ function fetch.fetch(url, opts)
           state, state.last_response, state.last_transport)
       end
     end
-    if limiter then guarded("limiter", "acquire", limiter.acquire, limiter, cost, opts.sleep) end
+    if limiter then
+      -- A wait for the limiter counts against max_elapsed like any other:
+      -- asked first, so that a wait that cannot fit ends the call at once
+      -- with nothing taken (the token stays for a call that can use it).
+      local left = deadline - now()
+      local wait_time = limiter_wait_time(limiter)
+      if wait_time then
+        local wait = guarded("limiter", "wait_time", wait_time, limiter, cost)
+        if type(wait) ~= "number" or wait ~= wait then
+          error(format("fetch: option 'limiter': wait_time must return a number of seconds (got %s)",
+            tostring(wait)), 0)
+        end
+        if wait >= left then
+          state = state or new_state(started, method, shown_url, max_elapsed, on_event)
+          return budget_error(state, format("the limiter would wait %.2f s for %s token%s, more than the "
+            .. "%.2f s left; nothing was taken", wait, tostring(cost), cost == 1 and "" or "s",
+            left > 0 and left or 0), state.last_response, state.last_transport)
+        end
+      end
+      -- The time left goes along: a limiter that knows it cannot serve in
+      -- time answers false and takes nothing.
+      if guarded("limiter", "acquire", limiter.acquire, limiter, cost, opts.sleep, left) == false then
+        state = state or new_state(started, method, shown_url, max_elapsed, on_event)
+        return budget_error(state, format("the limiter could not serve %s token%s within the %.2f s left",
+          tostring(cost), cost == 1 and "" or "s", left > 0 and left or 0), state.last_response,
+          state.last_transport)
+      end
+    end
     local left = deadline - now()
     if left <= 0 then
       state = state or new_state(started, method, shown_url, max_elapsed, on_event)
@@ -462,8 +569,7 @@ function fetch.fetch(url, opts)
 
     -- A request that never reached the server is not a replay; nor is one
     -- the policy knows the server refused without acting on it.
-    if not safe and (res or terr.sent)
-      and not (policy and policy.replayable and call_hook("replayable", policy.replayable, res, method)) then
+    if not safe and (res or terr.sent) and not replay_allowed(policy, res, method) then
       return nil, fetch_error("unsafe", format(
         "%s was not retried after %s: %s is not replay-safe (give an idempotency_key, or set retry_non_idempotent)",
         method .. " " .. shown_url, why, method), state, res, terr)

@@ -63,29 +63,82 @@ local function is_token(s)
   return s ~= "" and not find(s, "[^%w!#$%%&'*+%-.^_`|~]")
 end
 
+-- Headers whose values are credentials. They are never printed, and never
+-- sent to another origin after a redirect. Callers extend the list per call
+-- and per client (the `secret_headers` option) for an API's own names.
 local secret_names = {
   authorization = true,
   ["proxy-authorization"] = true,
   cookie = true,
+  ["x-api-key"] = true,       -- Anthropic, many others
+  ["api-key"] = true,         -- Azure OpenAI
+  ["x-goog-api-key"] = true,  -- Google
+  ["x-auth-token"] = true,
+  ["x-access-token"] = true,
+  ["x-amz-security-token"] = true,
+  ["private-token"] = true,   -- GitLab
+  ["x-csrf-token"] = true,
 }
+headers.secret_names = secret_names
 
-function headers.is_secret(name)
-  return secret_names[lower(name)] == true
+function headers.is_secret(name, extra)
+  local lname = lower(name)
+  return secret_names[lname] == true or (extra ~= nil and extra[lname] == true)
+end
+
+--- set = headers.secret_set(list, what [, level]): a caller's
+-- `secret_headers` option (an array of field names) as a set of lower-case
+-- names. Raises naming `what` at `level` (default: the caller's caller).
+function headers.secret_set(list, what, level)
+  level = level or 3
+  if type(list) ~= "table" then
+    error(format("%s: option 'secret_headers' must be an array of header names (got %s)", what, type(list)), level)
+  end
+  local set = {}
+  for k, name in pairs(list) do
+    if type(k) ~= "number" or type(name) ~= "string" or not is_token(name) then
+      error(format("%s: option 'secret_headers' must be an array of header names (found %s)", what,
+        type(name) == "string" and format("%q", name) or tostring(name)), level)
+    end
+    set[lower(name)] = true
+  end
+  return set
 end
 
 -- The names given when no headers are: one read-only set for every call.
 local no_names = setmetatable({}, { __newindex = function() error("read-only", 2) end })
 headers.no_names = no_names
 
+-- Fields the transport owns. A caller's Content-Length or Transfer-Encoding
+-- would override the real framing: the body would be read as a second,
+-- smuggled request, and every later answer on that pooled connection would
+-- go to the wrong caller.
+local owned_by_transport = {
+  ["content-length"] = "libcurl sets it from the body",
+  ["transfer-encoding"] = "libcurl frames the body itself",
+  host = "it comes from the URL",
+  connection = "libcurl manages the connection",
+  upgrade = "libcurl manages the connection",
+  te = "libcurl manages the connection",
+  expect = "libcurl decides whether to wait for 100 Continue",
+}
+
+-- libcurl refuses a request whose line and headers exceed 1 MiB (and servers
+-- answer 431 long before that): refused here, naming the request.
+local MAX_REQUEST_HEADER_BYTES = 256 * 1024
+headers.MAX_REQUEST_HEADER_BYTES = MAX_REQUEST_HEADER_BYTES
+
 -- Turns the caller's header table into the lines libcurl sends. Raises a
 -- clear error (that never repeats a value) for bad input. Returns the lines,
--- a set of the lower-case names given, and the secret values seen (or nil).
-function headers.request_lines(t)
+-- the values given by lower-case name, and the secret values seen (or nil).
+-- extra_secrets: a set of more secret names (the `secret_headers` option).
+function headers.request_lines(t, extra_secrets)
   local lines, seen, secrets = {}, {}, nil
   if t == nil then return lines, no_names end
   if type(t) ~= "table" then
     error(format("fetch: option 'headers' must be a table (got %s)", type(t)), 3)
   end
+  local bytes = 0
   for name, value in pairs(t) do
     if type(name) ~= "string" or not is_token(name) then
       error(format("fetch: header name %q is not a valid HTTP field name", tostring(name)), 3)
@@ -96,23 +149,55 @@ function headers.request_lines(t)
     elseif tv ~= "string" then
       error(format("fetch: header '%s' must have a string value (got %s)", name, tv), 3)
     end
-    if find(value, "[\r\n%z]") then
-      error(format("fetch: header '%s' has a value containing CR, LF or NUL", name), 3)
+    -- RFC 9110 5.5: no control characters but HTAB; CR and LF would end the
+    -- field and start another.
+    if find(value, "[%z\1-\8\10-\31\127]") then
+      error(format("fetch: header '%s' has a value containing a control character (CR, LF, NUL or another)", name), 3)
     end
     local lname = lower(name)
+    if owned_by_transport[lname] then
+      error(format("fetch: header '%s' cannot be set by the caller: %s", name, owned_by_transport[lname]), 3)
+    end
     if seen[lname] then
       error(format("fetch: header '%s' is given twice (names are case-insensitive)", name), 3)
     end
-    seen[lname] = true
-    if secret_names[lname] then
+    seen[lname] = value
+    if secret_names[lname] or (extra_secrets and extra_secrets[lname]) then
       secrets = secrets or {}
       secrets[#secrets + 1] = value
     end
     -- libcurl sends "Name;" as a header with an empty value; "Name:" would
     -- remove the header instead.
-    lines[#lines + 1] = value == "" and (name .. ";") or (name .. ": " .. value)
+    local line = value == "" and (name .. ";") or (name .. ": " .. value)
+    bytes = bytes + #line + 2
+    if bytes > MAX_REQUEST_HEADER_BYTES then
+      error(format("fetch: the request headers are too large (over %d KiB; servers commonly refuse "
+        .. "more than 8 to 16 KiB)", math.floor(MAX_REQUEST_HEADER_BYTES / 1024)), 3)
+    end
+    lines[#lines + 1] = line
   end
   return lines, seen, secrets
+end
+
+-- Where the userinfo of a URL ends. RFC 3986 ends the authority at the
+-- first "/", "?" or "#", which a password may hold too (base64 tokens hold
+-- "/"): "user:ab/cd@host" would then read as host "user", port "ab". A
+-- host[:port] has a port of digits only, so when the authority by the RFC
+-- has a ":" that is not followed by a port and an "@" comes later, the
+-- userinfo runs to the last "@" before the "/", "?" or "#" that follows
+-- the first of those. Returns the index in `rest` (what follows "://") of
+-- the "@" ending the userinfo, or nil.
+local function userinfo_end(rest)
+  local authority_end = find(rest, "[/?#]") or (#rest + 1)
+  local authority = sub(rest, 1, authority_end - 1)
+  local at = authority:match("^.*()@")
+  if at then return at end
+  if authority_end > #rest or not find(authority, ":", 1, true) then return nil end
+  if authority:find("^[^:]*:%d*$") or authority:find("^%[[^%]]*%]:?%d*$") then return nil end -- host:port
+  local first_at = find(rest, "@", authority_end, true)
+  if not first_at then return nil end
+  local stop = find(rest, "[/?#]", first_at) or (#rest + 1)
+  return sub(rest, 1, stop - 1):match("^.*()@")
 end
 
 -- scheme://host[:port]/path of a URL: no userinfo, no query, no fragment,
@@ -123,21 +208,22 @@ function headers.redact_url(url)
   end
   local scheme, rest = string.match(url, "^(%a[%w+.-]*://)(.*)$")
   if not scheme then return "[url]" end
+  local at = userinfo_end(rest)
+  if at then rest = sub(rest, at + 1) end
   local authority_end = find(rest, "[/?#]") or (#rest + 1)
-  local authority = sub(rest, 1, authority_end - 1)
-  local at = authority:match("^.*()@")
-  if at then authority = sub(authority, at + 1) end
   local path = sub(rest, authority_end):gsub("[?#].*$", "")
-  return scheme .. authority .. path
+  return scheme .. sub(rest, 1, authority_end - 1) .. path
 end
 
 -- scheme://host:port of a URL, lower-cased, with the default port filled in:
 -- what a circuit breaker keys its state on.
 function headers.origin(url)
-  local scheme, authority = string.match(url, "^(%a[%w+.-]*)://([^/?#]*)")
+  local scheme, rest = string.match(url, "^(%a[%w+.-]*)://(.*)$")
   if not scheme then return nil end
+  local at = userinfo_end(rest)
+  if at then rest = sub(rest, at + 1) end
   scheme = lower(scheme)
-  authority = lower(authority:gsub("^.*@", ""))
+  local authority = lower(string.match(rest, "^[^/?#]*"))
   if not authority:find(":%d+$") and not authority:find("^%[.*%]:%d+$") then
     authority = authority .. (scheme == "https" and ":443" or ":80")
   end
@@ -146,9 +232,10 @@ end
 
 -- The user and password of a URL, for scrubbing from messages.
 function headers.url_secrets(url, secrets)
-  local authority = string.match(url, "^%a[%w+.-]*://([^/?#]*)")
-  local userinfo = authority and authority:match("^(.*)@")
-  if userinfo then
+  local rest = string.match(url, "^%a[%w+.-]*://(.*)$")
+  local at = rest and userinfo_end(rest)
+  if at then
+    local userinfo = sub(rest, 1, at - 1)
     secrets[#secrets + 1] = userinfo
     for part in string.gmatch(userinfo, "[^:]+") do
       secrets[#secrets + 1] = part

@@ -19,6 +19,7 @@ local runtime = require "ratewise.runtime"
 local format = string.format
 local huge = math.huge
 local type, tostring, pairs, pcall, error, setmetatable, getmetatable = type, tostring, pairs, pcall, error,
+local now = require("ratewise.core").now
   setmetatable, getmetatable
 
 local limiters = {}
@@ -203,9 +204,11 @@ function Limiters:capacity()
   return capacity
 end
 
---- true = l:acquire([n [, sleep]]): waits until every member can serve,
--- holding nothing meanwhile, then takes from all of them.
-function Limiters:acquire(n, sleep)
+--- true | false, wait = l:acquire([n [, sleep [, max_wait]]]): waits until
+-- every member can serve, holding nothing meanwhile, then takes from all of
+-- them. With max_wait, answers false (taking nothing) as soon as it is clear
+-- that the wait would run past max_wait seconds.
+function Limiters:acquire(n, sleep, max_wait)
   n = check_count(self, "acquire", n)
   if sleep ~= nil and type(sleep) ~= "function" then
     error(format("limiters: acquire: sleep must be a function (got %s)", type(sleep)), 2)
@@ -227,8 +230,14 @@ function Limiters:sync(remaining, reset_in)
   end
 end
 
+  if max_wait ~= nil and (type(max_wait) ~= "number" or max_wait ~= max_wait or max_wait < 0) then
+    error(format("limiters: acquire: max_wait must be a non-negative number of seconds (got %s)",
+      tostring(max_wait)), 2)
+  end
+  local give_up_at = max_wait and now() + max_wait
 Limiters.__tostring = function(l)
   return format("ratewise.Limiters (%d taking 1, %d taking the cost)", #l.each, #l.by_cost)
 end
+    if give_up_at and now() + wait > give_up_at then return false, wait end
 
 return limiters

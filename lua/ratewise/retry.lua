@@ -115,13 +115,18 @@ function retry.server_now(h)
   return date and core.parse_http_date(date) or core.time()
 end
 
+--- seconds | nil = retry.retry_after(headers [, now]): the response's own
+-- Retry-After alone (the longest of a repeated field), or nil.
+function retry.retry_after(h, now)
+  local ra = headers.get(h, "retry-after")
+  if not ra then return nil end
+  return parse_retry_after_list(ra, now or retry.server_now(h))
+end
+
 function retry.hint(h, now)
   if now == nil then now = retry.server_now(h) end
-  local ra = headers.get(h, "retry-after")
-  if ra then
-    local seconds = parse_retry_after_list(ra, now)
-    if seconds then return seconds, "retry-after" end
-  end
+  local seconds = retry.retry_after(h, now)
+  if seconds then return seconds, "retry-after" end
   local reset = headers.get(h, "x-ratelimit-reset")
   -- APIs send the reset time on every response; it is a wait only when the
   -- quota is spent (or its state unknown), not before a retry of a 502 with

@@ -1,0 +1,259 @@
+-- The README's promises against hostile servers and careless callers: no
+-- unsafe replays, hints are minimum waits, a call never outlives
+-- max_elapsed, the transport owns the request's framing, and no secret is
+-- printed. Each row here was once broken (issue 9's review); every check
+-- asserts what the test server saw.
+local rw = require "ratewise"
+local server = require "spec.support.server"
+
+local function opts(extra)
+  local o = { on_retry = false }
+  for k, v in pairs(extra or {}) do o[k] = v end
+  return o
+end
+
+-- Options that record each retry's delay and source and do not wait.
+local function recording(extra)
+  local seen = {}
+  local o = opts(extra)
+  o.sleep = function() end
+  o.on_retry = function(info) seen[#seen + 1] = { delay = info.delay, source = info.source } end
+  return seen, o
+end
+
+local function raises(fn, pattern)
+  local ok, err = pcall(fn)
+  assert.is_false(ok, "expected an error matching " .. pattern)
+  assert.matches(pattern, tostring(err))
+  return tostring(err)
+end
+
+describe("ratewise's promises", function()
+  local s
+
+  setup(function() s = server.start() end)
+  teardown(function() s:stop() end)
+  before_each(function() s:reset() end)
+
+  describe("replay safety is decided on the method sent", function()
+    it("sends a body without a method as a POST, and never replays it", function()
+      s:script("/b", { { status = 503 }, { status = 200 } })
+      local events, retries = {}, 0
+      local res, err = rw.fetch(s:url("/b"), opts {
+        body = "charge=1", base = 0.01,
+        on_event = function(e) events[#events + 1] = e end,
+        on_retry = function() retries = retries + 1 end,
+      })
+      assert.is_nil(res)
+      assert.equal("unsafe", err.kind)
+      assert.matches("^POST ", err.message)
+      assert.equal(0, retries)
+      local log = s:log("/b")
+      assert.equal(1, #log)
+      assert.equal("POST", log[1].method)
+      assert.equal("charge=1", log[1].body)
+      assert.equal("POST", events[1].method)
+    end)
+
+    it("gives a POST made from a body a connection of its own, never a pooled one", function()
+      assert(rw.fetch(s:url("/warm"), opts()))
+      assert(rw.fetch(s:url("/b"), opts { body = "x" }))
+      local warm, post = s:log("/warm")[1], s:log("/b")[1]
+      assert.are_not.equal(warm.conn, post.conn)
+    end)
+
+    it("refuses a body on GET or HEAD, naming the method, and sends nothing", function()
+      for _, method in ipairs { "GET", "get", "HEAD" } do
+        raises(function() rw.fetch(s:url("/b"), opts { method = method, body = "x" }) end,
+          "a " .. method:upper() .. " request cannot carry a body")
+      end
+      local c = rw.client { base_url = s.base, on_retry = false }
+      raises(function() c:get("/b", { json = { a = 1 } }) end, "client:get: a GET request cannot carry a body %(option 'json'%)")
+      raises(function() c:head("/b", { body = "x" }) end, "client:head: a HEAD request cannot carry a body")
+      assert.equal(0, #s:log())
+    end)
+
+    it("does not let an empty or blank Idempotency-Key header make a POST replay-safe", function()
+      s:script("/k", { { status = 503 }, { status = 200 } })
+      for _, key in ipairs { "", "   ", "\t" } do
+        raises(function()
+          rw.fetch(s:url("/k"), opts { method = "POST", body = "x", headers = { ["Idempotency-Key"] = key } })
+        end, "header 'Idempotency%-Key' is blank")
+      end
+      raises(function() rw.fetch(s:url("/k"), opts { method = "POST", idempotency_key = "  " }) end,
+        "option 'idempotency_key' must be true or a non%-blank string")
+      assert.equal(0, #s:log())
+      -- a real key still makes it safe
+      assert(rw.fetch(s:url("/k"), opts { method = "POST", body = "x", base = 0.01,
+        headers = { ["Idempotency-Key"] = "k-1" } }))
+      assert.equal(2, #s:log("/k"))
+    end)
+
+    it("raises when a policy's replayable hook answers anything but true, false or nil", function()
+      for _, answer in ipairs { "no", 0, {} } do
+        s:reset()
+        s:script("/r", { { status = 429 }, { status = 200 } })
+        local p = rw.policy { name = "sloppy", replayable = function() return answer end }
+        raises(function() rw.fetch(s:url("/r"), opts { method = "POST", body = "x", policy = p, base = 0.01 }) end,
+          "the policy's replayable must answer true, false or nil %(got " .. type(answer))
+        assert.equal(1, #s:log("/r"), "the POST was replayed after replayable answered " .. tostring(answer))
+      end
+      -- false is a plain no
+      s:reset()
+      s:script("/r", { { status = 429 }, { status = 200 } })
+      local p = rw.policy { replayable = function() return false end }
+      local res, err = rw.fetch(s:url("/r"), opts { method = "POST", body = "x", policy = p, base = 0.01 })
+      assert.is_nil(res)
+      assert.equal("unsafe", err.kind)
+      assert.equal(1, #s:log("/r"))
+    end)
+
+    it("retries a 413 that carries Retry-After, and not one without", function()
+      s:script("/big", { { status = 413, headers = { ["Retry-After"] = "1" } }, { status = 200 } })
+      local res = assert(rw.fetch(s:url("/big"), opts { method = "PUT", body = "x" }))
+      assert.equal(200, res.status)
+      local log = s:log("/big")
+      assert.equal(2, #log)
+      assert.is_true(log[2].t - log[1].t >= 1.0, "retried after " .. (log[2].t - log[1].t) .. " s")
+      s:script("/big2", { { status = 413 }, { status = 200 } })
+      local _, err = rw.fetch(s:url("/big2"), opts { method = "PUT", body = "x", base = 0.01 })
+      assert.equal("terminal", err.kind)
+      assert.equal(1, #s:log("/big2"))
+    end)
+  end)
+
+  describe("hints are minimum waits", function()
+    it("never lets a policy's delay undercut the response's Retry-After", function()
+      s:script("/q", {
+        { status = 429, headers = { ["Retry-After"] = "30", RateLimit = '"default";r=0;t=5' } },
+        { status = 200 },
+      })
+      local seen, o = recording { policy = rw.providers.ietf }
+      assert(rw.fetch(s:url("/q"), o))
+      assert.same({ delay = 30, source = "retry-after" }, seen[1])
+      -- a policy asking longer than Retry-After is still heard
+      s:script("/q2", {
+        { status = 429, headers = { ["Retry-After"] = "2", RateLimit = '"default";r=0;t=9' } },
+        { status = 200 },
+      })
+      seen, o = recording { policy = rw.providers.ietf }
+      assert(rw.fetch(s:url("/q2"), o))
+      assert.same({ delay = 9, source = "policy" }, seen[1])
+    end)
+  end)
+
+  describe("a call never outlives max_elapsed", function()
+    it("ends at once, taking nothing, when the limiter's wait would not fit", function()
+      local bucket = rw.bucket { capacity = 1, rate = 0.1 } -- a token every 10 s
+      assert(bucket:take())
+      local before = bucket:tokens()
+      local started = rw.now()
+      local res, err = rw.fetch(s:url("/l"), opts { limiter = bucket, max_elapsed = 1 })
+      local took = rw.now() - started
+      assert.is_nil(res)
+      assert.equal("budget", err.kind)
+      assert.matches("the limiter would wait", err.message)
+      assert.is_true(took < 0.5, "returned after " .. took .. " s")
+      assert.is_true(bucket:tokens() - before < 0.2, "a token was taken")
+      assert.equal(0, #s:log("/l"))
+    end)
+
+    it("holds for a composite limiter too, and for a later attempt's wait", function()
+      local rpm = rw.bucket { capacity = 2, rate = 0.1 }
+      local both = rw.limiters { rpm }
+      s:script("/l2", { { status = 503 }, { status = 200 } })
+      -- the first attempt takes a token, the retry would need the second
+      -- one too; max_elapsed leaves room for the retry but not for the
+      -- limiter's wait once the bucket is drained
+      assert(rpm:take())
+      local started = rw.now()
+      local _, err = rw.fetch(s:url("/l2"), opts { limiter = both, max_elapsed = 2, base = 0.01, max_delay = 0.01 })
+      assert.equal("budget", err.kind)
+      assert.is_true(rw.now() - started < 1, "returned after " .. (rw.now() - started) .. " s")
+      assert.equal(1, #s:log("/l2"))
+    end)
+
+    it("lets acquire answer false, taking nothing, when told how long it may wait", function()
+      local bucket = rw.bucket { capacity = 1, rate = 1 }
+      assert(bucket:take())
+      local before = bucket:tokens()
+      local ok, wait = bucket:acquire(1, nil, 0.1)
+      assert.is_false(ok)
+      assert.is_true(wait > 0.5 and wait <= 1, "wait " .. tostring(wait))
+      assert.is_true(bucket:tokens() - before < 0.2)
+      local composite = rw.limiters { bucket }
+      ok, wait = composite:acquire(1, nil, 0.1)
+      assert.is_false(ok)
+      assert.is_true(wait > 0.5, "wait " .. tostring(wait))
+      raises(function() bucket:acquire(1, nil, 0 / 0) end, "max_wait must be a non%-negative number")
+    end)
+  end)
+
+  describe("the transport owns the request's framing", function()
+    it("refuses the framing and connection headers, and control bytes in values, sending nothing", function()
+      for _, name in ipairs { "Content-Length", "transfer-encoding", "Host", "Connection", "Upgrade", "TE", "Expect" } do
+        raises(function() rw.fetch(s:url("/f"), opts { method = "POST", body = "x", headers = { [name] = "5" } }) end,
+          "header '" .. name:gsub("%-", "%%-") .. "' cannot be set by the caller")
+      end
+      for _, value in ipairs { "a\1b", "a\127", "a\27[31m" } do
+        raises(function() rw.fetch(s:url("/f"), opts { headers = { ["X-Thing"] = value } }) end,
+          "header 'X%-Thing' has a value containing a control character")
+      end
+      assert.equal(0, #s:log())
+      -- a tab is allowed
+      assert(rw.fetch(s:url("/f"), opts { headers = { ["X-Thing"] = "a\tb" } }))
+      assert.equal("a\tb", s:log("/f")[1].headers["x-thing"])
+    end)
+
+    it("never lets a body become a second request on a pooled connection", function()
+      -- What the refused header would have smuggled: the server must see
+      -- one request with the whole body, and nothing else.
+      local smuggled = "GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n"
+      raises(function()
+        rw.fetch(s:url("/f"), opts { method = "POST", body = smuggled, headers = { ["Content-Length"] = "0" } })
+      end, "cannot be set by the caller")
+      assert(rw.fetch(s:url("/f"), opts { method = "POST", body = smuggled }))
+      assert.equal(0, #s:log("/smuggled"))
+      assert.equal(smuggled, s:log("/f")[1].body)
+    end)
+
+    it("refuses request headers too large to send, naming the request", function()
+      raises(function() rw.fetch(s:url("/h"), opts { headers = { ["X-Big"] = string.rep("a", 1024 * 1024) } }) end,
+        "the request headers are too large")
+      assert.equal(0, #s:log())
+    end)
+  end)
+
+  describe("no secret is printed", function()
+    it("keeps a URL password holding /, ? or # out of errors, events and retry lines", function()
+      for _, password in ipairs { "pa/ss-word", "pa?ss-word", "pa#ss-word", "p@ss/wo?rd" } do
+        local url = "http://user:" .. password .. "@127.0.0.1:1/x?key=v"
+        local printed = {}
+        local res, err = rw.fetch(url, {
+          max_retries = 1, base = 0.01,
+          on_retry = function(info) printed[#printed + 1] = info.url .. " " .. tostring(info.error) end,
+          on_event = function(e) printed[#printed + 1] = tostring(e.url) .. " " .. tostring(e.error) end,
+        })
+        assert.is_nil(res)
+        printed[#printed + 1] = tostring(err)
+        printed[#printed + 1] = err.transport and tostring(err.transport.message) or ""
+        for _, line in ipairs(printed) do
+          assert.is_nil(line:find("ss-word", 1, true), "password printed: " .. line)
+          assert.is_nil(line:find("wo?rd", 1, true), "password printed: " .. line)
+          assert.is_nil(line:find("key=v", 1, true), "query printed: " .. line)
+        end
+      end
+    end)
+
+    it("still prints a path or query that holds an @, and the host and port", function()
+      local headers = require "ratewise.headers"
+      assert.equal("https://api.example.com/users/@me", headers.redact_url("https://api.example.com/users/@me"))
+      assert.equal("http://localhost:8080/@scope/pkg", headers.redact_url("http://localhost:8080/@scope/pkg"))
+      assert.equal("https://h.example/search", headers.redact_url("https://h.example/search?email=a@b.c"))
+      assert.equal("http://127.0.0.1:1/x", headers.redact_url("http://u:p@127.0.0.1:1/x"))
+      assert.equal("http://[::1]:8080/@me", headers.redact_url("http://[::1]:8080/@me"))
+      assert.equal("http://host.example/x", headers.redact_url("http://u:ab/cd@host.example/x"))
+      assert.equal("http://host.example:8080", headers.origin("http://u:ab#cd@host.example:8080/x"))
+    end)
+  end)
+end)
