@@ -18,8 +18,8 @@ local runtime = require "ratewise.runtime"
 
 local format = string.format
 local huge = math.huge
-local type, tostring, pairs, pcall, error, setmetatable, getmetatable = type, tostring, pairs, pcall, error,
 local now = require("ratewise.core").now
+local type, tostring, pairs, pcall, error, setmetatable, getmetatable = type, tostring, pairs, pcall, error,
   setmetatable, getmetatable
 
 local limiters = {}
@@ -213,9 +213,15 @@ function Limiters:acquire(n, sleep, max_wait)
   if sleep ~= nil and type(sleep) ~= "function" then
     error(format("limiters: acquire: sleep must be a function (got %s)", type(sleep)), 2)
   end
+  if max_wait ~= nil and (type(max_wait) ~= "number" or max_wait ~= max_wait or max_wait < 0) then
+    error(format("limiters: acquire: max_wait must be a non-negative number of seconds (got %s)",
+      tostring(max_wait)), 2)
+  end
+  local give_up_at = max_wait and now() + max_wait
   while true do
     local ok, wait = take(self, n)
     if ok then return true end
+    if give_up_at and now() + wait > give_up_at then return false, wait end
     runtime.sleep(wait, sleep)
   end
 end
@@ -230,14 +236,8 @@ function Limiters:sync(remaining, reset_in)
   end
 end
 
-  if max_wait ~= nil and (type(max_wait) ~= "number" or max_wait ~= max_wait or max_wait < 0) then
-    error(format("limiters: acquire: max_wait must be a non-negative number of seconds (got %s)",
-      tostring(max_wait)), 2)
-  end
-  local give_up_at = max_wait and now() + max_wait
 Limiters.__tostring = function(l)
   return format("ratewise.Limiters (%d taking 1, %d taking the cost)", #l.each, #l.by_cost)
 end
-    if give_up_at and now() + wait > give_up_at then return false, wait end
 
 return limiters
