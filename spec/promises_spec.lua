@@ -122,6 +122,50 @@ describe("ratewise's promises", function()
     end)
   end)
 
+  describe("idempotency keys", function()
+    -- A program whose descriptors are all in use (but for its pooled
+    -- connection) POSTs with a generated key; math.random is seeded alike in
+    -- every run, so a key drawn from it would repeat across processes.
+    local program = [[
+      local rw = require "ratewise"
+      math.randomseed(1)
+      assert(rw.fetch(arg[1] .. "/warm", { on_retry = false }))
+      local files = {}
+      while true do
+        local f = io.open("/dev/null")
+        if not f then break end
+        files[#files + 1] = f
+      end
+      local res, err = rw.fetch(arg[1] .. "/key", { method = "POST", body = "x", idempotency_key = true,
+        on_retry = false })
+      print(res and res.status or tostring(err))
+    ]]
+
+    local function run_program()
+      local file = os.tmpname()
+      local f = assert(io.open(file, "w"))
+      f:write(program)
+      f:close()
+      local command = "ulimit -n 32; " .. require("spec.support.subprocess").lua_command(file) .. " " .. s.base
+      local p = assert(io.popen("sh -c '" .. command:gsub("'", "'\\''") .. "' 2>&1"))
+      local out = p:read("a")
+      p:close()
+      os.remove(file)
+      return out
+    end
+
+    it("come from the kernel even with every descriptor in use, and differ across processes", function()
+      assert.equal("200\n", run_program())
+      assert.equal("200\n", run_program())
+      local log = s:log("/key")
+      assert.equal(2, #log)
+      local uuid = "^%x%x%x%x%x%x%x%x%-%x%x%x%x%-4%x%x%x%-[89ab]%x%x%x%-%x%x%x%x%x%x%x%x%x%x%x%x$"
+      assert.matches(uuid, log[1].headers["idempotency-key"])
+      assert.matches(uuid, log[2].headers["idempotency-key"])
+      assert.are_not.equal(log[1].headers["idempotency-key"], log[2].headers["idempotency-key"])
+    end)
+  end)
+
   describe("hints are minimum waits", function()
     it("never lets a policy's delay undercut the response's Retry-After", function()
       s:script("/q", {

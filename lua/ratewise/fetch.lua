@@ -194,22 +194,19 @@ local function request_method(opts, level)
   return method
 end
 
--- A version 4 UUID from the kernel's random source.
+-- A version 4 UUID from the kernel's random source (getrandom(2), which
+-- needs no descriptor). Never math.random: seeded alike, two processes
+-- would send the same key and the server would take one request for the
+-- other's replay. nil, err when the kernel gives no randomness.
 local function uuid4()
-  local f = io.open("/dev/urandom", "rb")
-  local bytes = f and f:read(16)
-  if f then f:close() end
-  if not bytes or #bytes < 16 then
-    local t = {}
-    for i = 1, 16 do t[i] = string.char(math.random(0, 255)) end
-    bytes = table.concat(t)
-  end
-  local b = { bytes:byte(1, 16) }
+  local bytes, err = core.random_bytes(16)
+  if not bytes then return nil, err end
+  local b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15, b16 = bytes:byte(1, 16)
   -- version 4 and the RFC 4122 variant, in arithmetic LuaJIT also reads
-  b[7] = b[7] % 16 + 0x40
-  b[9] = b[9] % 64 + 0x80
+  b7 = b7 % 16 + 0x40
+  b9 = b9 % 64 + 0x80
   return format("%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
-    table.unpack(b))
+    b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15, b16)
 end
 
 ---------------------------------------------------------------------------
@@ -419,7 +416,15 @@ function fetch.fetch(url, opts)
         error("fetch: header 'Idempotency-Key' is blank: a blank key cannot make a request replay-safe", 2)
       end
     end
-    if key == true then key = uuid4() end
+    if key == true then
+      local err
+      key, err = uuid4()
+      if not key then
+        return nil, fetch_error("entropy", format("%s: no idempotency key could be made: %s",
+          method .. " " .. shown_url, tostring(err)), new_state(now(), method, shown_url, opts.max_elapsed or 120,
+          opts.on_event))
+      end
+    end
     if key then lines[#lines + 1] = "Idempotency-Key: " .. key end
     if not given["user-agent"] then lines[#lines + 1] = user_agent_line end
   end
