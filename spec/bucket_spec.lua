@@ -99,3 +99,66 @@ describe("rw.bucket", function()
     end
   end)
 end)
+
+describe("rw.bucket's limits", function()
+  local DAY = 86400
+
+  it("lets a sync put the next token at most sync_horizon away: one day unless the bucket says", function()
+    local b = rw.bucket { capacity = 10, rate = 1 }
+    assert.equal(DAY, b:sync_horizon())
+    b:sync(0, 99999999999 - os.time()) -- a reset 3,000 years ahead
+    local wait = b:wait_time()
+    assert.is_true(wait <= DAY and wait > DAY - 1, tostring(wait))
+    b:sync(0, math.huge)
+    assert.is_true(b:wait_time() <= DAY, tostring(b:wait_time()))
+
+    local short = rw.bucket { capacity = 10, rate = 1, sync_horizon = 60 }
+    assert.equal(60, short:sync_horizon())
+    short:sync(0, 3600)
+    wait = short:wait_time()
+    assert.is_true(wait <= 60 and wait > 59, tostring(wait))
+    -- A reset within the horizon is believed as it is.
+    local near = rw.bucket { capacity = 10, rate = 1 }
+    near:sync(0, 30)
+    assert.near(30, near:wait_time(), 0.01)
+  end)
+
+  it("lets a sync through rw.limiters reach each member under the member's own horizon", function()
+    local a = rw.bucket { capacity = 5, rate = 2, sync_horizon = 10 }
+    local b = rw.bucket { capacity = 5, rate = 2 }
+    local both = rw.limiters { a, b }
+    both:sync(0, 1e12)
+    assert.is_true(a:wait_time() <= 10 and a:wait_time() > 9.9, tostring(a:wait_time()))
+    assert.is_true(b:wait_time() <= DAY and b:wait_time() > DAY - 1, tostring(b:wait_time()))
+    assert.is_true(both:wait_time() <= DAY, tostring(both:wait_time()))
+  end)
+
+  it("checks sync_horizon, and names every option when one is unknown", function()
+    for _, bad in ipairs { 0, -1, 0 / 0, math.huge, "long" } do
+      assert.error_matches(function() rw.bucket { capacity = 1, rate = 1, sync_horizon = bad } end,
+        "option 'sync_horizon' must be a positive number", 1, true)
+    end
+    assert.error_matches(function() rw.bucket { capacity = 1, rate = 1, sync_horizon = 1e19 } end,
+      "option 'sync_horizon' is too large", 1, true)
+    assert.error_matches(function() rw.bucket { capacity = 1, rate = 1, horizon = 5 } end,
+      "unknown option 'horizon' (expected capacity, rate, sync_horizon)", 1, true)
+  end)
+
+  it("refuses a rate so small that its waits would be infinite, or so large that they lose meaning", function()
+    assert.error_matches(function() rw.bucket { capacity = 1, rate = 1e-320 } end,
+      "option 'rate' is too small", 1, true)
+    assert.error_matches(function() rw.bucket { capacity = 1e6, rate = 1e-13 } end,
+      "option 'rate' is too small", 1, true)
+    assert.error_matches(function() rw.bucket { capacity = 1, rate = 1e19 } end,
+      "option 'rate' is too large", 1, true)
+    assert.is_truthy(rw.bucket { capacity = 1, rate = 1e-17 }) -- a token every 3 billion years: finite
+  end)
+
+  it("reports every wait as a finite number, however deep the reservations go", function()
+    local b = rw.bucket { capacity = 1e6, rate = 1e-12 }
+    for _ = 1, 10 do b:reserve(1e6) end -- 1e19 s of debt
+    for _, wait in ipairs { b:wait_time(1), b:reserve(1), select(2, b:take(1)) } do
+      assert.is_true(wait > 0 and wait <= 1e18, tostring(wait))
+    end
+  end)
+end)

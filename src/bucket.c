@@ -6,6 +6,14 @@
  * until that debt is repaid. Each later waiter sees the larger debt and so
  * waits longer, which orders them without a queue (as in Go's rate.Limiter).
  * The core only answers "how long"; the Lua layer does the waiting.
+ *
+ * Every wait it reports is finite: a rate so small that one token would
+ * take longer than RW_MAX_SECONDS to refill is refused, and a wait that
+ * reservations pile up past RW_MAX_SECONDS is reported as RW_MAX_SECONDS
+ * (a caller that sleeps it then blocks; one that got inf or NaN would spin).
+ * What a server says (sync) is believed only up to the bucket's
+ * sync_horizon: one hostile or broken response cannot put the bucket, and
+ * every caller sharing it, years into debt.
  */
 #include <math.h>
 #include <string.h>
@@ -15,11 +23,20 @@
 
 #define BUCKET_MT "ratewise.Bucket"
 
+/* How far one sync may push the next token, unless the bucket says
+ * otherwise: a day, longer than any quota window APIs document (GitHub's
+ * and OpenAI's reset within the hour, daily quotas within the day). */
+#define BUCKET_DEFAULT_SYNC_HORIZON 86400.0
+/* The fastest rate accepted: with it, rate * sync_horizon and every other
+ * product of the arithmetic stay finite. */
+#define BUCKET_MAX_RATE 1e18
+
 typedef struct bucket {
     double capacity;  /* burst size */
     double rate;      /* tokens per second */
     double tokens;    /* balance; negative while reservations are pending */
     double updated;   /* monotonic time of the last refill */
+    double horizon;   /* sync never puts the next token further off than this */
     int closed;
 } bucket;
 
@@ -31,6 +48,15 @@ static void bucket_refill(bucket *b)
         if (b->tokens > b->capacity) b->tokens = b->capacity;
         b->updated = now;
     }
+}
+
+/* Seconds until n tokens are there at the balance now (0: now). */
+static double bucket_wait(const bucket *b, double n)
+{
+    double wait;
+    if (b->tokens >= n) return 0.0;
+    wait = (n - b->tokens) / b->rate;
+    return wait < RW_MAX_SECONDS ? wait : RW_MAX_SECONDS;
 }
 
 static bucket *bucket_check(lua_State *L)
@@ -54,13 +80,18 @@ static double bucket_check_count(lua_State *L, bucket *b, int arg)
     return n;
 }
 
-static double bucket_field(lua_State *L, const char *name)
+/* A positive, finite number option; nil gives dflt (or raises when dflt < 0:
+ * the option is required). */
+static double bucket_field(lua_State *L, const char *name, double dflt)
 {
     lua_Number v;
     int isnum;
     lua_getfield(L, 1, name);
-    if (lua_isnil(L, -1))
-        luaL_error(L, "bucket: option '%s' is required", name);
+    if (lua_isnil(L, -1)) {
+        if (dflt < 0) luaL_error(L, "bucket: option '%s' is required", name);
+        lua_pop(L, 1);
+        return dflt;
+    }
     v = lua_tonumberx(L, -1, &isnum);
     if (!isnum || !(v > 0) || !isfinite(v))
         luaL_error(L, "bucket: option '%s' must be a positive number (got %s)", name,
@@ -69,27 +100,42 @@ static double bucket_field(lua_State *L, const char *name)
     return v;
 }
 
-/* core.bucket{capacity = C, rate = R} */
+/* core.bucket{capacity = C, rate = R [, sync_horizon = seconds]} */
 static int bucket_l_new(lua_State *L)
 {
     bucket *b;
-    double capacity, rate;
+    double capacity, rate, horizon;
     luaL_checktype(L, 1, LUA_TTABLE);
     lua_pushnil(L);
     while (lua_next(L, 1)) {
         const char *key = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : NULL;
-        if (!key || (strcmp(key, "capacity") != 0 && strcmp(key, "rate") != 0))
-            return luaL_error(L, "bucket: unknown option '%s' (expected capacity, rate)",
+        if (!key || (strcmp(key, "capacity") != 0 && strcmp(key, "rate") != 0
+                     && strcmp(key, "sync_horizon") != 0))
+            return luaL_error(L, "bucket: unknown option '%s' (expected capacity, rate, sync_horizon)",
                               luaL_tolstring(L, -2, NULL));
         lua_pop(L, 1);
     }
-    capacity = bucket_field(L, "capacity");
-    rate = bucket_field(L, "rate");
+    capacity = bucket_field(L, "capacity", -1);
+    rate = bucket_field(L, "rate", -1);
+    horizon = bucket_field(L, "sync_horizon", BUCKET_DEFAULT_SYNC_HORIZON);
+    /* Refilling a token (or the whole bucket, when it holds more than one)
+     * must take a finite time, or every wait on the bucket would be inf. */
+    if ((capacity > 1 ? capacity : 1) / rate > RW_MAX_SECONDS)
+        return luaL_error(L, "bucket: option 'rate' is too small (got %f): refilling %s would take "
+                          "more than %f seconds", rate, capacity > 1 ? "the bucket" : "a token",
+                          RW_MAX_SECONDS);
+    if (rate > BUCKET_MAX_RATE)
+        return luaL_error(L, "bucket: option 'rate' is too large (got %f): at most %f tokens per second",
+                          rate, BUCKET_MAX_RATE);
+    if (horizon > RW_MAX_SECONDS)
+        return luaL_error(L, "bucket: option 'sync_horizon' is too large (got %f): at most %f seconds",
+                          horizon, RW_MAX_SECONDS);
     b = (bucket *)lua_newuserdatauv(L, sizeof(bucket), 0);
     b->capacity = capacity;
     b->rate = rate;
     b->tokens = capacity; /* a new bucket starts full */
     b->updated = rw_clock_monotonic();
+    b->horizon = horizon;
     b->closed = 0;
     luaL_setmetatable(L, BUCKET_MT);
     return 1;
@@ -107,7 +153,7 @@ static int bucket_l_take(lua_State *L)
         return 1;
     }
     lua_pushboolean(L, 0);
-    lua_pushnumber(L, (n - b->tokens) / b->rate);
+    lua_pushnumber(L, bucket_wait(b, n));
     return 2;
 }
 
@@ -119,7 +165,7 @@ static int bucket_l_reserve(lua_State *L)
     double n = bucket_check_count(L, b, 2);
     bucket_refill(b);
     b->tokens -= n;
-    lua_pushnumber(L, b->tokens >= 0 ? 0.0 : -b->tokens / b->rate);
+    lua_pushnumber(L, bucket_wait(b, 0.0));
     return 1;
 }
 
@@ -142,14 +188,16 @@ static int bucket_l_wait_time(lua_State *L)
     bucket *b = bucket_check(L);
     double n = bucket_check_count(L, b, 2);
     bucket_refill(b);
-    lua_pushnumber(L, b->tokens >= n ? 0.0 : (n - b->tokens) / b->rate);
+    lua_pushnumber(L, bucket_wait(b, n));
     return 1;
 }
 
 /* b:sync(remaining [, reset_in]): what the server says of its own quota.
  * The balance is lowered to `remaining` (never raised: the client's view may
  * be stricter); with nothing remaining, the next token is put off until the
- * server's reset, `reset_in` seconds from now. */
+ * server's reset, `reset_in` seconds from now, but never further than the
+ * bucket's sync_horizon: a reset years away is a broken or hostile server
+ * (or a clock), and believing it would stall every caller of the bucket. */
 static int bucket_l_sync(lua_State *L)
 {
     bucket *b = bucket_check(L);
@@ -162,7 +210,7 @@ static int bucket_l_sync(lua_State *L)
         if (b->tokens > remaining) b->tokens = remaining;
     } else {
         /* A reservation of one token made now must wait reset_in. */
-        double held = 1.0 - (reset_in > RW_MAX_SECONDS ? RW_MAX_SECONDS : reset_in) * b->rate;
+        double held = 1.0 - (reset_in > b->horizon ? b->horizon : reset_in) * b->rate;
         if (b->tokens > held) b->tokens = held;
     }
     return 0;
@@ -186,6 +234,12 @@ static int bucket_l_capacity(lua_State *L)
 static int bucket_l_rate(lua_State *L)
 {
     lua_pushnumber(L, bucket_check(L)->rate);
+    return 1;
+}
+
+static int bucket_l_sync_horizon(lua_State *L)
+{
+    lua_pushnumber(L, bucket_check(L)->horizon);
     return 1;
 }
 
@@ -216,6 +270,7 @@ void rw_bucket_register(lua_State *L)
         { "tokens", bucket_l_tokens },
         { "capacity", bucket_l_capacity },
         { "rate", bucket_l_rate },
+        { "sync_horizon", bucket_l_sync_horizon },
         { "close", bucket_l_close },
         { NULL, NULL }
     };
