@@ -158,7 +158,7 @@ describe("rw.providers", function()
     end)
 
     it("gives 0 for a reset already past by the server's clock", function()
-      local now = 1700000000
+      local now = os.time() - 3600 -- the server's clock, an hour behind ours
       assert.equal(0, github.delay({ status = 403, headers = { date = http_date(now),
         ["x-ratelimit-remaining"] = "0", ["x-ratelimit-reset"] = tostring(now - 30) } }, 0))
       assert.equal(30, github.delay({ status = 403, headers = { date = http_date(now),
@@ -218,7 +218,7 @@ describe("rw.providers", function()
 
     it("passes remaining and reset_in to sync", function()
       local limiter, calls = sync_recorder()
-      local now = 1700000000
+      local now = os.time() + 3600 -- the server's clock, an hour ahead of ours
       github.observe({ status = 200, headers = { date = http_date(now), ["x-ratelimit-remaining"] = "17",
         ["x-ratelimit-reset"] = tostring(now + 600) } }, limiter)
       assert.same({ { remaining = 17, reset_in = 600 } }, calls)
@@ -376,14 +376,14 @@ describe("rw.providers", function()
     end)
 
     it("reads offsets and lower-case RFC 3339, and gives 0 for a reset already past", function()
-      local now = 1735732830 -- 2025-01-01T12:00:30Z
+      local now = os.time() - 600 -- the server's clock, behind ours
       local function wait(reset)
         return anthropic.delay({ status = 429, headers = { date = http_date(now),
           ["anthropic-ratelimit-tokens-reset"] = reset } }, 0)
       end
-      assert.equal(30, wait("2025-01-01T14:01:00+02:00"))
-      assert.equal(30, wait("2025-01-01t12:01:00z"))
-      assert.equal(0, wait("2025-01-01T12:00:00Z"))
+      assert.equal(30, wait(os.date("!%Y-%m-%dT%H:%M:%S+02:00", now + 30 + 7200)))
+      assert.equal(30, wait(rfc3339(now + 30):lower()))
+      assert.equal(0, wait(rfc3339(now - 30)))
     end)
 
     it("feeds the request quota into the limiter, so the next request waits for the reset", function()
@@ -630,4 +630,102 @@ describe("rw.policy", function()
     assert.error_matches(function() rw.fetch(s:url("/x"), { policy = { classify = function() end } }) end,
       "option 'policy'")
   end)
+end)
+
+-- One hostile or broken response must not stall every later call through a
+-- shared bucket: a sync believes a reset only up to the bucket's
+-- sync_horizon (a day by default), and a Date more than a day off the local
+-- clock is not taken for the server's clock.
+describe("a hostile rate-limit response", function()
+  local s
+  local DAY = 86400
+  local EPOCH_1970 = "Thu, 01 Jan 1970 00:00:00 GMT"
+
+  setup(function() s = server.start() end)
+  teardown(function() s:stop() end)
+  before_each(function() s:reset() end)
+
+  -- One call through `provider` whose response carries `headers`, with
+  -- `limiter`; returns what the server saw.
+  local function call_with(provider, limiter, headers)
+    s:script("/hostile", { { status = 200, headers = headers } })
+    assert(rw.fetch(s:url("/hostile"), opts(provider, { limiter = limiter })))
+    return s:log("/hostile")
+  end
+
+  it("github: x-ratelimit-reset 3,000 years ahead puts a shared bucket at most a day into debt", function()
+    local bucket = rw.bucket { capacity = 10, rate = 1 }
+    local log = call_with(rw.providers.github, bucket,
+      { ["x-ratelimit-remaining"] = "0", ["x-ratelimit-reset"] = "99999999999" })
+    assert.equal(1, #log)
+    local wait = bucket:wait_time()
+    assert.is_true(wait <= DAY and wait > DAY - 5, "the bucket waits " .. wait .. " s")
+  end)
+
+  it("github: the bucket's own sync_horizon bounds it further", function()
+    local bucket = rw.bucket { capacity = 10, rate = 1, sync_horizon = 2 }
+    call_with(rw.providers.github, bucket, { ["x-ratelimit-remaining"] = "0", ["x-ratelimit-reset"] = "99999999999" })
+    assert.is_true(bucket:wait_time() <= 2, "the bucket waits " .. bucket:wait_time() .. " s")
+    -- and the next call through it goes out after that wait, not in 3,000 years
+    local t0 = rw.now()
+    s:script("/after", { { status = 200 } })
+    assert(rw.fetch(s:url("/after"), opts(rw.providers.github, { limiter = bucket })))
+    assert.is_true(rw.now() - t0 < 3, "the next call took " .. (rw.now() - t0) .. " s")
+    assert.equal(1, #s:log("/after"))
+  end)
+
+  it("github: a reset against Date: 1970 is measured by the local clock (5 s, not 56 years)", function()
+    local bucket = rw.bucket { capacity = 10, rate = 1 }
+    call_with(rw.providers.github, bucket, { date = EPOCH_1970, ["x-ratelimit-remaining"] = "0",
+      ["x-ratelimit-reset"] = tostring(os.time() + 5) })
+    local wait = bucket:wait_time()
+    assert.is_true(wait > 3.5 and wait <= 5.5, "the bucket waits " .. wait .. " s")
+    -- and so is the wait before a retry of a 403 that says so
+    local seen, o = recording(rw.providers.github)
+    s:script("/gh-1970", {
+      { status = 403, headers = { date = EPOCH_1970, ["x-ratelimit-remaining"] = "0",
+        ["x-ratelimit-reset"] = tostring(os.time() + 5) } },
+      { status = 200 },
+    })
+    assert(rw.fetch(s:url("/gh-1970"), o))
+    assert.equal(1, #seen)
+    assert.is_true(seen[1].delay > 3.5 and seen[1].delay <= 5.5, "retried after " .. seen[1].delay .. " s")
+  end)
+
+  it("a Date more than a day off makes a Retry-After date count from the local clock", function()
+    local later = os.time() + 30
+    -- Against 1970 this date would be 56 years away; against 2100, long past.
+    local d = rw.retry_delay({ date = EPOCH_1970, ["retry-after"] = http_date(later) }, 0)
+    assert.is_true(d > 28 and d <= 30, tostring(d))
+    d = rw.retry_delay({ date = "Fri, 01 Jan 2100 00:00:00 GMT", ["retry-after"] = http_date(later) }, 0)
+    assert.is_true(d > 28 and d <= 30, tostring(d))
+    -- A Date within a day of the local clock is still the server's clock.
+    d = rw.retry_delay({ date = http_date(os.time() - 3600), ["retry-after"] = http_date(os.time() - 3600 + 30) }, 0)
+    assert.equal(30, d)
+  end)
+
+  -- Each provider's own reset field, pushed out of all reason.
+  local rows = {
+    { "anthropic: an RFC 3339 reset in the year 9999", "anthropic",
+      { ["anthropic-ratelimit-requests-remaining"] = "0",
+        ["anthropic-ratelimit-requests-reset"] = "9999-12-31T23:59:59Z" } },
+    { "anthropic: a reset against Date: 1970", "anthropic",
+      { date = EPOCH_1970, ["anthropic-ratelimit-requests-remaining"] = "0",
+        ["anthropic-ratelimit-requests-reset"] = "2030-01-01T00:00:00Z" } },
+    { "openai: a reset of 99999999 hours", "openai",
+      { ["x-ratelimit-remaining-requests"] = "0", ["x-ratelimit-reset-requests"] = "99999999h" } },
+    { "ietf: t of 999999999999999 seconds", "ietf", { RateLimit = '"default";r=0;t=999999999999999' } },
+    { "ietf: a window w of 999999999999999 seconds", "ietf",
+      { RateLimit = '"default";r=0', ["RateLimit-Policy"] = '"default";q=10;w=999999999999999' } },
+    { "ietf draft 06: RateLimit-Reset of 999999999999999", "ietf",
+      { ["RateLimit-Remaining"] = "0", ["RateLimit-Reset"] = "999999999999999" } },
+  }
+  for _, row in ipairs(rows) do
+    it(row[1] .. " puts a shared bucket at most a day into debt, through rw.limiters too", function()
+      local bucket = rw.bucket { capacity = 10, rate = 1 }
+      call_with(rw.providers[row[2]], rw.limiters { bucket }, row[3])
+      local wait = bucket:wait_time()
+      assert.is_true(wait <= DAY and wait > 60, "the bucket waits " .. wait .. " s")
+    end)
+  end
 end)

@@ -109,10 +109,20 @@ end
 -- response's own Date header when there is one: that is the server's clock,
 -- so a local clock that runs ahead cannot cut the wait short.
 --- epoch = retry.server_now(headers): the response's Date when it has one
--- (the server's clock), else the local wall clock.
+-- (the server's clock), else the local wall clock. A Date more than a day
+-- away from the local clock is not a server's clock but a broken or hostile
+-- one (a "Date: 1970" would turn a reset a few seconds ahead into a wait of
+-- 56 years), so the local clock is used then.
+local DATE_TRUST = 86400
+
 function retry.server_now(h)
+  local local_now = core.time()
   local date = headers.get(h, "date")
-  return date and core.parse_http_date(date) or core.time()
+  local server = date and core.parse_http_date(date)
+  if server and server - local_now <= DATE_TRUST and local_now - server <= DATE_TRUST then
+    return server
+  end
+  return local_now
 end
 
 --- seconds | nil = retry.retry_after(headers [, now]): the response's own
