@@ -561,3 +561,55 @@ describe("misuse", function()
     end)
   end)
 end)
+
+-- A limiter of one's own that answers a wait that can never end (NaN, or
+-- infinity) is named in an error instead of making acquire spin. Run in a
+-- process of its own under `timeout`, so that a regression cannot hang the
+-- suite.
+describe("misuse: a limiter whose wait is NaN or infinite", function()
+  local subprocess = require "spec.support.subprocess"
+
+  local function outcome(setup_code)
+    local out, code = subprocess.run_lua('local rw = require "ratewise"\n' .. setup_code .. [[
+
+      local t0 = rw.now()
+      local ok, err = pcall(function() return both:acquire() end)
+      io.write(tostring(ok), " ", string.format("%.3f", rw.now() - t0), " ", tostring(err))
+    ]])
+    assert.are_not.equal(124, code, "still waiting after 5 s (spinning or hanging)")
+    assert.equal(0, code, out)
+    local ok, took, err = out:match("^(%a+) ([%d.]+) (.*)$")
+    assert.equal("false", ok, out)
+    assert.is_true(tonumber(took) < 1, out)
+    return err
+  end
+
+  -- A member whose wait_time and take both say `wait`.
+  local function broken(wait)
+    return "local broken = { wait_time = function() return " .. wait .. " end,\n"
+      .. "  take = function() return false, " .. wait .. " end, refund = function() end }\n"
+  end
+
+  it("names the member whose wait_time answered NaN", function()
+    local err = outcome(broken("0/0") .. "both = rw.limiters { rw.bucket { capacity = 1, rate = 1 }, broken }")
+    assert.matches("limiters: member #2 answered a wait of nan", err, 1, true)
+    assert.matches("finite number of seconds", err, 1, true)
+  end)
+
+  it("names the cost member whose wait_time answered infinity", function()
+    local err = outcome(broken("math.huge") .. "both = rw.limiters { cost = broken }")
+    assert.matches("limiters: cost member #1 answered a wait of inf", err, 1, true)
+  end)
+
+  it("names a member whose take fails with a NaN wait after wait_time said 0, and gives back what was taken", function()
+    local err = outcome([[
+      local b = rw.bucket { capacity = 1, rate = 1 }
+      local broken = { wait_time = function() return 0 end, take = function() return false, 0/0 end,
+        refund = function() end }
+      both = rw.limiters { b, broken }
+      local acquire = both.acquire
+      both.acquire = function(self) local ok, e = pcall(acquire, self); assert(b:tokens() > 0.99); error(e, 0) end
+    ]])
+    assert.matches("limiters: member #2 answered a wait of nan", err, 1, true)
+  end)
+end)

@@ -314,3 +314,84 @@ describe("the scheduler", function()
     end)
   end)
 end)
+
+-- A wait that can never end by the clock (NaN or infinite seconds) is
+-- misuse: it used to spin at 100% CPU. Each case runs in a process of its
+-- own under `timeout`, so that a regression fails here instead of hanging
+-- the suite; each must end with an error, at once.
+describe("waits that could never end", function()
+  local subprocess = require "spec.support.subprocess"
+
+  -- Runs `body` (Lua code using rw) in a subprocess; returns the error it
+  -- raised and how long it took.
+  local function outcome(body)
+    local out, code = subprocess.run_lua('local rw = require "ratewise"\n'
+      .. 'local scheduler = require "ratewise.scheduler"\n'
+      .. 'local t0 = rw.now()\n'
+      .. 'local ok, err = pcall(function()\n' .. body .. '\nend)\n'
+      .. 'io.write(tostring(ok), " ", string.format("%.3f", rw.now() - t0), " ", tostring(err))\n')
+    assert.are_not.equal(124, code, "still waiting after 5 s (spinning or hanging): " .. body)
+    assert.equal(0, code, out)
+    local ok, took, err = out:match("^(%a+) ([%d.]+) (.*)$")
+    assert.equal("false", ok, "no error: " .. out)
+    return err, tonumber(took)
+  end
+
+  -- { what, code, strings the error names }
+  local rows = {
+    { "rw.sleep(math.huge) in the main thread", "rw.sleep(math.huge)", { "sleep", "finite", "inf" } },
+    { "rw.sleep(0/0) in the main thread", "rw.sleep(0/0)", { "sleep", "finite", "(got nan)" } },
+    { "rw.sleep(math.huge) in a task", "rw.run(function() rw.sleep(math.huge) end)", { "sleep", "inf" } },
+    { "rw.sleep(0/0) in a task", "rw.run(function() rw.sleep(0/0) end)", { "sleep", "nan" } },
+    { "rw.sleep(math.huge) in a plain coroutine",
+      "local co = coroutine.wrap(function() rw.sleep(math.huge) end) co() co()", { "sleep", "inf" } },
+    { "rw.sleep(math.huge) with a host sleep configured",
+      "rw.configure{sleep = function() end} rw.sleep(math.huge)", { "sleep", "inf" } },
+    { "scheduler.sleep(math.huge) in the main thread", "scheduler.sleep(math.huge)", { "sleep", "inf" } },
+    { "scheduler.sleep(0/0) in a task", "rw.run(function() scheduler.sleep(0/0) end)", { "sleep", "nan" } },
+    { "runtime.sleep(-math.huge) with a per-call sleep",
+      'require("ratewise.runtime").sleep(-math.huge, function() end)', { "sleep", "-inf" } },
+    { 'a task yielding ("ratewise.sleep", 0/0)',
+      'rw.run(function() coroutine.yield("ratewise.sleep", 0/0) end)',
+      { '("ratewise.sleep", nan)', "plain-coroutine protocol", "finite" } },
+    { 'a task yielding ("ratewise.sleep", math.huge), joined',
+      'local t = rw.spawn(function() coroutine.yield("ratewise.sleep", math.huge) end)\n'
+        .. 'local r, err = t:join()\n'
+        .. 'assert(r == nil and t:status() == "done" and rw.step(0) == 0)\n'
+        .. 'error(err, 0)',
+      { '("ratewise.sleep", inf)', "plain-coroutine protocol" } },
+    { 'a task yielding ("ratewise.sleep") with no seconds',
+      'rw.run(function() coroutine.yield("ratewise.sleep") end)', { '("ratewise.sleep", nil)' } },
+    { "a bucket whose rate would make every wait infinite",
+      "local b = rw.bucket{capacity = 1, rate = 1e-320}\nb:acquire()\nb:acquire()",
+      { "bucket", "'rate' is too small" } },
+  }
+  for _, row in ipairs(rows) do
+    it("refuses " .. row[1] .. ", with an error naming it, at once", function()
+      local err, took = outcome(row[2])
+      for _, name in ipairs(row[3]) do
+        assert.is_truthy(err:find(name, 1, true), string.format("%q is not in the error: %s", name, err))
+      end
+      assert.is_true(took < 1, took .. " s")
+    end)
+  end
+
+  it("lets rw.step(math.huge) return when no task could make progress, instead of spinning", function()
+    local out, code = subprocess.run_lua([[
+      local rw = require "ratewise"
+      local sem = rw.semaphore(1)
+      sem:acquire() -- the main thread holds the only permit
+      local done = rw.spawn(function() rw.sleep(0.05) end)
+      rw.spawn(function() sem:acquire() end) -- waits for the main thread
+      local t0, c0 = rw.now(), os.clock()
+      local live = rw.step(math.huge)
+      io.write(live, " ", done:status(), " ", string.format("%.3f %.3f", rw.now() - t0, os.clock() - c0))
+    ]])
+    assert.equal(0, code, out)
+    local live, status, took, cpu = out:match("^(%d+) (%a+) ([%d.]+) ([%d.]+)$")
+    assert.equal("1", live, out)
+    assert.equal("done", status, out)
+    assert.is_true(tonumber(took) >= 0.05 and tonumber(took) < 1, out)
+    assert.is_true(tonumber(cpu) < 0.1, out)
+  end)
+end)

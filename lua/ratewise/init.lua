@@ -78,9 +78,11 @@ ratewise.providers = setmetatable({}, {
 })
 
 --- rw.sleep(seconds): waits the way the host at hand waits (see runtime.lua).
+-- NaN and infinity are refused: such a wait never ends by the clock.
 function ratewise.sleep(seconds)
-  if type(seconds) ~= "number" or seconds ~= seconds or seconds < 0 then
-    error(string.format("sleep: seconds must be a non-negative number (got %s)", tostring(seconds)), 2)
+  if type(seconds) ~= "number" or seconds ~= seconds or seconds < 0 or seconds == math.huge then
+    error(string.format("sleep: seconds must be a finite, non-negative number (got %s)",
+      scheduler.bad_seconds(seconds) or tostring(seconds)), 2)
   end
   return runtime.sleep(seconds)
 end

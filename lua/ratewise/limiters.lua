@@ -15,6 +15,7 @@
 -- served (a bucket's own acquire is). A caller asking for few tokens may get
 -- in ahead of one asking for many.
 local runtime = require "ratewise.runtime"
+local bad_seconds = require("ratewise.scheduler").bad_seconds
 
 local format = string.format
 local huge = math.huge
@@ -123,15 +124,25 @@ local function check_count(self, method, n)
   return n
 end
 
+-- A member's wait must be a finite number: NaN compares false with
+-- everything (acquire would retry at once, over and over), and an infinite
+-- wait never ends. Either is a broken limiter, named in the error.
+local function wait_error(w, which, i)
+  return format("limiters: %s #%d answered a wait of %s: a limiter's wait must be a finite number of seconds",
+    which, i, bad_seconds(w) or tostring(w))
+end
+
 local function wait_time(self, n)
   local wait = 0
   local each, by_cost = self.each, self.by_cost
   for i = 1, #each do
     local w = each[i]:wait_time(1)
+    if bad_seconds(w) then error(wait_error(w, "member", i), 0) end
     if w > wait then wait = w end
   end
   for i = 1, #by_cost do
     local w = by_cost[i]:wait_time(n)
+    if bad_seconds(w) then error(wait_error(w, "cost member", i), 0) end
     if w > wait then wait = w end
   end
   return wait
@@ -146,9 +157,11 @@ end
 -- The member whose take failed says how long until it could serve, with
 -- what was taken before it still held: a limiter that shows up twice
 -- through nested composites is then waited for long enough.
-local function failed_wait(member, k, seconds)
+-- Answers nil and the error when that wait is not a finite number.
+local function failed_wait(member, k, seconds, which, i)
   if type(seconds) ~= "number" then seconds = member:wait_time(k) end
-  if seconds ~= seconds or seconds < MIN_RETRY_WAIT then seconds = MIN_RETRY_WAIT end
+  if bad_seconds(seconds) then return nil, wait_error(seconds, which, i) end
+  if seconds < MIN_RETRY_WAIT then seconds = MIN_RETRY_WAIT end
   return seconds
 end
 
@@ -159,16 +172,20 @@ local function take(self, n)
   for i = 1, #each do
     local ok, seconds = each[i]:take(1)
     if not ok then
-      seconds = failed_wait(each[i], 1, seconds)
+      local err
+      seconds, err = failed_wait(each[i], 1, seconds, "member", i)
       give_back(self, n, i - 1, 0)
+      if err then error(err, 0) end
       return false, seconds
     end
   end
   for i = 1, #by_cost do
     local ok, seconds = by_cost[i]:take(n)
     if not ok then
-      seconds = failed_wait(by_cost[i], n, seconds)
+      local err
+      seconds, err = failed_wait(by_cost[i], n, seconds, "cost member", i)
       give_back(self, n, #each, i - 1)
+      if err then error(err, 0) end
       return false, seconds
     end
   end

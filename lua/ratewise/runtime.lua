@@ -12,6 +12,7 @@ local core = require "ratewise.core"
 local scheduler = require "ratewise.scheduler"
 
 local now = core.now
+local bad_seconds = scheduler.bad_seconds
 local running, yield = coroutine.running, coroutine.yield
 -- LuaJIT (Lua 5.1) has no coroutine.isyieldable; there, any coroutine is one.
 local isyieldable = coroutine.isyieldable or function()
@@ -55,8 +56,15 @@ local function yield_sleep(seconds)
   until now() >= deadline
 end
 
---- runtime.sleep(seconds [, per_call_sleep])
+--- runtime.sleep(seconds [, per_call_sleep]): every wait of the library
+-- comes here, so this is where a wait that could never end is refused: NaN
+-- or infinite seconds would make a waiting loop spin, here or in a host's
+-- own sleep. A negative wait is no wait.
 function runtime.sleep(seconds, per_call)
+  local bad = bad_seconds(seconds)
+  if bad then
+    error(format("sleep: seconds must be a finite number (got %s)", bad), 2)
+  end
   if per_call then return per_call(seconds) end
   if scheduler.current() then return scheduler.sleep(seconds) end
   if host_sleep then return host_sleep(seconds) end

@@ -79,6 +79,26 @@ end
 local Task = {}
 Task.__index = Task
 
+---------------------------------------------------------------------------
+-- Waits: a number of seconds that is NaN or infinite is misuse. Such a wait
+-- can never end by the clock, and every loop that waits for a deadline
+-- (the scheduler's turn, a host's frame loop) would spin on it at full CPU.
+
+--- text | nil = scheduler.bad_seconds(seconds): nil when seconds is a
+-- finite number (a negative one is no wait); else the value as an error
+-- shows it (nan whatever its sign bit, inf, -inf, "5", nil).
+function scheduler.bad_seconds(seconds)
+  local t = type(seconds)
+  if t == "number" then
+    if seconds ~= seconds then return "nan" end
+    if seconds == huge or seconds == -huge then return tostring(seconds) end
+    return nil
+  end
+  if t == "string" then return format("%q", seconds) end
+  return tostring(seconds)
+end
+local bad_seconds = scheduler.bad_seconds
+
 local function make_ready(task, value)
   task.state = "ready"
   ready_n = ready_n + 1
@@ -150,7 +170,16 @@ local function after_resume(task, resumed, ...)
     -- protocol ("ratewise.sleep", seconds) is honoured, any other yield
     -- just lets the other tasks run.
     local what, seconds = ...
-    if what == "ratewise.sleep" and type(seconds) == "number" then
+    if what == "ratewise.sleep" then
+      local bad = bad_seconds(seconds)
+      if bad then
+        -- The yield cannot be made to raise, so the task ends here, with
+        -- the stack of the yield in its error.
+        local err = debug.traceback(task.co, format("ratewise.sleep: a task yielded (\"ratewise.sleep\", %s): "
+          .. "the plain-coroutine protocol needs a finite number of seconds", bad))
+        if coroutine.close then coroutine.close(task.co) end -- its to-be-closed variables (5.4)
+        return finish(task, false, err)
+      end
       task.wait_id = task.wait_id + 1
       heap_push(now() + seconds, task, task.wait_id)
       task.state = "waiting"
@@ -283,7 +312,10 @@ local function turn(max_wait)
   fire_timers()
 end
 
---- live = scheduler.step([timeout])
+--- live = scheduler.step([timeout]): runs the tasks for at most timeout
+-- seconds (0: what is ready now). math.huge runs them until none is left,
+-- or until none could ever make progress (each waits for another, or for
+-- the caller), when it returns at once instead of spinning.
 function scheduler.step(timeout)
   timeout = timeout or 0
   if type(timeout) ~= "number" or timeout ~= timeout or timeout < 0 then
@@ -292,6 +324,9 @@ function scheduler.step(timeout)
   if scheduler.current() then error("step: called from inside a task; a task waits with rw.sleep instead", 2) end
   local deadline = now() + timeout
   repeat
+    -- With a finite timeout, turn blocks in the poll; with none, a turn
+    -- that has nothing to wait for would return at once, again and again.
+    if deadline == huge and not has_work() then break end
     turn(max(0, deadline - now()))
   until live == 0 or now() >= deadline
   -- What the last turn's I/O and timers made ready runs now, not a frame later.
@@ -314,6 +349,10 @@ end
 -- scheduler (the other tasks run meanwhile) and blocking in its poll. A task
 -- that is cancelled meanwhile calls on_cancel(a, b) first.
 function scheduler.sleep(seconds, on_cancel, a, b)
+  local bad = bad_seconds(seconds)
+  if bad then
+    error(format("sleep: seconds must be a finite number (got %s)", bad), 2)
+  end
   local deadline = now() + seconds
   local task = scheduler.current()
   if task then

@@ -12,4 +12,21 @@ function subprocess.lua_command(script)
   return subprocess.env .. subprocess.lua .. " " .. script
 end
 
+--- output, exit_code = subprocess.run_lua(code [, seconds]): runs a Lua
+-- program in a process of its own under `timeout` (default 5 s), so that a
+-- regression that spins or hangs fails one spec instead of the whole suite.
+-- exit_code 124 means the time ran out; output is stdout and stderr.
+function subprocess.run_lua(code, seconds)
+  local file = os.tmpname()
+  local f = assert(io.open(file, "w"))
+  f:write(code)
+  f:close()
+  local p = assert(io.popen(subprocess.env .. "timeout " .. (seconds or 5) .. " " .. subprocess.lua .. " "
+    .. file .. " 2>&1"))
+  local out = p:read("a")
+  local _, _, code_out = p:close()
+  os.remove(file)
+  return out, code_out
+end
+
 return subprocess
