@@ -104,8 +104,11 @@ lint: deps deps-check
 
 # luarocks leaves ./ratewise/core.so and src/*.o behind; a stray
 # ./ratewise/core.so would shadow the installed module through the cpath.
+# --deps-mode=none: the rockspec lists lua-cjson, which `deps` installs as a
+# Debian package that luarocks does not see; without it luarocks would try
+# to download the rock (and fail offline).
 install: deps
-	luarocks --lua-version 5.4 make rockspec/ratewise-scm-1.rockspec
+	luarocks --lua-version 5.4 make --deps-mode=none rockspec/ratewise-scm-1.rockspec
 	rm -rf ratewise src/*.o
 
 # ---- fuzzing: one libFuzzer target per parser of src/parse.c (fuzz/) ----

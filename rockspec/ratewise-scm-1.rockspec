@@ -14,11 +14,13 @@ keeps a client-side token bucket. A C core on libcurl; the waiting is in Lua.
 ]],
    license = "MIT",
 }
--- rw.client also needs lua-cjson at run time. It is not listed here because
--- an offline `luarocks make` would then try to download it; install Debian's
--- lua-cjson (the Makefile's `deps` does).
+-- lua-cjson is needed by the client's JSON features only (the json option,
+-- res.json); ratewise loads it on first use. Debian's lua-cjson package is
+-- not a rock luarocks can see, so an offline install from this tree passes
+-- --deps-mode=none (as `make install` does) and relies on that package.
 dependencies = {
    "lua >= 5.4",
+   "lua-cjson",
 }
 external_dependencies = {
    -- Debian keeps curl.h in /usr/include/x86_64-linux-gnu, which luarocks does

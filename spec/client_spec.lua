@@ -213,3 +213,55 @@ describe("rw.client", function()
     end)
   end)
 end)
+
+-- lua-cjson is needed by the JSON features only: without it, require
+-- "ratewise", rw.fetch and the client work; the json option raises and a
+-- JSON response carries json_error, both naming the package to install.
+describe("rw.client without lua-cjson", function()
+  local s
+
+  setup(function() s = server.start() end)
+  teardown(function() s:stop() end)
+
+  it("leaves require, fetch and the client working, and names lua-cjson where JSON is needed", function()
+    s:script("/plain", { { status = 200, body = "ok" } })
+    s:script("/json", { { status = 200, body = '{"a":1}', headers = { ["Content-Type"] = "application/json" } } })
+    local out, code = require("spec.support.subprocess").run_lua(string.format("local base = %q\n", s.base) .. [[
+      -- What a machine without lua-cjson sees: no system module directory
+      -- (where Debian's cjson.so lives) is searched.
+      local function local_only(path)
+        local kept = {}
+        for entry in path:gmatch("[^;]+") do
+          if not entry:find("^/usr/") then kept[#kept + 1] = entry end
+        end
+        return table.concat(kept, ";")
+      end
+      package.cpath, package.path = local_only(package.cpath), local_only(package.path)
+      assert(not pcall(require, "cjson"), "cjson can still be loaded")
+      local rw = require "ratewise"
+      local res = assert(rw.fetch(base .. "/plain", { on_retry = false }))
+      print("fetch", res.status, res.body)
+      local c = rw.client { base_url = base, on_retry = false }
+      res = assert(c:get("/plain"))
+      print("client", res.status, res.body)
+      res = assert(c:get("/json"))
+      print("json", res.status, res.body, tostring(res.json), res.json_error)
+      local ok, err = pcall(c.post, c, "/plain", { json = { a = 1 } })
+      print("encode", ok, err)
+    ]])
+    assert.equal(0, code, out)
+    assert.matches("fetch\t200\tok\n", out, 1, true)
+    assert.matches("client\t200\tok\n", out, 1, true)
+    local json_line = out:match("json\t200\t{\"a\":1}\tnil\t([^\n]*)")
+    assert.is_truthy(json_line, out)
+    assert.matches("response body not decoded: lua-cjson cannot be loaded (module 'cjson' not found)",
+      json_line, 1, true)
+    local encode_line = out:match("encode\tfalse\t([^\n]*)")
+    assert.is_truthy(encode_line, out)
+    for _, name in ipairs { "option 'json' needs lua-cjson, which cannot be loaded (module 'cjson' not found)",
+      "apt-get install lua-cjson", "luarocks install lua-cjson" } do
+      assert.matches(name, encode_line, 1, true)
+    end
+    assert.equal(2, #s:log("/plain"), "the call with a json option went out") -- fetch and client:get only
+  end)
+end)

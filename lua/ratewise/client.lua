@@ -1,7 +1,5 @@
 -- rw.client: one API's base URL, headers, provider policy, limits and
 -- resilience settings in one object, with JSON in and out.
-local cjson = require "cjson"
-local cjson_safe = require "cjson.safe"
 local fetch = require "ratewise.fetch"
 local headers_mod = require "ratewise.headers"
 local policy_mod = require "ratewise.policy"
@@ -14,6 +12,32 @@ local type, tostring, pairs, ipairs, setmetatable, pcall = type, tostring, pairs
 local now = core.now
 
 local client = {}
+
+-- lua-cjson is loaded on first use, by the JSON features only (the `json`
+-- option, decoding a JSON response): require "ratewise" and everything else
+-- work without it.
+local cjson, cjson_safe, cjson_missing
+
+--- cjson, cjson_safe | nil, nil, why: the modules, or why they cannot be
+-- loaded and how to install them.
+local function json_modules()
+  if cjson then return cjson, cjson_safe end
+  if not cjson_missing then
+    local ok, m = pcall(require, "cjson")
+    local ok_safe, m_safe = false, nil
+    if ok then ok_safe, m_safe = pcall(require, "cjson.safe") end
+    if ok and ok_safe then
+      cjson, cjson_safe = m, m_safe
+      return cjson, cjson_safe
+    end
+    -- The first line of require's message ("module 'cjson' not found:"),
+    -- not the list of every path it tried.
+    local why = tostring(ok and m_safe or m):match("^[^\n]*"):gsub(":$", "")
+    cjson_missing = format("(%s): install the Debian package lua-cjson "
+      .. "(apt-get install lua-cjson) or the rock lua-cjson (luarocks install lua-cjson)", why)
+  end
+  return nil, nil, cjson_missing
+end
 
 local Client = {}
 Client.__index = Client
@@ -330,7 +354,12 @@ end
 local function decode_json(res)
   local ct = res.headers and res.headers["content-type"]
   if ct and find(lower(ct), "json", 1, true) and res.body ~= "" then
-    local value, err = cjson_safe.decode(res.body)
+    local _, decoder, missing = json_modules()
+    if not decoder then
+      res.json_error = "response body not decoded: lua-cjson cannot be loaded " .. missing
+      return
+    end
+    local value, err = decoder.decode(res.body)
     if value == nil then res.json_error = "response body is not valid JSON: " .. tostring(err) end
     res.json = value
   end
@@ -379,7 +408,11 @@ function Client:request(method, path, opts)
   call.limiter = self:_limiter_for(path, opts.limiter)
   local h = merged_headers(self.headers, opts.headers)
   if opts.json ~= nil then
-    local ok, body = pcall(cjson.encode, opts.json)
+    local encoder, _, missing = json_modules()
+    if not encoder then
+      error("client:request: option 'json' needs lua-cjson, which cannot be loaded " .. missing, 2)
+    end
+    local ok, body = pcall(encoder.encode, opts.json)
     if not ok then error("client:request: option 'json' cannot be encoded: " .. tostring(body), 2) end
     call.body = body
     local has_type = false
