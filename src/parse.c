@@ -393,6 +393,72 @@ int rwp_parse_rfc3339(const char *s, size_t len, double *out)
     return 1;
 }
 
+/* ---- header blocks ---- */
+
+/* The bytes that end a field name: its colon, or one it may not hold. */
+static const unsigned char parse_name_stop[256] = {
+    ['\0'] = 1, ['\t'] = 1, ['\r'] = 1, [' '] = 1, [':'] = 1,
+};
+
+int rwp_header_next(const char *block, size_t len, size_t *pos, rwp_header_field *out)
+{
+    size_t at = *pos;
+    /* Whether the line before is a field this iterator reported, which is
+     * what an obs-fold line may continue. A skipped line breaks the chain,
+     * so that a dropped field's continuation is dropped with it. */
+    int follows_field = at > 0;
+    while (at < len) {
+        const char *line = block + at, *lend, *name_end, *v, *vend;
+        const char *eol = (const char *)memchr(line, '\n', len - at);
+        size_t n;
+        lend = eol ? eol : block + len;
+        at = eol ? (size_t)(eol - block) + 1 : len;
+        if (lend > line && lend[-1] == '\r') lend--;
+        n = (size_t)(lend - line);
+        if (n == 0 || (n >= 5 && memcmp(line, "HTTP/", 5) == 0)) {
+            follows_field = 0;
+            continue;
+        }
+        if (parse_is_ows(*line)) { /* obs-fold */
+            if (memchr(line, '\r', n) != NULL || memchr(line, '\0', n) != NULL) {
+                follows_field = 0;
+                continue;
+            }
+            v = line;
+            vend = lend;
+            while (v < vend && parse_is_ows(*v)) v++;
+            while (vend > v && parse_is_ows(vend[-1])) vend--;
+            if (!follows_field || v == vend) continue;
+            out->name = NULL;
+            out->name_len = 0;
+            out->continuation = 1;
+        } else {
+            /* One pass over the name, which is short: up to the colon, and
+             * no SP, HTAB, CR or NUL on the way. */
+            for (name_end = line; name_end < lend && !parse_name_stop[(unsigned char)*name_end]; name_end++) {}
+            v = name_end + 1;
+            if (name_end == lend || *name_end != ':' || name_end == line
+                || memchr(v, '\r', (size_t)(lend - v)) != NULL
+                || memchr(v, '\0', (size_t)(lend - v)) != NULL) {
+                follows_field = 0;
+                continue;
+            }
+            vend = lend;
+            while (v < vend && parse_is_ows(*v)) v++;
+            while (vend > v && parse_is_ows(vend[-1])) vend--;
+            out->name = line;
+            out->name_len = (size_t)(name_end - line);
+            out->continuation = 0;
+        }
+        out->value = v;
+        out->value_len = (size_t)(vend - v);
+        *pos = at;
+        return 1;
+    }
+    *pos = len;
+    return 0;
+}
+
 double rwp_backoff(double attempt, double base, double max_delay,
                    enum rwp_jitter jitter, double u, double previous)
 {

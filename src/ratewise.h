@@ -65,6 +65,35 @@ int rwp_parse_duration(const char *s, size_t len, double *out);
  * and sets *out to epoch seconds (fraction kept), or 0. */
 int rwp_parse_rfc3339(const char *s, size_t len, double *out);
 
+/* One line of a stored header block, as rwp_header_next reports it: a
+ * field line (name and value), or an obs-fold line continuing the field
+ * reported before it (continuation = 1, name NULL). Spans point into the
+ * block; name is never empty and holds no SP, HTAB, ':', CR, LF or NUL;
+ * value is trimmed of SP and HTAB and holds no CR, LF or NUL; a field's
+ * value may be empty, a continuation's never is. */
+typedef struct rwp_header_field {
+    const char *name;
+    size_t name_len;
+    const char *value;
+    size_t value_len;
+    int continuation;
+} rwp_header_field;
+
+/* The next field of a header block as libcurl stores it (a status line,
+ * field lines, a blank line; trailers alike), from block[*pos] on. Lines
+ * end at LF, with one CR before it dropped; a last line without LF counts.
+ * A line that starts with SP or HTAB is an obs-fold continuation of the
+ * field above it. Skipped: blank lines, status lines ("HTTP/..."), lines
+ * with no ':', an empty name or a name holding SP or HTAB (RFC 9112
+ * section 5.1), lines holding NUL or a bare CR (RFC 9110 section 5.5);
+ * continuations holding nothing but SP/HTAB; and continuations with no
+ * field to continue: at the start of the block, or after a line skipped
+ * for one of the reasons before the semicolon, so that a dropped field's
+ * continuation goes with it. *pos must be 0 at the start of a block and
+ * otherwise what the last call left; it only grows, and reaches len when 0
+ * is returned. Returns 1 and fills *out, or 0 at the end of the block. */
+int rwp_header_next(const char *block, size_t len, size_t *pos, rwp_header_field *out);
+
 enum rwp_jitter { RWP_JITTER_NONE, RWP_JITTER_FULL, RWP_JITTER_EQUAL, RWP_JITTER_DECORRELATED };
 
 /* Capped exponential backoff. u is a uniform random number in [0,1);
