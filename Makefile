@@ -115,7 +115,7 @@ install: deps
 # `make fuzz FUZZ_SECONDS=600` for a long run; each target prints one line.
 CLANG        ?= clang
 FUZZ_SECONDS ?= 30
-FUZZ_TARGETS := retry_after http_date seconds duration rfc3339 backoff
+FUZZ_TARGETS := retry_after http_date seconds duration rfc3339 backoff headers
 FUZZ_BUILD   := build-fuzz
 FUZZ_BINS    := $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz_%)
 FUZZ_CFLAGS   = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
