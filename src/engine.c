@@ -73,6 +73,7 @@ typedef struct transfer {
     int ref;               /* its box in the engine's table, while running */
     struct curl_slist *headers, *proxy_headers;
     int headers_done; /* the blank line after the last response's headers came */
+    size_t head_end;  /* head[0..head_end) is that header block, trailers follow; 0 until it ends */
     engine_buf body, head;
     size_t max_body;
     int body_too_large, headers_too_large, out_of_memory;
@@ -147,9 +148,9 @@ static size_t engine_on_header(char *ptr, size_t size, size_t nmemb, void *ud)
      * line; keep only the headers of the last one. */
     if (n >= 5 && memcmp(ptr, "HTTP/", 5) == 0) {
         t->head.len = 0;
+        t->head_end = 0;
         t->headers_done = 0;
     }
-    if ((n == 2 && ptr[0] == '\r') || (n == 1 && ptr[0] == '\n')) t->headers_done = 1;
     if (t->head.len + n > ENGINE_MAX_HEADER_BYTES) {
         t->headers_too_large = 1;
         return 0;
@@ -157,6 +158,13 @@ static size_t engine_on_header(char *ptr, size_t size, size_t nmemb, void *ud)
     if (!engine_buf_append(&t->head, ptr, n)) {
         t->out_of_memory = 1;
         return 0;
+    }
+    /* libcurl hands a chunked body's trailer lines over after the body, as
+     * more header lines: what follows the blank line is kept apart, so that
+     * a trailer cannot pass for a header (a Retry-After steering a wait). */
+    if ((n == 2 && ptr[0] == '\r') || (n == 1 && ptr[0] == '\n')) {
+        if (!t->headers_done) t->head_end = t->head.len;
+        t->headers_done = 1;
     }
     return n;
 }
@@ -233,7 +241,7 @@ static void engine_give(engine *e, transfer *t)
     }
     if (t->body.cap > ENGINE_KEEP_BUFFER) engine_buf_free(&t->body);
     if (t->head.cap > ENGINE_KEEP_BUFFER) engine_buf_free(&t->head);
-    t->body.len = t->head.len = 0;
+    t->body.len = t->head.len = t->head_end = 0;
     t->headers_done = t->body_too_large = t->headers_too_large = t->out_of_memory = 0;
     t->aborted = ABORT_NONE;
     t->code = CURLE_OK;
@@ -729,9 +737,8 @@ static int transfer_l_close(lua_State *L)
 
 static int engine_lower(int c) { return (c >= 'A' && c <= 'Z') ? c + 32 : c; }
 
-/* Pushes the field name line[0..n) lower-cased; 0 (nothing pushed) if it
- * holds a space or a tab, which RFC 9112 forbids. */
-static int engine_push_name(lua_State *L, const char *line, size_t n)
+/* Pushes the field name name[0..n) lower-cased. */
+static void engine_push_name(lua_State *L, const char *name, size_t n)
 {
     char small[128]; /* field names are short: lower-cased on the C stack */
     luaL_Buffer big;
@@ -741,83 +748,134 @@ static int engine_push_name(lua_State *L, const char *line, size_t n)
         luaL_buffinit(L, &big);
         dst = luaL_prepbuffsize(&big, n);
     }
-    for (i = 0; i < n; i++) {
-        int c = (unsigned char)line[i];
-        if (c == ' ' || c == '\t') {
-            if (dst != small) {
-                luaL_pushresult(&big);
-                lua_pop(L, 1);
-            }
-            return 0;
-        }
-        dst[i] = (char)engine_lower(c);
-    }
+    for (i = 0; i < n; i++) dst[i] = (char)engine_lower((unsigned char)name[i]);
     if (dst == small) {
         lua_pushlstring(L, small, n);
     } else {
         luaL_addsize(&big, n);
         luaL_pushresult(&big);
     }
-    return 1;
 }
 
-/* Sets t[name] = value, or appends ", " value to what is there (a repeated
- * field). Expects name and value on the stack; pops both. */
-static void engine_add_field(lua_State *L, int tbl)
+/* Sets fields[name] = value for the first field of a name. A repeated one
+ * goes to lists[name] = {v1, v2, ...} instead, the lists table replacing
+ * the nil at index lists at the first repeat: joining there and then,
+ * value by value, would copy the joined value once per repeat, which is
+ * quadratic. Expects name and value on the stack; pops both. */
+static void transfer_add_field(lua_State *L, int fields, int lists)
 {
-    lua_pushvalue(L, -2);
-    if (lua_rawget(L, tbl) == LUA_TSTRING) {
-        lua_insert(L, -2); /* name, old, value */
-        lua_pushliteral(L, ", ");
-        lua_insert(L, -2);
-        lua_concat(L, 3);
-    } else {
+    if (lua_type(L, lists) == LUA_TTABLE) {
+        lua_pushvalue(L, -2);
+        if (lua_rawget(L, lists) == LUA_TTABLE) { /* name, value, list */
+            lua_insert(L, -2);
+            lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
+            lua_pop(L, 2);
+            return;
+        }
         lua_pop(L, 1);
     }
-    lua_rawset(L, tbl);
+    lua_pushvalue(L, -2);
+    if (lua_rawget(L, fields) == LUA_TNIL) {
+        lua_pop(L, 1);
+        lua_rawset(L, fields);
+        return;
+    }
+    if (lua_type(L, lists) != LUA_TTABLE) { /* the block's first repeat */
+        lua_createtable(L, 0, 1);
+        lua_replace(L, lists);
+    }
+    lua_createtable(L, 4, 0); /* name, value, first, list */
+    lua_insert(L, -2);
+    lua_rawseti(L, -2, 1);
+    lua_insert(L, -2);
+    lua_rawseti(L, -2, 2);
+    lua_rawset(L, lists);
 }
 
-/* Parses the stored header block into a table at the top of the stack:
- * lower-case names, values trimmed, repeated fields joined with ", ",
- * obs-fold continuation lines joined to their field with a space. */
-static void transfer_push_headers(lua_State *L, const transfer *t)
+/* Pushes a table of the fields of block[0..len) (see rwp_header_next):
+ * lower-case names, repeated fields joined with ", ", obs-fold lines joined
+ * to their field with a space; then, when a name came more than once, a
+ * table of every value of each such name in order, or else nil.
+ * other_lines: the lines of the block that are no fields (status line,
+ * blank line), for sizing the table. */
+static void transfer_push_fields(lua_State *L, const char *block, size_t len, size_t other_lines)
 {
-    const char *p = t->head.data, *end = p ? p + t->head.len : NULL, *q;
-    const char *last = NULL; /* the name of the last field, for obs-fold */
-    size_t last_len = 0;
-    int tbl, lines = 0;
-    /* Sized for the fields alone: less the status line and the blank line. */
-    for (q = p; q && (q = (const char *)memchr(q, '\n', (size_t)(end - q))) != NULL; q++) lines++;
-    lua_createtable(L, 0, lines > 2 ? lines - 2 : 0);
-    tbl = lua_gettop(L);
-    while (p && p < end) {
-        const char *eol = (const char *)memchr(p, '\n', (size_t)(end - p));
-        const char *line = p, *lend = eol ? eol : end, *colon, *v, *vend;
-        p = eol ? eol + 1 : end;
-        if (lend > line && lend[-1] == '\r') lend--;
-        if (lend == line || (lend - line >= 5 && memcmp(line, "HTTP/", 5) == 0)) continue;
-        if (*line == ' ' || *line == '\t') { /* obs-fold: continues the last value */
-            if (!last) continue;
-            while (line < lend && (*line == ' ' || *line == '\t')) line++;
-            engine_push_name(L, last, last_len);
-            lua_pushvalue(L, -1);
-            lua_rawget(L, tbl);
-            lua_pushliteral(L, " ");
-            lua_pushlstring(L, line, (size_t)(lend - line));
-            lua_concat(L, 3);
-            lua_rawset(L, tbl);
+    rwp_header_field f, next;
+    size_t pos = 0, lines = 0;
+    const char *q, *end = block ? block + len : NULL;
+    int fields, lists, have;
+    for (q = block; q && (q = (const char *)memchr(q, '\n', (size_t)(end - q))) != NULL; q++) lines++;
+    lua_createtable(L, 0, lines > other_lines ? (int)(lines - other_lines) : 0);
+    fields = lua_gettop(L);
+    lua_pushnil(L); /* no repeats so far: nothing allocated for them */
+    lists = fields + 1;
+    have = block && rwp_header_next(block, len, &pos, &f);
+    while (have) {
+        have = rwp_header_next(block, len, &pos, &next);
+        if (f.continuation) { /* not reported before a field; ignored if it were */
+            f = next;
             continue;
         }
-        colon = (const char *)memchr(line, ':', (size_t)(lend - line));
-        if (!colon || colon == line || !engine_push_name(L, line, (size_t)(colon - line))) continue;
-        last = line;
-        last_len = (size_t)(colon - line);
-        v = colon + 1;
-        vend = lend;
-        while (v < vend && (*v == ' ' || *v == '\t')) v++;
-        while (vend > v && (vend[-1] == ' ' || vend[-1] == '\t')) vend--;
-        lua_pushlstring(L, v, (size_t)(vend - v));
-        engine_add_field(L, tbl);
+        engine_push_name(L, f.name, f.name_len);
+        if (have && next.continuation) {
+            luaL_Buffer b;
+            int nonempty = f.value_len > 0;
+            luaL_buffinit(L, &b);
+            luaL_addlstring(&b, f.value, f.value_len);
+            do {
+                if (nonempty) luaL_addchar(&b, ' ');
+                luaL_addlstring(&b, next.value, next.value_len);
+                nonempty = 1;
+                have = rwp_header_next(block, len, &pos, &next);
+            } while (have && next.continuation);
+            luaL_pushresult(&b);
+        } else {
+            lua_pushlstring(L, f.value, f.value_len);
+        }
+        transfer_add_field(L, fields, lists);
+        f = next;
+    }
+    if (lua_type(L, lists) == LUA_TTABLE) { /* fields[name]: its values joined once */
+        lua_pushnil(L);
+        while (lua_next(L, lists)) {
+            luaL_Buffer b;
+            int list = lua_gettop(L);
+            lua_Integer i, n = (lua_Integer)lua_rawlen(L, list);
+            lua_pushvalue(L, -2);
+            luaL_buffinit(L, &b);
+            for (i = 1; i <= n; i++) {
+                if (i > 1) luaL_addlstring(&b, ", ", 2);
+                lua_rawgeti(L, list, i);
+                luaL_addvalue(&b);
+            }
+            luaL_pushresult(&b);
+            lua_rawset(L, fields);
+            lua_pop(L, 1);
+        }
+    }
+}
+
+/* Sets res.headers (and res.header_lists, when a name repeats) from the
+ * final response's header block, and res.trailers from the lines that came
+ * after it, if any is a field, in the table at the top of the stack. */
+static void transfer_set_headers(lua_State *L, const transfer *t)
+{
+    size_t head = t->head_end ? t->head_end : t->head.len;
+    transfer_push_fields(L, t->head.data, head, 2); /* less the status line and the blank line */
+    if (lua_isnil(L, -1)) lua_pop(L, 1);
+    else lua_setfield(L, -3, "header_lists");
+    lua_setfield(L, -2, "headers");
+    if (t->head.len > head) {
+        /* Less their blank line. A trailer's repeats are only joined. */
+        transfer_push_fields(L, t->head.data + head, t->head.len - head, 1);
+        lua_pop(L, 1);
+        lua_pushnil(L);
+        if (lua_next(L, -2)) {
+            lua_pop(L, 2);
+            lua_setfield(L, -2, "trailers");
+        } else {
+            lua_pop(L, 1);
+        }
     }
 }
 
@@ -889,8 +947,7 @@ static int transfer_l_result(lua_State *L)
         lua_createtable(L, 0, 8); /* room for the two fields fetch adds */
         lua_pushinteger(L, t->status);
         lua_setfield(L, -2, "status");
-        transfer_push_headers(L, t);
-        lua_setfield(L, -2, "headers");
+        transfer_set_headers(L, t);
         lua_pushlstring(L, t->body.data ? t->body.data : "", t->body.len);
         lua_setfield(L, -2, "body");
         if (t->effective_url) {
