@@ -86,6 +86,20 @@ describe("rw.parse_http_date", function()
   it("allows surrounding white space", function()
     assert.equal(sunday, rw.parse_http_date("  Sun, 06 Nov 1994 08:49:37 GMT\t"))
   end)
+
+  it("gives whole epoch seconds as an integer, in every form and at the ends of the years", function()
+    for _, s in ipairs {
+      "Sun, 06 Nov 1994 08:49:37 GMT", "Sunday, 06-Nov-94 08:49:37 GMT", "Sun Nov  6 08:49:37 1994",
+      "Thu, 01 Jan 1970 00:00:00 GMT", "Wed, 31 Dec 1969 23:59:59 GMT",
+      "Sat, 01 Jan 0000 00:00:00 GMT", "Fri, 31 Dec 9999 23:59:59 GMT",
+    } do
+      local v = rw.parse_http_date(s, 1795000000.5) -- a "now" with a fraction changes nothing
+      assert.equal("integer", math.type(v), s)
+    end
+    assert.equal(-62167219200, rw.parse_http_date("Sat, 01 Jan 0000 00:00:00 GMT"))
+    assert.equal(253402300799, rw.parse_http_date("Fri, 31 Dec 9999 23:59:59 GMT"))
+    assert.equal("784111777", tostring(rw.parse_http_date("Sun, 06 Nov 1994 08:49:37 GMT")))
+  end)
 end)
 
 describe("rw.parse_retry_after", function()

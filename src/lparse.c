@@ -48,7 +48,20 @@ static int lparse_apply_now(lua_State *L, lparse_clock_fn fn)
     return 1;
 }
 
-static int lparse_l_http_date(lua_State *L) { return lparse_apply_now(L, rwp_parse_http_date); }
+/* An HTTP-date has whole seconds, so its epoch seconds are an integer
+ * (years 0000-9999 fit any lua_Integer of 5.3 and later). */
+static int lparse_l_http_date(lua_State *L)
+{
+    size_t len;
+    const char *s = luaL_checklstring(L, 1, &len);
+    double out;
+    lua_Integer whole;
+    if (!rwp_parse_http_date(s, len, lparse_now(L, 2), &out)) lua_pushnil(L);
+    else if (lua_numbertointeger(out, &whole)) lua_pushinteger(L, whole);
+    else lua_pushnumber(L, out);
+    return 1;
+}
+
 static int lparse_l_retry_after(lua_State *L) { return lparse_apply_now(L, rwp_parse_retry_after); }
 
 typedef int (*lparse_fn)(const char *s, size_t len, double *out);
