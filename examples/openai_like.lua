@@ -15,8 +15,9 @@ local completion = function(text)
 end
 api:script("/v1/chat/completions", {
   completion("Hello!"),
-  -- Rate limited: the precise wait is in retry-after-ms.
-  { status = 429, headers = { ["retry-after-ms"] = "700", ["retry-after"] = "1",
+  -- Rate limited: the precise wait is in retry-after-ms. (A Retry-After
+  -- beside it would be the least ratewise waits, whatever the policy reads.)
+  { status = 429, headers = { ["retry-after-ms"] = "700",
     ["x-ratelimit-remaining-requests"] = "0", ["x-ratelimit-reset-requests"] = "700ms" },
     body = '{"error":{"message":"Rate limit reached"}}' },
   completion("Second answer"),

@@ -68,7 +68,8 @@ describe("ratewise's promises", function()
           "a " .. method:upper() .. " request cannot carry a body")
       end
       local c = rw.client { base_url = s.base, on_retry = false }
-      raises(function() c:get("/b", { json = { a = 1 } }) end, "client:get: a GET request cannot carry a body %(option 'json'%)")
+      raises(function() c:get("/b", { json = { a = 1 } }) end,
+        "client:get: a GET request cannot carry a body %(option 'json'%)")
       raises(function() c:head("/b", { body = "x" }) end, "client:head: a HEAD request cannot carry a body")
       assert.equal(0, #s:log())
     end)
@@ -211,7 +212,8 @@ describe("ratewise's promises", function()
       -- limiter's wait once the bucket is drained
       assert(rpm:take())
       local started = rw.now()
-      local _, err = rw.fetch(s:url("/l2"), opts { limiter = both, max_elapsed = 2, base = 0.01, max_delay = 0.01 })
+      local _, err = rw.fetch(s:url("/l2"), opts { limiter = both, max_elapsed = 2, base = 0.01,
+        max_delay = 0.01 })
       assert.equal("budget", err.kind)
       assert.is_true(rw.now() - started < 1, "returned after " .. (rw.now() - started) .. " s")
       assert.equal(1, #s:log("/l2"))
@@ -235,7 +237,8 @@ describe("ratewise's promises", function()
 
   describe("the transport owns the request's framing", function()
     it("refuses the framing and connection headers, and control bytes in values, sending nothing", function()
-      for _, name in ipairs { "Content-Length", "transfer-encoding", "Host", "Connection", "Upgrade", "TE", "Expect" } do
+      local owned = { "Content-Length", "transfer-encoding", "Host", "Connection", "Upgrade", "TE", "Expect" }
+      for _, name in ipairs(owned) do
         raises(function() rw.fetch(s:url("/f"), opts { method = "POST", body = "x", headers = { [name] = "5" } }) end,
           "header '" .. name:gsub("%-", "%%-") .. "' cannot be set by the caller")
       end
