@@ -104,10 +104,6 @@ local function parse_retry_after_list(value, now)
   return best
 end
 
---- seconds, source = retry.hint(headers [, now])
--- The wait the server asked for, or nil. Dates are read against the
--- response's own Date header when there is one: that is the server's clock,
--- so a local clock that runs ahead cannot cut the wait short.
 --- epoch = retry.server_now(headers): the response's Date when it has one
 -- (the server's clock), else the local wall clock. A Date more than a day
 -- away from the local clock is not a server's clock but a broken or hostile
@@ -133,6 +129,10 @@ function retry.retry_after(h, now)
   return parse_retry_after_list(ra, now or retry.server_now(h))
 end
 
+--- seconds, source = retry.hint(headers [, now])
+-- The wait the server asked for, or nil. Dates are read against the
+-- response's own Date header when there is one: that is the server's clock,
+-- so a local clock that runs ahead cannot cut the wait short.
 function retry.hint(h, now)
   if now == nil then now = retry.server_now(h) end
   local seconds = retry.retry_after(h, now)
