@@ -235,6 +235,68 @@ describe("ratewise's promises", function()
     end)
   end)
 
+  describe("a client call never outlives max_elapsed", function()
+    it("ends with kind budget when its turn under concurrency does not come in time", function()
+      s:script("/slow", { { status = 200, delay = 1.5 } })
+      local c = rw.client { base_url = s.base, concurrency = 1, on_retry = false }
+      local first_res, second_res, second_err, second_took
+      rw.run(function()
+        local first = rw.spawn(function() return c:get("/slow") end)
+        rw.spawn(function()
+          rw.sleep(0.05) -- the first call holds the only turn
+          local started = rw.now()
+          second_res, second_err = c:get("/other", { max_elapsed = 0.5 })
+          second_took = rw.now() - started
+        end)
+        first_res = first:join()
+      end)
+      assert.equal(200, first_res.status)
+      assert.is_nil(second_res)
+      assert.equal("budget", second_err.kind)
+      assert.matches("concurrency limit", second_err.message)
+      assert.is_true(second_took >= 0.45 and second_took < 1.2, "returned after " .. second_took .. " s")
+      assert.equal(0, #s:log("/other"))
+      assert.equal(1, c:stats().errors.budget)
+    end)
+
+    it("does not join an identical call in flight that would outlive it", function()
+      s:script("/slow", { { status = 200, delay = 1.5, body = "late" } })
+      local c = rw.client { base_url = s.base, on_retry = false }
+      local second_err, second_took
+      rw.run(function()
+        local first = rw.spawn(function() return c:get("/slow") end)
+        rw.spawn(function()
+          rw.sleep(0.05)
+          local started = rw.now()
+          local _, err = c:get("/slow", { max_elapsed = 0.5 })
+          second_err, second_took = err, rw.now() - started
+        end)
+        assert.equal("late", first:join().body)
+      end)
+      assert.equal("budget", second_err.kind)
+      assert.is_true(second_took < 1.2, "returned after " .. second_took .. " s")
+      assert.equal(2, #s:log("/slow"))
+    end)
+
+    it("lets a semaphore's acquire give up after a timeout, holding nothing", function()
+      local sem = rw.semaphore(1)
+      assert.is_true(sem:acquire())
+      local started = rw.now()
+      assert.is_false(sem:acquire(0.2)) -- main thread: nothing can release it, it waits out the timeout
+      assert.is_true(rw.now() - started >= 0.15)
+      local got
+      rw.run(function()
+        rw.spawn(function() got = sem:acquire(0.1) end)
+        rw.sleep(0.3)
+        sem:release()
+      end)
+      assert.is_false(got)
+      assert.is_true(sem:acquire(0))
+      sem:release()
+      assert.has_error(function() sem:acquire(0 / 0) end)
+    end)
+  end)
+
   describe("the transport owns the request's framing", function()
     it("refuses the framing and connection headers, and control bytes in values, sending nothing", function()
       local owned = { "Content-Length", "transfer-encoding", "Host", "Connection", "Upgrade", "TE", "Expect" }

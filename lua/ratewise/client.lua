@@ -441,15 +441,20 @@ function Client:request(method, path, opts)
   end
 
   local res, err
-  if share and self.in_flight[key] then
+  local deadline = now() + (call.max_elapsed or fetch.DEFAULT_MAX_ELAPSED)
+  local shared = share and self.in_flight[key]
+  -- A call joins an identical one in flight only if that one will end
+  -- within this call's own time budget.
+  if shared and shared.deadline <= deadline then
     counters.deduped = counters.deduped + 1
-    res, err = self.in_flight[key]:join()
+    res, err = shared.task:join()
     if res then res = copy_response(res) end
-  elseif share then
-    local task = scheduler.spawn(function() return self:_send(url, call) end)
-    self.in_flight[key] = task
-    res, err = task:join()
-    if self.in_flight[key] == task then self.in_flight[key] = nil end
+  elseif share and not shared then
+    local entry = { deadline = deadline }
+    entry.task = scheduler.spawn(function() return self:_send(url, call) end)
+    self.in_flight[key] = entry
+    res, err = entry.task:join()
+    if self.in_flight[key] == entry then self.in_flight[key] = nil end
   else
     res, err = self:_send(url, call)
   end
@@ -463,9 +468,36 @@ function Client:request(method, path, opts)
 end
 
 -- One fetch, inside the client's concurrency limit.
+-- A call that ends before fetch runs (its turn under `concurrency` did not
+-- come within max_elapsed), told as fetch tells a spent budget.
+function Client:_budget_error(url, call, waited)
+  local counters = self.counters
+  counters.failures = counters.failures + 1
+  bump(counters.errors, "budget")
+  self.on_event { type = "error", kind = "budget", attempts = 0 }
+  return nil, setmetatable({
+    kind = "budget", attempts = 0, elapsed = waited,
+    message = format("%s %s: its turn under the client's concurrency limit did not come within the %.2f s "
+      .. "of max_elapsed; nothing was sent", call.method, headers_mod.redact_url(url),
+      call.max_elapsed or fetch.DEFAULT_MAX_ELAPSED),
+  }, fetch.error_mt)
+end
+
 function Client:_send(url, call)
   local sem, counters = self.semaphore, self.counters
-  if sem then sem:acquire() end
+  if sem then
+    -- The wait for a turn counts against the call's max_elapsed; fetch gets
+    -- what is left.
+    local max_elapsed = call.max_elapsed or fetch.DEFAULT_MAX_ELAPSED
+    local started = now()
+    if not sem:acquire(max_elapsed) then return self:_budget_error(url, call, now() - started) end
+    local left = max_elapsed - (now() - started)
+    if left <= 0 then
+      sem:release()
+      return self:_budget_error(url, call, now() - started)
+    end
+    call.max_elapsed = left
+  end
   counters.in_flight = counters.in_flight + 1
   local ok, res, err = pcall(fetch.fetch, url, call)
   counters.in_flight = counters.in_flight - 1

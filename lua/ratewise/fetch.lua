@@ -57,6 +57,10 @@ end
 
 fetch.error_mt = error_mt
 
+-- The time budget of a call that gives none.
+local DEFAULT_MAX_ELAPSED = 120
+fetch.DEFAULT_MAX_ELAPSED = DEFAULT_MAX_ELAPSED
+
 ---------------------------------------------------------------------------
 -- Options
 
@@ -420,9 +424,9 @@ function fetch.fetch(url, opts)
       local err
       key, err = uuid4()
       if not key then
+        local state = new_state(now(), method, shown_url, opts.max_elapsed or DEFAULT_MAX_ELAPSED, opts.on_event)
         return nil, fetch_error("entropy", format("%s: no idempotency key could be made: %s",
-          method .. " " .. shown_url, tostring(err)), new_state(now(), method, shown_url, opts.max_elapsed or 120,
-          opts.on_event))
+          method .. " " .. shown_url, tostring(err)), state)
       end
     end
     if key then lines[#lines + 1] = "Idempotency-Key: " .. key end
@@ -430,7 +434,7 @@ function fetch.fetch(url, opts)
   end
 
   local max_retries = opts.max_retries or 3
-  local max_elapsed = opts.max_elapsed or 120
+  local max_elapsed = opts.max_elapsed or DEFAULT_MAX_ELAPSED
   local timeout = opts.timeout or 30
   local safe = replay_safe[method] or opts.retry_non_idempotent or key ~= nil
     or given["idempotency-key"] ~= nil

@@ -336,12 +336,19 @@ end
 
 -- Drives the scheduler from outside any task until done() says so. Raises
 -- if nothing could ever change: every remaining task waits on another.
-local function drive_until(done)
+-- With a deadline, gives up when it comes (done() still false), waiting it
+-- out even when nothing could change meanwhile, as a timeout promises.
+local function drive_until(done, deadline)
   while not done() do
-    if not has_work() then
+    if deadline then
+      local left = deadline - now()
+      if left <= 0 then return end
+      turn(left)
+    elseif not has_work() then
       error("ratewise: deadlock: the remaining tasks all wait for each other", 0)
+    else
+      turn(huge)
     end
-    turn(huge)
   end
 end
 
@@ -462,15 +469,25 @@ local function leave_queue(sem, entry)
   if entry.granted then sem:release() end
 end
 
---- sem:acquire(): waits for a permit (as a task, by yielding).
-function Semaphore:acquire()
+--- true | false = sem:acquire([timeout]): waits for a permit (as a task, by
+-- yielding), at most timeout seconds when given.
+-- With a timeout: false when no permit came in time, holding nothing.
+function Semaphore:acquire(timeout)
+  if timeout ~= nil and (type(timeout) ~= "number" or timeout ~= timeout or timeout < 0) then
+    error(format("semaphore: acquire: timeout must be a non-negative number of seconds (got %s)",
+      tostring(timeout)), 2)
+  end
   if self.available > 0 and self.head > self.tail then
     self.available = self.available - 1
     return true
   end
+  if timeout == 0 then return false end
+  local deadline = timeout and timeout < huge and now() + timeout or nil
   local me = scheduler.current()
   if not me then
-    drive_until(function() return self.available > 0 and self.head > self.tail end)
+    local function free() return self.available > 0 and self.head > self.tail end
+    drive_until(free, deadline)
+    if not free() then return false end
     self.available = self.available - 1
     return true
   end
@@ -478,7 +495,14 @@ function Semaphore:acquire()
   local entry = { task = me, id = me.wait_id }
   self.tail = self.tail + 1
   self.queue[self.tail] = entry
-  return wait_here(me, leave_queue, self, entry)
+  if not deadline then return wait_here(me, leave_queue, self, entry) end
+  -- The timer and a release wake the same wait; release hands the permit
+  -- only to a task still waiting, so whichever comes first decides.
+  heap_push(deadline, me, me.wait_id)
+  wait_here(me, leave_queue, self, entry)
+  if entry.granted then return true end
+  entry.gone = true
+  return false
 end
 
 --- sem:release(): hands the permit to the first task still waiting, if any.
