@@ -109,6 +109,22 @@ describe("ratewise's promises", function()
       assert.equal(1, #s:log("/r"))
     end)
 
+    it("raises when a circuit's allow or a budget's allow_retry answers anything but a boolean", function()
+      s:script("/c", { { status = 503 }, { status = 200 } })
+      local noop = function() end
+      for _, answer in ipairs { "no", 0 } do
+        raises(function()
+          rw.fetch(s:url("/c"), opts { circuit = { allow = function() return answer end, record = noop } })
+        end, "option 'circuit': allow must answer true or false")
+        raises(function()
+          rw.fetch(s:url("/c"), opts { base = 0.01,
+            budget = { request = noop, allow_retry = function() return answer end } })
+        end, "option 'budget': allow_retry must answer true or false")
+      end
+      -- the circuit refused before anything was sent; the budget after the 503
+      assert.equal(2, #s:log("/c"))
+    end)
+
     it("retries a 413 that carries Retry-After, and not one without", function()
       s:script("/big", { { status = 413, headers = { ["Retry-After"] = "1" } }, { status = 200 } })
       local res = assert(rw.fetch(s:url("/big"), opts { method = "PUT", body = "x" }))

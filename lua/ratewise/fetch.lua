@@ -247,6 +247,12 @@ local function guarded(option, method, fn, ...)
   return a, b
 end
 
+-- The objects' yes-or-no answers are booleans: "no" or 0 would read as yes.
+local function not_boolean(option, method, answer)
+  error(format("fetch: option '%s': %s must answer true or false (got %s %s)", option, method, type(answer),
+    type(answer) == "string" and format("%q", answer) or tostring(answer)), 0)
+end
+
 ---------------------------------------------------------------------------
 -- The retry loop
 
@@ -466,6 +472,7 @@ function fetch.fetch(url, opts)
   while true do
     if circuit then
       local allowed, retry_in = guarded("circuit", "allow", circuit.allow, circuit, origin)
+      if allowed ~= true and allowed ~= false then not_boolean("circuit", "allow", allowed) end
       if not allowed then
         state = state or new_state(started, method, shown_url, max_elapsed, on_event)
         if on_event then emit(on_event, { type = "circuit_open", url = shown_url, retry_in = retry_in }) end
@@ -596,7 +603,11 @@ function fetch.fetch(url, opts)
       return budget_error(state, format("a retry in %.2f s (%s) would not fit the %.2f s left",
         delay, source, left > 0 and left or 0), res, terr)
     end
-    if budget and not guarded("budget", "allow_retry", budget.allow_retry, budget) then
+    local retry_allowed = budget and guarded("budget", "allow_retry", budget.allow_retry, budget)
+    if budget and retry_allowed ~= true and retry_allowed ~= false then
+      not_boolean("budget", "allow_retry", retry_allowed)
+    end
+    if budget and not retry_allowed then
       if on_event then emit(on_event, { type = "budget_refused", status = res and res.status or nil }) end
       return budget_error(state, format(
         "the retry budget refused a retry after %s (retries are capped at a share of requests)", why), res, terr)
