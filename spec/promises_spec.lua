@@ -110,9 +110,9 @@ describe("ratewise's promises", function()
     end)
 
     it("raises when a circuit's allow or a budget's allow_retry answers anything but a boolean", function()
-      s:script("/c", { { status = 503 }, { status = 200 } })
       local noop = function() end
       for _, answer in ipairs { "no", 0 } do
+        s:script("/c", { { status = 503 }, { status = 200 } })
         raises(function()
           rw.fetch(s:url("/c"), opts { circuit = { allow = function() return answer end, record = noop } })
         end, "option 'circuit': allow must answer true or false")
@@ -121,7 +121,7 @@ describe("ratewise's promises", function()
             budget = { request = noop, allow_retry = function() return answer end } })
         end, "option 'budget': allow_retry must answer true or false")
       end
-      -- the circuit refused before anything was sent; the budget after the 503
+      -- the circuit raised before anything was sent; the budget after the 503
       assert.equal(2, #s:log("/c"))
     end)
 
