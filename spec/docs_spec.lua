@@ -82,6 +82,11 @@ local function fixtures(s)
     status = 200, headers = { ["Content-Type"] = "application/json" },
     body = '{"object":"list","data":[{"id":"gpt-4o-mini","object":"model"}]}',
   } })
+  -- Two cookies whose values hold commas, as Set-Cookie's dates do.
+  s:script("/login", { {
+    status = 200,
+    headers = { ["Set-Cookie"] = { "session=abc; Expires=Wed, 09 Jun 2027 10:18:14 GMT", "theme=dark" } },
+  } })
   -- A busy endpoint: one 429 with a short Retry-After, then the answer.
   s:script("/busy", { { status = 429, headers = { ["Retry-After"] = "0.2" } }, { status = 200, body = "done" } })
 end
