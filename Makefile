@@ -147,7 +147,10 @@ fuzz: $(FUZZ_BINS)
 ASAN_BUILD   := build-asan
 ASAN_CORE    := $(ASAN_BUILD)/ratewise/core.so
 ASAN_HOST    := $(ASAN_BUILD)/host
-ASAN_CFLAGS  := -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
+# -DRW_STACK_CHECK: every C entry point checks its Lua stack balance, and
+# the helpers theirs (src/ratewise.h); a broken promise aborts the run.
+ASAN_CFLAGS  := -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all \
+                -DRW_STACK_CHECK
 ASAN_LDFLAGS := -Wl,-z,nodelete
 LDSO         := /lib64/ld-linux-x86-64.so.2
 ASAN_LUA      = $(LDSO) --preload $$($(CLANG) -print-file-name=libclang_rt.asan-x86_64.so) $$(command -v $(LUA))

@@ -129,6 +129,76 @@ static int core_l_random_bytes(lua_State *L)
     return 1;
 }
 
+#ifdef RW_STACK_CHECK
+/* The stack checks of RW_STACK_CHECK builds (see ratewise.h). */
+#include <stdio.h>
+#include <stdlib.h>
+
+void rw_stack_fail(const char *where, int line, int want, int got)
+{
+    (void)fprintf(stderr, "ratewise: Lua stack check failed in %s, line %d: height %d, expected %d\n", where,
+                  line, got, want);
+    abort();
+}
+
+/* Runs the C function in upvalue 1 (its name in upvalue 2) and checks the
+ * promise every entry point keeps: its arguments left where they were, its
+ * results pushed above them, nothing else. The function runs in this
+ * closure's frame, so it must not use upvalues of its own (none does:
+ * every table is registered with luaL_setfuncs(..., 0)). */
+static int core_stack_wrapper(lua_State *L)
+{
+    lua_CFunction f = lua_tocfunction(L, lua_upvalueindex(1));
+    int nargs = lua_gettop(L);
+    int n = f(L);
+    int top = lua_gettop(L);
+    if (n < 0 || top != nargs + n) {
+        (void)fprintf(stderr, "ratewise: Lua stack check failed in %s: called with %d arguments, it returned %d "
+                      "results and left the stack %d high (expected %d)\n",
+                      lua_tostring(L, lua_upvalueindex(2)), nargs, n, top, nargs + n);
+        abort();
+    }
+    return n;
+}
+
+/* Wraps each C function of the table at index idx (once). */
+static void core_stack_wrap(lua_State *L, int idx, const char *prefix)
+{
+    idx = lua_absindex(L, idx);
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        lua_CFunction f = lua_tocfunction(L, -1);
+        if (f && f != core_stack_wrapper && lua_type(L, -2) == LUA_TSTRING) {
+            lua_pushvalue(L, -2);
+            lua_pushvalue(L, -2);
+            lua_pushfstring(L, "%s%s", prefix, lua_tostring(L, -2));
+            lua_pushcclosure(L, core_stack_wrapper, 2);
+            lua_rawset(L, idx); /* an existing key: allowed during lua_next */
+        }
+        lua_pop(L, 1);
+    }
+}
+
+/* Every C function of the module table at the top of the stack, and of the
+ * metatables this module registered ("ratewise.*") and their __index
+ * tables, is replaced by its checked wrapper. */
+static void core_stack_wrap_all(lua_State *L)
+{
+    core_stack_wrap(L, -1, "ratewise.core.");
+    lua_pushnil(L);
+    while (lua_next(L, LUA_REGISTRYINDEX)) {
+        if (lua_type(L, -2) == LUA_TSTRING && lua_type(L, -1) == LUA_TTABLE
+            && strncmp(lua_tostring(L, -2), "ratewise.", 9) == 0) {
+            lua_pushfstring(L, "%s:", lua_tostring(L, -2));
+            core_stack_wrap(L, -2, lua_tostring(L, -1));
+            if (lua_getfield(L, -2, "__index") == LUA_TTABLE) core_stack_wrap(L, -1, lua_tostring(L, -2));
+            lua_pop(L, 2);
+        }
+        lua_pop(L, 1);
+    }
+}
+#endif
+
 __attribute__((visibility("default"))) int luaopen_ratewise_core(lua_State *L);
 
 int luaopen_ratewise_core(lua_State *L)
@@ -154,5 +224,8 @@ int luaopen_ratewise_core(lua_State *L)
     lua_setfield(L, -2, "version");
     lua_pushstring(L, curl_version());
     lua_setfield(L, -2, "curl_version");
+#ifdef RW_STACK_CHECK
+    core_stack_wrap_all(L);
+#endif
     return 1;
 }

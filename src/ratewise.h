@@ -111,6 +111,39 @@ void rw_engine_register(struct lua_State *L);
 double rw_clock_monotonic(void);
 double rw_clock_realtime(void);
 
+/* ---- Lua stack checks: builds with -DRW_STACK_CHECK (make test-asan) ----
+ *
+ * A slot pushed and never popped, or popped twice, is a bug that Lua itself
+ * seldom notices: a C function's caller only takes the values on top, so
+ * the stack below is not checked, and a helper that pops one slot too many
+ * just eats its caller's argument. These builds check two promises, and
+ * abort with the function, line and heights on the first one broken:
+ *
+ * - Every C function registered with Lua (module functions, methods and
+ *   metamethods alike) leaves its arguments where they were and pushes
+ *   exactly the values it returns: on return, the stack's height is the
+ *   number of arguments plus the number of results. luaopen_ratewise_core
+ *   wraps each such function once everything is registered (core.c), so a
+ *   function added later is checked without doing anything; a function
+ *   that must return one of its arguments pushes a copy of it.
+ *
+ * - A helper that pushes or pops on its caller's behalf states its net
+ *   effect: RW_STACK_MARK(L, m) records the height on entry and
+ *   RW_STACK_EXPECT(L, m, delta) checks it is m + delta at the point where
+ *   the helper says it is done. This names the helper itself, where the
+ *   entry check would only name the C function that called it.
+ *
+ * In other builds both macros are empty statements and cost nothing. */
+#ifdef RW_STACK_CHECK
+void rw_stack_fail(const char *where, int line, int want, int got);
+#define RW_STACK_MARK(L, m) int m = lua_gettop(L)
+#define RW_STACK_EXPECT(L, m, delta) \
+    (lua_gettop(L) == (m) + (delta) ? (void)0 : rw_stack_fail(__func__, __LINE__, (m) + (delta), lua_gettop(L)))
+#else
+#define RW_STACK_MARK(L, m) ((void)0)
+#define RW_STACK_EXPECT(L, m, delta) ((void)0)
+#endif
+
 #pragma GCC visibility pop
 
 #endif
