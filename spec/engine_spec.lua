@@ -6,28 +6,55 @@ local server = require "spec.support.server"
 local subprocess = require "spec.support.subprocess"
 
 -- Runs a Lua program in a process of its own (instrumented under make
--- test-asan); shell, if given, comes before it ("ulimit -n 64; ", a pipe).
--- Returns its output and whether it exited with 0.
-local function run_lua(code, args, shell)
+-- test-asan), for at most `seconds` (default 60); shell, if given, comes
+-- before it ("ulimit -n 64; ", a pipe). Returns its output and whether it
+-- exited with 0.
+local function run_lua(code, args, shell, seconds)
   local file = os.tmpname()
   local f = assert(io.open(file, "w"))
   f:write(code)
   f:close()
-  local p = assert(io.popen("sh -c '" .. (shell or "")
-    .. subprocess.lua_command(file):gsub("'", "'\\''") .. " " .. (args or "") .. "' 2>&1"))
+  local cmd = (shell or "") .. subprocess.env .. "timeout " .. (seconds or 60) .. " " .. subprocess.lua .. " "
+    .. file .. " " .. (args or "")
+  local p = assert(io.popen("sh -c '" .. cmd:gsub("'", "'\\''") .. "' 2>&1"))
   local out = p:read("a")
   local ok = p:close()
   os.remove(file)
   return out, ok
 end
 
--- Runs a transfer to its end on engine e.
-local function finish(e, t)
-  local deadline = core.now() + 10
-  while not t:done() and core.now() < deadline do e:poll(0.5) end
-  assert(t:done(), "the transfer did not finish within 10 s")
-  return t:result()
+-- A shell command's output, and whether it succeeded.
+local function sh(cmd)
+  local p = assert(io.popen(cmd .. " 2>&1"))
+  local out = p:read("a")
+  return out, p:close()
 end
+
+local function tmpdir()
+  local dir = os.tmpname()
+  os.remove(dir)
+  assert(os.execute("mkdir -p " .. dir))
+  return dir
+end
+
+-- The C flags every build of the module needs (the Makefile adds warnings
+-- and -fvisibility=hidden).
+local CFLAGS = "-std=c99 -D_POSIX_C_SOURCE=200809L $(pkg-config --cflags lua5.4 libcurl)"
+local LIBS = "$(pkg-config --libs libcurl) -lm"
+
+-- For a subprocess: how many descriptors it has open now.
+local FDS = [[
+  local function fds()
+    local f = assert(io.open("/proc/self/stat"))
+    local pid = f:read("a"):match("^%d+")
+    f:close()
+    local p = assert(io.popen("ls /proc/" .. pid .. "/fd"))
+    local n = 0
+    for _ in p:lines() do n = n + 1 end
+    p:close()
+    return n
+  end
+]]
 
 describe("ratewise.core engine", function()
   local s
@@ -54,6 +81,272 @@ describe("ratewise.core engine", function()
       assert.equal("", log[1].body)
       assert.equal("0", log[1].headers["content-length"])
       assert.is_nil(log[1].headers["transfer-encoding"])
+    end)
+  end)
+
+  describe("connections", function()
+    -- Each started transfer's outcome, once all have finished.
+    local function run_all(e, transfers)
+      local deadline = core.now() + 20
+      local done = 0
+      while done < #transfers and core.now() < deadline do
+        local _, n = e:poll(1)
+        done = done + n
+      end
+      local results = {}
+      for i, t in ipairs(transfers) do
+        assert(t:done(), "a transfer did not finish within 20 s")
+        results[i] = t:result()
+        t:close()
+      end
+      return results
+    end
+
+    it("opens at most max_connections at once, queueing the transfers beyond it", function()
+      s:script("/slow", { { delay = 0.2, body = "late" } })
+      local e = core.engine { max_connections = 2 }
+      local transfers = {}
+      for i = 1, 6 do transfers[i] = assert(e:start { url = s:url("/slow"), timeout = 10 }) end
+      for _, res in ipairs(run_all(e, transfers)) do assert.equal(200, res.status) end
+      local log = s:log("/slow")
+      assert.equal(6, #log)
+      assert.equal(2, server.max_active(log))
+      e:close()
+    end)
+
+    it("takes new limits while it runs (engine:configure)", function()
+      s:script("/slow", { { delay = 0.1 } })
+      local e = core.engine()
+      e:configure { max_connections = 1, max_idle_connections = 1 }
+      local transfers = {}
+      for i = 1, 3 do transfers[i] = assert(e:start { url = s:url("/slow"), timeout = 10 }) end
+      for _, res in ipairs(run_all(e, transfers)) do assert.equal(200, res.status) end
+      assert.equal(1, server.max_active(s:log("/slow")))
+      e:close()
+    end)
+
+    -- libcurl has no timer for a transfer it keeps queued: without the
+    -- engine's own, this one would wait for the busy connection, 2 s.
+    it("ends a queued transfer at its timeout, as not sent and retryable", function()
+      s:script("/busy", { { delay = 2 } })
+      local e = core.engine { max_connections = 1 }
+      local busy = assert(e:start { url = s:url("/busy"), timeout = 10 })
+      local queued = assert(e:start { url = s:url("/queued"), timeout = 0.3 })
+      local started = core.now()
+      while not queued:done() and core.now() - started < 5 do e:poll(5) end
+      local elapsed = core.now() - started
+      assert.is_true(queued:done())
+      assert.is_false(busy:done())
+      local res, err = queued:result()
+      assert.is_nil(res)
+      assert.is_true(err.timeout)
+      assert.is_false(err.sent)
+      assert.is_true(err.retryable)
+      assert.is_false(err.cancelled)
+      assert.matches("waiting for a connection", err.message)
+      assert.matches("max_connections", err.message)
+      assert.is_true(elapsed >= 0.3 and elapsed < 1, "ended after " .. elapsed .. " s")
+      assert.equal(0, #s:log("/queued"))
+      busy:close()
+      queued:close()
+      e:close()
+    end)
+
+    it("refuses unknown options and bad limits, naming them", function()
+      assert.error_matches(function() core.engine { max_conns = 4 } end, "unknown option 'max_conns'")
+      assert.error_matches(function() core.engine("many") end, "table expected")
+      for _, v in ipairs { 0, -1, 1.5, 0 / 0, math.huge, 1e7, "8", true } do
+        assert.error_matches(function() core.engine { max_connections = v } end,
+          "option 'max_connections' must be an integer from 1 to 1000000")
+        assert.error_matches(function() core.engine { max_idle_connections = v } end,
+          "option 'max_idle_connections' must be an integer")
+      end
+      local e = core.engine()
+      assert.error_matches(function() e:configure { max_connections = 0 } end, "'max_connections'")
+      assert.error_matches(function() e:configure { idle = 1 } end, "unknown option 'idle'")
+      assert.error_matches(function() e:configure() end, "table expected")
+      e:close()
+      local rw = require "ratewise"
+      assert.error_matches(function() rw.configure { max_connections = 0 } end,
+        "configure: option 'max_connections' must be an integer from 1 to 1000000 %(got 0%)")
+      assert.error_matches(function() rw.configure { max_idle_connections = "2" } end,
+        "option 'max_idle_connections' must be an integer from 1 to 1000000 %(got string%)")
+    end)
+
+    -- Without a cap, at the usual limit of 1,024 descriptors about half of
+    -- 2,000 concurrent fetches failed ("Failed to connect"), and every
+    -- connection stayed open afterwards.
+    it("keeps 2,000 concurrent fetches within 1,024 descriptors, and few open once done", function()
+      local out, ok = run_lua(FDS .. [[
+        local rw = require "ratewise"
+        require("ratewise.scheduler").engine()
+        local before = fds()
+        local urls = {}
+        for i = 1, 2000 do urls[i] = arg[1] .. "?i=" .. i end
+        local results, errors = rw.map(urls, function(url)
+          return rw.fetch(url, { on_retry = false, max_retries = 0, timeout = 60 })
+        end)
+        local good, failure = 0, ""
+        for i = 1, #urls do
+          if results[i] and results[i].status == 200 then good = good + 1
+          else failure = errors[i] and errors[i].message or failure end
+        end
+        print(good, fds() - before, failure)
+      ]], s:url("/many"), "ulimit -n 1024; ", 180)
+      assert.is_true(ok, out)
+      local good, extra = out:match("^(%d+)\t(%-?%d+)\t")
+      assert.equal("2000", good, out)
+      -- What stays open: the idle connections (default 64), no more.
+      assert.is_true(tonumber(extra) <= 64, "descriptors left open: " .. extra)
+      local log = s:log("/many")
+      assert.equal(2000, #log)
+      assert.is_true(server.max_active(log) <= 256, "requests at once: " .. server.max_active(log))
+    end)
+
+    -- libcurl closes an idle connection whenever a transfer ends with more
+    -- than its cache size open: a cache of max_idle_connections alone made
+    -- every request reconnect as soon as more ran at once.
+    it("reuses its connections while more than max_idle_connections run at once", function()
+      local out, ok = run_lua([[
+        local rw = require "ratewise"
+        rw.configure { max_idle_connections = 2 }
+        local urls = {}
+        for i = 1, 60 do urls[i] = arg[1] end
+        local results = rw.map(urls, function(url) return rw.fetch(url, { on_retry = false }) end,
+          { concurrency = 6 })
+        local good = 0
+        for i = 1, #urls do if results[i] and results[i].status == 200 then good = good + 1 end end
+        print(good)
+      ]], s:url("/steady"))
+      assert.is_true(ok, out)
+      assert.equal("60\n", out)
+      local conns = {}
+      for _, record in ipairs(s:log("/steady")) do conns[record.conn] = true end
+      local n = 0
+      for _ in pairs(conns) do n = n + 1 end
+      assert.equal(6, n)
+    end)
+
+    it("keeps its connections from the programs the process starts", function()
+      local out, ok = run_lua([[
+        local rw = require "ratewise"
+        require("ratewise.scheduler").engine()
+        -- The sockets a child process (here ls) finds open.
+        local function inherited()
+          local p = assert(io.popen("ls -l /proc/self/fd/"))
+          local n = 0
+          for line in p:lines() do
+            if line:find("socket:", 1, true) then n = n + 1 end
+          end
+          p:close()
+          return n
+        end
+        local before = inherited()
+        assert(rw.fetch(arg[1], { on_retry = false })) -- its connection stays open, idle
+        print(before, inherited())
+      ]], s:url("/inherit"))
+      assert.is_true(ok, out)
+      local before, after = out:match("^(%d+)\t(%d+)\n$")
+      assert.equal(before, after, out)
+    end)
+
+    it("takes its limits from rw.configure", function()
+      s:script("/slow", { { delay = 0.1 } })
+      local out, ok = run_lua(FDS .. [[
+        local rw = require "ratewise"
+        rw.configure { max_connections = 3, max_idle_connections = 1 }
+        local before = fds()
+        local urls = {}
+        for i = 1, 12 do urls[i] = arg[1] end
+        local results = rw.map(urls, function(url) return rw.fetch(url, { on_retry = false }) end)
+        local good = 0
+        for i = 1, #urls do if results[i] and results[i].status == 200 then good = good + 1 end end
+        print(good, fds() - before)
+      ]], s:url("/slow"))
+      assert.is_true(ok, out)
+      local good, extra = out:match("^(%d+)\t(%-?%d+)\n$")
+      assert.equal("12", good, out)
+      assert.is_true(tonumber(extra) <= 1, "descriptors left open: " .. extra)
+      assert.equal(3, server.max_active(s:log("/slow")))
+    end)
+  end)
+
+  describe("when things fail inside it", function()
+    -- poll(2) refuses more descriptors than RLIMIT_NOFILE allows (EINVAL):
+    -- lowering the limit under transfers in flight makes libcurl's
+    -- curl_multi_poll fail for real. Its error used to be ignored: the
+    -- transfers never ended, and whoever waited for them waited forever.
+    it("ends every running transfer with libcurl's multi error, and reports each", function()
+      s:script("/hang", { { action = "hang", delay = 5 } })
+      local out, ok = run_lua([[
+        local core = require "ratewise.core"
+        local e = core.engine()
+        local transfers = {}
+        for i = 1, 10 do transfers[i] = assert(e:start { url = arg[1], timeout = 30 }) end
+        for _ = 1, 10 do e:poll(0.02) end -- connected, requests sent
+        local f = assert(io.open("/proc/self/stat"))
+        local pid = f:read("a"):match("^%d+")
+        f:close()
+        assert(os.execute("prlimit --pid " .. pid .. " --nofile=4:"))
+        local reported, out, first = 0, {}, nil
+        local deadline = core.now() + 3
+        while reported < 10 and core.now() < deadline do
+          local _, n = e:poll(0.5, out)
+          for i = 1, n do
+            local res, err = out[i]:result()
+            assert(res == nil, "a hanging request got an answer")
+            first = first or err
+            reported = reported + 1
+          end
+        end
+        print(reported, e:running(), first and first.multi, first and first.message, first and first.retryable,
+          first and first.cancelled)
+      ]], s:url("/hang"), nil, 30)
+      assert.is_true(ok, out)
+      local reported, running, multi, message, retryable, cancelled =
+        out:match("^(%d+)\t(%d+)\t([^\t]+)\t([^\t]+)\t(%a+)\t(%a+)\n$")
+      assert.equal("10", reported, out)
+      assert.equal("0", running)
+      assert.matches("multi handle failed %(" .. multi:gsub("%p", "%%%0") .. "%)", message)
+      assert.equal("false", retryable)
+      assert.equal("false", cancelled)
+    end)
+
+    -- oom_host fails Lua's allocations on demand: the first entry of an
+    -- empty out table cannot be allocated, so poll raises after libcurl
+    -- has handed the finished transfer over. It used to be lost then:
+    -- never reported, its task waiting forever.
+    it("reports a finished transfer at the next poll after an out-of-memory error", function()
+      local dir = tmpdir()
+      local out, built = sh("cc " .. CFLAGS .. " -o " .. dir .. "/oom_host spec/support/oom_host.c src/*.c "
+        .. "$(pkg-config --libs lua5.4) " .. LIBS)
+      assert(built, "the build failed: " .. out)
+      local script = dir .. "/poll.lua"
+      local f = assert(io.open(script, "w"))
+      f:write([[
+        local core = require "ratewise.core"
+        local e = core.engine()
+        local t = assert(e:start { url = arg[1], timeout = 10 })
+        local scratch, out = {}, {}
+        pcall(e.poll, e, 0, scratch) -- the call path warmed up: no allocation left in it but out's
+        fail_allocations(true)
+        local ok, err, n
+        local deadline = core.now() + 5
+        repeat
+          ok, err, n = pcall(e.poll, e, 0.2, out)
+        until not ok or n > 0 or core.now() > deadline
+        fail_allocations(false)
+        print("first poll", ok, ok and n or err, t:done())
+        local _, n2 = e:poll(0, out)
+        local res = out[1] == t and t:result()
+        print("next poll", n2, out[1] == t, res and res.status, e:running())
+      ]])
+      f:close()
+      out = sh(dir .. "/oom_host " .. script .. " " .. s:url("/oom"))
+      os.execute("rm -rf " .. dir)
+      -- The transfer had finished when the allocation failed.
+      assert.matches("first poll\tfalse\tnot enough memory\ttrue\n", out, 1, true)
+      assert.matches("next poll\t1\ttrue\t200\t0\n", out, 1, true)
     end)
   end)
 end)
@@ -126,5 +419,93 @@ describe("ratewise.core as a shared object", function()
     p:close()
     os.execute("rm -rf " .. dir)
     assert.same({ "luaopen_ratewise_core" }, exported)
+  end)
+end)
+
+-- make test-asan builds the module with -DRW_STACK_CHECK and runs the whole
+-- suite on it; this builds one the same way so that make test checks too.
+describe("ratewise.core built with -DRW_STACK_CHECK", function()
+  local s
+
+  setup(function() s = server.start() end)
+  teardown(function() s:stop() end)
+
+  it("wraps every C function, and each keeps the stack as it promises", function()
+    local dir = tmpdir()
+    assert(os.execute("mkdir -p " .. dir .. "/ratewise"))
+    local out, built = sh("cc " .. CFLAGS .. " -DRW_STACK_CHECK -fPIC -shared -o " .. dir
+      .. "/ratewise/core.so src/*.c " .. LIBS)
+    assert(built, "the build failed: " .. out)
+    local script = dir .. "/calls.lua"
+    local f = assert(io.open(script, "w"))
+    f:write([[
+      local core = require "ratewise.core"
+      local url = arg[1]
+      -- A checked function is a closure whose second upvalue is its name.
+      local unwrapped, seen = {}, {}
+      local function check(where, t)
+        for k, v in pairs(t) do
+          if type(v) == "function" and debug.getinfo(v, "S").what == "C" and not seen[v] then
+            seen[v] = true
+            local _, name = debug.getupvalue(v, 2)
+            if type(name) ~= "string" then unwrapped[#unwrapped + 1] = where .. k end
+          end
+        end
+      end
+      check("core.", core)
+      local e = core.engine { max_connections = 4 }
+      local b = core.bucket { capacity = 2, rate = 1 }
+      for name, obj in pairs { Engine = e, Bucket = b } do
+        local mt = getmetatable(obj)
+        check(name .. ":", mt)
+        if type(mt.__index) == "table" then check(name .. ":", mt.__index) end
+      end
+      local t = assert(e:start { url = url, timeout = 10 })
+      check("Transfer:", getmetatable(t))
+      check("Transfer:", getmetatable(t).__index)
+
+      -- Every entry point, each path that returns (raising ends no check).
+      core.now(); core.time(); core.malloc_in_use(); core.random_bytes(8)
+      core.classify(200); core.classify(429.0)
+      core.parse_http_date("Sun, 06 Nov 1994 08:49:37 GMT"); core.parse_http_date("x", 0)
+      core.parse_retry_after("5"); core.parse_retry_after("x")
+      core.parse_seconds("1.5"); core.parse_duration("6m0s"); core.parse_rfc3339("2025-01-01T00:00:00Z")
+      core.backoff(1, 0.1, 1, "full", 0.5); core.backoff(2, 0.1, 1, "decorrelated", 0.5, 0.2)
+      for _, method in ipairs { "take", "reserve", "refund", "wait_time", "tokens", "capacity", "rate",
+                                 "sync_horizon" } do
+        if b[method] then b[method](b) end
+      end
+      if b.sync then b:sync(1); b:sync(0, 2) end
+      tostring(b); b:close(); b:close()
+
+      e:configure { max_idle_connections = 2 }
+      e:poll(); e:poll(0)
+      local out = {}
+      while not t:done() do e:poll(1, out) end
+      e:poll(0, out, "extra")
+      e:running(); t:done(); tostring(t)
+      assert(t:result()).status = nil
+      t:close(); t:close() -- after poll reported it: holds no reference
+      local cancelled = assert(e:start { url = url, method = "POST", body = "x" })
+      cancelled:cancel(); cancelled:result(); cancelled:close()
+      local refused = assert(e:start { url = "http://127.0.0.1:1/", timeout = 5 })
+      while not refused:done() do e:poll(1) end
+      refused:result(); refused:close()
+      assert(e:start { url = url }):close() -- closed while running
+      do local closing <close> = assert(e:start { url = url }) end
+      local finished = assert(e:start { url = url })
+      while not finished:done() do e:poll(1, {}) end -- reported, never closed: __gc
+      local left = assert(e:start { url = url }) -- still running when the engine closes
+      e:close(); e:close()
+      left:result(); left:close()
+      do local closing <close> = core.engine() end
+      collectgarbage(); collectgarbage()
+      print("unwrapped: " .. table.concat(unwrapped, " "))
+      print("done")
+    ]])
+    f:close()
+    out = sh("LUA_CPATH='" .. dir .. "/?.so' timeout 60 lua5.4 " .. script .. " " .. s:url("/stack"))
+    os.execute("rm -rf " .. dir)
+    assert.equal("unwrapped: \ndone\n", out)
   end)
 end)

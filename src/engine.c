@@ -16,8 +16,10 @@
  * every cycle (with glibc that means page faults, which cost more here than
  * the rest of a request).
  */
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -32,6 +34,24 @@
 #define ENGINE_POOL_MAX 64
 #define ENGINE_MAX_HEADER_BYTES (256 * 1024) /* under libcurl's own 300 KiB */
 #define ENGINE_DEFAULT_MAX_BODY (64.0 * 1024 * 1024)
+
+/* Connections (core.engine's options, engine:configure). At most
+ * max_connections are open at once; transfers beyond that wait in
+ * libcurl's queue for one to be free, so that any number of transfers in
+ * flight fits in a process's descriptors (the usual limit is 1,024). While
+ * transfers run, each keeps its connection for the next; once they are
+ * done, at most max_idle_connections stay open for reuse (none after more
+ * ran at once: see engine_shed). 64 idle: the throughput benchmark's 64
+ * transfers to one host keep their connections. */
+#define ENGINE_DEFAULT_MAX_CONNECTIONS 256L
+#define ENGINE_DEFAULT_MAX_IDLE 64L
+#define ENGINE_MAX_LIMIT 1000000L
+
+/* libcurl never times out a transfer that waits in its queue for a
+ * connection (its clock only runs once it has one); the engine ends such a
+ * transfer itself this long after its timeout, by which time libcurl would
+ * have ended it, had it been running. */
+#define ENGINE_EXPIRY_GRACE 0.05
 
 /* Options a request may move away from libcurl's defaults; a recycled
  * handle gets back only those the last request on it changed. */
@@ -60,17 +80,18 @@ typedef struct engine_buf {
 } engine_buf;
 
 enum transfer_state { TRANSFER_RUNNING, TRANSFER_DONE, TRANSFER_CLOSED };
-enum transfer_abort { ABORT_NONE, ABORT_CANCELLED, ABORT_ENGINE_CLOSED };
+/* Why a transfer ended that libcurl did not end itself. */
+enum transfer_abort { ABORT_NONE, ABORT_CANCELLED, ABORT_ENGINE_CLOSED, ABORT_MULTI_FAILED };
 
 struct engine;
 
 /* A transfer's record: malloc'd, and pooled by its engine once closed. */
 typedef struct transfer {
-    struct engine *engine; /* set while running */
+    struct engine *engine; /* set while running, and while finished but not yet reported by poll */
     CURL *easy;            /* the record's own, for its whole life */
     unsigned dirty;        /* DIRTY_* options the request set */
     long recv_buffer;      /* CURLOPT_BUFFERSIZE of the handle */
-    int ref;               /* its box in the engine's table, while running */
+    int ref;               /* its box in the engine's table, until poll reports it */
     struct curl_slist *headers, *proxy_headers;
     int headers_done; /* the blank line after the last response's headers came */
     size_t head_end;  /* head[0..head_end) is that header block, trailers follow; 0 until it ends */
@@ -80,21 +101,34 @@ typedef struct transfer {
     enum transfer_state state;
     enum transfer_abort aborted;
     CURLcode code;
+    CURLMcode multi_code; /* ABORT_MULTI_FAILED: what the multi handle reported */
     char errbuf[CURL_ERROR_SIZE];
+    /* monotonic: when it started; when the engine ends it if libcurl has
+     * not (0: no timeout), see ENGINE_EXPIRY_GRACE */
+    double timeout, started, expires;
     /* gathered from the easy handle when the transfer ends */
     long status, request_size, redirects;
     double total_time;
     char *effective_url;
-    struct transfer *prev, *next; /* the engine's list of running transfers */
+    struct transfer *prev, *next; /* in its engine's running or finished list */
 } transfer;
+
+typedef struct engine_list {
+    transfer *head, *tail;
+    int n;
+} engine_list;
 
 typedef struct engine {
     CURLM *multi;
-    transfer *running;
-    int nrunning;
+    engine_list running;  /* on the multi handle (running or queued by libcurl) */
+    engine_list finished; /* finished, and not yet reported by poll */
     transfer *pool[ENGINE_POOL_MAX];
     int npool;
     double response_bytes; /* moving average of a response's size */
+    double next_expiry;    /* no running transfer expires before this (HUGE_VAL: none) */
+    long max_connections, max_idle;
+    long cache_size; /* CURLMOPT_MAXCONNECTS as last set (engine_size_cache) */
+    int renew; /* replace the multi handle once nothing runs (engine_shed) */
 } engine;
 
 /* ---- buffers ---- */
@@ -167,6 +201,19 @@ static size_t engine_on_header(char *ptr, size_t size, size_t nmemb, void *ud)
         t->headers_done = 1;
     }
     return n;
+}
+
+/* libcurl's sockets are inheritable: every program the process starts
+ * (os.execute, io.popen) would get a copy of each connection, holding it
+ * open past its close and using up the child's descriptors (a child run
+ * under a low limit could not even load its libraries). Not inherited, as
+ * Go's and Python's sockets are not. */
+static int engine_on_socket(void *ud, curl_socket_t fd, curlsocktype purpose)
+{
+    (void)ud;
+    (void)purpose;
+    (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
+    return CURL_SOCKOPT_OK;
 }
 
 /* Never reads anything: see engine_configure. */
@@ -245,7 +292,9 @@ static void engine_give(engine *e, transfer *t)
     t->headers_done = t->body_too_large = t->headers_too_large = t->out_of_memory = 0;
     t->aborted = ABORT_NONE;
     t->code = CURLE_OK;
+    t->multi_code = CURLM_OK;
     t->errbuf[0] = '\0';
+    t->timeout = t->started = t->expires = 0;
     t->status = t->request_size = t->redirects = 0;
     t->total_time = 0;
     t->state = TRANSFER_CLOSED;
@@ -253,17 +302,71 @@ static void engine_give(engine *e, transfer *t)
     e->pool[e->npool++] = t;
 }
 
-static void engine_unlink(engine *e, transfer *t)
+static void engine_list_add(engine_list *l, transfer *t)
+{
+    t->next = NULL;
+    t->prev = l->tail;
+    if (l->tail) l->tail->next = t;
+    else l->head = t;
+    l->tail = t;
+    l->n++;
+}
+
+static void engine_list_remove(engine_list *l, transfer *t)
 {
     if (t->prev) t->prev->next = t->next;
-    else e->running = t->next;
+    else l->head = t->next;
     if (t->next) t->next->prev = t->prev;
+    else l->tail = t->prev;
     t->prev = t->next = NULL;
-    e->nrunning--;
+    l->n--;
+}
+
+/* libcurl's connection cache counts the connections in use with the idle
+ * ones: whenever a transfer ends with more than CURLMOPT_MAXCONNECTS
+ * connections open, it closes the oldest idle one, which is then most often
+ * the one just given back. Set to max_idle, that would make every transfer
+ * reconnect whenever more than max_idle run at once (measured: 100 at once,
+ * 1,280 requests, 1,280 connections). So the cache is as large as the
+ * transfers on the multi handle, and never under max_idle: as those drop,
+ * the connections they gave back are closed, one perform behind. */
+static void engine_size_cache(engine *e)
+{
+    long size = e->running.n > e->max_idle ? (long)e->running.n : e->max_idle;
+    if (size == e->cache_size) return;
+    e->cache_size = size;
+    if (size > e->max_idle) e->renew = 1;
+    curl_multi_setopt(e->multi, CURLMOPT_MAXCONNECTS, size);
+}
+
+static void engine_apply_limits(engine *e)
+{
+    curl_multi_setopt(e->multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, e->max_connections);
+    e->cache_size = -1;
+    engine_size_cache(e);
+}
+
+/* The last transfers of a burst end together, in one perform, and keep
+ * their connections (the cache was sized for them): up to max_connections
+ * left open, where a fast server answered. Once nothing runs after more
+ * than max_idle did, the engine swaps its multi handle for a fresh one,
+ * which closes every connection the old one held; the next transfers
+ * connect anew. A run that stays within max_idle never comes here. Nor is
+ * a multi handle that failed used again. */
+static void engine_shed(engine *e)
+{
+    CURLM *fresh;
+    if (!e->renew || e->running.head) return;
+    fresh = curl_multi_init();
+    if (!fresh) return; /* out of memory: the old one does */
+    curl_multi_cleanup(e->multi);
+    e->multi = fresh;
+    e->renew = 0;
+    engine_apply_limits(e);
 }
 
 /* Takes a running transfer off the multi handle, keeping what libcurl knows
- * about its outcome. */
+ * about its outcome. Its engine forgets it: see engine_queue. */
 static void engine_finish(transfer *t, CURLcode code, enum transfer_abort aborted)
 {
     engine *e = t->engine;
@@ -288,9 +391,101 @@ static void engine_finish(transfer *t, CURLcode code, enum transfer_abort aborte
     /* Removing a transfer that has not completed closes its connection
      * instead of returning it to the cache, which is what an abort needs. */
     curl_multi_remove_handle(e->multi, easy);
-    engine_unlink(e, t);
+    engine_list_remove(&e->running, t);
+    engine_size_cache(e);
     t->engine = NULL;
     t->state = TRANSFER_DONE;
+}
+
+/* A finished transfer waits in its engine's finished list until poll has
+ * put it in the caller's table: a transfer libcurl reported is never lost,
+ * whatever fails in between. */
+static void engine_queue(engine *e, transfer *t)
+{
+    engine_list_add(&e->finished, t);
+    t->engine = e;
+}
+
+/* Drops a finished transfer from the list of those poll is to report. */
+static void engine_unqueue(transfer *t)
+{
+    if (t->state != TRANSFER_DONE || !t->engine) return;
+    engine_list_remove(&t->engine->finished, t);
+    t->engine = NULL;
+}
+
+/* Ends every running transfer after the multi handle failed (out of
+ * memory, a failed poll(2)...): each reports the error, so that nothing
+ * waits for a transfer that libcurl will never finish. */
+static void engine_fail_all(engine *e, CURLMcode mc)
+{
+    e->renew = 1;
+    while (e->running.head) {
+        transfer *t = e->running.head;
+        t->multi_code = mc;
+        engine_finish(t, CURLE_ABORTED_BY_CALLBACK, ABORT_MULTI_FAILED);
+        engine_queue(e, t);
+    }
+}
+
+/* Ends the transfers whose timeout has passed while libcurl kept them
+ * queued for a connection (it has no timer for those). Scans the running
+ * list only once the earliest expiry is due. */
+static void engine_expire(engine *e)
+{
+    double now, next = HUGE_VAL;
+    transfer *t, *after;
+    if (!e->running.head) {
+        e->next_expiry = HUGE_VAL;
+        return;
+    }
+    now = rw_clock_monotonic();
+    if (now < e->next_expiry) return;
+    for (t = e->running.head; t; t = after) {
+        after = t->next;
+        if (t->expires <= 0) continue;
+        if (now < t->expires) {
+            if (t->expires < next) next = t->expires;
+            continue;
+        }
+        engine_finish(t, CURLE_OPERATION_TIMEDOUT, ABORT_NONE);
+        if (t->request_size == 0)
+            (void)snprintf(t->errbuf, sizeof t->errbuf,
+                           "Operation timed out after %.0f milliseconds waiting for a connection "
+                           "(all %ld in use: max_connections)", (now - t->started) * 1000, e->max_connections);
+        else
+            (void)snprintf(t->errbuf, sizeof t->errbuf, "Operation timed out after %.0f milliseconds",
+                           (now - t->started) * 1000);
+        engine_queue(e, t);
+    }
+    e->next_expiry = next;
+}
+
+/* Moves what libcurl finished to the finished list. C only: nothing here
+ * can raise, and a message read is a message kept. */
+static void engine_drain(engine *e)
+{
+    CURLMsg *msg;
+    int left;
+    while ((msg = curl_multi_info_read(e->multi, &left)) != NULL) {
+        transfer *t = NULL;
+        if (msg->msg != CURLMSG_DONE) continue;
+        curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&t);
+        if (!t || t->state != TRANSFER_RUNNING) continue;
+        engine_finish(t, msg->data.result, ABORT_NONE); /* msg is invalid after this */
+        engine_queue(e, t);
+    }
+}
+
+/* Lets libcurl work on every transfer, then gathers what finished. */
+static void engine_drive(engine *e)
+{
+    int running;
+    CURLMcode mc = curl_multi_perform(e->multi, &running);
+    engine_drain(e);
+    if (mc != CURLM_OK) engine_fail_all(e, mc);
+    else engine_expire(e);
+    engine_shed(e);
 }
 
 static engine *engine_check(lua_State *L)
@@ -302,25 +497,32 @@ static engine *engine_check(lua_State *L)
 
 /* ---- request options ---- */
 
+/* Pushes request option `name` and returns 1, or pushes nothing and
+ * returns 0 when it is nil. */
 static int engine_opt_field(lua_State *L, int req, const char *name, int type, const char *what)
 {
+    RW_STACK_MARK(L, mark);
     int t = lua_getfield(L, req, name);
     if (t == LUA_TNIL) {
         lua_pop(L, 1);
+        RW_STACK_EXPECT(L, mark, 0);
         return 0;
     }
     if (t != type)
         luaL_error(L, "request option '%s' must be %s (got %s)", name, what, luaL_typename(L, -1));
+    RW_STACK_EXPECT(L, mark, 1);
     return 1;
 }
 
 static double engine_opt_seconds(lua_State *L, int req, const char *name)
 {
+    RW_STACK_MARK(L, mark);
     double v;
     if (!engine_opt_field(L, req, name, LUA_TNUMBER, "a number of seconds")) return -1;
     v = lua_tonumber(L, -1);
     lua_pop(L, 1);
     if (!(v > 0) || isnan(v)) luaL_error(L, "request option '%s' must be positive", name);
+    RW_STACK_EXPECT(L, mark, 0);
     return v;
 }
 
@@ -339,6 +541,7 @@ static int engine_has_crlf(const char *s, size_t n)
 /* Sets up t->easy from the request table at index req. Misuse raises. */
 static void engine_configure(lua_State *L, transfer *t, int req, int tidx, int fresh)
 {
+    RW_STACK_MARK(L, mark);
     CURL *easy = t->easy;
     const char *method;
     size_t len;
@@ -370,6 +573,7 @@ static void engine_configure(lua_State *L, transfer *t, int req, int tidx, int f
          * upload) would send the process's standard input. Every body is
          * POSTFIELDS, so the read callback only ever says "no more". */
         curl_easy_setopt(easy, CURLOPT_READFUNCTION, engine_on_read);
+        curl_easy_setopt(easy, CURLOPT_SOCKOPTFUNCTION, engine_on_socket);
     } else if (t->dirty) {
         /* Back to the defaults of what the last request changed, which costs
          * far less than curl_easy_reset. POSTFIELDS first: setting it turns
@@ -476,8 +680,10 @@ static void engine_configure(lua_State *L, transfer *t, int req, int tidx, int f
     curl_easy_setopt(easy, CURLOPT_HTTPHEADER, t->headers);
     curl_easy_setopt(easy, CURLOPT_PROXYHEADER, t->proxy_headers);
 
+    t->timeout = 0;
     if ((seconds = engine_opt_seconds(L, req, "timeout")) > 0) {
         t->dirty |= DIRTY_TIMEOUT;
+        t->timeout = seconds;
         curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, engine_ms(seconds));
     }
 
@@ -516,7 +722,7 @@ static void engine_configure(lua_State *L, transfer *t, int req, int tidx, int f
         }
         lua_pop(L, 1);
     }
-
+    RW_STACK_EXPECT(L, mark, 0);
 }
 
 /* ---- Engine methods ---- */
@@ -527,23 +733,82 @@ typedef struct transfer_box {
     transfer *t;
 } transfer_box;
 
-/* core.engine() -> engine */
+/* Reads the connection options of the table at index idx into *conns and
+ * *idle (options left out keep their value). Misuse raises, naming the
+ * option. */
+static void engine_read_limits(lua_State *L, int idx, long *conns, long *idle)
+{
+    RW_STACK_MARK(L, mark);
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        const char *key = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : NULL;
+        long *slot = NULL;
+        lua_Integer v;
+        int isint = 0;
+        if (key && strcmp(key, "max_connections") == 0) slot = conns;
+        else if (key && strcmp(key, "max_idle_connections") == 0) slot = idle;
+        if (!slot) {
+            luaL_error(L, "engine: unknown option '%s' (expected max_connections, max_idle_connections)",
+                       luaL_tolstring(L, -2, NULL));
+            return; /* not reached; lauxlib.h does not tell the analyzer so */
+        }
+        v = lua_type(L, -1) == LUA_TNUMBER ? lua_tointegerx(L, -1, &isint) : 0;
+        if (!isint || v < 1 || v > ENGINE_MAX_LIMIT)
+            luaL_error(L, "engine: option '%s' must be an integer from 1 to %d (got %s)", key,
+                       (int)ENGINE_MAX_LIMIT,
+                       lua_type(L, -1) == LUA_TNUMBER ? luaL_tolstring(L, -1, NULL) : luaL_typename(L, -1));
+        *slot = (long)v;
+        lua_pop(L, 1);
+    }
+    RW_STACK_EXPECT(L, mark, 0);
+}
+
+/* core.engine([{max_connections = n, max_idle_connections = n}]) -> engine
+ * | nil, err. See ENGINE_DEFAULT_MAX_CONNECTIONS for the options. */
 static int engine_l_new(lua_State *L)
 {
-    engine *e = (engine *)lua_newuserdatauv(L, sizeof(engine), 1);
+    long conns = ENGINE_DEFAULT_MAX_CONNECTIONS, idle = ENGINE_DEFAULT_MAX_IDLE;
+    engine *e;
+    if (!lua_isnoneornil(L, 1)) {
+        luaL_checktype(L, 1, LUA_TTABLE);
+        engine_read_limits(L, 1, &conns, &idle);
+    }
+    e = (engine *)lua_newuserdatauv(L, sizeof(engine), 1);
     memset(e, 0, sizeof *e); /* closed until the multi handle exists */
     e->response_bytes = (double)ENGINE_RECV_MAX * 2; /* libcurl's default until responses are seen */
+    e->next_expiry = HUGE_VAL;
+    e->max_connections = conns;
+    e->max_idle = idle;
     luaL_setmetatable(L, ENGINE_MT);
-    /* The boxes of running transfers (luaL_ref), which also keeps them alive. */
+    /* The boxes of transfers until poll reports them (luaL_ref), which also
+     * keeps them alive. */
     lua_createtable(L, ENGINE_POOL_MAX, 0);
     lua_setiuservalue(L, -2, 1);
     e->multi = curl_multi_init();
     if (!e->multi) {
+        lua_pop(L, 1);
         lua_pushnil(L);
         lua_pushliteral(L, "libcurl could not create a multi handle");
         return 2;
     }
+    engine_apply_limits(e);
     return 1;
+}
+
+/* engine:configure{max_connections = n, max_idle_connections = n}: new
+ * limits for a running engine (options left out keep their value). A lower
+ * cap applies to the connections made from now on; transfers libcurl has
+ * queued start as connections free up. */
+static int engine_l_configure(lua_State *L)
+{
+    engine *e = engine_check(L);
+    long conns = e->max_connections, idle = e->max_idle;
+    luaL_checktype(L, 2, LUA_TTABLE);
+    engine_read_limits(L, 2, &conns, &idle); /* all checked before any is applied */
+    e->max_connections = conns;
+    e->max_idle = idle;
+    engine_apply_limits(e);
+    return 0;
 }
 
 /* engine:start(request) -> transfer. Misuse raises; a transfer that cannot
@@ -555,69 +820,79 @@ static int engine_l_start(lua_State *L)
     transfer *t;
     CURLMcode mc;
     long recv_buffer;
-    int fresh;
+    int fresh, tidx;
     luaL_checktype(L, 2, LUA_TTABLE);
-    lua_settop(L, 2);
     box = (transfer_box *)lua_newuserdatauv(L, sizeof(transfer_box), 2);
+    tidx = lua_gettop(L);
     box->t = NULL;
     luaL_setmetatable(L, TRANSFER_MT);
     lua_pushvalue(L, 1);
-    lua_setiuservalue(L, 3, TRANSFER_UV_ENGINE);
+    lua_setiuservalue(L, tidx, TRANSFER_UV_ENGINE);
 
     t = engine_take(e, &fresh);
     if (!t) {
+        lua_pop(L, 1);
         lua_pushnil(L);
         lua_pushliteral(L, "libcurl could not create an easy handle");
         return 2;
     }
     box->t = t; /* from here on __gc gives the record back, whatever happens */
     t->state = TRANSFER_DONE;
-    engine_configure(L, t, 2, 3, fresh); /* may raise */
+    engine_configure(L, t, 2, tidx, fresh); /* may raise */
     recv_buffer = engine_buffer_size(e);
     if (t->recv_buffer != recv_buffer) {
         t->recv_buffer = recv_buffer;
         curl_easy_setopt(t->easy, CURLOPT_BUFFERSIZE, recv_buffer);
     }
+    /* The reference first: it is the one step that can raise (out of
+     * memory), and a transfer on the multi handle must have one. */
+    lua_getiuservalue(L, 1, 1);
+    lua_pushvalue(L, tidx);
+    t->ref = luaL_ref(L, -2);
     mc = curl_multi_add_handle(e->multi, t->easy);
     if (mc != CURLM_OK) {
+        luaL_unref(L, -1, t->ref);
+        t->ref = LUA_NOREF;
         box->t = NULL;
         engine_give(e, t);
+        lua_pop(L, 2);
         lua_pushnil(L);
         lua_pushstring(L, curl_multi_strerror(mc));
         return 2;
     }
+    lua_pop(L, 1);
     t->state = TRANSFER_RUNNING;
     t->engine = e;
-    t->next = e->running;
-    if (e->running) e->running->prev = t;
-    e->running = t;
-    e->nrunning++;
-    lua_getiuservalue(L, 1, 1);
-    lua_pushvalue(L, 3);
-    t->ref = luaL_ref(L, -2);
-    lua_pop(L, 1);
+    engine_list_add(&e->running, t);
+    engine_size_cache(e);
+    t->started = rw_clock_monotonic();
+    if (t->timeout > 0) {
+        t->expires = t->started + t->timeout + ENGINE_EXPIRY_GRACE;
+        if (t->expires < e->next_expiry) e->next_expiry = t->expires;
+    }
     return 1;
 }
 
-/* Moves every finished transfer from the multi handle to the table at
- * index out, from out[n + 1] on. Returns the index of the last one. */
-static int engine_collect(lua_State *L, engine *e, int out, int n)
+/* Puts the finished transfers in the table at index out, from out[1] on,
+ * and returns how many. Each leaves the finished list (and the engine's
+ * table of references) only once it is in out: when a Lua allocation fails
+ * halfway, the rest are still there for the next poll. */
+static int engine_report(lua_State *L, engine *e, int out)
 {
-    CURLMsg *msg;
-    int left;
+    RW_STACK_MARK(L, mark);
+    int n = 0;
     lua_getiuservalue(L, 1, 1);
-    while ((msg = curl_multi_info_read(e->multi, &left)) != NULL) {
-        transfer *t = NULL;
-        if (msg->msg != CURLMSG_DONE) continue;
-        curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&t);
-        if (!t) continue;
-        engine_finish(t, msg->data.result, ABORT_NONE); /* msg is invalid after this */
+    while (e->finished.head) {
+        transfer *t = e->finished.head;
         lua_rawgeti(L, -1, t->ref);
-        lua_rawseti(L, out, ++n);
+        lua_rawseti(L, out, n + 1); /* may raise: out of memory */
+        n++;
+        engine_unqueue(t);
         luaL_unref(L, -1, t->ref);
         t->ref = LUA_NOREF;
     }
     lua_pop(L, 1);
+    RW_STACK_EXPECT(L, mark, 0);
     return n;
 }
 
@@ -625,53 +900,67 @@ static int engine_collect(lua_State *L, engine *e, int out, int n)
  * when none has finished, waits at most timeout seconds (default 0) for
  * socket activity or a libcurl timer. The transfers that finished are
  * out[1..n]: out is the caller's table to fill, or a new one. Entries past
- * n are left as they were. */
+ * n are left as they were. When libcurl's multi handle fails, every
+ * running transfer ends with that error (error.multi), and is reported
+ * here like any other. */
 static int engine_l_poll(lua_State *L)
 {
     engine *e = engine_check(L);
     lua_Number timeout = luaL_optnumber(L, 2, 0);
-    int running, n;
+    int out, n;
     luaL_argcheck(L, timeout >= 0, 2, "timeout must be a non-negative number of seconds");
     if (lua_isnoneornil(L, 3)) {
-        lua_settop(L, 2);
         lua_newtable(L);
     } else {
         luaL_checktype(L, 3, LUA_TTABLE);
-        lua_settop(L, 3);
+        lua_pushvalue(L, 3);
     }
-    curl_multi_perform(e->multi, &running);
-    n = engine_collect(L, e, 3, 0);
-    if (n == 0 && timeout > 0) {
+    out = lua_gettop(L);
+    engine_drive(e);
+    if (!e->finished.head && timeout > 0) {
         long curl_ms = -1, ms = engine_ms(timeout);
+        CURLMcode mc;
         if (ms > INT_MAX) ms = INT_MAX;
-        if (e->nrunning > 0 && curl_multi_timeout(e->multi, &curl_ms) == CURLM_OK
-            && curl_ms >= 0 && curl_ms < ms)
-            ms = curl_ms;
-        curl_multi_poll(e->multi, NULL, 0, (int)ms, NULL);
-        curl_multi_perform(e->multi, &running);
-        n = engine_collect(L, e, 3, 0);
+        if (e->running.head) {
+            if (curl_multi_timeout(e->multi, &curl_ms) == CURLM_OK && curl_ms >= 0 && curl_ms < ms)
+                ms = curl_ms;
+            if (e->next_expiry < HUGE_VAL) { /* libcurl's timers leave queued transfers out */
+                double until = e->next_expiry - rw_clock_monotonic();
+                long expiry_ms = until > 0 ? engine_ms(until) : 0;
+                if (expiry_ms < ms) ms = expiry_ms;
+            }
+        }
+        mc = curl_multi_poll(e->multi, NULL, 0, (int)ms, NULL);
+        if (mc != CURLM_OK) {
+            engine_fail_all(e, mc);
+            engine_shed(e);
+        } else {
+            engine_drive(e);
+        }
     }
+    n = engine_report(L, e, out);
     lua_pushinteger(L, n);
     return 2;
 }
 
-/* engine:running() -> number of transfers in flight */
+/* engine:running() -> number of transfers in flight (queued for a
+ * connection or not), and finished ones poll has yet to report: while it is
+ * above 0, there is something to poll for. */
 static int engine_l_running(lua_State *L)
 {
-    lua_pushinteger(L, engine_check(L)->nrunning);
+    engine *e = engine_check(L);
+    lua_pushinteger(L, e->running.n + e->finished.n);
     return 1;
 }
 
 /* Idempotent; __gc, __close and engine:close() all come here. Transfers
- * still running end as aborted. */
+ * still running end as aborted; finished ones are no longer reported. */
 static int engine_l_close(lua_State *L)
 {
     engine *e = (engine *)luaL_checkudata(L, 1, ENGINE_MT);
     if (!e->multi) return 0;
-    while (e->running) {
-        transfer *t = e->running;
-        engine_finish(t, CURLE_ABORTED_BY_CALLBACK, ABORT_ENGINE_CLOSED);
-    }
+    while (e->running.head) engine_finish(e->running.head, CURLE_ABORTED_BY_CALLBACK, ABORT_ENGINE_CLOSED);
+    while (e->finished.head) engine_unqueue(e->finished.head);
     while (e->npool > 0) engine_destroy(e->pool[--e->npool]);
     curl_multi_cleanup(e->multi);
     e->multi = NULL;
@@ -693,19 +982,22 @@ static int transfer_l_done(lua_State *L)
     return 1;
 }
 
-/* Drops the transfer at index 1 from its engine's table of running ones
- * (if it is there), and returns that engine. */
+/* Drops the transfer at index 1 from its engine's table of references
+ * (if it is there), and returns that engine. The stack is left as it was. */
 static engine *transfer_detach(lua_State *L, transfer *t)
 {
+    RW_STACK_MARK(L, mark);
     engine *e = NULL;
     if (lua_getiuservalue(L, 1, TRANSFER_UV_ENGINE) == LUA_TUSERDATA) {
         e = (engine *)lua_touserdata(L, -1);
-        if (t->ref != LUA_NOREF && lua_getiuservalue(L, -1, 1) == LUA_TTABLE)
-            luaL_unref(L, -1, t->ref);
-        lua_pop(L, 1);
+        if (t->ref != LUA_NOREF) {
+            if (lua_getiuservalue(L, -1, 1) == LUA_TTABLE) luaL_unref(L, -1, t->ref);
+            lua_pop(L, 1);
+        }
     }
     lua_pop(L, 1);
     t->ref = LUA_NOREF;
+    RW_STACK_EXPECT(L, mark, 0);
     return e;
 }
 
@@ -721,7 +1013,8 @@ static int transfer_l_cancel(lua_State *L)
 }
 
 /* Idempotent; transfer:close(), __close and __gc. A running transfer is
- * aborted. The record goes back to the engine's pool. */
+ * aborted; a finished one is no longer reported by poll. The record goes
+ * back to the engine's pool. */
 static int transfer_l_close(lua_State *L)
 {
     transfer_box *box = (transfer_box *)luaL_checkudata(L, 1, TRANSFER_MT);
@@ -731,6 +1024,7 @@ static int transfer_l_close(lua_State *L)
     box->t = NULL;
     e = transfer_detach(L, t);
     if (t->state == TRANSFER_RUNNING) engine_finish(t, CURLE_ABORTED_BY_CALLBACK, ABORT_CANCELLED);
+    else engine_unqueue(t);
     engine_give(e, t);
     return 0;
 }
@@ -966,6 +1260,9 @@ static int transfer_l_result(lua_State *L)
     lua_setfield(L, -2, "code");
     if (t->aborted == ABORT_CANCELLED) lua_pushliteral(L, "transfer cancelled");
     else if (t->aborted == ABORT_ENGINE_CLOSED) lua_pushliteral(L, "engine closed during the transfer");
+    else if (t->aborted == ABORT_MULTI_FAILED)
+        lua_pushfstring(L, "libcurl's multi handle failed (%s); the transfer was ended",
+                        curl_multi_strerror(t->multi_code));
     else if (t->body_too_large)
         /* %I is lua_pushfstring's lua_Integer, unknown to printf checkers */
         /* cppcheck-suppress invalidLengthModifierError */
@@ -986,7 +1283,11 @@ static int transfer_l_result(lua_State *L)
     transfer_setfield_bool(L, "timeout", t->code == CURLE_OPERATION_TIMEDOUT);
     transfer_setfield_bool(L, "tls", transfer_tls_failure(t->code));
     transfer_setfield_bool(L, "too_large", t->body_too_large || t->headers_too_large);
-    transfer_setfield_bool(L, "cancelled", t->aborted != ABORT_NONE);
+    transfer_setfield_bool(L, "cancelled", t->aborted == ABORT_CANCELLED || t->aborted == ABORT_ENGINE_CLOSED);
+    if (t->aborted == ABORT_MULTI_FAILED) {
+        lua_pushstring(L, curl_multi_strerror(t->multi_code));
+        lua_setfield(L, -2, "multi");
+    }
     if (t->status > 0) {
         lua_pushinteger(L, t->status);
         lua_setfield(L, -2, "status");
@@ -1007,6 +1308,7 @@ void rw_engine_register(lua_State *L)
     static const luaL_Reg engine_methods[] = {
         { "start", engine_l_start },
         { "poll", engine_l_poll },
+        { "configure", engine_l_configure },
         { "running", engine_l_running },
         { "close", engine_l_close },
         { NULL, NULL }

@@ -26,20 +26,32 @@ local runtime = {}
 
 local host_sleep -- set by rw.configure{sleep = fn}
 
---- runtime.configure{sleep = fn | false}
+-- The engine's options (ratewise.core's core.engine{...}).
+local ENGINE_OPTIONS = { max_connections = true, max_idle_connections = true }
+local MAX_LIMIT = 1000000
+
+--- runtime.configure{sleep = fn | false, max_connections = n, max_idle_connections = n}
 function runtime.configure(opts)
   if type(opts) ~= "table" then
     error(format("configure: expected a table of options (got %s)", type(opts)), 2)
   end
+  local limits
   for k, v in pairs(opts) do
-    if k ~= "sleep" then
+    if ENGINE_OPTIONS[k] then
+      if type(v) ~= "number" or v % 1 ~= 0 or v < 1 or v > MAX_LIMIT then
+        error(format("configure: option '%s' must be an integer from 1 to %d (got %s)", k, MAX_LIMIT,
+          type(v) == "number" and tostring(v) or type(v)), 2)
+      end
+      limits = limits or {}
+      limits[k] = v
+    elseif k ~= "sleep" then
       error(format("configure: unknown option '%s'", tostring(k)), 2)
-    end
-    if v ~= false and type(v) ~= "function" then
+    elseif v ~= false and type(v) ~= "function" then
       error(format("configure: option 'sleep' must be a function or false (got %s)", type(v)), 2)
     end
   end
   if opts.sleep ~= nil then host_sleep = opts.sleep or nil end
+  if limits then scheduler.engine(limits) end
 end
 
 local function in_plain_coroutine()

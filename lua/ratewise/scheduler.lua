@@ -28,8 +28,14 @@ local transfer_waiter = {}                      -- transfer -> task waiting for 
 local live = 0                                  -- tasks not finished
 local current                                   -- the task running now, or nil
 
-function scheduler.engine()
-  if not engine then engine = assert(core.engine()) end
+--- scheduler.engine([opts]): the engine, made on first use; opts (the
+-- connection limits of core.engine) go to a new engine, or to engine:configure.
+function scheduler.engine(opts)
+  if not engine then
+    engine = assert(core.engine(opts))
+  elseif opts then
+    engine:configure(opts)
+  end
   return engine
 end
 

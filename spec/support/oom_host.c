@@ -1,0 +1,66 @@
+/*
+ * A Lua host for spec/engine_spec.lua whose Lua allocator can be told to
+ * fail: what ratewise.core does when a Lua allocation fails at a chosen
+ * point cannot be seen from a plain lua5.4.
+ *
+ *   oom_host script.lua [args...]
+ *
+ * The script finds ratewise.core already loaded (linked in, from src/) and
+ * a global fail_allocations(on): while on, every allocation that would
+ * grow a block fails (freeing and shrinking still work), so the next Lua
+ * allocation raises "not enough memory".
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "lauxlib.h"
+#include "lua.h"
+#include "lualib.h"
+
+int luaopen_ratewise_core(lua_State *L);
+
+static int oom_failing;
+
+static void *oom_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
+{
+    (void)ud;
+    if (nsize == 0) {
+        free(ptr);
+        return NULL;
+    }
+    /* osize is a type tag, not a size, when ptr is NULL. */
+    if (oom_failing && (ptr == NULL || nsize > osize)) return NULL;
+    return realloc(ptr, nsize);
+}
+
+static int oom_l_fail_allocations(lua_State *L)
+{
+    oom_failing = lua_toboolean(L, 1);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    lua_State *L;
+    int i, status;
+    if (argc < 2) {
+        fprintf(stderr, "usage: oom_host script.lua [args...]\n");
+        return 2;
+    }
+    L = lua_newstate(oom_alloc, NULL);
+    if (!L) return 1;
+    luaL_openlibs(L);
+    luaL_requiref(L, "ratewise.core", luaopen_ratewise_core, 0);
+    lua_pop(L, 1);
+    lua_register(L, "fail_allocations", oom_l_fail_allocations);
+    lua_createtable(L, argc, 0);
+    for (i = 0; i < argc - 1; i++) {
+        lua_pushstring(L, argv[i + 1]);
+        lua_rawseti(L, -2, i);
+    }
+    lua_setglobal(L, "arg");
+    status = luaL_dofile(L, argv[1]);
+    if (status != LUA_OK) fprintf(stderr, "oom_host: %s\n", lua_tostring(L, -1));
+    lua_close(L);
+    return status == LUA_OK ? 0 : 1;
+}
