@@ -184,6 +184,35 @@ describe("rw.client", function()
       assert.equal(2, #s:log("/nostore"))
       assert.equal(2, #s:log("/fail"))
     end)
+
+    -- The expired copy of /a used to stay in the cache's order list: storing
+    -- /b then evicted that old copy, and with it the fresh /a.
+    it("keeps an entry fetched again after it expired when a new one comes", function()
+      local c = new { cache = { ttl = 0.2, max_entries = 2 } }
+      assert(c:get("/a"))
+      rw.sleep(0.25)
+      assert(c:get("/a")) -- expired: fetched again
+      assert(c:get("/b"))
+      assert(c:get("/a")) -- the fresh copy
+      assert.equal(2, #s:log("/a"))
+      assert.equal(1, #s:log("/b"))
+      assert(c:get("/c")) -- now /a is the oldest entry: it goes
+      assert(c:get("/b"))
+      assert(c:get("/a"))
+      assert.equal(3, #s:log("/a"))
+      assert.equal(1, #s:log("/b"))
+      assert.equal(1, #s:log("/c"))
+    end)
+
+    it("holds max_entries entries, the oldest going first, however many come and go", function()
+      local c = new { cache = { ttl = 10, max_entries = 3 } }
+      for round = 1, 3 do
+        for i = 1, 50 do assert(c:get("/k" .. i)) end
+        for i = 48, 50 do assert(c:get("/k" .. i)) end -- the last three: cached
+        for i = 1, 50 do assert.equal(round, #s:log("/k" .. i)) end
+      end
+      assert.equal(9, c:stats().cache_hits)
+    end)
   end)
 
   describe("telemetry", function()

@@ -323,24 +323,70 @@ local function request_key(method, url, h, body)
   return concat(parts, "\n")
 end
 
+-- The cache's entries in the order they were stored, oldest first:
+-- self.cache_order is a queue of keys, order[head..tail], and each entry
+-- knows its slot. An entry that expires, or is stored again, leaves its old
+-- slot behind; eviction skips such a slot, so an expired copy can never take
+-- a fresh entry with it, and nothing is shifted (a table.remove from the
+-- front moved every key). `live` counts the entries; the queue is compacted
+-- once stale slots, or the indices below head, outnumber them.
+local function cache_queue(self)
+  local order = self.cache_order
+  if not order.head then order.head, order.tail, order.live = 1, 0, 0 end
+  return order
+end
+
+local function cache_compact(order, cached)
+  local keys, n = {}, 0
+  for i = order.head, order.tail do
+    local key = order[i]
+    order[i] = nil
+    local entry = cached[key]
+    if entry and entry.slot == i then
+      n = n + 1
+      keys[n] = key
+    end
+  end
+  for i = 1, n do
+    order[i] = keys[i]
+    cached[keys[i]].slot = i
+  end
+  order.head, order.tail = 1, n
+end
+
 function Client:_cache_get(key)
   local entry = self.cached[key]
   if entry and entry.expires > now() then return entry.res end
-  if entry then self.cached[key] = nil end
+  if entry then
+    self.cached[key] = nil
+    local order = cache_queue(self)
+    order.live = order.live - 1
+  end
   return nil
 end
 
 function Client:_cache_put(key, res)
   local cc = res.headers["cache-control"]
   if cc and lower(cc):find("no%-store") then return end
-  local order = self.cache_order
-  if not self.cached[key] then
-    order[#order + 1] = key
-    if #order > self.cache_max then
-      self.cached[table.remove(order, 1)] = nil
+  local order, cached = cache_queue(self), self.cached
+  if not cached[key] then order.live = order.live + 1 end
+  local slot = order.tail + 1
+  order.tail = slot
+  order[slot] = key
+  cached[key] = { res = res, expires = now() + self.cache_ttl, slot = slot }
+  while order.live > self.cache_max do
+    local head = order.head
+    local oldest = order[head]
+    order[head] = nil
+    order.head = head + 1
+    local entry = cached[oldest]
+    if entry and entry.slot == head then
+      cached[oldest] = nil
+      order.live = order.live - 1
     end
   end
-  self.cached[key] = { res = res, expires = now() + self.cache_ttl }
+  local margin = 2 * order.live + 32
+  if order.tail - order.head >= margin or order.head > margin then cache_compact(order, cached) end
 end
 
 -- A copy for a second reader of a shared response, so that neither can
