@@ -282,15 +282,19 @@ describe("ratewise.core engine", function()
         local core = require "ratewise.core"
         local e = core.engine()
         local transfers = {}
-        for i = 1, 10 do transfers[i] = assert(e:start { url = arg[1], timeout = 30 }) end
+        for i = 1, 9 do transfers[i] = assert(e:start { url = arg[1], timeout = 30 }) end
         for _ = 1, 10 do e:poll(0.02) end -- connected, requests sent
         local f = assert(io.open("/proc/self/stat"))
         local pid = f:read("a"):match("^%d+")
         f:close()
-        assert(os.execute("prlimit --pid " .. pid .. " --nofile=4:"))
+        -- Under the 10 descriptors poll(2) is given (9 connections and the
+        -- multi handle's wake-up), above those left once they are closed:
+        -- LeakSanitizer (make test-asan) opens files at exit. (Past 10,
+        -- libcurl 7.88 mallocs its pollfd array, and leaks it on this path.)
+        assert(os.execute("prlimit --pid " .. pid .. " --nofile=8:"))
         local reported, out, first = 0, {}, nil
         local deadline = core.now() + 3
-        while reported < 10 and core.now() < deadline do
+        while reported < 9 and core.now() < deadline do
           local _, n = e:poll(0.5, out)
           for i = 1, n do
             local res, err = out[i]:result()
@@ -305,7 +309,7 @@ describe("ratewise.core engine", function()
       assert.is_true(ok, out)
       local reported, running, multi, message, retryable, cancelled =
         out:match("^(%d+)\t(%d+)\t([^\t]+)\t([^\t]+)\t(%a+)\t(%a+)\n$")
-      assert.equal("10", reported, out)
+      assert.equal("9", reported, out)
       assert.equal("0", running)
       assert.matches("multi handle failed %(" .. multi:gsub("%p", "%%%0") .. "%)", message)
       assert.equal("false", retryable)
