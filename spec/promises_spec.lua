@@ -345,7 +345,126 @@ describe("ratewise's promises", function()
     it("refuses request headers too large to send, naming the request", function()
       raises(function() rw.fetch(s:url("/h"), opts { headers = { ["X-Big"] = string.rep("a", 1024 * 1024) } }) end,
         "the request headers are too large")
+      -- a URL too long for libcurl is told as the request's fault, not a response's
+      local res, err = rw.fetch(s:url("/h?q=" .. string.rep("a", 1100 * 1024)), opts { max_retries = 0 })
+      assert.is_nil(res)
+      assert.equal("network", err.kind)
+      assert.matches("the request is too large to send", err.message)
+      assert.is_nil(err.message:find("aaaa", 1, true), "the URL's query was printed")
       assert.equal(0, #s:log())
+    end)
+  end)
+
+  describe("no secret reaches another origin", function()
+    local secrets = {
+      Authorization = "Bearer s-auth", ["x-api-key"] = "s-anthropic", ["api-key"] = "s-azure",
+      ["x-goog-api-key"] = "s-google", Cookie = "sid=s-cookie", ["X-Tenant-Token"] = "s-tenant",
+      ["X-Public"] = "kept",
+    }
+    local secret_names = { "authorization", "x-api-key", "api-key", "x-goog-api-key", "cookie", "x-tenant-token" }
+
+    local function assert_no_secrets(record, where)
+      for _, name in ipairs(secret_names) do
+        assert.is_nil(record.headers[name], name .. " reached " .. where)
+      end
+      assert.equal("kept", record.headers["x-public"], "the other headers go along")
+    end
+
+    it("drops every secret header, built in or named by the call, on a redirect to another host", function()
+      -- localhost and 127.0.0.1 are two origins on the one test server
+      s:script("/hop", { { action = "redirect", location = "http://localhost:" .. s.port .. "/landing" } })
+      local res = assert(rw.fetch(s:url("/hop"), opts { headers = secrets, secret_headers = { "X-Tenant-Token" } }))
+      assert.equal(200, res.status)
+      assert.equal(1, res.redirects)
+      local first = s:log("/hop")[1]
+      for _, name in ipairs(secret_names) do assert.is_string(first.headers[name], name) end
+      assert_no_secrets(s:log("/landing")[1], "another host")
+    end)
+
+    it("drops them on a redirect to another port or scheme of the same host", function()
+      local other = server.start()
+      local ok, err = pcall(function()
+        s:script("/hop", { { action = "redirect", location = other:url("/landing") } })
+        assert(rw.fetch(s:url("/hop"), opts { headers = secrets, secret_headers = { "x-tenant-token" } }))
+        assert_no_secrets(other:log("/landing")[1], "another port")
+      end)
+      other:stop()
+      assert(ok, err)
+    end)
+
+    it("keeps them on the same origin, and sends them again when a redirect comes back to it", function()
+      s:script("/a", { { action = "redirect", location = "http://localhost:" .. s.port .. "/b" } })
+      s:script("/b", { { action = "redirect", location = "http://127.0.0.1:" .. s.port .. "/c" } })
+      assert(rw.fetch(s:url("/a"), opts { headers = secrets, secret_headers = { "X-Tenant-Token" } }))
+      assert_no_secrets(s:log("/b")[1], "another host")
+      local back = s:log("/c")[1]
+      assert.equal("Bearer s-auth", back.headers.authorization)
+      assert.equal("s-tenant", back.headers["x-tenant-token"])
+    end)
+
+    it("takes secret header names from the client and the call together", function()
+      s:script("/hop", { { action = "redirect", location = "http://localhost:" .. s.port .. "/landing" } })
+      local c = rw.client { base_url = s.base, on_retry = false, secret_headers = { "X-Tenant-Token" },
+        headers = { ["X-Tenant-Token"] = "s-tenant", ["X-Org-Key"] = "s-org", ["X-Public"] = "kept" } }
+      assert(c:get("/hop", { secret_headers = { "X-Org-Key" } }))
+      local landing = s:log("/landing")[1]
+      assert.is_nil(landing.headers["x-tenant-token"])
+      assert.is_nil(landing.headers["x-org-key"])
+      assert.equal("kept", landing.headers["x-public"])
+    end)
+
+    it("follows redirects as browsers and curl do: 303 and a POST's 301/302 become GET, 307/308 keep the body",
+      function()
+        for _, case in ipairs { { 303, "GET", "" }, { 301, "GET", "" }, { 302, "GET", "" }, { 307, "POST", "data" },
+          { 308, "POST", "data" } } do
+          s:reset()
+          s:script("/hop", { { action = "redirect", status = case[1], location = "/landing" } })
+          local res = assert(rw.fetch(s:url("/hop"), opts { method = "POST", body = "data" }))
+          assert.equal(200, res.status)
+          local landing = s:log("/landing")[1]
+          assert.equal(case[2], landing.method, case[1])
+          assert.equal(case[3], landing.body, case[1])
+        end
+        s:reset()
+        s:script("/hop", { { action = "redirect", status = 303, location = "/landing" } })
+        assert(rw.fetch(s:url("/hop"), opts { method = "HEAD" }))
+        assert.equal("HEAD", s:log("/landing")[1].method)
+      end)
+
+    it("holds the per-attempt timeout across every hop", function()
+      s:script("/r1", { { action = "redirect", location = "/r2", delay = 0.4 } })
+      s:script("/r2", { { action = "redirect", location = "/r3", delay = 0.4 } })
+      s:script("/r3", { { status = 200, delay = 0.4 } })
+      local started = rw.now()
+      local res, err = rw.fetch(s:url("/r1"), opts { timeout = 1, max_retries = 0 })
+      local took = rw.now() - started
+      assert.is_nil(res)
+      assert.is_true(err.transport.timeout)
+      assert.is_true(took < 1.2, "took " .. took .. " s")
+    end)
+
+    it("keeps the engine's own users safe too: ratewise.core follows with the same rules", function()
+      local core = require "ratewise.core"
+      s:script("/hop", { { action = "redirect", location = "http://localhost:" .. s.port .. "/landing" } })
+      local e = core.engine()
+      local t = assert(e:start { url = s:url("/hop"), headers = { "Authorization: Bearer s-auth",
+        "X-Tenant-Token: s-tenant", "X-Public: kept" }, secret_headers = { "x-tenant-token" } })
+      while not t:done() do e:poll(0.5) end
+      local res = assert(t:result())
+      assert.equal(200, res.status)
+      assert.equal("http://localhost:" .. s.port .. "/landing", res.url)
+      local landing = s:log("/landing")[1]
+      assert.is_nil(landing.headers.authorization)
+      assert.is_nil(landing.headers["x-tenant-token"])
+      assert.equal("kept", landing.headers["x-public"])
+      t:close()
+      for _, line in ipairs { "Content-Length: 5", "Host: evil", "Transfer-Encoding: chunked", "X-A: a\1b" } do
+        assert.has_error(function() e:start { url = s:url("/x"), method = "POST", body = "x", headers = { line } } end)
+      end
+      assert.has_error(function() e:start { url = s:url("/x"), method = "GET", body = "x" } end)
+      assert.has_error(function() e:start { url = s:url("/x"), headers = { "X-Big: " .. string.rep("a", 300000) } } end)
+      e:close()
+      assert.equal(0, #s:log("/x"))
     end)
   end)
 

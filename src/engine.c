@@ -53,6 +53,35 @@
  * have ended it, had it been running. */
 #define ENGINE_EXPIRY_GRACE 0.05
 
+/* Redirects are followed by the engine, not by libcurl, which would send
+ * every header the caller gave (x-api-key, say) to any host a redirect
+ * names: libcurl knows only Authorization and Cookie for secrets. */
+#define ENGINE_MAX_REDIRECTS 10L
+
+/* libcurl refuses a request line and headers over 1 MiB, and servers answer
+ * 431 long before that: a request's header lines are capped at this. */
+#define ENGINE_MAX_REQUEST_HEADER_BYTES (256 * 1024)
+
+/* Request fields whose values are credentials: the engine never sends them
+ * to another origin (scheme, host, port) after a redirect, and the Lua
+ * layer keeps them out of every message (core.secret_header_names). A
+ * request adds names of its own (request.secret_headers). */
+static const char *const engine_secret_names[] = {
+    "authorization", "proxy-authorization", "cookie", "x-api-key", "api-key", "x-goog-api-key",
+    "x-auth-token", "x-access-token", "x-amz-security-token", "private-token", "x-csrf-token", NULL
+};
+
+/* Fields libcurl writes itself: a caller's Content-Length or
+ * Transfer-Encoding would override the real framing, and the body would be
+ * read as a second, smuggled request on a pooled connection
+ * (core.transport_header_names). */
+static const char *const engine_transport_names[] = {
+    "content-length", "transfer-encoding", "host", "connection", "upgrade", "te", "expect", NULL
+};
+
+/* The method of a request, for what a redirect makes of it. */
+enum transfer_method { METHOD_GET, METHOD_HEAD, METHOD_POST, METHOD_OTHER };
+
 /* Options a request may move away from libcurl's defaults; a recycled
  * handle gets back only those the last request on it changed. */
 #define DIRTY_BODY 1u       /* POSTFIELDS (and the POST it implies) */
@@ -92,7 +121,14 @@ typedef struct transfer {
     unsigned dirty;        /* DIRTY_* options the request set */
     long recv_buffer;      /* CURLOPT_BUFFERSIZE of the handle */
     int ref;               /* its box in the engine's table, until poll reports it */
-    struct curl_slist *headers, *proxy_headers;
+    /* The request's header lines: those without secrets first, then the
+     * secret ones (from secret_headers on), so that cutting the list after
+     * public_tail leaves the lines another origin may see. public_tail is
+     * NULL when no line comes before the secret ones. */
+    struct curl_slist *headers, *secret_headers, *public_tail, *proxy_headers;
+    int follow;                  /* follow redirects (the engine does: engine_follow) */
+    enum transfer_method method; /* as sent on the last hop */
+    char *origin;                /* the first URL's origin, from the first redirect on */
     int headers_done; /* the blank line after the last response's headers came */
     size_t head_end;  /* head[0..head_end) is that header block, trailers follow; 0 until it ends */
     engine_buf body, head;
@@ -156,6 +192,15 @@ static void engine_buf_free(engine_buf *b)
     b->data = NULL;
     b->len = b->cap = 0;
 }
+
+static long engine_ms(double seconds)
+{
+    double ms = ceil(seconds * 1000.0);
+    if (ms < 1) ms = 1;
+    return ms > (double)LONG_MAX / 2 ? LONG_MAX / 2 : (long)ms;
+}
+
+static int engine_lower(int c) { return (c >= 'A' && c <= 'Z') ? c + 32 : c; }
 
 /* ---- libcurl callbacks: C only, no Lua ---- */
 
@@ -273,15 +318,25 @@ static void engine_destroy(transfer *t)
     free(t);
 }
 
+/* Frees the request's header lines, whether their two parts are joined,
+ * cut apart by a redirect, or never joined (a request that raised). */
+static void engine_free_headers(transfer *t)
+{
+    if (t->public_tail) t->public_tail->next = NULL;
+    if (t->headers != t->secret_headers) curl_slist_free_all(t->headers);
+    curl_slist_free_all(t->secret_headers);
+    curl_slist_free_all(t->proxy_headers);
+    t->headers = t->secret_headers = t->public_tail = t->proxy_headers = NULL;
+}
+
 /* Back to the pool of engine e (NULL, or closed: freed instead), with what
  * the last request left behind let go of. */
 static void engine_give(engine *e, transfer *t)
 {
-    curl_slist_free_all(t->headers);
-    curl_slist_free_all(t->proxy_headers);
+    engine_free_headers(t);
     free(t->effective_url);
-    t->headers = t->proxy_headers = NULL;
-    t->effective_url = NULL;
+    free(t->origin);
+    t->effective_url = t->origin = NULL;
     if (!e || !e->multi || e->npool >= ENGINE_POOL_MAX) {
         engine_destroy(t);
         return;
@@ -371,7 +426,7 @@ static void engine_finish(transfer *t, CURLcode code, enum transfer_abort aborte
 {
     engine *e = t->engine;
     CURL *easy = t->easy;
-    char *url = NULL;
+    double hop_time = 0;
     if (!e) return;
     t->code = code;
     t->aborted = aborted;
@@ -380,14 +435,7 @@ static void engine_finish(transfer *t, CURLcode code, enum transfer_abort aborte
         e->response_bytes += ((double)(t->head.len + t->body.len) - e->response_bytes) / 8;
     curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &t->status);
     curl_easy_getinfo(easy, CURLINFO_REQUEST_SIZE, &t->request_size);
-    curl_easy_getinfo(easy, CURLINFO_REDIRECT_COUNT, &t->redirects);
-    curl_easy_getinfo(easy, CURLINFO_TOTAL_TIME, &t->total_time);
-    /* Without a redirect the caller knows the URL already. */
-    if (t->redirects > 0 && curl_easy_getinfo(easy, CURLINFO_EFFECTIVE_URL, &url) == CURLE_OK && url) {
-        size_t n = strlen(url);
-        t->effective_url = (char *)malloc(n + 1);
-        if (t->effective_url) memcpy(t->effective_url, url, n + 1);
-    }
+    if (curl_easy_getinfo(easy, CURLINFO_TOTAL_TIME, &hop_time) == CURLE_OK) t->total_time += hop_time;
     /* Removing a transfer that has not completed closes its connection
      * instead of returning it to the cache, which is what an abort needs. */
     curl_multi_remove_handle(e->multi, easy);
@@ -461,18 +509,138 @@ static void engine_expire(engine *e)
     e->next_expiry = next;
 }
 
+/* A copy of s, or NULL (out of memory). */
+static char *engine_strdup(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *copy = (char *)malloc(n);
+    if (copy) memcpy(copy, s, n);
+    return copy;
+}
+
+/* "scheme://host:port" of a URL, lower-case, the port filled in (malloc'd),
+ * or NULL when it does not parse. */
+static char *engine_origin(const char *url)
+{
+    CURLU *u = curl_url();
+    char *scheme = NULL, *host = NULL, *port = NULL, *out = NULL;
+    if (!u) return NULL;
+    if (curl_url_set(u, CURLUPART_URL, url, 0) == CURLUE_OK
+        && curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) == CURLUE_OK
+        && curl_url_get(u, CURLUPART_HOST, &host, 0) == CURLUE_OK
+        && curl_url_get(u, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) == CURLUE_OK) {
+        size_t n = strlen(scheme) + strlen(host) + strlen(port) + 5;
+        out = (char *)malloc(n);
+        if (out) {
+            size_t i;
+            (void)snprintf(out, n, "%s://%s:%s", scheme, host, port);
+            for (i = 0; out[i]; i++) out[i] = (char)engine_lower((unsigned char)out[i]);
+        }
+    }
+    curl_free(scheme);
+    curl_free(host);
+    curl_free(port);
+    curl_url_cleanup(u);
+    return out;
+}
+
+/* A transfer libcurl completed with a redirect the request follows: puts
+ * it back on the multi handle for the next URL and answers 1. Answers 0
+ * when the response is the final one, or when the redirect cannot be
+ * followed, with *code and the error text saying why. As a browser, curl
+ * and Go do: a 303 (and a 301 or 302 to a POST) becomes a GET without a
+ * body; 307 and 308 keep the method and body; the secret header lines go
+ * only to the first URL's origin; the per-attempt timeout spans every hop. */
+static int engine_follow(engine *e, transfer *t, CURLcode *code)
+{
+    long status = 0;
+    char *location = NULL, *next_url, *next_origin;
+    double hop_time = 0, left = 0;
+    int same_origin;
+    CURLMcode mc;
+    curl_easy_getinfo(t->easy, CURLINFO_RESPONSE_CODE, &status);
+    if (status != 301 && status != 302 && status != 303 && status != 307 && status != 308) return 0;
+    if (curl_easy_getinfo(t->easy, CURLINFO_REDIRECT_URL, &location) != CURLE_OK || !location) return 0;
+    if (t->redirects >= ENGINE_MAX_REDIRECTS) {
+        *code = CURLE_TOO_MANY_REDIRECTS;
+        (void)snprintf(t->errbuf, sizeof t->errbuf, "Maximum (%ld) redirects followed", ENGINE_MAX_REDIRECTS);
+        return 0;
+    }
+    if (strncasecmp(location, "http://", 7) != 0 && strncasecmp(location, "https://", 8) != 0) {
+        size_t scheme = strspn(location, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+-.");
+        *code = CURLE_UNSUPPORTED_PROTOCOL;
+        (void)snprintf(t->errbuf, sizeof t->errbuf, "a redirect to a \"%.*s\" URL was refused (only http "
+                       "and https are followed)", (int)(scheme < 32 ? scheme : 32), location);
+        return 0;
+    }
+    if (t->timeout > 0) {
+        left = t->timeout - (rw_clock_monotonic() - t->started);
+        if (left <= 0) {
+            *code = CURLE_OPERATION_TIMEDOUT;
+            (void)snprintf(t->errbuf, sizeof t->errbuf, "Operation timed out after %.0f milliseconds",
+                           t->timeout * 1000);
+            return 0;
+        }
+    }
+    if (!t->origin) { /* the first hop: the URL the request named */
+        char *first = NULL;
+        if (curl_easy_getinfo(t->easy, CURLINFO_EFFECTIVE_URL, &first) == CURLE_OK && first)
+            t->origin = engine_origin(first);
+    }
+    next_origin = engine_origin(location);
+    same_origin = t->origin && next_origin && strcmp(t->origin, next_origin) == 0;
+    free(next_origin);
+    next_url = engine_strdup(location); /* location is the handle's, gone once it is removed */
+    if (!next_url) {
+        *code = CURLE_OUT_OF_MEMORY;
+        t->out_of_memory = 1;
+        return 0;
+    }
+    if (curl_easy_getinfo(t->easy, CURLINFO_TOTAL_TIME, &hop_time) == CURLE_OK) t->total_time += hop_time;
+    curl_multi_remove_handle(e->multi, t->easy); /* a completed transfer: its connection is kept */
+    if ((status == 303 && t->method != METHOD_HEAD) || ((status == 301 || status == 302) && t->method == METHOD_POST)) {
+        curl_easy_setopt(t->easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)-1);
+        curl_easy_setopt(t->easy, CURLOPT_POSTFIELDS, (char *)NULL);
+        curl_easy_setopt(t->easy, CURLOPT_HTTPGET, 1L);
+        curl_easy_setopt(t->easy, CURLOPT_CUSTOMREQUEST, (char *)NULL);
+        t->dirty |= DIRTY_BODY | DIRTY_METHOD;
+        t->method = METHOD_GET;
+    }
+    if (t->secret_headers) {
+        if (t->public_tail) t->public_tail->next = same_origin ? t->secret_headers : NULL;
+        curl_easy_setopt(t->easy, CURLOPT_HTTPHEADER, same_origin || t->public_tail ? t->headers : NULL);
+    }
+    curl_easy_setopt(t->easy, CURLOPT_URL, next_url); /* copied */
+    free(t->effective_url);
+    t->effective_url = next_url;
+    if (t->timeout > 0) curl_easy_setopt(t->easy, CURLOPT_TIMEOUT_MS, engine_ms(left));
+    t->body.len = 0; /* the redirect's own body is not the answer */
+    t->redirects++;
+    mc = curl_multi_add_handle(e->multi, t->easy);
+    if (mc != CURLM_OK) {
+        *code = CURLE_OUT_OF_MEMORY;
+        (void)snprintf(t->errbuf, sizeof t->errbuf, "libcurl could not follow the redirect (%s)",
+                       curl_multi_strerror(mc));
+        return 0;
+    }
+    return 1;
+}
+
 /* Moves what libcurl finished to the finished list. C only: nothing here
  * can raise, and a message read is a message kept. */
 static void engine_drain(engine *e)
 {
     CURLMsg *msg;
+    CURLcode code;
     int left;
     while ((msg = curl_multi_info_read(e->multi, &left)) != NULL) {
         transfer *t = NULL;
         if (msg->msg != CURLMSG_DONE) continue;
         curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&t);
         if (!t || t->state != TRANSFER_RUNNING) continue;
-        engine_finish(t, msg->data.result, ABORT_NONE); /* msg is invalid after this */
+        code = msg->data.result; /* msg is invalid once the handle is removed */
+        if (code == CURLE_OK && t->follow && engine_follow(e, t, &code)) continue;
+        engine_finish(t, code, ABORT_NONE);
         engine_queue(e, t);
     }
 }
@@ -526,16 +694,76 @@ static double engine_opt_seconds(lua_State *L, int req, const char *name)
     return v;
 }
 
-static long engine_ms(double seconds)
+/* Whether s[0..n) holds a control character or a space (RFC 3986 allows
+ * neither in a URL; RFC 9110 none in a method). */
+static int engine_has_ctl(const char *s, size_t n)
 {
-    double ms = ceil(seconds * 1000.0);
-    if (ms < 1) ms = 1;
-    return ms > (double)LONG_MAX / 2 ? LONG_MAX / 2 : (long)ms;
+    size_t i;
+    for (i = 0; i < n; i++)
+        if ((unsigned char)s[i] <= 32 || (unsigned char)s[i] == 127) return 1;
+    return 0;
 }
 
-static int engine_has_crlf(const char *s, size_t n)
+/* Whether the request table at index req has a non-nil field name. */
+static int engine_has_field(lua_State *L, int req, const char *name)
 {
-    return memchr(s, '\r', n) != NULL || memchr(s, '\n', n) != NULL || memchr(s, '\0', n) != NULL;
+    int present = lua_getfield(L, req, name) != LUA_TNIL;
+    lua_pop(L, 1);
+    return present;
+}
+
+/* Whether name[0..n) is one of list's (lower-case) names, in any case. */
+static int engine_in_list(const char *const *list, const char *name, size_t n)
+{
+    for (; *list; list++)
+        if (strlen(*list) == n && strncasecmp(*list, name, n) == 0) return 1;
+    return 0;
+}
+
+/* Whether name[0..n) is one of the strings of the array at index idx. */
+static int engine_in_names(lua_State *L, int idx, const char *name, size_t n)
+{
+    lua_Integer i, count = (lua_Integer)lua_rawlen(L, idx);
+    for (i = 1; i <= count; i++) {
+        size_t len;
+        const char *s;
+        lua_rawgeti(L, idx, i);
+        s = lua_tolstring(L, -1, &len);
+        lua_pop(L, 1);
+        if (len == n && strncasecmp(s, name, n) == 0) return 1;
+    }
+    return 0;
+}
+
+/* request.secret_headers: an array of names. */
+static void engine_check_names(lua_State *L, int idx)
+{
+    lua_Integer i, count = (lua_Integer)lua_rawlen(L, idx);
+    for (i = 1; i <= count; i++) {
+        if (lua_rawgeti(L, idx, i) != LUA_TSTRING)
+            luaL_error(L, "request option 'secret_headers' must be an array of header names");
+        lua_pop(L, 1);
+    }
+}
+
+/* Checks header line i ("Name: value", or "Name;" for an empty value) and
+ * returns the length of its name. Control characters other than HTAB are
+ * refused (CR and LF would start another field), and so are the fields
+ * libcurl owns. */
+static size_t engine_check_line(lua_State *L, const char *line, size_t len, int i)
+{
+    size_t k, name_len = 0;
+    while (name_len < len && line[name_len] != ':' && line[name_len] != ';' && line[name_len] != ' ') name_len++;
+    if (name_len == 0 || name_len == len) luaL_error(L, "request header %d is not \"Name: value\"", i);
+    for (k = 0; k < len; k++) {
+        unsigned char c = (unsigned char)line[k];
+        if ((c < 32 && c != '\t') || c == 127)
+            luaL_error(L, "request header %d contains a control character (CR, LF, NUL or another)", i);
+    }
+    if (engine_in_list(engine_transport_names, line, name_len))
+        luaL_error(L, "request header %d (%s) is set by libcurl, not by the caller", i,
+                   lua_pushlstring(L, line, name_len));
+    return name_len;
 }
 
 /* Sets up t->easy from the request table at index req. Misuse raises. */
@@ -546,18 +774,17 @@ static void engine_configure(lua_State *L, transfer *t, int req, int tidx, int f
     const char *method;
     size_t len;
     double seconds;
-    int follow = 1, post = 0;
+    int post = 0, get = 0, extra_secrets = 0;
+    size_t header_bytes = 0;
     const char *url;
 
     if (fresh) {
-        curl_easy_setopt(easy, CURLOPT_MAXREDIRS, 10L);
-        /* Only http and https, also after a redirect. */
+        /* Only http and https (libcurl itself never follows a redirect
+         * here: engine_follow does). */
 #if LIBCURL_VERSION_NUM >= 0x075500
         curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
-        curl_easy_setopt(easy, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
 #else
         curl_easy_setopt(easy, CURLOPT_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
-        curl_easy_setopt(easy, CURLOPT_REDIR_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
 #endif
         curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
         curl_easy_setopt(easy, CURLOPT_HEADEROPT, CURLHEADER_SEPARATE);
@@ -601,27 +828,40 @@ static void engine_configure(lua_State *L, transfer *t, int req, int tidx, int f
         luaL_error(L, "request option 'url' is required");
         return; /* not reached; lauxlib.h does not tell the analyzer so */
     }
-    if (engine_has_crlf(url, len)) luaL_error(L, "request url contains CR, LF or NUL");
+    if (engine_has_ctl(url, len)) luaL_error(L, "request url contains a space or a control character");
     curl_easy_setopt(easy, CURLOPT_URL, url); /* copied by libcurl */
     lua_pop(L, 1);
 
+    /* No method: GET, or POST when there is a body (libcurl's way). */
+    t->method = METHOD_GET;
     if (engine_opt_field(L, req, "method", LUA_TSTRING, "a string")) {
         method = lua_tolstring(L, -1, &len);
-        if (len == 0 || engine_has_crlf(method, len) || memchr(method, ' ', len))
+        if (len == 0 || engine_has_ctl(method, len))
             luaL_error(L, "request method is not a valid HTTP method");
         if (strcmp(method, "GET") != 0) {
             t->dirty |= DIRTY_METHOD;
-            if (strcmp(method, "HEAD") == 0)
+            if (strcmp(method, "HEAD") == 0) {
+                t->method = METHOD_HEAD;
                 curl_easy_setopt(easy, CURLOPT_NOBODY, 1L);
-            else if (strcmp(method, "POST") == 0)
+            } else if (strcmp(method, "POST") == 0) {
+                t->method = METHOD_POST;
                 post = 1; /* the body options below make it a POST */
-            else
+            } else {
+                t->method = METHOD_OTHER;
                 curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, method); /* copied */
+            }
+        } else {
+            /* libcurl would send a GET with a body as a POST, while the
+             * caller decided replay safety on GET. */
+            get = 1;
         }
         lua_pop(L, 1);
     }
+    if ((get || t->method == METHOD_HEAD) && engine_has_field(L, req, "body"))
+        luaL_error(L, "request with method %s cannot carry a body", t->method == METHOD_HEAD ? "HEAD" : "GET");
 
     if (engine_opt_field(L, req, "body", LUA_TSTRING, "a string")) {
+        if (t->method == METHOD_GET) t->method = METHOD_POST;
         const char *body = lua_tolstring(L, -1, &len);
         lua_setiuservalue(L, tidx, TRANSFER_UV_BODY); /* libcurl does not copy it */
         t->dirty |= DIRTY_BODY;
@@ -644,38 +884,53 @@ static void engine_configure(lua_State *L, transfer *t, int req, int tidx, int f
         curl_easy_setopt(easy, CURLOPT_POSTFIELDS, "");
     }
 
+    if (engine_opt_field(L, req, "secret_headers", LUA_TTABLE, "a table of header names")) {
+        extra_secrets = lua_gettop(L);
+        engine_check_names(L, extra_secrets);
+    }
     if (engine_opt_field(L, req, "headers", LUA_TTABLE, "a table")) {
         lua_Integer i, n = luaL_len(L, -1);
         for (i = 1; i <= n; i++) {
-            struct curl_slist *next;
+            struct curl_slist **list, *next;
             const char *line;
+            size_t name_len;
             if (lua_geti(L, -1, i) != LUA_TSTRING)
                 luaL_error(L, "request header %d must be a string", (int)i);
             line = lua_tolstring(L, -1, &len);
-            if (engine_has_crlf(line, len))
-                luaL_error(L, "request header %d contains CR, LF or NUL", (int)i);
+            name_len = engine_check_line(L, line, len, (int)i);
+            header_bytes += len + 2;
+            if (header_bytes > ENGINE_MAX_REQUEST_HEADER_BYTES)
+                luaL_error(L, "request headers too large (over %d KiB)", ENGINE_MAX_REQUEST_HEADER_BYTES / 1024);
             /* Proxy-Authorization goes to a proxy only, never to an origin
              * (libcurl would hand it to every host a redirect leads to). */
-            if (len > 19 && strncasecmp(line, "proxy-authorization", 19) == 0
-                && (line[19] == ':' || line[19] == ';')) {
-                next = curl_slist_append(t->proxy_headers, line); /* copied */
-                if (!next) luaL_error(L, "out of memory building request headers");
-                t->proxy_headers = next;
-            } else {
-                next = curl_slist_append(t->headers, line); /* copied */
-                if (!next) luaL_error(L, "out of memory building request headers");
-                t->headers = next;
-            }
+            if (name_len == 19 && strncasecmp(line, "proxy-authorization", 19) == 0)
+                list = &t->proxy_headers;
+            else if (engine_in_list(engine_secret_names, line, name_len)
+                     || (extra_secrets && engine_in_names(L, extra_secrets, line, name_len)))
+                list = &t->secret_headers;
+            else
+                list = &t->headers;
+            next = curl_slist_append(*list, line); /* copied */
+            if (!next) luaL_error(L, "out of memory building request headers");
+            *list = next;
             lua_pop(L, 1);
         }
         lua_pop(L, 1);
     }
+    if (extra_secrets) lua_pop(L, 1);
     if (t->dirty & DIRTY_BODY) {
         /* Without this, libcurl waits up to a second for "100 Continue"
          * before sending a large body. */
         struct curl_slist *next = curl_slist_append(t->headers, "Expect:");
         if (!next) luaL_error(L, "out of memory building request headers");
         t->headers = next;
+    }
+    if (t->secret_headers) { /* the secret lines after the others: see transfer */
+        struct curl_slist *tail = t->headers;
+        while (tail && tail->next) tail = tail->next;
+        t->public_tail = tail;
+        if (tail) tail->next = t->secret_headers;
+        else t->headers = t->secret_headers;
     }
     curl_easy_setopt(easy, CURLOPT_HTTPHEADER, t->headers);
     curl_easy_setopt(easy, CURLOPT_PROXYHEADER, t->proxy_headers);
@@ -687,11 +942,11 @@ static void engine_configure(lua_State *L, transfer *t, int req, int tidx, int f
         curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, engine_ms(seconds));
     }
 
+    t->follow = 1;
     if (engine_opt_field(L, req, "follow_redirects", LUA_TBOOLEAN, "a boolean")) {
-        follow = lua_toboolean(L, -1);
+        t->follow = lua_toboolean(L, -1);
         lua_pop(L, 1);
     }
-    curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, (long)follow);
 
     t->max_body = (size_t)ENGINE_DEFAULT_MAX_BODY;
     if (engine_opt_field(L, req, "max_body", LUA_TNUMBER, "a number of bytes")) {
@@ -1029,8 +1284,6 @@ static int transfer_l_close(lua_State *L)
     return 0;
 }
 
-static int engine_lower(int c) { return (c >= 'A' && c <= 'Z') ? c + 32 : c; }
-
 /* Pushes the field name name[0..n) lower-cased. */
 static void engine_push_name(lua_State *L, const char *name, size_t n)
 {
@@ -1229,14 +1482,17 @@ static void transfer_setfield_bool(lua_State *L, const char *k, int v)
 static int transfer_l_result(lua_State *L)
 {
     transfer *t = transfer_check(L);
-    int line_too_long;
+    int line_too_long, request_too_large;
     if (t->state != TRANSFER_DONE) return luaL_argerror(L, 1, "transfer is still running");
     /* libcurl's own cap on a response's headers (300 KiB since 8.3.0, and
      * in distributions' CVE-2023-38039 backports) fails with RECV_ERROR. */
     if (t->code == CURLE_RECV_ERROR && strncmp(t->errbuf, "Too large response headers", 26) == 0)
         t->headers_too_large = 1;
-    /* A header line over CURL_MAX_HTTP_HEADER (100 KiB) fails as OUT_OF_MEMORY. */
-    line_too_long = t->code == CURLE_OUT_OF_MEMORY && !t->out_of_memory && !t->headers_done;
+    /* A response header line over CURL_MAX_HTTP_HEADER (100 KiB) fails as
+     * OUT_OF_MEMORY; so does a request whose line and headers pass 1 MiB
+     * (a long URL), before anything is sent. */
+    request_too_large = t->code == CURLE_OUT_OF_MEMORY && !t->out_of_memory && t->request_size == 0;
+    line_too_long = t->code == CURLE_OUT_OF_MEMORY && !t->out_of_memory && !t->headers_done && !request_too_large;
     if (t->code == CURLE_OK && !t->aborted) {
         lua_createtable(L, 0, 8); /* room for the two fields fetch adds */
         lua_pushinteger(L, t->status);
@@ -1271,6 +1527,9 @@ static int transfer_l_result(lua_State *L)
         lua_pushfstring(L, "response headers too large (limit %d bytes)", ENGINE_MAX_HEADER_BYTES);
     else if (t->out_of_memory) lua_pushliteral(L, "out of memory buffering the response");
     else if (line_too_long) lua_pushliteral(L, "a response header line too large (libcurl's limit is 100 KiB)");
+    else if (request_too_large)
+        lua_pushliteral(L, "the request is too large to send (libcurl's limit is 1 MiB for the request line "
+                           "and headers: a long URL?)");
     else if (t->errbuf[0]) lua_pushstring(L, t->errbuf);
     else lua_pushstring(L, curl_easy_strerror(t->code));
     lua_setfield(L, -2, "message");
@@ -1301,6 +1560,17 @@ static int transfer_l_tostring(lua_State *L)
     static const char *const states[] = { "running", "done", "closed" };
     lua_pushfstring(L, "ratewise.Transfer (%s)", states[box->t ? box->t->state : TRANSFER_CLOSED]);
     return 1;
+}
+
+/* Pushes a list of names as an array. */
+static void engine_push_names(lua_State *L, const char *const *list)
+{
+    lua_Integer i = 0;
+    lua_newtable(L);
+    for (; *list; list++) {
+        lua_pushstring(L, *list);
+        lua_rawseti(L, -2, ++i);
+    }
 }
 
 void rw_engine_register(lua_State *L)
@@ -1343,4 +1613,10 @@ void rw_engine_register(lua_State *L)
     lua_pop(L, 1);
     lua_pushcfunction(L, engine_l_new);
     lua_setfield(L, -2, "engine");
+    engine_push_names(L, engine_secret_names);
+    lua_setfield(L, -2, "secret_header_names");
+    engine_push_names(L, engine_transport_names);
+    lua_setfield(L, -2, "transport_header_names");
+    lua_pushinteger(L, ENGINE_MAX_REQUEST_HEADER_BYTES);
+    lua_setfield(L, -2, "max_request_header_bytes");
 }

@@ -385,7 +385,7 @@ end
 -- Every field the engine reads, so that assigning one never grows the table.
 local scratch_request = { url = false, method = false, headers = false, follow_redirects = false,
   timeout = false, body = false, empty_body = false, max_body = false, verify_tls = false,
-  fresh_connect = false }
+  fresh_connect = false, secret_headers = false }
 
 --- fetch.check(url, opts): raises, as fetch would, for a bad URL or option.
 -- For callers that run the fetch elsewhere (a shared task) and want misuse
@@ -527,6 +527,8 @@ function fetch.fetch(url, opts)
     -- libcurl re-sends a request on its own when a reused connection turns
     -- out to be dead; only a replay-safe request may take that chance.
     request.verify_tls, request.fresh_connect = verify_tls, fresh_connect
+    -- More names whose lines the engine keeps from another origin.
+    request.secret_headers = opts.secret_headers
     local res, terr
     if opts.sleep then
       res, terr = guarded("sleep", "a wait for the transfer", runtime.transfer, request, opts.sleep)

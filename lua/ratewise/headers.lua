@@ -1,5 +1,7 @@
 -- HTTP header tables: case-insensitive lookup, request header validation,
 -- and keeping secrets out of anything that is printed.
+local core = require "ratewise.core"
+
 local lower, find, gsub, sub = string.lower, string.find, string.gsub, string.sub
 local format = string.format
 
@@ -63,22 +65,13 @@ local function is_token(s)
   return s ~= "" and not find(s, "[^%w!#$%%&'*+%-.^_`|~]")
 end
 
--- Headers whose values are credentials. They are never printed, and never
--- sent to another origin after a redirect. Callers extend the list per call
--- and per client (the `secret_headers` option) for an API's own names.
-local secret_names = {
-  authorization = true,
-  ["proxy-authorization"] = true,
-  cookie = true,
-  ["x-api-key"] = true,       -- Anthropic, many others
-  ["api-key"] = true,         -- Azure OpenAI
-  ["x-goog-api-key"] = true,  -- Google
-  ["x-auth-token"] = true,
-  ["x-access-token"] = true,
-  ["x-amz-security-token"] = true,
-  ["private-token"] = true,   -- GitLab
-  ["x-csrf-token"] = true,
-}
+-- Headers whose values are credentials (Authorization, Cookie, x-api-key,
+-- api-key, x-goog-api-key...: the C core's list, which also keeps them from
+-- another origin after a redirect). They are never printed. Callers extend
+-- the list per call and per client (the `secret_headers` option) for an
+-- API's own names.
+local secret_names = {}
+for _, name in ipairs(core.secret_header_names) do secret_names[name] = true end
 headers.secret_names = secret_names
 
 function headers.is_secret(name, extra)
@@ -113,20 +106,23 @@ headers.no_names = no_names
 -- would override the real framing: the body would be read as a second,
 -- smuggled request, and every later answer on that pooled connection would
 -- go to the wrong caller.
-local owned_by_transport = {
+-- The names are the C core's (which refuses them too); the reasons are for
+-- the caller.
+local why_owned = {
   ["content-length"] = "libcurl sets it from the body",
   ["transfer-encoding"] = "libcurl frames the body itself",
   host = "it comes from the URL",
-  connection = "libcurl manages the connection",
-  upgrade = "libcurl manages the connection",
-  te = "libcurl manages the connection",
   expect = "libcurl decides whether to wait for 100 Continue",
 }
+local owned_by_transport = {}
+for _, name in ipairs(core.transport_header_names) do
+  owned_by_transport[name] = why_owned[name] or "libcurl manages the connection"
+end
 
 -- libcurl refuses a request whose line and headers exceed 1 MiB (and servers
--- answer 431 long before that): refused here, naming the request.
-local MAX_REQUEST_HEADER_BYTES = 256 * 1024
-headers.MAX_REQUEST_HEADER_BYTES = MAX_REQUEST_HEADER_BYTES
+-- answer 431 long before that): refused here, naming the request, at the
+-- C core's cap.
+local MAX_REQUEST_HEADER_BYTES = core.max_request_header_bytes
 
 -- Turns the caller's header table into the lines libcurl sends. Raises a
 -- clear error (that never repeats a value) for bad input. Returns the lines,
