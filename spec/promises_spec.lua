@@ -324,6 +324,9 @@ describe("ratewise's promises", function()
         raises(function() rw.fetch(s:url("/f"), opts { headers = { ["X-Thing"] = value } }) end,
           "header 'X%-Thing' has a value containing a control character")
       end
+      for _, url in ipairs { s:url("/f\1"), s:url("/f\127"), s:url("/f\27[0m") } do
+        raises(function() rw.fetch(url, opts()) end, "url contains a space or a control character")
+      end
       assert.equal(0, #s:log())
       -- a tab is allowed
       assert(rw.fetch(s:url("/f"), opts { headers = { ["X-Thing"] = "a\tb" } }))

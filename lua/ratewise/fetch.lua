@@ -150,8 +150,8 @@ local function check_url(url)
     error(format("fetch: url must be http:// or https:// (got %s)",
       scheme and (scheme .. "://...") or "a string without a scheme"), 4)
   end
-  if url:find("[%s%z]") then
-    error("fetch: url contains white space, CR, LF or NUL", 4)
+  if url:find("[%c ]") then
+    error("fetch: url contains a space or a control character (CR, LF, NUL or another)", 4)
   end
 end
 
