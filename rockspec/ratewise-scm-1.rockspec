@@ -34,7 +34,8 @@ build = {
    -- ratewise/providers/*.lua).
    modules = {
       ["ratewise.core"] = {
-         sources = { "src/bucket.c", "src/core.c", "src/engine.c", "src/lparse.c", "src/parse.c" },
+         sources = { "src/bucket.c", "src/core.c", "src/engine.c", "src/lparse.c", "src/parse.c", "src/request.c",
+                     "src/response.c" },
          libraries = { "curl" },
          incdirs = { "$(CURL_INCDIR)", "/usr/include/x86_64-linux-gnu" },
          libdirs = { "$(CURL_LIBDIR)" },

@@ -1,0 +1,400 @@
+/*
+ * A request table turned into libcurl's options for a transfer's easy
+ * handle: the method and body, the header lines (checked, secret ones kept
+ * apart for engine_follow), the timeout and the rest. Misuse raises, from
+ * engine:start, before anything is sent; a recycled handle gets back only
+ * the defaults its last request changed.
+ */
+#include <fcntl.h>
+#include <string.h>
+#include <strings.h>
+
+#include "transfer.h"
+
+/* Request fields whose values are credentials: the engine never sends them
+ * to another origin (scheme, host, port) after a redirect, and the Lua
+ * layer keeps them out of every message (core.secret_header_names). A
+ * request adds names of its own (request.secret_headers). */
+static const char *const request_secret_names[] = {
+    "authorization", "proxy-authorization", "cookie", "x-api-key", "api-key", "x-goog-api-key",
+    "x-auth-token", "x-access-token", "x-amz-security-token", "private-token", "x-csrf-token", NULL
+};
+
+/* Fields libcurl writes itself: a caller's Content-Length or
+ * Transfer-Encoding would override the real framing, and the body would be
+ * read as a second, smuggled request on a pooled connection
+ * (core.transport_header_names). */
+static const char *const request_transport_names[] = {
+    "content-length", "transfer-encoding", "host", "connection", "upgrade", "te", "expect", NULL
+};
+
+/* libcurl's sockets are inheritable: every program the process starts
+ * (os.execute, io.popen) would get a copy of each connection, holding it
+ * open past its close and using up the child's descriptors (a child run
+ * under a low limit could not even load its libraries). Not inherited, as
+ * Go's and Python's sockets are not. */
+static int request_on_socket(void *ud, curl_socket_t fd, curlsocktype purpose)
+{
+    (void)ud;
+    (void)purpose;
+    (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
+    return CURL_SOCKOPT_OK;
+}
+
+/* Never reads anything: see rw_request_configure. */
+static size_t request_on_read(char *ptr, size_t size, size_t nmemb, void *ud)
+{
+    (void)ptr;
+    (void)size;
+    (void)nmemb;
+    (void)ud;
+    return 0;
+}
+
+/* Frees the request's header lines, whether their two parts are joined,
+ * cut apart by a redirect, or never joined (a request that raised). */
+void rw_request_free_headers(transfer *t)
+{
+    if (t->public_tail) t->public_tail->next = NULL;
+    if (t->headers != t->secret_headers) curl_slist_free_all(t->headers);
+    curl_slist_free_all(t->secret_headers);
+    curl_slist_free_all(t->proxy_headers);
+    t->headers = t->secret_headers = t->public_tail = t->proxy_headers = NULL;
+}
+
+/* Pushes request option `name` and returns 1, or pushes nothing and
+ * returns 0 when it is nil. */
+static int request_opt_field(lua_State *L, int req, const char *name, int type, const char *what)
+{
+    RW_STACK_MARK(L, mark);
+    int t = lua_getfield(L, req, name);
+    if (t == LUA_TNIL) {
+        lua_pop(L, 1);
+        RW_STACK_EXPECT(L, mark, 0);
+        return 0;
+    }
+    if (t != type)
+        luaL_error(L, "request option '%s' must be %s (got %s)", name, what, luaL_typename(L, -1));
+    RW_STACK_EXPECT(L, mark, 1);
+    return 1;
+}
+
+static double request_opt_seconds(lua_State *L, int req, const char *name)
+{
+    RW_STACK_MARK(L, mark);
+    double v;
+    if (!request_opt_field(L, req, name, LUA_TNUMBER, "a number of seconds")) return -1;
+    v = lua_tonumber(L, -1);
+    lua_pop(L, 1);
+    if (!(v > 0) || isnan(v)) luaL_error(L, "request option '%s' must be positive", name);
+    RW_STACK_EXPECT(L, mark, 0);
+    return v;
+}
+
+/* Whether s[0..n) holds a control character or a space (RFC 3986 allows
+ * neither in a URL; RFC 9110 none in a method). */
+static int request_has_ctl(const char *s, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i++)
+        if ((unsigned char)s[i] <= 32 || (unsigned char)s[i] == 127) return 1;
+    return 0;
+}
+
+/* Whether the request table at index req has a non-nil field name. */
+static int request_has_field(lua_State *L, int req, const char *name)
+{
+    int present = lua_getfield(L, req, name) != LUA_TNIL;
+    lua_pop(L, 1);
+    return present;
+}
+
+/* Whether name[0..n) is one of list's (lower-case) names, in any case. */
+static int request_in_list(const char *const *list, const char *name, size_t n)
+{
+    for (; *list; list++)
+        if (strlen(*list) == n && strncasecmp(*list, name, n) == 0) return 1;
+    return 0;
+}
+
+/* Whether name[0..n) is one of the strings of the array at index idx. */
+static int request_in_names(lua_State *L, int idx, const char *name, size_t n)
+{
+    lua_Integer i, count = (lua_Integer)lua_rawlen(L, idx);
+    for (i = 1; i <= count; i++) {
+        size_t len;
+        const char *s;
+        lua_rawgeti(L, idx, i);
+        s = lua_tolstring(L, -1, &len);
+        lua_pop(L, 1);
+        if (len == n && strncasecmp(s, name, n) == 0) return 1;
+    }
+    return 0;
+}
+
+/* request.secret_headers: an array of names. */
+static void request_check_names(lua_State *L, int idx)
+{
+    lua_Integer i, count = (lua_Integer)lua_rawlen(L, idx);
+    for (i = 1; i <= count; i++) {
+        if (lua_rawgeti(L, idx, i) != LUA_TSTRING)
+            luaL_error(L, "request option 'secret_headers' must be an array of header names");
+        lua_pop(L, 1);
+    }
+}
+
+/* Checks header line i ("Name: value", or "Name;" for an empty value) and
+ * returns the length of its name. Control characters other than HTAB are
+ * refused (CR and LF would start another field), and so are the fields
+ * libcurl owns. */
+static size_t request_check_line(lua_State *L, const char *line, size_t len, int i)
+{
+    size_t k, name_len = 0;
+    while (name_len < len && line[name_len] != ':' && line[name_len] != ';' && line[name_len] != ' ') name_len++;
+    if (name_len == 0 || name_len == len) luaL_error(L, "request header %d is not \"Name: value\"", i);
+    for (k = 0; k < len; k++) {
+        unsigned char c = (unsigned char)line[k];
+        if ((c < 32 && c != '\t') || c == 127)
+            luaL_error(L, "request header %d contains a control character (CR, LF, NUL or another)", i);
+    }
+    if (request_in_list(request_transport_names, line, name_len))
+        luaL_error(L, "request header %d (%s) is set by libcurl, not by the caller", i,
+                   lua_pushlstring(L, line, name_len));
+    return name_len;
+}
+
+/* Sets up t->easy from the request table at index req. Misuse raises. */
+void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fresh)
+{
+    RW_STACK_MARK(L, mark);
+    CURL *easy = t->easy;
+    const char *method;
+    size_t len;
+    double seconds;
+    int post = 0, get = 0, extra_secrets = 0;
+    size_t header_bytes = 0;
+    const char *url;
+
+    if (fresh) {
+        /* Only http and https (libcurl itself never follows a redirect
+         * here: engine_follow does). */
+#if LIBCURL_VERSION_NUM >= 0x075500
+        curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
+#else
+        curl_easy_setopt(easy, CURLOPT_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
+#endif
+        curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
+        curl_easy_setopt(easy, CURLOPT_HEADEROPT, CURLHEADER_SEPARATE);
+        curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, rw_response_on_body);
+        curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, rw_response_on_header);
+        /* The record and its handle stay together for good. */
+        curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, t->errbuf);
+        curl_easy_setopt(easy, CURLOPT_WRITEDATA, t);
+        curl_easy_setopt(easy, CURLOPT_HEADERDATA, t);
+        curl_easy_setopt(easy, CURLOPT_PRIVATE, t);
+        /* libcurl's default read callback is fread(stdin): a request whose
+         * body libcurl would have to read (a POST without POSTFIELDS, an
+         * upload) would send the process's standard input. Every body is
+         * POSTFIELDS, so the read callback only ever says "no more". */
+        curl_easy_setopt(easy, CURLOPT_READFUNCTION, request_on_read);
+        curl_easy_setopt(easy, CURLOPT_SOCKOPTFUNCTION, request_on_socket);
+    } else if (t->dirty) {
+        /* Back to the defaults of what the last request changed, which costs
+         * far less than curl_easy_reset. POSTFIELDS first: setting it turns
+         * the method to POST, which HTTPGET then undoes. */
+        if (t->dirty & DIRTY_BODY) {
+            curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)-1);
+            curl_easy_setopt(easy, CURLOPT_POSTFIELDS, (char *)NULL);
+        }
+        if (t->dirty & (DIRTY_BODY | DIRTY_METHOD)) {
+            curl_easy_setopt(easy, CURLOPT_HTTPGET, 1L);
+            curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, (char *)NULL);
+        }
+        if (t->dirty & DIRTY_TIMEOUT) curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, 0L);
+        if (t->dirty & DIRTY_FRESH) curl_easy_setopt(easy, CURLOPT_FRESH_CONNECT, 0L);
+        if (t->dirty & DIRTY_NOVERIFY) {
+            curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 1L);
+            curl_easy_setopt(easy, CURLOPT_SSL_VERIFYHOST, 2L);
+        }
+    }
+    t->dirty = 0;
+
+    request_opt_field(L, req, "url", LUA_TSTRING, "a string");
+    url = lua_tolstring(L, -1, &len);
+    if (!url) {
+        luaL_error(L, "request option 'url' is required");
+        return; /* not reached; lauxlib.h does not tell the analyzer so */
+    }
+    if (request_has_ctl(url, len)) luaL_error(L, "request url contains a space or a control character");
+    curl_easy_setopt(easy, CURLOPT_URL, url); /* copied by libcurl */
+    lua_pop(L, 1);
+
+    /* No method: GET, or POST when there is a body (libcurl's way). */
+    t->method = METHOD_GET;
+    if (request_opt_field(L, req, "method", LUA_TSTRING, "a string")) {
+        method = lua_tolstring(L, -1, &len);
+        if (len == 0 || request_has_ctl(method, len))
+            luaL_error(L, "request method is not a valid HTTP method");
+        if (strcmp(method, "GET") != 0) {
+            t->dirty |= DIRTY_METHOD;
+            if (strcmp(method, "HEAD") == 0) {
+                t->method = METHOD_HEAD;
+                curl_easy_setopt(easy, CURLOPT_NOBODY, 1L);
+            } else if (strcmp(method, "POST") == 0) {
+                t->method = METHOD_POST;
+                post = 1; /* the body options below make it a POST */
+            } else {
+                t->method = METHOD_OTHER;
+                curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, method); /* copied */
+            }
+        } else {
+            /* libcurl would send a GET with a body as a POST, while the
+             * caller decided replay safety on GET. */
+            get = 1;
+        }
+        lua_pop(L, 1);
+    }
+    if ((get || t->method == METHOD_HEAD) && request_has_field(L, req, "body"))
+        luaL_error(L, "request with method %s cannot carry a body", t->method == METHOD_HEAD ? "HEAD" : "GET");
+
+    if (request_opt_field(L, req, "body", LUA_TSTRING, "a string")) {
+        if (t->method == METHOD_GET) t->method = METHOD_POST;
+        const char *body = lua_tolstring(L, -1, &len);
+        lua_setiuservalue(L, tidx, TRANSFER_UV_BODY); /* libcurl does not copy it */
+        t->dirty |= DIRTY_BODY;
+        curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+        curl_easy_setopt(easy, CURLOPT_POSTFIELDS, body);
+    } else if (request_opt_field(L, req, "empty_body", LUA_TBOOLEAN, "a boolean")) {
+        /* Sends "Content-Length: 0", as servers expect of a POST or PUT. */
+        if (lua_toboolean(L, -1)) {
+            t->dirty |= DIRTY_BODY;
+            curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)0);
+            curl_easy_setopt(easy, CURLOPT_POSTFIELDS, "");
+        }
+        lua_pop(L, 1);
+    }
+    if (post && !(t->dirty & DIRTY_BODY)) {
+        /* A POST without a body sends "Content-Length: 0" (CURLOPT_POST
+         * alone would make libcurl read the body from stdin). */
+        t->dirty |= DIRTY_BODY;
+        curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)0);
+        curl_easy_setopt(easy, CURLOPT_POSTFIELDS, "");
+    }
+
+    if (request_opt_field(L, req, "secret_headers", LUA_TTABLE, "a table of header names")) {
+        extra_secrets = lua_gettop(L);
+        request_check_names(L, extra_secrets);
+    }
+    if (request_opt_field(L, req, "headers", LUA_TTABLE, "a table")) {
+        lua_Integer i, n = luaL_len(L, -1);
+        for (i = 1; i <= n; i++) {
+            struct curl_slist **list, *next;
+            const char *line;
+            size_t name_len;
+            if (lua_geti(L, -1, i) != LUA_TSTRING)
+                luaL_error(L, "request header %d must be a string", (int)i);
+            line = lua_tolstring(L, -1, &len);
+            name_len = request_check_line(L, line, len, (int)i);
+            header_bytes += len + 2;
+            if (header_bytes > ENGINE_MAX_REQUEST_HEADER_BYTES)
+                luaL_error(L, "request headers too large (over %d KiB)", ENGINE_MAX_REQUEST_HEADER_BYTES / 1024);
+            /* Proxy-Authorization goes to a proxy only, never to an origin
+             * (libcurl would hand it to every host a redirect leads to). */
+            if (name_len == 19 && strncasecmp(line, "proxy-authorization", 19) == 0)
+                list = &t->proxy_headers;
+            else if (request_in_list(request_secret_names, line, name_len)
+                     || (extra_secrets && request_in_names(L, extra_secrets, line, name_len)))
+                list = &t->secret_headers;
+            else
+                list = &t->headers;
+            next = curl_slist_append(*list, line); /* copied */
+            if (!next) luaL_error(L, "out of memory building request headers");
+            *list = next;
+            lua_pop(L, 1);
+        }
+        lua_pop(L, 1);
+    }
+    if (extra_secrets) lua_pop(L, 1);
+    if (t->dirty & DIRTY_BODY) {
+        /* Without this, libcurl waits up to a second for "100 Continue"
+         * before sending a large body. */
+        struct curl_slist *next = curl_slist_append(t->headers, "Expect:");
+        if (!next) luaL_error(L, "out of memory building request headers");
+        t->headers = next;
+    }
+    if (t->secret_headers) { /* the secret lines after the others: see transfer */
+        struct curl_slist *tail = t->headers;
+        while (tail && tail->next) tail = tail->next;
+        t->public_tail = tail;
+        if (tail) tail->next = t->secret_headers;
+        else t->headers = t->secret_headers;
+    }
+    curl_easy_setopt(easy, CURLOPT_HTTPHEADER, t->headers);
+    curl_easy_setopt(easy, CURLOPT_PROXYHEADER, t->proxy_headers);
+
+    t->timeout = 0;
+    if ((seconds = request_opt_seconds(L, req, "timeout")) > 0) {
+        t->dirty |= DIRTY_TIMEOUT;
+        t->timeout = seconds;
+        curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, transfer_ms(seconds));
+    }
+
+    t->follow = 1;
+    if (request_opt_field(L, req, "follow_redirects", LUA_TBOOLEAN, "a boolean")) {
+        t->follow = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+    }
+
+    t->max_body = (size_t)ENGINE_DEFAULT_MAX_BODY;
+    if (request_opt_field(L, req, "max_body", LUA_TNUMBER, "a number of bytes")) {
+        lua_Number mb = lua_tonumber(L, -1);
+        /* The integer half of SIZE_MAX, then as a float: meant. */
+        if (!(mb >= 0) || mb > (lua_Number)((size_t)-1 / 2)) /* NOLINT(bugprone-integer-division) */
+            luaL_error(L, "request option 'max_body' must be a non-negative number of bytes");
+        t->max_body = (size_t)mb;
+        lua_pop(L, 1);
+    }
+
+    /* libcurl silently re-sends a request whose reused connection turns out
+     * to be dead, even one the server may have acted on; a request that must
+     * not be replayed asks for a connection of its own. */
+    if (request_opt_field(L, req, "fresh_connect", LUA_TBOOLEAN, "a boolean")) {
+        if (lua_toboolean(L, -1)) {
+            t->dirty |= DIRTY_FRESH;
+            curl_easy_setopt(easy, CURLOPT_FRESH_CONNECT, 1L);
+        }
+        lua_pop(L, 1);
+    }
+
+    if (request_opt_field(L, req, "verify_tls", LUA_TBOOLEAN, "a boolean")) {
+        if (!lua_toboolean(L, -1)) {
+            t->dirty |= DIRTY_NOVERIFY;
+            curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 0L);
+            curl_easy_setopt(easy, CURLOPT_SSL_VERIFYHOST, 0L);
+        }
+        lua_pop(L, 1);
+    }
+    RW_STACK_EXPECT(L, mark, 0);
+}
+
+/* Pushes a list of names as an array. */
+static void request_push_names(lua_State *L, const char *const *list)
+{
+    lua_Integer i = 0;
+    lua_newtable(L);
+    for (; *list; list++) {
+        lua_pushstring(L, *list);
+        lua_rawseti(L, -2, ++i);
+    }
+}
+
+/* The module's fields for the Lua layer's own checks: the same lists. */
+void rw_request_register(lua_State *L)
+{
+    request_push_names(L, request_secret_names);
+    lua_setfield(L, -2, "secret_header_names");
+    request_push_names(L, request_transport_names);
+    lua_setfield(L, -2, "transport_header_names");
+    lua_pushinteger(L, ENGINE_MAX_REQUEST_HEADER_BYTES);
+    lua_setfield(L, -2, "max_request_header_bytes");
+}

@@ -1,0 +1,341 @@
+/*
+ * What libcurl delivers, turned into what Lua sees. The write and header
+ * callbacks only append to the transfer's C buffers (no Lua, nothing that
+ * can raise); transfer:result() then builds the response table, its
+ * headers (split by rwp_header_next in parse.c), header lists and trailers,
+ * or the error table that says what failed and whether a retry may help.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "transfer.h"
+
+static int response_buf_append(engine_buf *b, const char *p, size_t n)
+{
+    if (n > (size_t)-1 - b->len - 1) return 0;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 1024;
+        char *data;
+        while (cap < b->len + n + 1) cap = cap > (size_t)-1 / 2 ? b->len + n + 1 : cap * 2;
+        data = (char *)realloc(b->data, cap);
+        if (!data) return 0;
+        b->data = data;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, p, n);
+    b->len += n;
+    return 1;
+}
+
+size_t rw_response_on_body(char *ptr, size_t size, size_t nmemb, void *ud)
+{
+    transfer *t = (transfer *)ud;
+    size_t n = size * nmemb;
+    if (n > t->max_body || t->body.len > t->max_body - n) {
+        t->body_too_large = 1;
+        return 0; /* aborts the transfer: nothing is buffered past the limit */
+    }
+    if (!response_buf_append(&t->body, ptr, n)) {
+        t->out_of_memory = 1;
+        return 0;
+    }
+    return n;
+}
+
+size_t rw_response_on_header(char *ptr, size_t size, size_t nmemb, void *ud)
+{
+    transfer *t = (transfer *)ud;
+    size_t n = size * nmemb;
+    /* Each response (interim 1xx, every redirect hop) starts with its status
+     * line; keep only the headers of the last one. */
+    if (n >= 5 && memcmp(ptr, "HTTP/", 5) == 0) {
+        t->head.len = 0;
+        t->head_end = 0;
+        t->headers_done = 0;
+    }
+    if (t->head.len + n > ENGINE_MAX_HEADER_BYTES) {
+        t->headers_too_large = 1;
+        return 0;
+    }
+    if (!response_buf_append(&t->head, ptr, n)) {
+        t->out_of_memory = 1;
+        return 0;
+    }
+    /* libcurl hands a chunked body's trailer lines over after the body, as
+     * more header lines: what follows the blank line is kept apart, so that
+     * a trailer cannot pass for a header (a Retry-After steering a wait). */
+    if ((n == 2 && ptr[0] == '\r') || (n == 1 && ptr[0] == '\n')) {
+        if (!t->headers_done) t->head_end = t->head.len;
+        t->headers_done = 1;
+    }
+    return n;
+}
+
+/* Pushes the field name name[0..n) lower-cased. */
+static void response_push_name(lua_State *L, const char *name, size_t n)
+{
+    char small[128]; /* field names are short: lower-cased on the C stack */
+    luaL_Buffer big;
+    char *dst = small;
+    size_t i;
+    if (n > sizeof small) {
+        luaL_buffinit(L, &big);
+        dst = luaL_prepbuffsize(&big, n);
+    }
+    for (i = 0; i < n; i++) dst[i] = (char)transfer_lower((unsigned char)name[i]);
+    if (dst == small) {
+        lua_pushlstring(L, small, n);
+    } else {
+        luaL_addsize(&big, n);
+        luaL_pushresult(&big);
+    }
+}
+
+/* Sets fields[name] = value for the first field of a name. A repeated one
+ * goes to lists[name] = {v1, v2, ...} instead, the lists table replacing
+ * the nil at index lists at the first repeat: joining there and then,
+ * value by value, would copy the joined value once per repeat, which is
+ * quadratic. Expects name and value on the stack; pops both. */
+static void response_add_field(lua_State *L, int fields, int lists)
+{
+    if (lua_type(L, lists) == LUA_TTABLE) {
+        lua_pushvalue(L, -2);
+        if (lua_rawget(L, lists) == LUA_TTABLE) { /* name, value, list */
+            lua_insert(L, -2);
+            lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
+            lua_pop(L, 2);
+            return;
+        }
+        lua_pop(L, 1);
+    }
+    lua_pushvalue(L, -2);
+    if (lua_rawget(L, fields) == LUA_TNIL) {
+        lua_pop(L, 1);
+        lua_rawset(L, fields);
+        return;
+    }
+    if (lua_type(L, lists) != LUA_TTABLE) { /* the block's first repeat */
+        lua_createtable(L, 0, 1);
+        lua_replace(L, lists);
+    }
+    lua_createtable(L, 4, 0); /* name, value, first, list */
+    lua_insert(L, -2);
+    lua_rawseti(L, -2, 1);
+    lua_insert(L, -2);
+    lua_rawseti(L, -2, 2);
+    lua_rawset(L, lists);
+}
+
+/* Pushes a table of the fields of block[0..len) (see rwp_header_next):
+ * lower-case names, repeated fields joined with ", ", obs-fold lines joined
+ * to their field with a space; then, when a name came more than once, a
+ * table of every value of each such name in order, or else nil.
+ * other_lines: the lines of the block that are no fields (status line,
+ * blank line), for sizing the table. */
+static void response_push_fields(lua_State *L, const char *block, size_t len, size_t other_lines)
+{
+    rwp_header_field f, next;
+    size_t pos = 0, lines = 0;
+    const char *q, *end = block ? block + len : NULL;
+    int fields, lists, have;
+    for (q = block; q && (q = (const char *)memchr(q, '\n', (size_t)(end - q))) != NULL; q++) lines++;
+    lua_createtable(L, 0, lines > other_lines ? (int)(lines - other_lines) : 0);
+    fields = lua_gettop(L);
+    lua_pushnil(L); /* no repeats so far: nothing allocated for them */
+    lists = fields + 1;
+    have = block && rwp_header_next(block, len, &pos, &f);
+    while (have) {
+        have = rwp_header_next(block, len, &pos, &next);
+        if (f.continuation) { /* not reported before a field; ignored if it were */
+            f = next;
+            continue;
+        }
+        response_push_name(L, f.name, f.name_len);
+        if (have && next.continuation) {
+            luaL_Buffer b;
+            int nonempty = f.value_len > 0;
+            luaL_buffinit(L, &b);
+            luaL_addlstring(&b, f.value, f.value_len);
+            do {
+                if (nonempty) luaL_addchar(&b, ' ');
+                luaL_addlstring(&b, next.value, next.value_len);
+                nonempty = 1;
+                have = rwp_header_next(block, len, &pos, &next);
+            } while (have && next.continuation);
+            luaL_pushresult(&b);
+        } else {
+            lua_pushlstring(L, f.value, f.value_len);
+        }
+        response_add_field(L, fields, lists);
+        f = next;
+    }
+    if (lua_type(L, lists) == LUA_TTABLE) { /* fields[name]: its values joined once */
+        lua_pushnil(L);
+        while (lua_next(L, lists)) {
+            luaL_Buffer b;
+            int list = lua_gettop(L);
+            lua_Integer i, n = (lua_Integer)lua_rawlen(L, list);
+            lua_pushvalue(L, -2);
+            luaL_buffinit(L, &b);
+            for (i = 1; i <= n; i++) {
+                if (i > 1) luaL_addlstring(&b, ", ", 2);
+                lua_rawgeti(L, list, i);
+                luaL_addvalue(&b);
+            }
+            luaL_pushresult(&b);
+            lua_rawset(L, fields);
+            lua_pop(L, 1);
+        }
+    }
+}
+
+/* Sets res.headers (and res.header_lists, when a name repeats) from the
+ * final response's header block, and res.trailers from the lines that came
+ * after it, if any is a field, in the table at the top of the stack. */
+static void response_set_headers(lua_State *L, const transfer *t)
+{
+    size_t head = t->head_end ? t->head_end : t->head.len;
+    response_push_fields(L, t->head.data, head, 2); /* less the status line and the blank line */
+    if (lua_isnil(L, -1)) lua_pop(L, 1);
+    else lua_setfield(L, -3, "header_lists");
+    lua_setfield(L, -2, "headers");
+    if (t->head.len > head) {
+        /* Less their blank line. A trailer's repeats are only joined. */
+        response_push_fields(L, t->head.data + head, t->head.len - head, 1);
+        lua_pop(L, 1);
+        lua_pushnil(L);
+        if (lua_next(L, -2)) {
+            lua_pop(L, 2);
+            lua_setfield(L, -2, "trailers");
+        } else {
+            lua_pop(L, 1);
+        }
+    }
+}
+
+static int response_retryable(const transfer *t)
+{
+    switch (t->code) {
+    case CURLE_UNSUPPORTED_PROTOCOL:
+        /* With no status line, the server answered with something that is
+         * not HTTP ("HTTP/0.9"); with one, a redirect pointed to a scheme
+         * that is refused, which no retry will change. */
+        return t->status == 0 && t->request_size > 0;
+    case CURLE_COULDNT_RESOLVE_PROXY:
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_COULDNT_CONNECT:
+    case CURLE_WEIRD_SERVER_REPLY:
+    case CURLE_PARTIAL_FILE:
+    case CURLE_OPERATION_TIMEDOUT:
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_GOT_NOTHING:
+    case CURLE_SEND_ERROR:
+    case CURLE_RECV_ERROR:
+    case CURLE_HTTP2:
+    case CURLE_HTTP2_STREAM:
+    case CURLE_HTTP3:
+    case CURLE_QUIC_CONNECT_ERROR:
+    case CURLE_PROXY:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static int response_tls_failure(CURLcode code)
+{
+    switch (code) {
+    case CURLE_PEER_FAILED_VERIFICATION:
+    case CURLE_SSL_CERTPROBLEM:
+    case CURLE_SSL_CIPHER:
+    case CURLE_SSL_CACERT_BADFILE:
+    case CURLE_SSL_ISSUER_ERROR:
+    case CURLE_SSL_PINNEDPUBKEYNOTMATCH:
+    case CURLE_SSL_INVALIDCERTSTATUS:
+    case CURLE_SSL_CRL_BADFILE:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static void response_setfield_bool(lua_State *L, const char *k, int v)
+{
+    lua_pushboolean(L, v);
+    lua_setfield(L, -2, k);
+}
+
+/* transfer:result() -> response table | nil, error table */
+int rw_response_result(lua_State *L, transfer *t)
+{
+    int line_too_long, request_too_large;
+    if (t->state != TRANSFER_DONE) return luaL_argerror(L, 1, "transfer is still running");
+    /* libcurl's own cap on a response's headers (300 KiB since 8.3.0, and
+     * in distributions' CVE-2023-38039 backports) fails with RECV_ERROR. */
+    if (t->code == CURLE_RECV_ERROR && strncmp(t->errbuf, "Too large response headers", 26) == 0)
+        t->headers_too_large = 1;
+    /* A response header line over CURL_MAX_HTTP_HEADER (100 KiB) fails as
+     * OUT_OF_MEMORY; so does a request whose line and headers pass 1 MiB
+     * (a long URL), before anything is sent. */
+    request_too_large = t->code == CURLE_OUT_OF_MEMORY && !t->out_of_memory && t->request_size == 0;
+    line_too_long = t->code == CURLE_OUT_OF_MEMORY && !t->out_of_memory && !t->headers_done && !request_too_large;
+    if (t->code == CURLE_OK && !t->aborted) {
+        lua_createtable(L, 0, 8); /* room for the two fields fetch adds */
+        lua_pushinteger(L, t->status);
+        lua_setfield(L, -2, "status");
+        response_set_headers(L, t);
+        lua_pushlstring(L, t->body.data ? t->body.data : "", t->body.len);
+        lua_setfield(L, -2, "body");
+        if (t->effective_url) {
+            lua_pushstring(L, t->effective_url);
+            lua_setfield(L, -2, "url");
+        }
+        lua_pushinteger(L, t->redirects);
+        lua_setfield(L, -2, "redirects");
+        lua_pushnumber(L, t->total_time);
+        lua_setfield(L, -2, "time");
+        return 1;
+    }
+    lua_pushnil(L);
+    lua_createtable(L, 0, 8);
+    lua_pushinteger(L, t->code);
+    lua_setfield(L, -2, "code");
+    if (t->aborted == ABORT_CANCELLED) lua_pushliteral(L, "transfer cancelled");
+    else if (t->aborted == ABORT_ENGINE_CLOSED) lua_pushliteral(L, "engine closed during the transfer");
+    else if (t->aborted == ABORT_MULTI_FAILED)
+        lua_pushfstring(L, "libcurl's multi handle failed (%s); the transfer was ended",
+                        curl_multi_strerror(t->multi_code));
+    else if (t->body_too_large)
+        /* %I is lua_pushfstring's lua_Integer, unknown to printf checkers */
+        /* cppcheck-suppress invalidLengthModifierError */
+        lua_pushfstring(L, "response body too large (limit %I bytes)", (lua_Integer)t->max_body);
+    else if (t->headers_too_large)
+        lua_pushfstring(L, "response headers too large (limit %d bytes)", ENGINE_MAX_HEADER_BYTES);
+    else if (t->out_of_memory) lua_pushliteral(L, "out of memory buffering the response");
+    else if (line_too_long) lua_pushliteral(L, "a response header line too large (libcurl's limit is 100 KiB)");
+    else if (request_too_large)
+        lua_pushliteral(L, "the request is too large to send (libcurl's limit is 1 MiB for the request line "
+                           "and headers: a long URL?)");
+    else if (t->errbuf[0]) lua_pushstring(L, t->errbuf);
+    else lua_pushstring(L, curl_easy_strerror(t->code));
+    lua_setfield(L, -2, "message");
+    lua_pushstring(L, curl_easy_strerror(t->code));
+    lua_setfield(L, -2, "curl");
+    response_setfield_bool(L, "retryable", !t->aborted && !t->body_too_large
+                           && !t->headers_too_large && response_retryable(t));
+    /* Nothing reached the server: safe to try again whatever the method. */
+    response_setfield_bool(L, "sent", t->request_size > 0);
+    response_setfield_bool(L, "timeout", t->code == CURLE_OPERATION_TIMEDOUT);
+    response_setfield_bool(L, "tls", response_tls_failure(t->code));
+    response_setfield_bool(L, "too_large", t->body_too_large || t->headers_too_large);
+    response_setfield_bool(L, "cancelled", t->aborted == ABORT_CANCELLED || t->aborted == ABORT_ENGINE_CLOSED);
+    if (t->aborted == ABORT_MULTI_FAILED) {
+        lua_pushstring(L, curl_multi_strerror(t->multi_code));
+        lua_setfield(L, -2, "multi");
+    }
+    if (t->status > 0) {
+        lua_pushinteger(L, t->status);
+        lua_setfield(L, -2, "status");
+    }
+    return 2;
+}

@@ -1,0 +1,112 @@
+/*
+ * What the three files of the engine share (engine.c: the multi handle and
+ * the transfers' lives; request.c: a request table turned into libcurl's
+ * options; response.c: what libcurl delivers turned into Lua values). Not
+ * part of the module's interface: included by those three only.
+ */
+#ifndef RATEWISE_TRANSFER_H
+#define RATEWISE_TRANSFER_H
+
+#include <limits.h>
+#include <math.h>
+#include <stddef.h>
+
+#include <curl/curl.h>
+
+#include "lauxlib.h"
+#include "ratewise.h"
+
+#define ENGINE_MAX_HEADER_BYTES (256 * 1024) /* under libcurl's own 300 KiB */
+#define ENGINE_DEFAULT_MAX_BODY (64.0 * 1024 * 1024)
+
+/* libcurl refuses a request line and headers over 1 MiB, and servers answer
+ * 431 long before that: a request's header lines are capped at this. */
+#define ENGINE_MAX_REQUEST_HEADER_BYTES (256 * 1024)
+
+/* The method of a request, for what a redirect makes of it. */
+enum transfer_method { METHOD_GET, METHOD_HEAD, METHOD_POST, METHOD_OTHER };
+
+/* Options a request may move away from libcurl's defaults; a recycled
+ * handle gets back only those the last request on it changed. */
+#define DIRTY_BODY 1u       /* POSTFIELDS (and the POST it implies) */
+#define DIRTY_METHOD 2u     /* NOBODY, POST or CUSTOMREQUEST */
+#define DIRTY_TIMEOUT 4u
+#define DIRTY_FRESH 8u
+#define DIRTY_NOVERIFY 16u
+
+/* Transfer user values */
+#define TRANSFER_UV_ENGINE 1 /* keeps the engine alive while the transfer is */
+#define TRANSFER_UV_BODY 2   /* keeps the request body alive while curl reads it */
+
+typedef struct engine_buf {
+    char *data;
+    size_t len, cap;
+} engine_buf;
+
+enum transfer_state { TRANSFER_RUNNING, TRANSFER_DONE, TRANSFER_CLOSED };
+/* Why a transfer ended that libcurl did not end itself. */
+enum transfer_abort { ABORT_NONE, ABORT_CANCELLED, ABORT_ENGINE_CLOSED, ABORT_MULTI_FAILED };
+
+struct engine;
+
+/* A transfer's record: malloc'd, and pooled by its engine once closed. */
+typedef struct transfer {
+    struct engine *engine; /* set while running, and while finished but not yet reported by poll */
+    CURL *easy;            /* the record's own, for its whole life */
+    unsigned dirty;        /* DIRTY_* options the request set */
+    long recv_buffer;      /* CURLOPT_BUFFERSIZE of the handle */
+    int ref;               /* its box in the engine's table, until poll reports it */
+    /* The request's header lines: those without secrets first, then the
+     * secret ones (from secret_headers on), so that cutting the list after
+     * public_tail leaves the lines another origin may see. public_tail is
+     * NULL when no line comes before the secret ones. */
+    struct curl_slist *headers, *secret_headers, *public_tail, *proxy_headers;
+    int follow;                  /* follow redirects (the engine does: engine_follow) */
+    enum transfer_method method; /* as sent on the last hop */
+    char *origin;                /* the first URL's origin, from the first redirect on */
+    int headers_done; /* the blank line after the last response's headers came */
+    size_t head_end;  /* head[0..head_end) is that header block, trailers follow; 0 until it ends */
+    engine_buf body, head;
+    size_t max_body;
+    int body_too_large, headers_too_large, out_of_memory;
+    enum transfer_state state;
+    enum transfer_abort aborted;
+    CURLcode code;
+    CURLMcode multi_code; /* ABORT_MULTI_FAILED: what the multi handle reported */
+    char errbuf[CURL_ERROR_SIZE];
+    /* monotonic: when it started; when the engine ends it if libcurl has
+     * not (0: no timeout), see ENGINE_EXPIRY_GRACE */
+    double timeout, started, expires;
+    /* gathered from the easy handle when the transfer ends */
+    long status, request_size, redirects;
+    double total_time;
+    char *effective_url;
+    struct transfer *prev, *next; /* in its engine's running or finished list */
+} transfer;
+
+/* Milliseconds for libcurl from seconds: rounded up, at least 1. */
+static inline long transfer_ms(double seconds)
+{
+    double ms = ceil(seconds * 1000.0);
+    if (ms < 1) ms = 1;
+    return ms > (double)LONG_MAX / 2 ? LONG_MAX / 2 : (long)ms;
+}
+
+static inline int transfer_lower(int c) { return (c >= 'A' && c <= 'Z') ? c + 32 : c; }
+
+#pragma GCC visibility push(hidden)
+
+/* request.c */
+void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fresh);
+void rw_request_free_headers(transfer *t);
+void rw_request_register(lua_State *L);
+
+/* response.c: libcurl's write and header callbacks (C only, no Lua), and
+ * transfer:result() */
+size_t rw_response_on_body(char *ptr, size_t size, size_t nmemb, void *ud);
+size_t rw_response_on_header(char *ptr, size_t size, size_t nmemb, void *ud);
+int rw_response_result(lua_State *L, transfer *t);
+
+#pragma GCC visibility pop
+
+#endif
