@@ -434,6 +434,16 @@ describe("ratewise's promises", function()
         assert.equal("HEAD", s:log("/landing")[1].method)
       end)
 
+    it("counts a POST a redirect took elsewhere as sent, and never replays it", function()
+      -- the next hop cannot connect: the POST still reached the first server
+      s:script("/hop", { { action = "redirect", status = 307, location = "http://127.0.0.1:1/gone" } })
+      local res, err = rw.fetch(s:url("/hop"), opts { method = "POST", body = "charge", base = 0.01 })
+      assert.is_nil(res)
+      assert.equal("unsafe", err.kind)
+      assert.is_true(err.transport.sent)
+      assert.equal(1, #s:log("/hop"))
+    end)
+
     it("holds the per-attempt timeout across every hop", function()
       s:script("/r1", { { action = "redirect", location = "/r2", delay = 0.4 } })
       s:script("/r2", { { action = "redirect", location = "/r3", delay = 0.4 } })

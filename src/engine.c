@@ -227,6 +227,16 @@ static void engine_shed(engine *e)
     engine_apply_limits(e);
 }
 
+/* The bytes of request the handle sent on its last hop. A transfer's
+ * request_size counts every hop: a POST a redirect took elsewhere reached
+ * the server, even if the next hop could not connect. */
+static long engine_sent(transfer *t)
+{
+    long sent = 0;
+    if (curl_easy_getinfo(t->easy, CURLINFO_REQUEST_SIZE, &sent) != CURLE_OK || sent < 0) return 0;
+    return sent;
+}
+
 /* Takes a running transfer off the multi handle, keeping what libcurl knows
  * about its outcome. Its engine forgets it: see engine_queue. */
 static void engine_finish(transfer *t, CURLcode code, enum transfer_abort aborted)
@@ -241,7 +251,7 @@ static void engine_finish(transfer *t, CURLcode code, enum transfer_abort aborte
     if (code == CURLE_OK && aborted == ABORT_NONE)
         e->response_bytes += ((double)(t->head.len + t->body.len) - e->response_bytes) / 8;
     curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &t->status);
-    curl_easy_getinfo(easy, CURLINFO_REQUEST_SIZE, &t->request_size);
+    t->request_size += engine_sent(t);
     if (curl_easy_getinfo(easy, CURLINFO_TOTAL_TIME, &hop_time) == CURLE_OK) t->total_time += hop_time;
     /* Removing a transfer that has not completed closes its connection
      * instead of returning it to the cache, which is what an abort needs. */
@@ -404,6 +414,7 @@ static int engine_follow(engine *e, transfer *t, CURLcode *code)
         return 0;
     }
     if (curl_easy_getinfo(t->easy, CURLINFO_TOTAL_TIME, &hop_time) == CURLE_OK) t->total_time += hop_time;
+    t->request_size += engine_sent(t);
     curl_multi_remove_handle(e->multi, t->easy); /* a completed transfer: its connection is kept */
     if ((status == 303 && t->method != METHOD_HEAD) || ((status == 301 || status == 302) && t->method == METHOD_POST)) {
         curl_easy_setopt(t->easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)-1);

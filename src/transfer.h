@@ -77,7 +77,8 @@ typedef struct transfer {
     /* monotonic: when it started; when the engine ends it if libcurl has
      * not (0: no timeout), see ENGINE_EXPIRY_GRACE */
     double timeout, started, expires;
-    /* gathered from the easy handle when the transfer ends */
+    /* gathered from the easy handle when the transfer ends (request_size:
+     * over every hop of a redirect) */
     long status, request_size, redirects;
     double total_time;
     char *effective_url;
