@@ -114,6 +114,27 @@ describe("ratewise.core engine", function()
       e:close()
     end)
 
+    it("keeps the connections of a wave that ended all at once for the next wave; trim closes them", function()
+      -- Every transfer of the first wave ends before the caller starts the
+      -- next: that moment is no end of the burst, only the caller knows.
+      local e = core.engine { max_idle_connections = 1 }
+      for wave = 1, 3 do
+        local transfers = {}
+        for i = 1, 4 do transfers[i] = assert(e:start { url = s:url("/wave") }) end
+        for _, res in ipairs(run_all(e, transfers)) do assert.equal(200, res.status, "wave " .. wave) end
+      end
+      local conns = {}
+      for _, record in ipairs(s:log("/wave")) do conns[record.conn] = true end
+      local n = 0
+      for _ in pairs(conns) do n = n + 1 end
+      assert.equal(4, n, "connections opened for 3 waves of 4")
+      -- the burst is over: trim closes what it left open; the next transfer connects anew
+      e:trim()
+      assert.equal(200, run_all(e, { assert(e:start { url = s:url("/after") }) })[1].status)
+      assert.is_nil(conns[s:log("/after")[1].conn])
+      e:close()
+    end)
+
     it("takes new limits while it runs (engine:configure)", function()
       s:script("/slow", { { delay = 0.1 } })
       local e = core.engine()

@@ -189,13 +189,16 @@ static void engine_list_remove(engine_list *l, transfer *t)
  * connections open, it closes the oldest idle one, which is then most often
  * the one just given back. Set to max_idle, that would make every transfer
  * reconnect whenever more than max_idle run at once (measured: 100 at once,
- * 1,280 requests, 1,280 connections). So the cache is as large as the
- * transfers on the multi handle, and never under max_idle: as those drop,
- * the connections they gave back are closed, one perform behind. */
+ * 1,280 requests, 1,280 connections). So the cache grows with the most
+ * transfers on the multi handle at once, never under max_idle, and never
+ * shrinks as they end: a burst's connections stay for its next wave (a
+ * cache shrinking as transfers ended closed the connections of the first
+ * to end whenever a wave ended over several performs), until the caller
+ * says the burst is over (engine:trim, see engine_shed). */
 static void engine_size_cache(engine *e)
 {
     long size = e->running.n > e->max_idle ? (long)e->running.n : e->max_idle;
-    if (size == e->cache_size) return;
+    if (size <= e->cache_size) return;
     e->cache_size = size;
     if (size > e->max_idle) e->renew = 1;
     curl_multi_setopt(e->multi, CURLMOPT_MAXCONNECTS, size);
@@ -214,7 +217,11 @@ static void engine_apply_limits(engine *e)
  * than max_idle did, the engine swaps its multi handle for a fresh one,
  * which closes every connection the old one held; the next transfers
  * connect anew. A run that stays within max_idle never comes here. Nor is
- * a multi handle that failed used again. */
+ * a multi handle that failed used again. Only the caller knows when a
+ * burst is over: a poll that finds every transfer finished may be a moment
+ * between two waves of a steady stream, whose next transfers would then
+ * all reconnect. So it happens when the scheduler says nothing it runs
+ * needs a transfer (engine:trim()), or after a failure. */
 static void engine_shed(engine *e)
 {
     CURLM *fresh;
@@ -257,7 +264,6 @@ static void engine_finish(transfer *t, CURLcode code, enum transfer_abort aborte
      * instead of returning it to the cache, which is what an abort needs. */
     curl_multi_remove_handle(e->multi, easy);
     engine_list_remove(&e->running, t);
-    engine_size_cache(e);
     t->engine = NULL;
     t->state = TRANSFER_DONE;
 }
@@ -469,9 +475,12 @@ static void engine_drive(engine *e)
     int running;
     CURLMcode mc = curl_multi_perform(e->multi, &running);
     engine_drain(e);
-    if (mc != CURLM_OK) engine_fail_all(e, mc);
-    else engine_expire(e);
-    engine_shed(e);
+    if (mc != CURLM_OK) {
+        engine_fail_all(e, mc);
+        engine_shed(e);
+    } else {
+        engine_expire(e);
+    }
 }
 
 static engine *engine_check(lua_State *L)
@@ -699,6 +708,14 @@ static int engine_l_poll(lua_State *L)
     return 2;
 }
 
+/* engine:trim(): once nothing runs, closes the connections kept from a
+ * burst of more than max_idle_connections transfers (see engine_shed). */
+static int engine_l_trim(lua_State *L)
+{
+    engine_shed(engine_check(L));
+    return 0;
+}
+
 /* engine:running() -> number of transfers in flight (queued for a
  * connection or not), and finished ones poll has yet to report: while it is
  * above 0, there is something to poll for. */
@@ -806,6 +823,7 @@ void rw_engine_register(lua_State *L)
         { "poll", engine_l_poll },
         { "configure", engine_l_configure },
         { "running", engine_l_running },
+        { "trim", engine_l_trim },
         { "close", engine_l_close },
         { NULL, NULL }
     };

@@ -318,6 +318,12 @@ local function turn(max_wait)
   fire_timers()
 end
 
+-- With no task left, nothing here needs a connection: the engine may close
+-- those a burst of transfers left open (it keeps its idle few).
+local function trim()
+  if engine and live == 0 then engine:trim() end
+end
+
 --- live = scheduler.step([timeout]): runs the tasks for at most timeout
 -- seconds (0: what is ready now). math.huge runs them until none is left,
 -- or until none could ever make progress (each waits for another, or for
@@ -337,6 +343,7 @@ function scheduler.step(timeout)
   until live == 0 or now() >= deadline
   -- What the last turn's I/O and timers made ready runs now, not a frame later.
   if ready_n > 0 then turn(0) end
+  trim()
   return live
 end
 
@@ -565,6 +572,7 @@ function scheduler.run(fn, ...)
   current = outer
   root.group, group.live, group.members[1] = group, 1, root
   local ok, err = pcall(await_group, group)
+  trim()
   if not ok then
     -- Deadlocked (or this task was cancelled): end every task of the group,
     -- so that none is left waiting forever.
