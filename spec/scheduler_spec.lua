@@ -394,4 +394,55 @@ describe("waits that could never end", function()
     assert.is_true(tonumber(took) >= 0.05 and tonumber(took) < 1, out)
     assert.is_true(tonumber(cpu) < 0.1, out)
   end)
+
+end)
+
+describe("the scheduler's timers of waits that ended early", function()
+  local subprocess = require "spec.support.subprocess"
+  -- A semaphore wait with a timeout of an hour that gets its permit at
+  -- once leaves its timer behind, an hour ahead.
+  local ping_pong = [[
+    local rw = require "ratewise"
+    local sem = rw.semaphore(1)
+    local function cycles(n)
+      rw.run(function()
+        for _ = 1, n do
+          sem:acquire()
+          local waiter = rw.spawn(function()
+            assert(sem:acquire(3600)) -- queued, with its timer an hour ahead
+            sem:release()
+          end)
+          rw.sleep(0)
+          sem:release() -- the waiter's permit comes first: its timer is left behind
+          waiter:join()
+        end
+      end)
+    end
+  ]]
+
+  it("do not pile up: 20,000 of them leave the Lua heap where it was", function()
+    local out, code = subprocess.run_lua(ping_pong .. [[
+      cycles(200)
+      collectgarbage() collectgarbage()
+      local before = collectgarbage("count")
+      cycles(20000)
+      collectgarbage() collectgarbage()
+      io.write(string.format("%.0f", collectgarbage("count") - before))
+    ]], 30)
+    assert.equal(0, code, out)
+    assert.is_true(tonumber(out) < 256, "the Lua heap grew by " .. out .. " KiB")
+  end)
+
+  it("do not hide a deadlock: the scheduler still says so at once", function()
+    local out, code = subprocess.run_lua(ping_pong .. [[
+      cycles(10)
+      local never = rw.semaphore(1)
+      never:acquire()
+      local t0 = rw.now()
+      local ok, err = pcall(rw.run, function() never:acquire() end)
+      io.write(tostring(ok), " ", tostring(err), string.format(" %.2f", rw.now() - t0))
+    ]], 5)
+    assert.equal(0, code, out)
+    assert.matches("^false .*deadlock.* 0%.%d%d$", out)
+  end)
 end)

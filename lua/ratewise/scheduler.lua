@@ -47,7 +47,32 @@ scheduler.CANCELLED = CANCELLED
 ---------------------------------------------------------------------------
 -- Timers
 
-local function heap_push(at, task, id)
+-- A timer is stale once its task has left that wait (a semaphore's permit
+-- came first, a cancellation): wake() ignores it. Stale timers are dropped
+-- from the top as they surface and, all at once, whenever the heap has
+-- doubled since it was last swept, so that waits that end early (a client's
+-- queue with a timeout of minutes) cannot pile timers up.
+local function stale(task, id)
+  return task.state ~= "waiting" or task.wait_id ~= id
+end
+local sweep_at = 64
+
+local heap_push
+
+local function heap_sweep()
+  local at, task, id, n = heap_at, heap_task, heap_id, heap_n
+  heap_at, heap_task, heap_id, heap_n = {}, {}, {}, 0
+  sweep_at = huge
+  for i = 1, n do
+    if not stale(task[i], id[i]) then heap_push(at[i], task[i], id[i]) end
+  end
+  sweep_at = max(64, 2 * heap_n)
+end
+
+-- The caller has moved its task to the wait numbered id already, and the
+-- sweep (which runs first) drops only timers of waits that are over.
+function heap_push(at, task, id)
+  if heap_n + 1 >= sweep_at then heap_sweep() end
   heap_n = heap_n + 1
   local i = heap_n
   while i > 1 do
@@ -250,7 +275,7 @@ end
 
 local function fire_timers()
   local t = now()
-  while heap_n > 0 and heap_at[1] <= t do
+  while heap_n > 0 and (heap_at[1] <= t or stale(heap_task[1], heap_id[1])) do
     local _, task, id = heap_pop()
     wake(task, id)
   end
@@ -297,6 +322,7 @@ end
 -- Anything at all that could make progress: a ready task, a timer, or a
 -- transfer in flight.
 local function has_work()
+  fire_timers() -- drops stale timers from the top: they are no work
   return ready_n > 0 or heap_n > 0 or transfers_running()
 end
 
