@@ -114,7 +114,8 @@ local function run_block(block, base)
   f:write(code)
   f:close()
   local p = assert(io.popen("env -u GITHUB_TOKEN -u OPENAI_API_KEY -u ANTHROPIC_API_KEY "
-    .. subprocess.env .. "timeout 60 " .. subprocess.lua .. " -e " .. shell_quote(STRICT) .. " " .. shell_quote(file) .. " 2>&1"))
+    .. subprocess.env .. "timeout 60 " .. subprocess.lua .. " -e " .. shell_quote(STRICT) .. " "
+    .. shell_quote(file) .. " 2>&1"))
   local out = p:read("a")
   local ok = p:close()
   os.remove(file)
