@@ -10,17 +10,8 @@ local subprocess = require "spec.support.subprocess"
 -- before it ("ulimit -n 64; ", a pipe). Returns its output and whether it
 -- exited with 0.
 local function run_lua(code, args, shell, seconds)
-  local file = os.tmpname()
-  local f = assert(io.open(file, "w"))
-  f:write(code)
-  f:close()
-  local cmd = (shell or "") .. subprocess.env .. "timeout " .. (seconds or 60) .. " " .. subprocess.lua .. " "
-    .. file .. " " .. (args or "")
-  local p = assert(io.popen("sh -c '" .. cmd:gsub("'", "'\\''") .. "' 2>&1"))
-  local out = p:read("a")
-  local ok = p:close()
-  os.remove(file)
-  return out, ok
+  local out, code_out = subprocess.run_lua(code, { args = args, shell = shell, seconds = seconds or 60 })
+  return out, code_out == 0
 end
 
 -- A shell command's output, and whether it succeeded.

@@ -159,16 +159,7 @@ describe("ratewise's promises", function()
     ]]
 
     local function run_program()
-      local file = os.tmpname()
-      local f = assert(io.open(file, "w"))
-      f:write(program)
-      f:close()
-      local command = "ulimit -n 32; " .. require("spec.support.subprocess").lua_command(file) .. " " .. s.base
-      local p = assert(io.popen("sh -c '" .. command:gsub("'", "'\\''") .. "' 2>&1"))
-      local out = p:read("a")
-      p:close()
-      os.remove(file)
-      return out
+      return (require("spec.support.subprocess").run_lua(program, { shell = "ulimit -n 32; ", args = s.base }))
     end
 
     it("come from the kernel even with every descriptor in use, and differ across processes", function()
