@@ -93,7 +93,7 @@ CPPCHECK_FLAGS := --std=c99 -D_POSIX_C_SOURCE=200809L --library=posix,lua,libcur
 lint: deps deps-check
 	luacheck --no-color lua spec bench examples
 	@# The Lua layer is meant to run on LuaJIT (OpenResty) too: it must at least parse there.
-	@for f in $$(find lua -name '*.lua'); do luajit -bl "$$f" >/dev/null || exit 1; done; \
+	@for f in $$(find lua -name '*.lua'); do /usr/bin/luajit -bl "$$f" >/dev/null || exit 1; done; \
 	  echo "luajit: every file in lua/ parses"
 	@echo "clang-tidy src/*.c"
 	@out=$$(clang-tidy --quiet $(SRC) -- $(TIDY_FLAGS) 2>&1); rc=$$?; \
