@@ -118,7 +118,7 @@ local function check_option(name, v, depth)
     local ok = t == "table"
     if ok then
       for k, field in pairs(v) do
-        if type(k) ~= "number" or type(field) ~= "string" or not field:find("^[%w!#$%%&'*+%-.^_`|~]+$") then
+        if type(k) ~= "number" or type(field) ~= "string" or not headers.is_token(field) then
           ok = false
         end
       end
@@ -187,7 +187,7 @@ local function request_method(opts, level)
   if method == nil then return body ~= nil and "POST" or "GET" end
   if not common_methods[method] then
     method = upper(method)
-    if not method:find("^[%w!#$%%&'*+%-.^_`|~]+$") then
+    if not headers.is_token(method) then
       error(format("fetch: option 'method' is not a valid HTTP method (got %q)", method), level)
     end
   end

@@ -60,10 +60,11 @@ function headers.get(t, name)
   return nil
 end
 
--- RFC 9110 token characters.
+-- RFC 9110 token characters: field names, methods.
 local function is_token(s)
   return s ~= "" and not find(s, "[^%w!#$%%&'*+%-.^_`|~]")
 end
+headers.is_token = is_token
 
 -- Headers whose values are credentials (Authorization, Cookie, x-api-key,
 -- api-key, x-goog-api-key...: the C core's list, which also keeps them from
