@@ -446,3 +446,25 @@ describe("the scheduler's timers of waits that ended early", function()
     assert.matches("^false .*deadlock.* 0%.%d%d$", out)
   end)
 end)
+
+describe("a run that goes on and on", function()
+  local subprocess = require "spec.support.subprocess"
+
+  -- A server loop lives in one rw.run for days, spawning a task per job.
+  it("keeps no task it spawned once that task is done", function()
+    local out, code = subprocess.run_lua([[
+      local rw = require "ratewise"
+      rw.run(function()
+        local function jobs(n) for _ = 1, n do rw.spawn(function() rw.sleep(0) end):join() end end
+        jobs(500)
+        collectgarbage() collectgarbage()
+        local before = collectgarbage("count")
+        jobs(20000)
+        collectgarbage() collectgarbage()
+        io.write(string.format("%.0f", collectgarbage("count") - before))
+      end)
+    ]], 30)
+    assert.equal(0, code, out)
+    assert.is_true(tonumber(out) < 256, "the Lua heap grew by " .. out .. " KiB")
+  end)
+end)

@@ -160,7 +160,10 @@ end
 local function finish(task, ok, ...)
   live = live - 1
   local group = task.group
-  if group then group.live = group.live - 1 end
+  if group then
+    group.live = group.live - 1
+    group.members[task] = nil
+  end
   task.state = "done"
   if ok then
     task.results = pack(...)
@@ -254,7 +257,7 @@ function scheduler.spawn(fn, ...)
     group = group }, Task)
   if select("#", ...) > 0 then task.args = pack(...) end
   if group then
-    group.members[#group.members + 1] = task
+    group.members[task] = true
     group.live = group.live + 1
   end
   live = live + 1
@@ -591,18 +594,20 @@ function scheduler.run(fn, ...)
   if type(fn) ~= "function" then
     error(format("run: expected a function (got %s)", type(fn)), 2)
   end
+  -- members: the tasks of the group not yet finished (a set: a run that
+  -- goes on for days spawning tasks must not keep every task it ever had).
   local group = { live = 0, unjoined = {}, members = {} }
   local outer = current
   current = nil -- spawn the root outside any group, then put it in ours
   local root = scheduler.spawn(fn, ...)
   current = outer
-  root.group, group.live, group.members[1] = group, 1, root
+  root.group, group.live, group.members[root] = group, 1, true
   local ok, err = pcall(await_group, group)
   trim()
   if not ok then
     -- Deadlocked (or this task was cancelled): end every task of the group,
     -- so that none is left waiting forever.
-    for i = 1, #group.members do group.members[i]:cancel() end
+    for task in pairs(group.members) do task:cancel() end
     if not scheduler.current() then drive_until(function() return group.live == 0 end) end
     error(err, 0)
   end
