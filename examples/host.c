@@ -1,5 +1,6 @@
 /*
- * A C program that embeds Lua 5.4, loads ratewise and runs a frame loop:
+ * A C program that embeds Lua (5.1, 5.3, 5.4 or LuaJIT), loads ratewise and
+ * runs a frame loop:
  * the game engine's side of examples/game_loop.lua.
  *
  *   make examples
@@ -19,6 +20,10 @@
 #include "lauxlib.h"
 #include "lua.h"
 #include "lualib.h"
+
+#ifndef LUA_OK
+#define LUA_OK 0 /* Lua 5.1 and LuaJIT have no name for success */
+#endif
 
 static double host_now(void)
 {

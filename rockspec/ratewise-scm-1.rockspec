@@ -19,7 +19,7 @@ keeps a client-side token bucket. A C core on libcurl; the waiting is in Lua.
 -- not a rock luarocks can see, so an offline install from this tree passes
 -- --deps-mode=none (as `make install` does) and relies on that package.
 dependencies = {
-   "lua >= 5.4",
+   "lua >= 5.1",
    "lua-cjson",
 }
 external_dependencies = {
@@ -37,7 +37,9 @@ build = {
          sources = { "src/bucket.c", "src/core.c", "src/engine.c", "src/lparse.c", "src/parse.c", "src/request.c",
                      "src/response.c" },
          libraries = { "curl" },
-         incdirs = { "$(CURL_INCDIR)", "/usr/include/x86_64-linux-gnu" },
+         -- On Lua 5.1 and LuaJIT the C core needs lua-compat-5.3's header
+         -- (Debian's lua-compat53-dev keeps it beside Lua 5.1's own).
+         incdirs = { "$(CURL_INCDIR)", "/usr/include/x86_64-linux-gnu", "$(LUA_INCDIR)", "/usr/include/lua5.1" },
          libdirs = { "$(CURL_LIBDIR)" },
          defines = { "_POSIX_C_SOURCE=200809L" },
       },

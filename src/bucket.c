@@ -18,7 +18,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "lauxlib.h"
+#include "compat.h"
 #include "ratewise.h"
 
 #define BUCKET_MT "ratewise.Bucket"

@@ -3,6 +3,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -19,7 +20,7 @@
 
 #include <curl/curl.h>
 
-#include "lauxlib.h"
+#include "compat.h"
 #include "ratewise.h"
 
 double rw_clock_monotonic(void)
@@ -117,6 +118,8 @@ static int core_l_random_bytes(lua_State *L)
     const char *source = "";
     int err;
     luaL_checktype(L, 1, LUA_TNUMBER); /* not a string that looks like one */
+    /* luaL_checkinteger would truncate 1.5 on Lua 5.1 and LuaJIT */
+    luaL_argcheck(L, lua_tonumber(L, 1) == floor(lua_tonumber(L, 1)), 1, "must be an integer from 1 to 256");
     n = luaL_checkinteger(L, 1);
     luaL_argcheck(L, n >= 1 && n <= CORE_RANDOM_MAX, 1, "must be an integer from 1 to 256");
     err = core_entropy(buf, (size_t)n, &source);
@@ -161,10 +164,14 @@ static int core_stack_wrapper(lua_State *L)
     return n;
 }
 
-/* Wraps each C function of the table at index idx (once). */
-static void core_stack_wrap(lua_State *L, int idx, const char *prefix)
+/* Wraps each C function of the table at index idx (once), noting each
+ * wrapper in the table at index checked (wrapper -> name): Lua 5.1 lets no
+ * Lua code read a C function's upvalues, so that is how a spec tells a
+ * wrapped function from one that was missed. */
+static void core_stack_wrap(lua_State *L, int idx, int checked, const char *prefix)
 {
     idx = lua_absindex(L, idx);
+    checked = lua_absindex(L, checked);
     lua_pushnil(L);
     while (lua_next(L, idx)) {
         lua_CFunction f = lua_tocfunction(L, -1);
@@ -173,6 +180,9 @@ static void core_stack_wrap(lua_State *L, int idx, const char *prefix)
             lua_pushvalue(L, -2);
             lua_pushfstring(L, "%s%s", prefix, lua_tostring(L, -2));
             lua_pushcclosure(L, core_stack_wrapper, 2);
+            lua_pushvalue(L, -1);
+            lua_pushfstring(L, "%s%s", prefix, lua_tostring(L, -3));
+            lua_rawset(L, checked);
             lua_rawset(L, idx); /* an existing key: allowed during lua_next */
         }
         lua_pop(L, 1);
@@ -184,18 +194,23 @@ static void core_stack_wrap(lua_State *L, int idx, const char *prefix)
  * tables, is replaced by its checked wrapper. */
 static void core_stack_wrap_all(lua_State *L)
 {
-    core_stack_wrap(L, -1, "ratewise.core.");
+    int checked;
+    lua_newtable(L);
+    checked = lua_gettop(L);
+    core_stack_wrap(L, -2, checked, "ratewise.core.");
     lua_pushnil(L);
     while (lua_next(L, LUA_REGISTRYINDEX)) {
         if (lua_type(L, -2) == LUA_TSTRING && lua_type(L, -1) == LUA_TTABLE
             && strncmp(lua_tostring(L, -2), "ratewise.", 9) == 0) {
             lua_pushfstring(L, "%s:", lua_tostring(L, -2));
-            core_stack_wrap(L, -2, lua_tostring(L, -1));
-            if (lua_getfield(L, -2, "__index") == LUA_TTABLE) core_stack_wrap(L, -1, lua_tostring(L, -2));
+            core_stack_wrap(L, -2, checked, lua_tostring(L, -1));
+            if (lua_getfield(L, -2, "__index") == LUA_TTABLE)
+                core_stack_wrap(L, -1, checked, lua_tostring(L, -2));
             lua_pop(L, 2);
         }
         lua_pop(L, 1);
     }
+    lua_setfield(L, -2, "stack_checked"); /* core.stack_checked: wrapper -> name */
 }
 #endif
 

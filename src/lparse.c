@@ -6,7 +6,7 @@
  */
 #include <math.h>
 
-#include "lauxlib.h"
+#include "compat.h"
 #include "ratewise.h"
 
 static int lparse_l_classify(lua_State *L)

@@ -5,6 +5,7 @@
  * headers (split by rwp_header_next in parse.c), header lists and trailers,
  * or the error table that says what failed and whether a retry may help.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -305,10 +306,13 @@ int rw_response_result(lua_State *L, transfer *t)
     else if (t->aborted == ABORT_MULTI_FAILED)
         lua_pushfstring(L, "libcurl's multi handle failed (%s); the transfer was ended",
                         curl_multi_strerror(t->multi_code));
-    else if (t->body_too_large)
-        /* %I is lua_pushfstring's lua_Integer, unknown to printf checkers */
-        /* cppcheck-suppress invalidLengthModifierError */
-        lua_pushfstring(L, "response body too large (limit %I bytes)", (lua_Integer)t->max_body);
+    else if (t->body_too_large) {
+        /* Not lua_pushfstring's %I: Lua 5.1 and LuaJIT have no such
+         * conversion. */
+        char limit[32];
+        (void)snprintf(limit, sizeof limit, "%zu", t->max_body);
+        lua_pushfstring(L, "response body too large (limit %s bytes)", limit);
+    }
     else if (t->headers_too_large)
         lua_pushfstring(L, "response headers too large (limit %d bytes)", ENGINE_MAX_HEADER_BYTES);
     else if (t->out_of_memory) lua_pushliteral(L, "out of memory buffering the response");

@@ -13,7 +13,7 @@
 
 #include <curl/curl.h>
 
-#include "lauxlib.h"
+#include "compat.h"
 #include "ratewise.h"
 
 #define ENGINE_MAX_HEADER_BYTES (256 * 1024) /* under libcurl's own 300 KiB */

@@ -19,6 +19,10 @@
 
 int luaopen_ratewise_core(lua_State *L);
 
+#ifndef LUA_OK
+#define LUA_OK 0 /* Lua 5.1 and LuaJIT have no name for success */
+#endif
+
 static int oom_failing;
 
 static void *oom_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
@@ -50,8 +54,12 @@ int main(int argc, char **argv)
     L = lua_newstate(oom_alloc, NULL);
     if (!L) return 1;
     luaL_openlibs(L);
-    luaL_requiref(L, "ratewise.core", luaopen_ratewise_core, 0);
-    lua_pop(L, 1);
+    /* require "ratewise.core" finds it (luaL_requiref is 5.2 and later) */
+    lua_getglobal(L, "package");
+    lua_getfield(L, -1, "preload");
+    lua_pushcfunction(L, luaopen_ratewise_core);
+    lua_setfield(L, -2, "ratewise.core");
+    lua_pop(L, 2);
     lua_register(L, "fail_allocations", oom_l_fail_allocations);
     lua_createtable(L, argc, 0);
     for (i = 0; i < argc - 1; i++) {
