@@ -2,6 +2,7 @@
 -- the method that waits is added here, so that the wait goes through the
 -- runtime like every other wait.
 local core = require "ratewise.core"
+local compat = require "ratewise.compat"
 local runtime = require "ratewise.runtime"
 local scheduler = require "ratewise.scheduler"
 
@@ -46,7 +47,7 @@ function methods:acquire(n, host_sleep, max_wait)
   if not host_sleep and scheduler.current() then
     return scheduler.sleep(wait, refund, self, n) -- true
   end
-  local ok, err = pcall(runtime.sleep, wait, host_sleep)
+  local ok, err = compat.pcall(runtime.sleep, wait, host_sleep)
   if not ok then
     refund(self, n)
     error(err, 0)

@@ -9,12 +9,13 @@
 --
 -- Transitions out of "open" happen when they are first noticed (by allow,
 -- state or states): no timer runs, so an idle breaker costs nothing.
+local compat = require "ratewise.compat"
 local core = require "ratewise.core"
 
 local now = core.now
 local format = string.format
 local huge = math.huge
-local type, tostring, pairs, pcall, error, setmetatable = type, tostring, pairs, pcall, error, setmetatable
+local type, tostring, pairs, error, setmetatable = type, tostring, pairs, error, setmetatable
 
 local circuit = {}
 
@@ -72,7 +73,7 @@ local function move(self, origin, entry, to)
   local from = entry.state
   entry.state = to
   if self.on_change then
-    local ok, err = pcall(self.on_change, origin, from, to)
+    local ok, err = compat.pcall(self.on_change, origin, from, to)
     if not ok then
       error(format("circuit: the 'on_change' hook raised an error: %s", tostring(err)), 0)
     end

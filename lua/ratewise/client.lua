@@ -1,5 +1,6 @@
 -- rw.client: one API's base URL, headers, provider policy, limits and
 -- resilience settings in one object, with JSON in and out.
+local compat = require "ratewise.compat"
 local fetch = require "ratewise.fetch"
 local headers_mod = require "ratewise.headers"
 local policy_mod = require "ratewise.policy"
@@ -545,7 +546,7 @@ function Client:_send(url, call)
     call.max_elapsed = left
   end
   counters.in_flight = counters.in_flight + 1
-  local ok, res, err = pcall(fetch.fetch, url, call)
+  local ok, res, err = compat.pcall(fetch.fetch, url, call)
   counters.in_flight = counters.in_flight - 1
   if sem then sem:release() end
   if not ok then error(res, 0) end

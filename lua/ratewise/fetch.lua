@@ -1,4 +1,5 @@
 -- fetch: one HTTP request, retried the way the server asks.
+local compat = require "ratewise.compat"
 local core = require "ratewise.core"
 local headers = require "ratewise.headers"
 local retry = require "ratewise.retry"
@@ -228,7 +229,7 @@ local function default_on_retry(info)
 end
 
 function call_hook(name, fn, ...)
-  local ok, a, b = pcall(fn, ...)
+  local ok, a, b = compat.pcall(fn, ...)
   if not ok then
     error(format("fetch: the '%s' callback raised an error: %s", name, tostring(a)), 0)
   end
@@ -239,7 +240,7 @@ end
 -- caller's code too: an error they raise is reported naming the option. A
 -- cancellation passes through untouched: it is how a waiting task ends.
 local function guarded(option, method, fn, ...)
-  local ok, a, b = pcall(fn, ...)
+  local ok, a, b = compat.pcall(fn, ...)
   if not ok then
     if a == CANCELLED then error(a, 0) end
     error(format("fetch: option '%s' raised an error in %s: %s", option, method, tostring(a)), 0)

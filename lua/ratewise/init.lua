@@ -5,6 +5,7 @@ local core = require "ratewise.core"
 local bucket = require "ratewise.bucket"
 local circuit = require "ratewise.circuit"
 local client = require "ratewise.client"
+local compat = require "ratewise.compat"
 local limiters = require "ratewise.limiters"
 local retry_budget = require "ratewise.retry_budget"
 local fetch = require "ratewise.fetch"
@@ -46,6 +47,9 @@ local ratewise = {
   step = scheduler.step,
   --- results, errors = rw.map(list, fn [, {concurrency = n}])
   map = scheduler.map,
+  --- ok, ... = rw.pcall(fn, ...): pcall that a task may wait inside, on every Lua (PUC Lua 5.1's own pcall
+  --- cannot be yielded through)
+  pcall = compat.pcall,
   --- rw.configure{sleep = fn | false}
   configure = runtime.configure,
   --- c = rw.client{base_url = ..., ...}

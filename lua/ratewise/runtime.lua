@@ -8,19 +8,16 @@
 --      and whoever resumes it does so when the time is up;
 --   4. else (main thread), the thread blocks in the engine's poll, running
 --      the scheduler's tasks meanwhile, without spinning.
+local compat = require "ratewise.compat"
 local core = require "ratewise.core"
 local scheduler = require "ratewise.scheduler"
 
 local now = core.now
 local bad_seconds = scheduler.bad_seconds
-local running, yield = coroutine.running, coroutine.yield
--- LuaJIT (Lua 5.1) has no coroutine.isyieldable; there, any coroutine is one.
-local isyieldable = coroutine.isyieldable or function()
-  local co, main = running()
-  return co ~= nil and main ~= true
-end
+local running, isyieldable, pcall = compat.running, compat.isyieldable, compat.pcall
+local yield = coroutine.yield
 local format, min = string.format, math.min
-local type, pcall, error = type, pcall, error
+local type, error = type, error
 
 local runtime = {}
 
@@ -55,8 +52,7 @@ function runtime.configure(opts)
 end
 
 local function in_plain_coroutine()
-  local _, main = running()
-  return not main and isyieldable()
+  return running() ~= nil and isyieldable()
 end
 
 -- Rule 3: the plain-coroutine protocol. Resumed early, it asks again for

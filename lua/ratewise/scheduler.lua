@@ -1,13 +1,12 @@
 -- ratewise's scheduler: tasks are coroutines, every wait is a yield, and the
 -- thread only ever blocks in the engine's poll, which wakes for libcurl's
 -- sockets or the next timer, whichever comes first.
+local compat = require "ratewise.compat"
 local core = require "ratewise.core"
 
 local now = core.now
-local create, resume, yield, running, status = coroutine.create, coroutine.resume, coroutine.yield,
-  coroutine.running, coroutine.status
-local unpack = table.unpack or unpack -- luacheck: ignore (LuaJIT)
-local pack = table.pack or function(...) return { n = select("#", ...), ... } end
+local create, resume, yield, status = coroutine.create, coroutine.resume, coroutine.yield, coroutine.status
+local running, unpack, pack = compat.running, compat.unpack, compat.pack
 local format, huge, min, max = string.format, math.huge, math.min, math.max
 local type, tostring, setmetatable = type, tostring, setmetatable
 
@@ -211,7 +210,7 @@ local function after_resume(task, resumed, ...)
         -- the stack of the yield in its error.
         local err = debug.traceback(task.co, format("ratewise.sleep: a task yielded (\"ratewise.sleep\", %s): "
           .. "the plain-coroutine protocol needs a finite number of seconds", bad))
-        if coroutine.close then coroutine.close(task.co) end -- its to-be-closed variables (5.4)
+        if compat.close_coroutine then compat.close_coroutine(task.co) end -- its to-be-closed variables (5.4)
         return finish(task, false, err)
       end
       task.wait_id = task.wait_id + 1
@@ -602,7 +601,7 @@ function scheduler.run(fn, ...)
   local root = scheduler.spawn(fn, ...)
   current = outer
   root.group, group.live, group.members[root] = group, 1, true
-  local ok, err = pcall(await_group, group)
+  local ok, err = compat.pcall(await_group, group)
   trim()
   if not ok then
     -- Deadlocked (or this task was cancelled): end every task of the group,

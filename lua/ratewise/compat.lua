@@ -1,0 +1,78 @@
+-- What differs between the Luas ratewise runs on (5.1, LuaJIT 2.1, 5.3 and
+-- 5.4), in one place; every other module is written once for all of them.
+local create, resume, yield, status, running = coroutine.create, coroutine.resume, coroutine.yield,
+  coroutine.status, coroutine.running
+local pcall, select = pcall, select
+
+local compat = {}
+
+-- table.pack, coroutine.isyieldable and coroutine.close are looked for,
+-- not assumed; unpack is Lua 5.1's global.
+-- luacheck: push ignore 143
+compat.unpack = table.unpack or unpack -- luacheck: ignore 113
+compat.pack = table.pack or function(...) return { n = select("#", ...), ... } end
+local isyieldable = coroutine.isyieldable
+
+--- compat.close_coroutine(co) | nil: Lua 5.4's coroutine.close, which
+-- closes a dead coroutine's to-be-closed variables.
+compat.close_coroutine = coroutine.close
+-- luacheck: pop
+
+-- Whether a coroutine may yield from inside pcall: Lua 5.2 and later, and
+-- LuaJIT, yes; PUC Lua 5.1 raises "attempt to yield across
+-- metamethod/C-call boundary".
+local yields_through_pcall = coroutine.wrap(function() return pcall(yield, true) end)() == true
+
+-- helper coroutine -> the coroutine it runs a protected call for (5.1 only)
+local runs_for = setmetatable({}, { __mode = "k" })
+
+--- co = compat.running(): the running coroutine, nil in the main thread
+-- (whatever the Lua), seen through the coroutines that compat.pcall runs
+-- functions in: the task's own coroutine, which the scheduler knows.
+if yields_through_pcall then
+  function compat.running()
+    local co, main = running()
+    if main then return nil end
+    return co
+  end
+else
+  function compat.running()
+    local co = running()
+    while co and runs_for[co] do co = runs_for[co] end
+    return co
+  end
+end
+
+-- Passes the helper's yields on to the caller's coroutine, and what
+-- resumes that back to the helper, until the helper returns or raises.
+local function relay(helper, ok, ...)
+  if not ok then return false, ... end
+  if status(helper) == "dead" then return true, ... end
+  return relay(helper, resume(helper, yield(...)))
+end
+
+--- ok, ... = compat.pcall(fn, ...): pcall that the running coroutine may
+-- yield through, so that a wait inside a protected call (a limiter, a host
+-- sleep, a callback) stays a wait of its task. On Lua 5.1 fn runs in a
+-- coroutine of its own whose yields are relayed: written here rather than
+-- taken from lua-coxpcall, which sets globals, because the scheduler must
+-- see through those coroutines (compat.running).
+if yields_through_pcall then
+  compat.pcall = pcall
+else
+  function compat.pcall(fn, ...)
+    local me = running()
+    if not me then return pcall(fn, ...) end -- the main thread never yields
+    local helper = create(function(...) return fn(...) end)
+    runs_for[helper] = me
+    return relay(helper, resume(helper, ...))
+  end
+end
+
+--- yes = compat.isyieldable(): whether the running code may yield (Lua 5.1
+-- has no coroutine.isyieldable: there any coroutine may).
+compat.isyieldable = isyieldable or function()
+  return compat.running() ~= nil
+end
+
+return compat
