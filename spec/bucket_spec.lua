@@ -93,9 +93,23 @@ describe("rw.bucket", function()
     b:close()
     b:close()
     assert.error_matches(function() b:take() end, "closed")
-    do
-      local c <close> = rw.bucket { capacity = 1, rate = 1 }
-      assert.is_true(c:take())
+    -- What a to-be-closed variable (Lua 5.4) calls at the end of its block;
+    -- the metamethod is there on every Lua.
+    local c = rw.bucket { capacity = 1, rate = 1 }
+    assert.is_true(c:take())
+    getmetatable(c).__close(c)
+    assert.error_matches(function() c:take() end, "closed")
+    if _VERSION == "Lua 5.4" then
+      local closed = assert(load([[
+        local rw = ...
+        local d
+        do
+          local c <close> = rw.bucket { capacity = 1, rate = 1 }
+          d = c
+        end
+        return d
+      ]]))(rw)
+      assert.error_matches(function() closed:take() end, "closed")
     end
   end)
 end)

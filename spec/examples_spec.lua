@@ -2,10 +2,8 @@
 local subprocess = require "spec.support.subprocess"
 
 local function run(example)
-  local p = assert(io.popen(subprocess.env .. "timeout 60 " .. subprocess.lua .. " examples/" .. example .. " 2>&1"))
-  local out = p:read("a")
-  local ok = p:close()
-  assert.is_true(ok, example .. " failed:\n" .. out)
+  local out, code = subprocess.shell(subprocess.env .. "timeout 60 " .. subprocess.lua .. " examples/" .. example)
+  assert.equal(0, code, example .. " failed:\n" .. out)
   return out
 end
 

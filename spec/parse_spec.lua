@@ -94,7 +94,11 @@ describe("rw.parse_http_date", function()
       "Sat, 01 Jan 0000 00:00:00 GMT", "Fri, 31 Dec 9999 23:59:59 GMT",
     } do
       local v = rw.parse_http_date(s, 1795000000.5) -- a "now" with a fraction changes nothing
-      assert.equal("integer", math.type(v), s)
+      if math.type then -- Lua 5.3 and later have integers
+        assert.equal("integer", math.type(v), s)
+      else
+        assert.equal(math.floor(v), v, s)
+      end
     end
     assert.equal(-62167219200, rw.parse_http_date("Sat, 01 Jan 0000 00:00:00 GMT"))
     assert.equal(253402300799, rw.parse_http_date("Fri, 31 Dec 9999 23:59:59 GMT"))

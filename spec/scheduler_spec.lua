@@ -468,3 +468,47 @@ describe("a run that goes on and on", function()
     assert.is_true(tonumber(out) < 256, "the Lua heap grew by " .. out .. " KiB")
   end)
 end)
+
+describe("rw.pcall", function()
+  it("lets a task wait inside it on every Lua, and catches what it raises", function()
+    local order = {}
+    local results = rw.run(function()
+      local a = rw.spawn(function()
+        local ok, v = rw.pcall(function(x) rw.sleep(0.02); order[#order + 1] = "a"; return x * 2 end, 21)
+        return ok, v
+      end)
+      local b = rw.spawn(function()
+        rw.sleep(0.01)
+        order[#order + 1] = "b"
+        return rw.pcall(function() rw.sleep(0.01); error("boom", 0) end)
+      end)
+      local a_ok, a_v = a:join()
+      local b_ok, b_err = b:join()
+      return { a_ok, a_v, b_ok, b_err }
+    end)
+    assert.same({ true, 42, false, "boom" }, results)
+    assert.same({ "b", "a" }, order) -- a waited inside rw.pcall while b ran
+  end)
+
+  it("passes a cancellation through to the task, which ends cancelled", function()
+    local after
+    rw.run(function()
+      local t = rw.spawn(function()
+        local ok, err = rw.pcall(rw.sleep, 10)
+        after = { ok, err }
+        error(err, 0)
+      end)
+      rw.sleep(0.01)
+      t:cancel()
+      local _, err = t:join()
+      assert.equal("cancelled", err)
+    end)
+    assert.is_false(after[1])
+    assert.equal("cancelled", tostring(after[2]))
+  end)
+
+  it("is pcall in the main thread", function()
+    assert.same({ true, 3 }, { rw.pcall(function(a, b) return a + b end, 1, 2) })
+    assert.same({ false, "x" }, { rw.pcall(error, "x", 0) })
+  end)
+end)

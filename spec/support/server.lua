@@ -42,7 +42,7 @@ end
 local function read_file(path)
   local f = io.open(path, "rb")
   if not f then return nil end
-  local data = f:read("a")
+  local data = f:read("*a")
   f:close()
   return data
 end
@@ -62,11 +62,13 @@ end
 -- The server logs text decoded as latin-1 (one char per byte); JSON carries
 -- those chars as \u00XX, which cjson turns into UTF-8. Map them back so specs
 -- see the exact bytes that went over the wire.
+-- Only code points below 256 come back, so each is one byte or two
+-- (110000xx 10xxxxxx); decoded by hand, for the Luas without utf8.
 local function latin1_bytes(s)
   if type(s) ~= "string" or not s:find("[\128-\255]") then return s end
-  local out = {}
-  for _, cp in utf8.codes(s) do out[#out + 1] = string.char(cp) end
-  return table.concat(out)
+  return (s:gsub("([\194\195])([\128-\191])", function(lead, cont)
+    return string.char((lead:byte() - 192) * 64 + (cont:byte() - 128))
+  end))
 end
 
 local function url_encode(s)
@@ -111,7 +113,7 @@ function M.start(opts)
   local cmd = "echo $$; exec " .. table.concat(argv, " ")
     .. " <" .. "/dev/null >" .. shell_quote(out) .. " 2>" .. shell_quote(err)
   local proc = assert(io.popen(cmd, "r"))
-  local pid = tonumber(proc:read("l"))
+  local pid = tonumber(proc:read("*l"))
 
   local function fail(why)
     if pid then signal(pid, "KILL") end
@@ -247,7 +249,7 @@ function Server:log(path)
   for i, r in ipairs(records) do
     -- cjson decodes every number as a float; counters read better as integers.
     for _, k in ipairs { "seq", "conn_seq", "active" } do
-      r[k] = math.tointeger(r[k]) or r[k]
+      r[k] = math.tointeger and math.tointeger(r[k]) or r[k]
     end
     r.body = latin1_bytes(r.body)
     r.path = latin1_bytes(r.path)

@@ -6,10 +6,26 @@ local cpath = os.getenv("RATEWISE_CPATH") or "./build/?.so"
 subprocess.env = "LUA_PATH='./lua/?.lua;./lua/?/init.lua;./?.lua;;' LUA_CPATH='" .. cpath .. ";;' "
 subprocess.lua = os.getenv("RATEWISE_LUA") or "lua5.4"
 subprocess.host = os.getenv("RATEWISE_HOST") or "examples/host"
+-- How to build C against the interpreter under test (the Makefile's make
+-- test LUA=... sets them): compiler flags, and the library to link a host.
+subprocess.lua_cflags = os.getenv("RATEWISE_LUA_CFLAGS") or "$(pkg-config --cflags lua5.4)"
+subprocess.lua_libs = os.getenv("RATEWISE_LUA_LIBS") or "$(pkg-config --libs lua5.4)"
 
 --- The shell command that runs a Lua script with this tree's ratewise.
 function subprocess.lua_command(script)
   return subprocess.env .. subprocess.lua .. " " .. script
+end
+
+--- output, exit_code = subprocess.shell(command): runs a shell command,
+-- its stdout and stderr together. The exit status is the shell's own
+-- report: a popen's close gives it only from Lua 5.2 on (in 5.1 and
+-- LuaJIT it says true whatever the command did).
+function subprocess.shell(command)
+  local p = assert(io.popen("{ " .. command .. "\n} 2>&1; echo \"<exit $?>\""))
+  local out = p:read("*a")
+  p:close()
+  local body, code = out:match("^(.*)<exit (%d+)>\n?$")
+  return body or out, tonumber(code)
 end
 
 --- output, exit_code = subprocess.run_lua(code [, opts]): runs a Lua
@@ -26,10 +42,8 @@ function subprocess.run_lua(code, opts)
   local f = assert(io.open(file, "w"))
   f:write(code)
   f:close()
-  local p = assert(io.popen((opts.shell or "") .. subprocess.env .. "timeout " .. (opts.seconds or 5) .. " "
-    .. subprocess.lua .. " " .. file .. " " .. (opts.args or "") .. " 2>&1"))
-  local out = p:read("a")
-  local _, _, code_out = p:close()
+  local out, code_out = subprocess.shell((opts.shell or "") .. subprocess.env .. "timeout " .. (opts.seconds or 5)
+    .. " " .. subprocess.lua .. " " .. file .. " " .. (opts.args or ""))
   os.remove(file)
   return out, code_out
 end
