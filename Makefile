@@ -1,9 +1,36 @@
 # ratewise: build, test, demo and benchmark.
 # `make demo` and `make test` do all the set-up on a fresh Debian 12 machine.
 
+# The interpreter: lua5.4 (the default), lua5.3, lua5.1 or luajit (OpenResty's
+# LuaJIT 2.1 from Debian's luajit2: never Debian's luajit package, which
+# removes nginx's Lua module). Each builds into a folder of its own, so that
+# builds never mix: `make test LUA=luajit` builds build-luajit/ and runs the
+# whole suite under luajit.
 LUA       ?= lua5.4
+ifeq ($(LUA),lua5.4)
+  LUA_PKG := lua5.4
+  DEB_LUA := lua5.4 liblua5.4-dev
+  BUILD   ?= build
+else ifeq ($(LUA),lua5.3)
+  LUA_PKG := lua5.3
+  DEB_LUA := lua5.3 liblua5.3-dev
+  BUILD   ?= build-lua5.3
+else ifeq ($(LUA),lua5.1)
+  LUA_PKG := lua5.1
+  DEB_LUA := lua5.1 liblua5.1-0-dev lua-compat53-dev
+  BUILD   ?= build-lua5.1
+else ifeq ($(LUA),luajit)
+  LUA_PKG := luajit
+  # lua-compat-5.3's header lives with Lua 5.1's, searched after LuaJIT's own.
+  LUA_EXTRA_INC := -I/usr/include/lua5.1
+  DEB_LUA := luajit2 libluajit2-5.1-dev lua-compat53-dev
+  BUILD   ?= build-luajit
+else
+  $(error LUA must be lua5.4, lua5.3, lua5.1 or luajit (got $(LUA)))
+endif
 CC        ?= cc
-PKG_LUA    = $(shell pkg-config --cflags lua5.4 2>/dev/null)
+PKG_LUA    = $(shell pkg-config --cflags $(LUA_PKG) 2>/dev/null) $(LUA_EXTRA_INC)
+PKG_LUA_LIBS = $(shell pkg-config --libs $(LUA_PKG) 2>/dev/null)
 PKG_CURL_CFLAGS = $(shell pkg-config --cflags libcurl 2>/dev/null)
 PKG_CURL_LIBS   = $(shell pkg-config --libs libcurl 2>/dev/null || echo -lcurl)
 WARN      := -Wall -Wextra -Werror -Wshadow -Wmissing-prototypes -Wstrict-prototypes \
@@ -15,8 +42,9 @@ LDFLAGS   ?=
 # Not -llua5.4: the lua5.4 binary already contains Lua, a second copy breaks it.
 LIBS      = $(PKG_CURL_LIBS) -lm
 
-BUILD     := build
 CORE      := $(BUILD)/ratewise/core.so
+# examples/host.c built for this interpreter (examples/host is the default's)
+HOST      := $(BUILD)/host
 SRC       := $(wildcard src/*.c)
 HDR       := $(wildcard src/*.h)
 
@@ -24,12 +52,13 @@ HDR       := $(wildcard src/*.h)
 LUA_ENV   = LUA_PATH="./lua/?.lua;./lua/?/init.lua;./?.lua;;" LUA_CPATH="./$(BUILD)/?.so;;"
 
 # Debian packages each target needs; installed by `make deps` when missing.
-DEB_BUILD := gcc make pkg-config lua5.4 liblua5.4-dev libcurl4-openssl-dev
+DEB_BUILD := gcc make pkg-config $(DEB_LUA) libcurl4-openssl-dev
 DEB_TEST  := lua-busted lua-socket lua-cjson python3 openssl
 DEB_TOOLS := lua-check luarocks
 # For lint, fuzz, test-asan and test-valgrind (`make deps-check`);
 # libclang-rt-14-dev has libFuzzer and the sanitizer runtimes.
-DEB_CHECK := clang libclang-rt-14-dev clang-tidy cppcheck valgrind luajit2
+DEB_CHECK := clang libclang-rt-14-dev clang-tidy cppcheck valgrind \
+             lua5.1 liblua5.1-0-dev lua5.3 liblua5.3-dev luajit2 libluajit2-5.1-dev lua-compat53-dev
 
 .PHONY: all deps deps-check test demo bench examples install lint clean soak \
         fuzz test-asan test-valgrind
@@ -57,17 +86,27 @@ deps:
 deps-check:
 	$(call install_missing,$(DEB_CHECK))
 
-test: deps $(CORE) examples
-	$(LUA_ENV) $(LUA) /usr/bin/busted -o spec/support/summary.lua spec/
+# --ignore-lua: .busted names lua5.4, which would re-run busted under it;
+# RATEWISE_* tell the specs how to start this interpreter, this build and
+# this host in processes of their own, and how to build C against this Lua.
+SPEC_ENV = RATEWISE_LUA="$$(command -v $(LUA))" RATEWISE_CPATH="./$(BUILD)/?.so" RATEWISE_HOST="$(HOST)" \
+           RATEWISE_LUA_CFLAGS="$(PKG_LUA)" RATEWISE_LUA_LIBS="$(PKG_LUA_LIBS)"
+test: deps $(CORE) $(HOST)
+	$(LUA_ENV) $(SPEC_ENV) $(LUA) /usr/bin/busted --ignore-lua --cpath="./$(BUILD)/?.so" \
+	  -o spec/support/summary.lua spec/
 
 demo: deps $(CORE)
 	@$(LUA_ENV) $(LUA) examples/demo.lua
 
-# examples/host embeds Lua itself, so it links liblua5.4 (the module does not).
+# examples/host embeds Lua itself, so it links the Lua library (the module
+# does not).
 examples: examples/host
 
 examples/host: examples/host.c $(CORE)
-	$(CC) -std=c99 $(WARN) $(PKG_LUA) $(CFLAGS) -o $@ examples/host.c $(shell pkg-config --libs lua5.4) -lm
+	$(CC) -std=c99 $(WARN) $(PKG_LUA) $(CFLAGS) -o $@ examples/host.c $(PKG_LUA_LIBS) -lm
+
+$(HOST): examples/host.c $(CORE)
+	$(CC) -std=c99 $(WARN) $(PKG_LUA) $(CFLAGS) -o $@ examples/host.c $(PKG_LUA_LIBS) -lm
 
 # The soak (bench/soak.lua): requests through a fault-injecting server;
 # CI runs it with SOAK_REQUESTS=1000.
@@ -90,11 +129,20 @@ CPPCHECK_FLAGS := --std=c99 -D_POSIX_C_SOURCE=200809L --library=posix,lua,libcur
                   --suppress=missingIncludeSystem --suppress=missingInclude \
                   --error-exitcode=1 --quiet
 
+# Every Lua ratewise supports, the folder `make LUA=...` builds it into, and
+# the command that checks a file parses there.
+LUAS := lua5.1:build-lua5.1:luac5.1 lua5.3:build-lua5.3:luac5.3 lua5.4:build:luac5.4 luajit:build-luajit:/usr/bin/luajit
 lint: deps deps-check
 	luacheck --no-color lua spec bench examples
-	@# The Lua layer is meant to run on LuaJIT (OpenResty) too: it must at least parse there.
-	@for f in $$(find lua -name '*.lua'); do /usr/bin/luajit -bl "$$f" >/dev/null || exit 1; done; \
-	  echo "luajit: every file in lua/ parses"
+	@# Under every Lua: lua/ parses, the C core builds (-Werror) and ratewise runs (spec/support/smoke.lua).
+	@for entry in $(LUAS); do \
+	  lua=$${entry%%:*}; rest=$${entry#*:}; dir=$${rest%%:*}; parse=$${rest#*:}; \
+	  for f in $$(find lua -name '*.lua'); do \
+	    if [ "$$lua" = luajit ]; then $$parse -bl "$$f" >/dev/null || exit 1; else $$parse -p "$$f" || exit 1; fi; \
+	  done; \
+	  $(MAKE) -s --no-print-directory LUA=$$lua BUILD=$$dir all || exit 1; \
+	  LUA_PATH="./lua/?.lua;./lua/?/init.lua;;" LUA_CPATH="./$$dir/?.so;;" $$lua spec/support/smoke.lua || exit 1; \
+	done
 	@echo "clang-tidy src/*.c"
 	@out=$$(clang-tidy --quiet $(SRC) -- $(TIDY_FLAGS) 2>&1); rc=$$?; \
 	  printf '%s\n' "$$out" | grep -v -e 'warnings\? generated\.$$' -e '^$$' || true; \
@@ -107,8 +155,11 @@ lint: deps deps-check
 # --deps-mode=none: the rockspec lists lua-cjson, which `deps` installs as a
 # Debian package that luarocks does not see; without it luarocks would try
 # to download the rock (and fail offline).
+# LuaJIT loads Lua 5.1 modules: its rocks go to luarocks' 5.1 tree (which
+# LuaJIT searches too), built against LuaJIT's own headers.
+ROCKS_LUA = $(if $(filter luajit,$(LUA)),5.1 LUA_INCDIR=/usr/include/luajit-2.1,$(subst lua,,$(LUA)))
 install: deps
-	luarocks --lua-version 5.4 make --deps-mode=none rockspec/ratewise-scm-1.rockspec
+	luarocks --lua-version $(ROCKS_LUA) make --deps-mode=none rockspec/ratewise-scm-1.rockspec
 	rm -rf ratewise src/*.o
 
 # ---- fuzzing: one libFuzzer target per parser of src/parse.c (fuzz/) ----
@@ -199,5 +250,5 @@ test-valgrind: deps deps-check $(CORE) examples
 	esac
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) src/*.o ./*.so examples/host
+	rm -rf build build-lua5.3 build-lua5.1 build-luajit $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) src/*.o ./*.so examples/host
 	@$(MAKE) -s -C bench clean 2>/dev/null || true
