@@ -4,9 +4,17 @@
  *
  * The engine never sleeps on its own account and never calls Lua from a
  * libcurl callback: the callbacks only append to C buffers owned by the
- * transfer, and everything Lua sees is built after libcurl has returned.
- * engine:poll(timeout) is the one place that waits, for socket activity or
- * the timeout, whichever comes first; the Lua layer decides when to call it.
+ * transfer, or record what libcurl wants to wait for, and everything Lua
+ * sees is built after libcurl has returned.
+ *
+ * The engine is pollable, as cqueues calls it: libcurl's socket interface
+ * (CURLMOPT_SOCKETFUNCTION, CURLMOPT_TIMERFUNCTION) tells it which sockets
+ * to watch, which it keeps in one epoll set, and when to call back. So a
+ * host waits on one descriptor (engine:pollfd(), readable when any socket
+ * is ready) and one deadline (engine:timeout()), then lets the engine act
+ * on what is ready (engine:poll(0), which never blocks). engine:poll(t)
+ * waits on that descriptor itself, at most t seconds: the one place the
+ * engine blocks, and only when asked to.
  * Connections live in the multi handle's cache, so they are reused across
  * transfers. A transfer's record (its easy handle, its buffers, its error
  * text) lives in C memory and is recycled through a small pool, so that a
@@ -16,12 +24,16 @@
  * every cycle (with glibc that means page faults, which cost more here than
  * the rest of a request).
  */
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
+
+#include <sys/epoll.h>
 
 #include "transfer.h"
 
@@ -78,6 +90,11 @@ typedef struct engine {
     long max_connections, max_idle;
     long cache_size; /* CURLMOPT_MAXCONNECTS as last set (engine_size_cache) */
     int renew; /* replace the multi handle once nothing runs (engine_shed) */
+    int epfd;        /* the sockets libcurl waits on, as one descriptor (-1: none) */
+    double timer_at; /* when libcurl asked to be called back (HUGE_VAL: it did not) */
+#ifdef RW_FAULTS
+    CURLMcode fail_next; /* RW_FAULTS builds: the next drive fails with this */
+#endif
 } engine;
 
 /* ---- buffers ---- */
@@ -204,6 +221,35 @@ static void engine_size_cache(engine *e)
     curl_multi_setopt(e->multi, CURLMOPT_MAXCONNECTS, size);
 }
 
+/* libcurl says which sockets it waits on, and for what: the engine keeps
+ * them in its epoll set. C only. */
+static int engine_on_watch(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
+{
+    engine *e = (engine *)userp;
+    struct epoll_event ev;
+    (void)easy;
+    (void)socketp;
+    if (what == CURL_POLL_REMOVE) {
+        (void)epoll_ctl(e->epfd, EPOLL_CTL_DEL, s, NULL); /* gone already when libcurl closed it */
+        return 0;
+    }
+    memset(&ev, 0, sizeof ev);
+    ev.events = ((what & CURL_POLL_IN) ? EPOLLIN : 0u) | ((what & CURL_POLL_OUT) ? EPOLLOUT : 0u);
+    ev.data.fd = s;
+    if (epoll_ctl(e->epfd, EPOLL_CTL_MOD, s, &ev) == 0) return 0;
+    if (errno == ENOENT && epoll_ctl(e->epfd, EPOLL_CTL_ADD, s, &ev) == 0) return 0;
+    return -1; /* out of kernel memory: libcurl gives the multi handle up (engine_drive) */
+}
+
+/* libcurl says when to call it back (0: at once; -1: never). C only. */
+static int engine_on_timer(CURLM *multi, long timeout_ms, void *userp)
+{
+    engine *e = (engine *)userp;
+    (void)multi;
+    e->timer_at = timeout_ms < 0 ? HUGE_VAL : rw_clock_monotonic() + (double)timeout_ms / 1000.0;
+    return 0;
+}
+
 static void engine_apply_limits(engine *e)
 {
     curl_multi_setopt(e->multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, e->max_connections);
@@ -222,15 +268,29 @@ static void engine_apply_limits(engine *e)
  * between two waves of a steady stream, whose next transfers would then
  * all reconnect. So it happens when the scheduler says nothing it runs
  * needs a transfer (engine:trim()), or after a failure. */
+/* A multi handle that reports to engine e; NULL: out of memory. */
+static CURLM *engine_new_multi(engine *e)
+{
+    CURLM *multi = curl_multi_init();
+    if (!multi) return NULL;
+    curl_multi_setopt(multi, CURLMOPT_SOCKETFUNCTION, engine_on_watch);
+    curl_multi_setopt(multi, CURLMOPT_SOCKETDATA, e);
+    curl_multi_setopt(multi, CURLMOPT_TIMERFUNCTION, engine_on_timer);
+    curl_multi_setopt(multi, CURLMOPT_TIMERDATA, e);
+    return multi;
+}
+
 static void engine_shed(engine *e)
 {
     CURLM *fresh;
     if (!e->renew || e->running.head) return;
-    fresh = curl_multi_init();
+    fresh = engine_new_multi(e);
     if (!fresh) return; /* out of memory: the old one does */
+    /* Closing its connections also takes them out of the epoll set. */
     curl_multi_cleanup(e->multi);
     e->multi = fresh;
     e->renew = 0;
+    e->timer_at = HUGE_VAL;
     engine_apply_limits(e);
 }
 
@@ -469,11 +529,37 @@ static void engine_drain(engine *e)
     }
 }
 
-/* Lets libcurl work on every transfer, then gathers what finished. */
-static void engine_drive(engine *e)
+#define ENGINE_EVENTS 64
+
+/* Waits at most wait_ms (0: not at all) for a socket libcurl watches, lets
+ * libcurl act on the sockets that are ready and on its timer if it is due,
+ * then gathers what finished. A failure of the multi handle (or of epoll)
+ * ends every running transfer with it. */
+static void engine_drive(engine *e, int wait_ms)
 {
-    int running;
-    CURLMcode mc = curl_multi_perform(e->multi, &running);
+    struct epoll_event ev[ENGINE_EVENTS];
+    CURLMcode mc = CURLM_OK;
+    int n, i, running;
+    n = epoll_wait(e->epfd, ev, ENGINE_EVENTS, wait_ms);
+    if (n < 0) {
+        n = 0;
+        if (errno != EINTR) mc = CURLM_UNRECOVERABLE_POLL;
+    }
+    for (i = 0; i < n && mc == CURLM_OK; i++) {
+        int flags = ((ev[i].events & EPOLLIN) ? CURL_CSELECT_IN : 0) | ((ev[i].events & EPOLLOUT) ? CURL_CSELECT_OUT : 0)
+                    | ((ev[i].events & (EPOLLERR | EPOLLHUP)) ? CURL_CSELECT_ERR : 0);
+        mc = curl_multi_socket_action(e->multi, ev[i].data.fd, flags, &running);
+    }
+    if (mc == CURLM_OK && rw_clock_monotonic() >= e->timer_at) {
+        e->timer_at = HUGE_VAL; /* libcurl sets the next one */
+        mc = curl_multi_socket_action(e->multi, CURL_SOCKET_TIMEOUT, 0, &running);
+    }
+#ifdef RW_FAULTS
+    if (e->fail_next != CURLM_OK) {
+        mc = e->fail_next;
+        e->fail_next = CURLM_OK;
+    }
+#endif
     engine_drain(e);
     if (mc != CURLM_OK) {
         engine_fail_all(e, mc);
@@ -481,6 +567,18 @@ static void engine_drive(engine *e)
     } else {
         engine_expire(e);
     }
+}
+
+/* Seconds until the engine has something to do without a socket becoming
+ * ready: libcurl's timer, a queued transfer's expiry, or now when finished
+ * transfers wait to be reported. Negative: nothing (no deadline). */
+static double engine_deadline(const engine *e)
+{
+    double at = e->timer_at < e->next_expiry ? e->timer_at : e->next_expiry, left;
+    if (e->finished.head) return 0;
+    if (at == HUGE_VAL) return -1;
+    left = at - rw_clock_monotonic();
+    return left > 0 ? left : 0;
 }
 
 static engine *engine_check(lua_State *L)
@@ -540,8 +638,10 @@ static int engine_l_new(lua_State *L)
     }
     e = (engine *)lua_newuserdatauv(L, sizeof(engine), 1);
     memset(e, 0, sizeof *e); /* closed until the multi handle exists */
+    e->epfd = -1;
     e->response_bytes = (double)ENGINE_RECV_MAX * 2; /* libcurl's default until responses are seen */
     e->next_expiry = HUGE_VAL;
+    e->timer_at = HUGE_VAL;
     e->max_connections = conns;
     e->max_idle = idle;
     luaL_setmetatable(L, ENGINE_MT);
@@ -549,8 +649,18 @@ static int engine_l_new(lua_State *L)
      * keeps them alive. */
     lua_createtable(L, ENGINE_POOL_MAX, 0);
     lua_setiuservalue(L, -2, 1);
-    e->multi = curl_multi_init();
+    e->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (e->epfd < 0) {
+        int err = errno;
+        lua_pop(L, 1);
+        lua_pushnil(L);
+        lua_pushfstring(L, "no epoll descriptor for the engine: %s", strerror(err));
+        return 2;
+    }
+    e->multi = engine_new_multi(e);
     if (!e->multi) {
+        close(e->epfd);
+        e->epfd = -1;
         lua_pop(L, 1);
         lua_pushnil(L);
         lua_pushliteral(L, "libcurl could not create a multi handle");
@@ -681,32 +791,54 @@ static int engine_l_poll(lua_State *L)
         lua_pushvalue(L, 3);
     }
     out = lua_gettop(L);
-    engine_drive(e);
+    engine_drive(e, 0);
     if (!e->finished.head && timeout > 0) {
-        long curl_ms = -1, ms = transfer_ms(timeout);
-        CURLMcode mc;
-        if (ms > INT_MAX) ms = INT_MAX;
-        if (e->running.head) {
-            if (curl_multi_timeout(e->multi, &curl_ms) == CURLM_OK && curl_ms >= 0 && curl_ms < ms)
-                ms = curl_ms;
-            if (e->next_expiry < HUGE_VAL) { /* libcurl's timers leave queued transfers out */
-                double until = e->next_expiry - rw_clock_monotonic();
-                long expiry_ms = until > 0 ? transfer_ms(until) : 0;
-                if (expiry_ms < ms) ms = expiry_ms;
-            }
-        }
-        mc = curl_multi_poll(e->multi, NULL, 0, (int)ms, NULL);
-        if (mc != CURLM_OK) {
-            engine_fail_all(e, mc);
-            engine_shed(e);
-        } else {
-            engine_drive(e);
-        }
+        double until = engine_deadline(e);
+        long ms = transfer_ms(timeout);
+        if (until >= 0 && until < timeout) ms = until > 0 ? transfer_ms(until) : 0;
+        engine_drive(e, ms > INT_MAX ? INT_MAX : (int)ms);
     }
     n = engine_report(L, e, out);
     lua_pushinteger(L, n);
     return 2;
 }
+
+/* engine:pollfd() -> the descriptor that is readable when a socket of a
+ * transfer is ready: a host waits on it (and on engine:timeout()), then
+ * calls engine:poll(0). It stays the same for the engine's whole life. */
+static int engine_l_pollfd(lua_State *L)
+{
+    lua_pushinteger(L, engine_check(L)->epfd);
+    return 1;
+}
+
+/* engine:events() -> "r": what to wait for on engine:pollfd(). */
+static int engine_l_events(lua_State *L)
+{
+    engine_check(L);
+    lua_pushliteral(L, "r");
+    return 1;
+}
+
+/* engine:timeout() -> seconds until the engine must be polled even though
+ * its descriptor stayed quiet (0: now), or nil when nothing is due. */
+static int engine_l_timeout(lua_State *L)
+{
+    double left = engine_deadline(engine_check(L));
+    if (left < 0) lua_pushnil(L);
+    else lua_pushnumber(L, left);
+    return 1;
+}
+
+#ifdef RW_FAULTS
+/* RW_FAULTS builds (specs only): engine:fail_next() makes the next drive
+ * fail as if libcurl's multi handle had (CURLM_UNRECOVERABLE_POLL). */
+static int engine_l_fail_next(lua_State *L)
+{
+    engine_check(L)->fail_next = CURLM_UNRECOVERABLE_POLL;
+    return 0;
+}
+#endif
 
 /* engine:trim(): once nothing runs, closes the connections kept from a
  * burst of more than max_idle_connections transfers (see engine_shed). */
@@ -737,6 +869,8 @@ static int engine_l_close(lua_State *L)
     while (e->npool > 0) engine_destroy(e->pool[--e->npool]);
     curl_multi_cleanup(e->multi);
     e->multi = NULL;
+    if (e->epfd >= 0) close(e->epfd);
+    e->epfd = -1;
     return 0;
 }
 
@@ -824,6 +958,12 @@ void rw_engine_register(lua_State *L)
         { "configure", engine_l_configure },
         { "running", engine_l_running },
         { "trim", engine_l_trim },
+        { "pollfd", engine_l_pollfd },
+        { "events", engine_l_events },
+        { "timeout", engine_l_timeout },
+#ifdef RW_FAULTS
+        { "fail_next", engine_l_fail_next },
+#endif
         { "close", engine_l_close },
         { NULL, NULL }
     };
