@@ -53,7 +53,11 @@ LUA_ENV   = LUA_PATH="./lua/?.lua;./lua/?/init.lua;./?.lua;;" LUA_CPATH="./$(BUI
 
 # Debian packages each target needs; installed by `make deps` when missing.
 DEB_BUILD := gcc make pkg-config $(DEB_LUA) libcurl4-openssl-dev
-DEB_TEST  := lua-busted lua-socket lua-cjson python3 openssl
+# The hosts the suite runs ratewise in: OpenResty (nginx with the Lua
+# module, whose LuaJIT is luajit2's), cqueues and luv.
+DEB_HOSTS := nginx libnginx-mod-http-lua lua-resty-core luajit2 libluajit2-5.1-dev lua-compat53-dev \
+             lua-cqueues lua-luv
+DEB_TEST  := lua-busted lua-socket lua-cjson python3 openssl $(DEB_HOSTS)
 DEB_TOOLS := lua-check luarocks
 # For lint, fuzz, test-asan and test-valgrind (`make deps-check`);
 # libclang-rt-14-dev has libFuzzer and the sanitizer runtimes.
@@ -61,7 +65,7 @@ DEB_CHECK := clang libclang-rt-14-dev clang-tidy cppcheck valgrind \
              lua5.1 liblua5.1-0-dev lua5.3 liblua5.3-dev luajit2 libluajit2-5.1-dev lua-compat53-dev
 
 .PHONY: all deps deps-check test demo bench examples install lint clean soak \
-        fuzz test-asan test-valgrind
+        fuzz test-asan test-valgrind luajit-core bench-hosts
 
 all: $(CORE)
 
@@ -91,7 +95,13 @@ deps-check:
 # this host in processes of their own, and how to build C against this Lua.
 SPEC_ENV = RATEWISE_LUA="$$(command -v $(LUA))" RATEWISE_CPATH="./$(BUILD)/?.so" RATEWISE_HOST="$(HOST)" \
            RATEWISE_LUA_CFLAGS="$(PKG_LUA)" RATEWISE_LUA_LIBS="$(PKG_LUA_LIBS)"
-test: deps $(CORE) $(HOST)
+# spec/openresty_spec.lua runs nginx's Lua module, which is LuaJIT: it loads
+# the LuaJIT build of the core, whichever Lua the suite runs under.
+LUAJIT_CORE := build-luajit/ratewise/core.so
+luajit-core:
+	@$(MAKE) -s --no-print-directory LUA=luajit BUILD=build-luajit $(LUAJIT_CORE)
+
+test: deps $(CORE) $(HOST) luajit-core
 	$(LUA_ENV) $(SPEC_ENV) $(LUA) /usr/bin/busted --ignore-lua --cpath="./$(BUILD)/?.so" \
 	  -o spec/support/summary.lua spec/
 
@@ -117,6 +127,11 @@ soak: deps $(CORE)
 bench: deps $(CORE)
 	@$(MAKE) -s -C bench
 	@$(LUA_ENV) $(LUA) bench/run.lua
+
+# What waiting costs in each host (bench/hosts.lua): 1,000 requests on a
+# slow server per host, and rw.step(0) in a frame loop.
+bench-hosts: deps $(CORE) luajit-core
+	@ulimit -n 20000 2>/dev/null; $(LUA_ENV) $(SPEC_ENV) $(LUA) bench/hosts.lua
 
 # luacheck (config .luacheckrc), then clang-tidy (checks and the reasons for
 # each exclusion in .clang-tidy) and cppcheck on src/; any finding fails.
@@ -220,7 +235,7 @@ $(ASAN_HOST): examples/host.c Makefile | deps-check
 # Any ASan, LeakSanitizer or UBSan report fails the run (exit status), as a
 # failed spec does. --ignore-lua: .busted's `lua` would re-run busted
 # through a plain lua5.4; --cpath puts build-asan/ before .busted's build/.
-test-asan: deps $(CORE) examples $(ASAN_CORE) $(ASAN_HOST)
+test-asan: deps $(CORE) examples $(ASAN_CORE) $(ASAN_HOST) luajit-core
 	LUA_PATH="./lua/?.lua;./lua/?/init.lua;./?.lua;;" LUA_CPATH="./$(ASAN_BUILD)/?.so;;" $(ASAN_ENV) \
 	  $(ASAN_LUA) /usr/bin/busted --ignore-lua --cpath="./$(ASAN_BUILD)/?.so" -o spec/support/summary.lua spec/
 
@@ -236,7 +251,7 @@ VALGRIND_SPECS ?= spec/
 VALGRIND_FLAGS := -q --trace-children=no --leak-check=full --show-leak-kinds=definite,indirect \
                   --errors-for-leak-kinds=definite,indirect --error-exitcode=99 --num-callers=30
 
-test-valgrind: deps deps-check $(CORE) examples
+test-valgrind: deps deps-check $(CORE) examples luajit-core
 	@start=$$(date +%s); \
 	$(LUA_ENV) LD_PRELOAD=libcurl.so.4 valgrind $(VALGRIND_FLAGS) $$(command -v $(LUA)) /usr/bin/busted \
 	  --ignore-lua -o utfTerminal $(VALGRIND_SPECS); rc=$$?; \

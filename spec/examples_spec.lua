@@ -16,6 +16,16 @@ describe("examples", function()
     assert.matches("all 38 requests to 3 APIs took", out)
   end)
 
+  it("luv_loop.lua drives ratewise from a libuv loop through the pollable", function()
+    local out = run("luv_loop.lua")
+    assert.matches("request 1: 200 after 2 attempts", out)
+    assert.matches("request 2: 200 after 1 attempts", out)
+    assert.matches("request 3: 200 after 1 attempts", out)
+    local seconds, ticks = out:match("done in ([%d.]+) s; the luv timer ticked (%d+) times")
+    assert.is_true(tonumber(seconds) >= 1 and tonumber(seconds) < 3, out)
+    assert.is_true(tonumber(ticks) >= 8, out) -- the loop ran its own timer during the Retry-After
+  end)
+
   it("game_loop.lua keeps its frame rate while requests wait", function()
     local out = run("game_loop.lua")
     for player = 1, 4 do assert.matches("player " .. player .. " got %[alice 120", out) end

@@ -2,9 +2,7 @@
 -- the method that waits is added here, so that the wait goes through the
 -- runtime like every other wait.
 local core = require "ratewise.core"
-local compat = require "ratewise.compat"
 local runtime = require "ratewise.runtime"
-local scheduler = require "ratewise.scheduler"
 
 local methods = core.bucket_methods
 
@@ -40,19 +38,10 @@ function methods:acquire(n, host_sleep, max_wait)
     refund(self, n)
     return false, wait
   end
-  -- A waiter that is gone (a cancelled task, a host sleep that raised) gives
-  -- its place up. Inside a task, the scheduler undoes the reservation itself:
-  -- thousands of tasks may wait on one bucket, and a pcall frame apiece (or
-  -- any frame: hence the tail call) would make each of them cost more.
-  if not host_sleep and scheduler.current() then
-    return scheduler.sleep(wait, refund, self, n) -- true
-  end
-  local ok, err = compat.pcall(runtime.sleep, wait, host_sleep)
-  if not ok then
-    refund(self, n)
-    error(err, 0)
-  end
-  return true
+  -- A waiter that is gone (a cancelled task, a host sleep that raised)
+  -- gives its place up. A tail call: thousands of tasks may wait on one
+  -- bucket, and a frame apiece would make each of them cost more.
+  return runtime.sleep(wait, host_sleep, refund, self, n) -- true
 end
 
 return {

@@ -20,8 +20,10 @@ compat.close_coroutine = coroutine.close
 
 -- Whether a coroutine may yield from inside pcall: Lua 5.2 and later, and
 -- LuaJIT, yes; PUC Lua 5.1 raises "attempt to yield across
--- metamethod/C-call boundary".
-local yields_through_pcall = coroutine.wrap(function() return pcall(yield, true) end)() == true
+-- metamethod/C-call boundary". Told by the version, not by trying: inside
+-- OpenResty, resuming a coroutine while require runs would itself yield
+-- across require.
+local yields_through_pcall = _VERSION ~= "Lua 5.1" or rawget(_G, "jit") ~= nil
 
 -- helper coroutine -> the coroutine it runs a protected call for (5.1 only)
 local runs_for = setmetatable({}, { __mode = "k" })

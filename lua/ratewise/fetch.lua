@@ -224,7 +224,7 @@ local function default_on_retry(info)
   else
     why = "network error: " .. (info.error or "unknown")
   end
-  io.stderr:write(format("retrying %s %s in %.2f s (%s, attempt %d/%d, %s)\n",
+  runtime.log(format("retrying %s %s in %.2f s (%s, attempt %d/%d, %s)",
     info.method, info.url, info.delay, why, info.attempt, info.max_retries, info.source))
 end
 

@@ -45,6 +45,8 @@ local ratewise = {
   spawn = scheduler.spawn,
   --- live_tasks = rw.step([timeout])
   step = scheduler.step,
+  --- rw.pollable:pollfd(), :events(), :timeout(): what an event loop waits on before rw.step(0)
+  pollable = scheduler.pollable,
   --- results, errors = rw.map(list, fn [, {concurrency = n}])
   map = scheduler.map,
   --- ok, ... = rw.pcall(fn, ...): pcall that a task may wait inside, on every Lua (PUC Lua 5.1's own pcall

@@ -1,33 +1,150 @@
--- How ratewise waits. Every wait in the library (backoff, Retry-After, a
--- bucket, a transfer in flight) goes through this module, the one place
--- that decides how to wait on the host at hand:
---   0. a per-call `sleep` option always wins: the caller said how to wait;
---   1. inside a ratewise task, the task yields to the scheduler;
---   2. else, with a host sleep configured (rw.configure), that is called;
---   3. else, inside a plain coroutine, coroutine.yield("ratewise.sleep", s),
---      and whoever resumes it does so when the time is up;
---   4. else (main thread), the thread blocks in the engine's poll, running
---      the scheduler's tasks meanwhile, without spinning.
+-- How ratewise waits: the one module that knows which host it runs on.
+-- Every wait of the library comes here (backoff and hints, buckets and
+-- limiters, a transfer in flight, and, from outside a task, a join, a
+-- semaphore, a group of tasks), and is done the way of the host at hand,
+-- found in this order:
+--   0. a per-call `sleep` option: the caller said how to wait;
+--   1. a ratewise task: it yields to ratewise's scheduler;
+--   2. OpenResty, in a phase that can yield: ngx.sleep, and one driver per
+--      worker that runs the engine and wakes each waiting request through
+--      an ngx.semaphore (hosts/openresty.lua); the phases that cannot
+--      yield raise a clear error instead of blocking the worker;
+--   3. a host given to rw.configure{sleep = fn [, wait = fn]};
+--   4. a coroutine of a cqueues controller: cqueues.sleep, and
+--      cqueues.poll on the scheduler's descriptor (hosts/cqueues.lua);
+--   5. any other coroutine: it yields ("ratewise.sleep", seconds, pollable),
+--      and whoever resumes it does so once the seconds have passed or the
+--      pollable's descriptor is readable (the one ratewise would wait on);
+--   6. the main thread: it runs the scheduler, blocking in the engine's
+--      poll until a socket or a timer is due.
+-- Outside a task, whatever waits also runs the scheduler between its waits,
+-- so that tasks and transfers of others go on meanwhile.
 local compat = require "ratewise.compat"
 local core = require "ratewise.core"
 local scheduler = require "ratewise.scheduler"
+local openresty = require "ratewise.hosts.openresty"
+local cqueues = require "ratewise.hosts.cqueues"
 
 local now = core.now
 local bad_seconds = scheduler.bad_seconds
 local running, isyieldable, pcall = compat.running, compat.isyieldable, compat.pcall
 local yield = coroutine.yield
 local format, min = string.format, math.min
-local type, error = type, error
+local type, error, tostring, pairs = type, error, tostring, pairs
 
 local runtime = {}
 
-local host_sleep -- set by rw.configure{sleep = fn}
+-- A host that can only sleep cannot be woken by a socket: while transfers
+-- are in flight it checks on them between naps growing from NAP_FIRST to
+-- NAP_MAX. A host waiting for something another party of the host will do
+-- (a semaphore another coroutine holds), with nothing due in ratewise,
+-- looks again every EVENT_POLL seconds.
+local NAP_FIRST, NAP_MAX, EVENT_POLL = 0.001, 0.01, 0.05
+
+-- Waits for done() by running the scheduler between calls of block(t),
+-- which waits at most t seconds, or until the scheduler's descriptor is
+-- readable if it can. sleep_only: block cannot see the descriptor, so
+-- transfers in flight are checked on between naps. Answers whether done()
+-- came true before the deadline.
+local function await_with(block, sleep_only, done, deadline)
+  local nap = NAP_FIRST
+  while true do
+    scheduler.step(0)
+    if done() then return true end
+    local left = deadline and deadline - now()
+    if left and left <= 0 then return false end
+    local t = scheduler.timeout()
+    if sleep_only and scheduler.transfers_running() then
+      if not t or t > nap then t = nap end
+      nap = min(nap * 2, NAP_MAX)
+    else
+      nap = NAP_FIRST
+    end
+    if not t then t = EVENT_POLL end
+    if left and left < t then t = left end
+    block(t)
+  end
+end
+
+---------------------------------------------------------------------------
+-- The hosts: sleep(seconds), await(done, deadline) -> done() came true
+
+local main_host = {
+  sleep = function(seconds) scheduler.sleep(seconds) end,
+  await = scheduler.drive_until,
+}
+
+-- Rule 5. The seconds suit a resumer that can only count time (a frame
+-- loop): while transfers are in flight they are short naps. A resumer that
+-- can wait on a descriptor does better with the pollable: until
+-- pollable:pollfd() is readable, at most pollable:timeout() seconds (the
+-- scheduler's own next deadline).
+local function yield_for(seconds)
+  yield("ratewise.sleep", seconds, scheduler.pollable)
+end
+
+-- A sleep resumed early asks again for what is left, so the wait is never
+-- shorter than asked.
+local coroutine_host = {
+  sleep = function(seconds)
+    local deadline = now() + seconds
+    repeat
+      yield("ratewise.sleep", deadline - now())
+    until now() >= deadline
+  end,
+  await = function(done, deadline) return await_with(yield_for, true, done, deadline) end,
+}
+
+-- A host made of a sleep function (and a wait(pollable, seconds), if it
+-- can wait on a descriptor).
+local function host_of(sleep, wait)
+  local block = wait and function(t) wait(scheduler.pollable, t) end or sleep
+  return {
+    sleep = sleep,
+    await = function(done, deadline) return await_with(block, not wait, done, deadline) end,
+  }
+end
+
+local configured -- rw.configure{sleep = fn [, wait = fn]}
+local per_call_hosts = setmetatable({}, { __mode = "k" })
+
+local function per_call_host(sleep)
+  local host = per_call_hosts[sleep]
+  if not host then
+    host = host_of(sleep)
+    per_call_hosts[sleep] = host
+  end
+  return host
+end
+
+--- host = runtime.host([per_call_sleep]): the host of the code running
+-- now, outside a task (rules 0 and 2 to 6).
+function runtime.host(per_call)
+  if per_call then return per_call_host(per_call) end
+  if openresty.active() then return openresty.host() end -- raises in a phase that cannot yield
+  if configured then return configured end
+  if cqueues.active() then return cqueues.host() end
+  if running() ~= nil and isyieldable() then return coroutine_host end
+  return main_host
+end
+
+scheduler.set_outside_wait(function(done, deadline)
+  return runtime.host().await(done, deadline)
+end)
+scheduler.set_kick(function()
+  openresty.kick()
+  cqueues.kick()
+end)
+
+---------------------------------------------------------------------------
+-- rw.configure
 
 -- The engine's options (ratewise.core's core.engine{...}).
 local ENGINE_OPTIONS = { max_connections = true, max_idle_connections = true }
 local MAX_LIMIT = 1000000
+local HOST_OPTIONS = { sleep = true, wait = true }
 
---- runtime.configure{sleep = fn | false, max_connections = n, max_idle_connections = n}
+--- runtime.configure{sleep = fn | false, wait = fn | false, max_connections = n, max_idle_connections = n}
 function runtime.configure(opts)
   if type(opts) ~= "table" then
     error(format("configure: expected a table of options (got %s)", type(opts)), 2)
@@ -41,61 +158,66 @@ function runtime.configure(opts)
       end
       limits = limits or {}
       limits[k] = v
-    elseif k ~= "sleep" then
+    elseif not HOST_OPTIONS[k] then
       error(format("configure: unknown option '%s'", tostring(k)), 2)
     elseif v ~= false and type(v) ~= "function" then
-      error(format("configure: option 'sleep' must be a function or false (got %s)", type(v)), 2)
+      error(format("configure: option '%s' must be a function or false (got %s)", k, type(v)), 2)
     end
   end
-  if opts.sleep ~= nil then host_sleep = opts.sleep or nil end
+  if opts.wait and not (opts.sleep or (opts.sleep == nil and configured)) then
+    error("configure: option 'wait' needs a 'sleep' too", 2)
+  end
+  if opts.sleep == false then
+    configured = nil
+  elseif opts.sleep then
+    configured = host_of(opts.sleep, opts.wait or nil)
+  elseif opts.wait ~= nil and configured then
+    configured = host_of(configured.sleep, opts.wait or nil)
+  end
   if limits then scheduler.engine(limits) end
 end
 
-local function in_plain_coroutine()
-  return running() ~= nil and isyieldable()
-end
+---------------------------------------------------------------------------
+-- Waiting
 
--- Rule 3: the plain-coroutine protocol. Resumed early, it asks again for
--- what is left, so the wait is never shorter than asked.
-local function yield_sleep(seconds)
-  local deadline = now() + seconds
-  repeat
-    yield("ratewise.sleep", deadline - now())
-  until now() >= deadline
-end
-
---- runtime.sleep(seconds [, per_call_sleep]): every wait of the library
--- comes here, so this is where a wait that could never end is refused: NaN
--- or infinite seconds would make a waiting loop spin, here or in a host's
--- own sleep. A negative wait is no wait.
-function runtime.sleep(seconds, per_call)
+local function check_seconds(seconds)
   local bad = bad_seconds(seconds)
   if bad then
-    error(format("sleep: seconds must be a finite number (got %s)", bad), 2)
+    error(format("sleep: seconds must be a finite number (got %s)", bad), 3)
   end
-  if per_call then return per_call(seconds) end
-  if scheduler.current() then return scheduler.sleep(seconds) end
-  if host_sleep then return host_sleep(seconds) end
-  if in_plain_coroutine() then return yield_sleep(seconds) end
-  return scheduler.sleep(seconds)
 end
 
--- A host sleep cannot be woken by a socket, so while a transfer runs under
--- one, libcurl is driven between short naps.
-local NAP_FIRST, NAP_MAX = 0.001, 0.01
-
-local function await(transfer, per_call)
-  if scheduler.current() then return scheduler.await_transfer(transfer) end
-  local nap = per_call or host_sleep
-  if not nap and in_plain_coroutine() then nap = yield_sleep end
-  if not nap then return scheduler.await_transfer(transfer) end
-  local seconds = NAP_FIRST
-  while true do
-    scheduler.poll(0)
-    if transfer:done() then return end
-    nap(seconds)
-    seconds = min(seconds * 2, NAP_MAX)
+--- true = runtime.sleep(seconds [, per_call_sleep [, on_cancel, a, b]]):
+-- every sleep of the library comes here, so this is where a wait that
+-- could never end is refused: NaN or infinite seconds would make a waiting
+-- loop spin, here or in a host's own sleep. A negative wait is no wait.
+-- A wait that is interrupted (a cancelled task, a host sleep that raised)
+-- calls on_cancel(a, b) before the error goes on. Inside a task this is a
+-- tail call to the scheduler: thousands of tasks may wait at once, and a
+-- frame apiece would make each cost more.
+function runtime.sleep(seconds, per_call, on_cancel, a, b)
+  check_seconds(seconds)
+  if not per_call and scheduler.current() then
+    return scheduler.sleep(seconds, on_cancel, a, b)
   end
+  local sleep = runtime.host(per_call).sleep
+  if not on_cancel then
+    sleep(seconds)
+    return true
+  end
+  local ok, err = pcall(sleep, seconds)
+  if not ok then
+    on_cancel(a, b)
+    error(err, 0)
+  end
+  return true
+end
+
+--- done() came true = runtime.await(done [, deadline [, per_call_sleep]]):
+-- waits outside any task until done() is true, or until the deadline (on
+-- the monotonic clock) has passed.
+function runtime.await(done, deadline, per_call)
+  return runtime.host(per_call).await(done, deadline)
 end
 
 --- res | nil, transport_err = runtime.transfer(request [, per_call_sleep])
@@ -106,13 +228,14 @@ function runtime.transfer(request, per_call)
   if not transfer then
     return nil, { message = err, retryable = false, sent = false }
   end
-  if scheduler.current() or not (per_call or host_sleep or in_plain_coroutine()) then
-    -- Rule 1, a task: a cancellation closes the transfer from inside the
-    -- scheduler, with no pcall frame per request. Rule 4, the main thread:
-    -- nothing can interrupt this wait.
+  if scheduler.current() then
+    -- Rule 1, whatever sleep the call gave (the scheduler wakes the task
+    -- when its transfer ends): a cancellation closes the transfer from
+    -- inside the scheduler, with no pcall frame per request.
     scheduler.await_transfer(transfer)
   else
-    local ok, werr = pcall(await, transfer, per_call)
+    local host = runtime.host(per_call)
+    local ok, werr = pcall(host.await, function() return transfer:done() end)
     if not ok then
       transfer:close()
       error(werr, 0)
@@ -121,6 +244,13 @@ function runtime.transfer(request, per_call)
   local res, terr = transfer:result()
   transfer:close()
   return res, terr
+end
+
+--- runtime.log(line): a line for the operator (the default retry line):
+-- nginx's error log inside OpenResty, standard error elsewhere.
+function runtime.log(line)
+  if openresty.log(line) then return end
+  io.stderr:write(line, "\n")
 end
 
 return runtime

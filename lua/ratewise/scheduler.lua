@@ -25,6 +25,8 @@ local spare, spare_value = {}, {}
 local heap_at, heap_task, heap_id, heap_n = {}, {}, {}, 0  -- timers: a binary min-heap
 local transfer_waiter = {}                      -- transfer -> task waiting for it
 local live = 0                                  -- tasks not finished
+local kick                                      -- see scheduler.set_kick
+local progress = 0                              -- see scheduler.progress
 local current                                   -- the task running now, or nil
 
 --- scheduler.engine([opts]): the engine, made on first use; opts (the
@@ -164,6 +166,8 @@ local function finish(task, ok, ...)
     group.members[task] = nil
   end
   task.state = "done"
+  progress = progress + 1
+  if kick then kick() end
   if ok then
     task.results = pack(...)
   else
@@ -291,6 +295,7 @@ local finished = {}
 -- transfers finished.
 function scheduler.poll(timeout)
   local _, n = scheduler.engine():poll(timeout, finished)
+  if n > 0 then progress = progress + 1 end
   for i = 1, n do
     local transfer = finished[i]
     finished[i] = nil
@@ -320,6 +325,7 @@ end
 local function transfers_running()
   return engine ~= nil and engine:running() > 0
 end
+scheduler.transfers_running = transfers_running
 
 -- Anything at all that could make progress: a ready task, a timer, or a
 -- transfer in flight.
@@ -375,15 +381,43 @@ function scheduler.step(timeout)
   return live
 end
 
+scheduler.has_work = has_work
+
+--- seconds | nil = scheduler.timeout(): how long the scheduler may be left
+-- alone if the engine's descriptor stays quiet: 0 with a task ready, else
+-- until its next timer or the engine's own deadline; nil when nothing at
+-- all is due (only a socket, or another party, could change anything).
+function scheduler.timeout()
+  if ready_n > 0 then return 0 end
+  fire_timers() -- due timers make tasks ready; stale ones go
+  if ready_n > 0 then return 0 end
+  local left = heap_n > 0 and max(0, heap_at[1] - now()) or nil
+  local engine_left = engine and engine:timeout()
+  if engine_left and (not left or engine_left < left) then left = engine_left end
+  return left
+end
+
+--- The scheduler as a pollable (the shape cqueues.poll takes, and
+-- luasocket's select): a host waits until its descriptor is readable or its
+-- timeout passes, then calls rw.step(0).
+scheduler.pollable = {
+  pollfd = function() return scheduler.engine():pollfd() end,
+  getfd = function() return scheduler.engine():pollfd() end,
+  dirty = function() return false end,
+  events = function() return "r" end,
+  timeout = function() return scheduler.timeout() end,
+}
+
 -- Drives the scheduler from outside any task until done() says so. Raises
 -- if nothing could ever change: every remaining task waits on another.
 -- With a deadline, gives up when it comes (done() still false), waiting it
 -- out even when nothing could change meanwhile, as a timeout promises.
+-- Answers whether done() came true.
 local function drive_until(done, deadline)
   while not done() do
     if deadline then
       local left = deadline - now()
-      if left <= 0 then return end
+      if left <= 0 then return false end
       turn(left)
     elseif not has_work() then
       error("ratewise: deadlock: the remaining tasks all wait for each other", 0)
@@ -391,6 +425,33 @@ local function drive_until(done, deadline)
       turn(huge)
     end
   end
+  return true
+end
+scheduler.drive_until = drive_until
+
+-- How code outside any task waits for done() (a join, a semaphore, a
+-- group): the waiting seam (runtime.lua) sets it for the host at hand;
+-- until then, the main thread's way.
+local outside_wait = drive_until
+
+--- scheduler.set_outside_wait(fn): fn(done, deadline) -> done() came true.
+function scheduler.set_outside_wait(fn)
+  outside_wait = fn
+end
+
+--- n = scheduler.progress(): a count that changes whenever something
+-- happens that code outside the tasks may be waiting for (a transfer
+-- ended, a task finished, a permit was released): a driver that wakes many
+-- waiters looks at their conditions only when it has changed.
+function scheduler.progress()
+  return progress
+end
+
+--- scheduler.set_kick(fn): fn is called when something happens that code
+-- outside the tasks may be waiting for (a permit released, a task
+-- finished), for a host whose waiters a driver of its own wakes (OpenResty's).
+function scheduler.set_kick(fn)
+  kick = fn
 end
 
 --- Waits `seconds`: as a task, by yielding; elsewhere, by driving the
@@ -462,8 +523,8 @@ function Task:join()
       joiners[#joiners + 1] = me.wait_id
       wait_here(me)
     else
-      self.awaited = true -- the main thread is joining: its failure is not lost
-      drive_until(function() return self.state == "done" end)
+      self.awaited = true -- joined from outside a task: its failure is not lost
+      outside_wait(function() return self.state == "done" end)
     end
   end
   return task_outcome(self)
@@ -527,8 +588,7 @@ function Semaphore:acquire(timeout)
   local me = scheduler.current()
   if not me then
     local function free() return self.available > 0 and self.head > self.tail end
-    drive_until(free, deadline)
-    if not free() then return false end
+    if not outside_wait(free, deadline) then return false end
     self.available = self.available - 1
     return true
   end
@@ -562,6 +622,8 @@ function Semaphore:release()
   end
   self.head, self.tail = 1, 0
   self.available = math.min(self.available + 1, self.size)
+  progress = progress + 1
+  if kick then kick() end
 end
 
 function Semaphore:__tostring()
@@ -582,7 +644,7 @@ local function await_group(group)
     end
     group.waiter = nil
   else
-    drive_until(function() return group.live == 0 end)
+    outside_wait(function() return group.live == 0 end)
   end
 end
 
@@ -607,7 +669,7 @@ function scheduler.run(fn, ...)
     -- Deadlocked (or this task was cancelled): end every task of the group,
     -- so that none is left waiting forever.
     for task in pairs(group.members) do task:cancel() end
-    if not scheduler.current() then drive_until(function() return group.live == 0 end) end
+    if not scheduler.current() then outside_wait(function() return group.live == 0 end) end
     error(err, 0)
   end
   if root.failed ~= nil then

@@ -1,0 +1,113 @@
+-- A host whose waiting code blocks on a signal of its own, woken by one
+-- driver: OpenResty (an ngx.semaphore per waiter, the driver a light
+-- thread of ngx.timer.at) and cqueues (a condition per waiter, the driver a
+-- coroutine of the controller). The driver runs the scheduler while
+-- anything is pending, and signals each waiter whose condition came true.
+-- Only it waits on the scheduler's descriptor: a thousand waiters would
+-- otherwise all wake for every socket that becomes ready (and cqueues, for
+-- one, does not wake two coroutines polling the same descriptor).
+local core = require "ratewise.core"
+local scheduler = require "ratewise.scheduler"
+
+local now = core.now
+local min, next, pairs, pcall, tostring, error = math.min, next, pairs, pcall, tostring, error
+
+local driven = {}
+
+-- While transfers are in flight, a driver that cannot wait on the
+-- descriptor (OpenResty's) steps the engine every NAP_FIRST seconds, and
+-- less often, up to NAP_MAX, while steps find nothing done: a server that
+-- takes seconds to answer costs next to no CPU, one that answers at once
+-- is seen within a millisecond. A driver with waiters for another party's
+-- doing and nothing due looks every IDLE seconds, unless kicked first.
+local NAP_FIRST, NAP_MAX, IDLE = 0.001, 0.016, 0.05
+
+--- host = driven.new(primitives): primitives are
+--   spawn(fn) -> ok, err     runs fn(premature) apart from the caller
+--   signal() -> s            a new signal
+--   wait(s, seconds | nil)   blocks the caller until s is posted, or the seconds passed
+--   post(s)                  wakes the one waiting on s
+--   block(kick, seconds | nil) the driver's wait: until the kick signal is
+--                            posted, the seconds passed, or (watches_fd)
+--                            the scheduler's descriptor is readable
+--   watches_fd               whether block sees the descriptor
+--   log(message)             reports a failure of the driver's step
+-- and host has await(done, deadline) and kick().
+function driven.new(p)
+  local waiters = {} -- waiter -> true: { done = fn, signal = s }
+  local driving = false
+  local kicked = p.signal()
+
+  local function driver(premature)
+    local seen, nap = nil, NAP_FIRST
+    while not premature do
+      local ok, err = pcall(scheduler.step, 0)
+      if not ok then p.log("ratewise: the driver's step failed: " .. tostring(err)) end
+      local progress = scheduler.progress()
+      if progress == seen then
+        nap = min(nap * 2, NAP_MAX)
+      else -- with a thousand waiters, most steps change nothing
+        seen, nap = progress, NAP_FIRST
+        for w in pairs(waiters) do
+          if w.done() then
+            waiters[w] = nil
+            p.post(w.signal)
+          end
+        end
+      end
+      local pending, in_flight, t = next(waiters) ~= nil, scheduler.transfers_running(), scheduler.timeout()
+      if not pending and not in_flight and not t then break end
+      if in_flight and not p.watches_fd and (not t or t > nap) then t = nap end
+      if not t and not p.watches_fd then t = IDLE end
+      p.block(kicked, t)
+    end
+    driving = false
+    if premature then -- the host is going away (an nginx worker exiting): nothing will be driven
+      for w in pairs(waiters) do
+        w.abandoned = true
+        p.post(w.signal)
+      end
+    end
+  end
+
+  local function start()
+    if driving then return end
+    local ok, err = p.spawn(driver)
+    if not ok then error("ratewise: cannot start the host's driver: " .. tostring(err), 0) end
+    driving = true
+  end
+
+  local host = {}
+
+  --- host.kick(): something happened that a waiter may wait for.
+  function host.kick()
+    if driving then p.post(kicked) end
+  end
+
+  --- done() came true = host.await(done, deadline)
+  function host.await(done, deadline)
+    if done() then return true end
+    local w = { done = done, signal = p.signal() }
+    waiters[w] = true
+    start()
+    while true do
+      local left = deadline and deadline - now()
+      if left and left <= 0 then
+        waiters[w] = nil
+        return false
+      end
+      p.wait(w.signal, left) -- posted by the driver; a time-out just looks again
+      if done() then
+        waiters[w] = nil
+        return true
+      end
+      if w.abandoned then error("ratewise: the host is going away (an nginx worker exiting); the wait ended", 0) end
+      waiters[w] = true
+      start()
+    end
+  end
+
+  return host
+end
+
+return driven

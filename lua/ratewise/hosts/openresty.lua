@@ -1,0 +1,76 @@
+-- The OpenResty host (ratewise/runtime.lua, rule 2), found with no
+-- configuration: the `ngx` API is there and the phase lets code yield.
+--   sleep: ngx.sleep, which lets the worker serve other requests meanwhile;
+--   waiting for a transfer (or a join, a semaphore, a group of tasks): the
+--   request waits on an ngx.semaphore of its own, posted by one driver per
+--   worker, a light thread of ngx.timer.at (ratewise/hosts/driven.lua).
+--   nginx's Lua cannot wait on a descriptor, so while transfers are in
+--   flight the driver looks every millisecond, less often while nothing
+--   happens (one loop per worker, not one per request); with none, it
+--   sleeps until the scheduler's next timer or a kick; with nothing
+--   pending, it ends;
+--   the phases that cannot yield (init, init_worker, set, header and body
+--   filters, log, balancer) raise a clear error instead of blocking the
+--   worker;
+--   the default retry line goes to nginx's error log.
+local driven = require "ratewise.hosts.driven"
+
+local format, rawget, tostring, type, error = string.format, rawget, tostring, type, error
+
+local openresty = {}
+
+-- The phases whose code may yield (ngx.sleep works there).
+local yielding = { rewrite = true, server_rewrite = true, access = true, content = true, timer = true,
+  ssl_cert = true, ssl_session_fetch = true, ssl_client_hello = true }
+
+local function ngx_api()
+  local ngx = rawget(_G, "ngx")
+  if type(ngx) == "table" and type(ngx.get_phase) == "function" then return ngx end
+  return nil
+end
+
+--- yes = openresty.active(): the code running now is OpenResty's and may
+-- wait; raises in a phase where it may not.
+function openresty.active()
+  local ngx = ngx_api()
+  if not ngx then return false end
+  local phase = ngx.get_phase()
+  if yielding[phase] then return true end
+  error(format("ratewise: cannot wait in nginx's %s phase, where code cannot yield: call it from a "
+    .. "rewrite, access or content handler, or from an ngx.timer.at callback", tostring(phase)), 0)
+end
+
+--- handled = openresty.log(line): the line in nginx's error log, as a warning.
+function openresty.log(line)
+  local ngx = ngx_api()
+  if not ngx then return false end
+  ngx.log(ngx.WARN, line)
+  return true
+end
+
+local host -- made at the first wait: ngx.semaphore is not there in every phase
+
+--- host = openresty.host()
+function openresty.host()
+  if host then return host end
+  local ngx = ngx_api()
+  local semaphore = require "ngx.semaphore"
+  host = driven.new {
+    spawn = function(fn) return ngx.timer.at(0, fn) end,
+    signal = function() return semaphore.new(0) end,
+    wait = function(s, seconds) s:wait(seconds or 60) end,
+    post = function(s) if s:count() < 1 then s:post(1) end end,
+    block = function(kick, seconds) kick:wait(seconds) end,
+    watches_fd = false,
+    log = function(message) ngx.log(ngx.ERR, message) end,
+  }
+  host.sleep = function(seconds) ngx.sleep(seconds) end
+  return host
+end
+
+--- openresty.kick(): wakes the driver (a permit released, a task ended).
+function openresty.kick()
+  if host then host.kick() end
+end
+
+return openresty

@@ -1,0 +1,137 @@
+-- ratewise inside OpenResty, with no configuration at all: a real nginx
+-- (Debian's, with the Lua module on LuaJIT) whose handlers call rw.fetch
+-- against the suite's test server. What the worker does while requests
+-- wait is measured from outside: another location's latency, and the
+-- worker's CPU time.
+local rw = require "ratewise"
+local server = require "spec.support.server"
+local nginx = require "spec.support.nginx"
+
+local function escape(s)
+  return (s:gsub("[^%w%-%._~]", function(c) return string.format("%%%02X", c:byte()) end))
+end
+
+local HTTP = [[
+  lua_shared_dict results 1m;
+]]
+
+local SERVER = [[
+    location = /fetch {
+      content_by_lua_block {
+        local rw = require "ratewise"
+        ngx.update_time()
+        local started = ngx.now()
+        local res, err = rw.fetch(ngx.unescape_uri(ngx.var.arg_url), { max_retries = 3 })
+        ngx.update_time()
+        ngx.say(res and res.status or ("error " .. tostring(err)), " ", res and res.attempts or 0, " ",
+          string.format("%.3f", ngx.now() - started))
+      }
+    }
+    location = /timer {
+      content_by_lua_block {
+        local ok, err = ngx.timer.at(0, function(premature, url)
+          local rw = require "ratewise"
+          local res, ferr = rw.fetch(url, { on_retry = false })
+          ngx.shared.results:set("timer", res and tostring(res.status) or tostring(ferr))
+        end, ngx.unescape_uri(ngx.var.arg_url))
+        ngx.say(ok and "started" or err)
+      }
+    }
+    location = /result {
+      content_by_lua_block { ngx.print(ngx.shared.results:get(ngx.var.arg_key) or "") }
+    }
+    location = /log_phase {
+      content_by_lua_block { ngx.say("ok") }
+      log_by_lua_block {
+        local rw = require "ratewise"
+        local ok, err = pcall(rw.fetch, ngx.unescape_uri(ngx.var.arg_url))
+        ngx.shared.results:set("log_phase", tostring(ok) .. " " .. tostring(err))
+      }
+    }
+]]
+
+describe("ratewise in OpenResty", function()
+  local s, n
+
+  setup(function()
+    s = server.start()
+    n = nginx.start { http = HTTP, server = SERVER }
+  end)
+  teardown(function()
+    if n then n:stop() end
+    s:stop()
+  end)
+  before_each(function() s:reset() end)
+
+  local function get(path)
+    local res, err = rw.fetch(n:url(path), { on_retry = false, max_retries = 0, timeout = 20 })
+    assert(res, err and tostring(err))
+    return res.body
+  end
+
+  it("waits out a Retry-After with ngx.sleep: the worker serves others meanwhile and uses almost no CPU",
+    function()
+      s:script("/busy", { { status = 429, headers = { ["Retry-After"] = "2" } }, { status = 200 } })
+      local pid = n:worker_pid()
+      local cpu_before = nginx.cpu_seconds(pid)
+      local answer, pings = nil, {}
+      rw.run(function()
+        local fetching = rw.spawn(function() return get("/fetch?url=" .. escape(s:url("/busy"))) end)
+        for _ = 1, 6 do
+          rw.sleep(0.25)
+          local started = rw.now()
+          assert.equal("pong", get("/_ping"))
+          pings[#pings + 1] = rw.now() - started
+        end
+        answer = fetching:join()
+      end)
+      local cpu = nginx.cpu_seconds(pid) - cpu_before
+      local status, attempts, took = answer:match("^(%d+) (%d+) ([%d.]+)")
+      assert.equal("200", status, answer)
+      assert.equal("2", attempts)
+      assert.is_true(tonumber(took) >= 2 and tonumber(took) < 3, answer)
+      for _, ping in ipairs(pings) do assert.is_true(ping < 0.1, "a /_ping took " .. ping .. " s") end
+      assert.is_true(cpu < 0.3, "the worker used " .. cpu .. " s of CPU")
+      local log = s:log("/busy")
+      assert.is_true(log[2].t - log[1].t >= 2)
+      -- the default retry line goes to nginx's error log
+      assert.matches("retrying GET http://127.0.0.1:%d+/busy in 2.00 s %(429", n:error_log())
+    end)
+
+  it("runs 20 concurrent 1 s fetches in one worker together", function()
+    s:script("/slow", { { status = 200, delay = 1 } })
+    local started = rw.now()
+    local urls = {}
+    for i = 1, 20 do urls[i] = "/fetch?url=" .. escape(s:url("/slow")) end
+    local answers = rw.map(urls, function(path) return get(path) end, { concurrency = 20 })
+    local took = rw.now() - started
+    for i = 1, 20 do assert.matches("^200 1 ", answers[i]) end
+    assert.is_true(took < 1.8, "20 fetches of 1 s took " .. took .. " s")
+    assert.equal(20, #s:log("/slow"))
+    assert.is_true(server.max_active(s:log("/slow")) >= 15)
+  end)
+
+  it("fetches from an ngx.timer.at callback", function()
+    assert.equal("started\n", get("/timer?url=" .. escape(s:url("/from-timer"))))
+    local deadline = rw.now() + 5
+    local got = ""
+    while got == "" and rw.now() < deadline do
+      rw.sleep(0.05)
+      got = get("/result?key=timer")
+    end
+    assert.equal("200", got)
+    assert.equal(1, #s:log("/from-timer"))
+  end)
+
+  it("refuses to wait in a phase that cannot yield, with a clear error, sending nothing", function()
+    assert.equal("ok\n", get("/log_phase?url=" .. escape(s:url("/never"))))
+    local deadline = rw.now() + 5
+    local got = ""
+    while got == "" and rw.now() < deadline do
+      rw.sleep(0.05)
+      got = get("/result?key=log_phase")
+    end
+    assert.matches("^false ratewise: cannot wait in nginx's log phase", got)
+    assert.equal(0, #s:log("/never"))
+  end)
+end)

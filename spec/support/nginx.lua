@@ -1,0 +1,144 @@
+--- A private nginx with the Lua module (OpenResty's stack from Debian:
+-- nginx, libnginx-mod-http-lua, lua-resty-core, LuaJIT from luajit2), for
+-- the OpenResty specs:
+--
+--   local nginx = require "spec.support.nginx"
+--   local n = nginx.start { http = "...", server = "..." }  -- config snippets
+--   n:url("/path"), n:error_log(), n:worker_pid(), n:stop()
+--
+-- ratewise comes from this tree: lua/ and the LuaJIT build of the core
+-- (RATEWISE_LUAJIT_CPATH, default ./build-luajit/?.so).
+local socket = require "socket"
+
+local M = {}
+
+M.MODULES = "/usr/lib/nginx/modules"
+
+local function read_file(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local data = f:read("*a")
+  f:close()
+  return data
+end
+
+local function free_port()
+  local s = assert(socket.bind("127.0.0.1", 0))
+  local _, port = s:getsockname()
+  s:close()
+  return tonumber(port)
+end
+
+local function cwd()
+  local p = assert(io.popen("pwd"))
+  local dir = p:read("*l")
+  p:close()
+  return dir
+end
+
+-- os.execute's answer as a boolean: 5.1 and LuaJIT give the status (0 is
+-- success, and every number is true), later Luas true or nil.
+local function run(command)
+  local ok = os.execute(command)
+  return ok == true or ok == 0
+end
+
+local Nginx = {}
+Nginx.__index = Nginx
+
+--- n = nginx.start{http = snippet, server = snippet}: starts nginx (one
+-- worker) listening on a free port of 127.0.0.1, with the snippets in its
+-- http and server blocks; waits until it answers.
+function M.start(opts)
+  local root = cwd()
+  local cpath = os.getenv("RATEWISE_LUAJIT_CPATH") or "./build-luajit/?.so"
+  if cpath:sub(1, 2) == "./" then cpath = root .. cpath:sub(2) end
+  local dir = os.tmpname()
+  os.remove(dir)
+  assert(run("mkdir -p " .. dir .. "/conf " .. dir .. "/logs"))
+  local port = free_port()
+  local conf = table.concat({
+    "load_module " .. M.MODULES .. "/ndk_http_module.so;",
+    "load_module " .. M.MODULES .. "/ngx_http_lua_module.so;",
+    "worker_processes 1;",
+    "user root;",
+    "pid " .. dir .. "/logs/nginx.pid;",
+    "error_log " .. dir .. "/logs/error.log info;",
+    "events { worker_connections 4096; }",
+    "http {",
+    "  access_log off;",
+    "  client_body_temp_path " .. dir .. "/body;",
+    "  proxy_temp_path " .. dir .. "/proxy;",
+    "  fastcgi_temp_path " .. dir .. "/fastcgi;",
+    "  uwsgi_temp_path " .. dir .. "/uwsgi;",
+    "  scgi_temp_path " .. dir .. "/scgi;",
+    '  lua_package_path "' .. root .. "/lua/?.lua;" .. root .. '/lua/?/init.lua;;";',
+    '  lua_package_cpath "' .. cpath .. ';;";',
+    opts.http or "",
+    "  server {",
+    "    listen 127.0.0.1:" .. port .. ";",
+    '    location = /_ping { return 200 "pong"; }',
+    "    location = /_pid { content_by_lua_block { ngx.print(ngx.worker.pid()) } }",
+    opts.server or "",
+    "  }",
+    "}",
+  }, "\n")
+  local f = assert(io.open(dir .. "/conf/nginx.conf", "w"))
+  f:write(conf)
+  f:close()
+  local n = setmetatable({ dir = dir, port = port, base = "http://127.0.0.1:" .. port }, Nginx)
+  if not run("nginx -p " .. dir .. " -c conf/nginx.conf 2>" .. dir .. "/start.log") then
+    error("nginx did not start:\n" .. (read_file(dir .. "/start.log") or "") .. (n:error_log() or ""), 2)
+  end
+  local http = require "socket.http"
+  local deadline = socket.gettime() + 5
+  while true do
+    local body = http.request(n.base .. "/_ping")
+    if body == "pong" then break end
+    if socket.gettime() > deadline then
+      n:stop()
+      error("nginx does not answer:\n" .. (n:error_log() or ""), 2)
+    end
+    socket.sleep(0.05)
+  end
+  return n
+end
+
+function Nginx:url(path)
+  return self.base .. path
+end
+
+function Nginx:error_log()
+  return read_file(self.dir .. "/logs/error.log")
+end
+
+--- The worker's pid (there is one).
+function Nginx:worker_pid()
+  local http = require "socket.http"
+  return tonumber((http.request(self.base .. "/_pid")))
+end
+
+--- Seconds of CPU the process pid has used (user and system), from /proc.
+function M.cpu_seconds(pid)
+  local stat = read_file("/proc/" .. pid .. "/stat")
+  local fields = {}
+  for field in stat:match("%) (.*)$"):gmatch("%S+") do fields[#fields + 1] = field end
+  -- after "(comm)": state is field 1, utime field 12, stime field 13 (in clock ticks)
+  return (tonumber(fields[12]) + tonumber(fields[13])) / 100
+end
+
+--- Stops nginx (QUIT, then KILL after 3 s) and removes its folder. Idempotent.
+function Nginx:stop()
+  if self.stopped then return end
+  self.stopped = true
+  local pid = tonumber(read_file(self.dir .. "/logs/nginx.pid") or "")
+  if pid then
+    os.execute("kill -QUIT " .. pid .. " 2>/dev/null")
+    local deadline = socket.gettime() + 3
+    while socket.gettime() < deadline and run("kill -0 " .. pid .. " 2>/dev/null") do socket.sleep(0.02) end
+    os.execute("kill -KILL " .. pid .. " 2>/dev/null")
+  end
+  os.execute("rm -rf " .. self.dir)
+end
+
+return M
