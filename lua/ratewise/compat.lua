@@ -31,7 +31,12 @@ local runs_for = setmetatable({}, { __mode = "k" })
 --- co = compat.running(): the running coroutine, nil in the main thread
 -- (whatever the Lua), seen through the coroutines that compat.pcall runs
 -- functions in: the task's own coroutine, which the scheduler knows.
+--- co = compat.coroutine_of_task(): for telling whether the code running
+-- now is a given task's (co == task.co): coroutine.running itself where
+-- compat.pcall is the built-in pcall (a comparison needs no nil for the
+-- main thread), compat.running on Lua 5.1.
 if yields_through_pcall then
+  compat.coroutine_of_task = running
   function compat.running()
     local co, main = running()
     if main then return nil end
@@ -43,6 +48,7 @@ else
     while co and runs_for[co] do co = runs_for[co] end
     return co
   end
+  compat.coroutine_of_task = compat.running
 end
 
 -- Passes the helper's yields on to the caller's coroutine, and what

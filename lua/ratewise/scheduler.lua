@@ -6,7 +6,7 @@ local core = require "ratewise.core"
 
 local now = core.now
 local create, resume, yield, status = coroutine.create, coroutine.resume, coroutine.yield, coroutine.status
-local running, unpack, pack = compat.running, compat.unpack, compat.pack
+local running, unpack, pack = compat.coroutine_of_task, compat.unpack, compat.pack
 local format, huge, min, max = string.format, math.huge, math.min, math.max
 local type, tostring, setmetatable = type, tostring, setmetatable
 
