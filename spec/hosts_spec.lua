@@ -188,20 +188,27 @@ describe("the waiting seam", function()
           if rw.fetch(s:url("/frame"), quiet) then answered = answered + 1 end
         end)
       end
-      local worst, steps = 0, 0
+      -- the frames in which all 100 wait: not the first (which starts
+      -- them), nor those in which responses arrive (which build them)
+      local worst_waiting, waiting_frames, live = 0, 0, 100
       local deadline = rw.now() + 10
+      local first = true
       repeat
         local started = rw.now()
-        local live = rw.step(0)
-        worst = math.max(worst, rw.now() - started)
-        steps = steps + 1
+        local after = rw.step(0)
+        local took = rw.now() - started
+        if not first and after == live and after == 100 then
+          worst_waiting = math.max(worst_waiting, took)
+          waiting_frames = waiting_frames + 1
+        end
+        first, live = false, after
         socket.sleep(1 / 60)
       until live == 0 or rw.now() > deadline
       assert.equal(100, answered)
-      -- bench/hosts.lua measures it (under a millisecond); a shared
-      -- machine gets room here
-      assert.is_true(worst < 0.02, "the slowest step took " .. worst .. " s")
-      assert.is_true(steps > 20)
+      -- bench/hosts.lua measures it (a millisecond or so at most); a shared
+      -- machine, and ASan's build, get room here
+      assert.is_true(worst_waiting < 0.02, "the slowest step took " .. worst_waiting .. " s")
+      assert.is_true(waiting_frames > 10, waiting_frames .. " frames")
     end)
   end)
 end)
