@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <sys/epoll.h>
@@ -94,6 +95,7 @@ typedef struct engine {
     unsigned char *watch; /* by descriptor: WATCH_* (see engine_on_watch) */
     size_t nwatch;
     double timer_at; /* when libcurl asked to be called back (HUGE_VAL: it did not) */
+    int coarse_wait; /* the kernel has no epoll_pwait2: waits are whole milliseconds */
 #ifdef RW_FAULTS
     CURLMcode fail_next; /* RW_FAULTS builds: the next drive fails with this */
 #endif
@@ -587,16 +589,41 @@ static void engine_drain(engine *e)
 
 #define ENGINE_EVENTS 64
 
-/* Waits at most wait_ms (0: not at all) for a socket libcurl watches, lets
+/* Waits at most `seconds` for a socket libcurl watches, to the microsecond
+ * where the kernel can (epoll_pwait2, Linux 5.11): a bucket spacing requests
+ * 5 ms apart must not send them 4 or 6 ms apart, as waits rounded up to
+ * whole milliseconds of epoll_wait would. */
+static int engine_wait(engine *e, struct epoll_event *ev, int max, double seconds)
+{
+    long ms;
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 35))
+    if (!e->coarse_wait && seconds > 0) {
+        struct timespec ts;
+        int n;
+        if (seconds > RW_MAX_SECONDS) seconds = RW_MAX_SECONDS;
+        ts.tv_sec = (time_t)seconds;
+        ts.tv_nsec = (long)((seconds - (double)ts.tv_sec) * 1e9);
+        if (ts.tv_nsec > 999999999L) ts.tv_nsec = 999999999L;
+        n = epoll_pwait2(e->epfd, ev, max, &ts, NULL);
+        if (n >= 0 || errno != ENOSYS) return n;
+        e->coarse_wait = 1;
+    }
+#endif
+    if (seconds <= 0) return epoll_wait(e->epfd, ev, max, 0);
+    ms = transfer_ms(seconds);
+    return epoll_wait(e->epfd, ev, max, ms > INT_MAX ? INT_MAX : (int)ms);
+}
+
+/* Waits at most `seconds` (0: not at all) for a socket libcurl watches, lets
  * libcurl act on the sockets that are ready and on its timer if it is due,
  * then gathers what finished. A failure of the multi handle (or of epoll)
  * ends every running transfer with it. */
-static void engine_drive(engine *e, int wait_ms)
+static void engine_drive(engine *e, double seconds)
 {
     struct epoll_event ev[ENGINE_EVENTS];
     CURLMcode mc = CURLM_OK;
     int n, i, running;
-    n = epoll_wait(e->epfd, ev, ENGINE_EVENTS, wait_ms);
+    n = engine_wait(e, ev, ENGINE_EVENTS, seconds);
     if (n < 0) {
         n = 0;
         if (errno != EINTR) mc = CURLM_UNRECOVERABLE_POLL;
@@ -857,9 +884,8 @@ static int engine_l_poll(lua_State *L)
     engine_drive(e, 0);
     if (!e->finished.head && timeout > 0) {
         double until = engine_deadline(e);
-        long ms = transfer_ms(timeout);
-        if (until >= 0 && until < timeout) ms = until > 0 ? transfer_ms(until) : 0;
-        engine_drive(e, ms > INT_MAX ? INT_MAX : (int)ms);
+        if (until >= 0 && until < timeout) timeout = until > 0 ? until : 0;
+        engine_drive(e, timeout);
     }
     n = engine_report(L, e, out);
     lua_pushinteger(L, n);
