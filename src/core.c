@@ -132,6 +132,28 @@ static int core_l_random_bytes(lua_State *L)
     return 1;
 }
 
+/* core.random() -> a number in [0, 1) from the kernel's generator (53
+ * bits), or nil, err. What jitters waits: math.random is seeded alike in
+ * every process on Lua 5.1, 5.3 and LuaJIT (nginx's workers included), so
+ * processes that met the same 429 would draw the same waits and come back
+ * together, which jitter is there to prevent. */
+static int core_l_random(lua_State *L)
+{
+    unsigned char buf[7];
+    const char *source = "";
+    double x = 0;
+    int i, err = core_entropy(buf, sizeof buf, &source);
+    if (err != 0) {
+        lua_pushnil(L);
+        lua_pushfstring(L, "no random bytes to be had: %s: %s", source, strerror(err));
+        return 2;
+    }
+    buf[0] &= 0x1f; /* 5 + 6 * 8 = 53 bits: a double holds them exactly */
+    for (i = 0; i < 7; i++) x = x * 256.0 + buf[i];
+    lua_pushnumber(L, ldexp(x, -53));
+    return 1;
+}
+
 #ifdef RW_STACK_CHECK
 /* The stack checks of RW_STACK_CHECK builds (see ratewise.h). */
 #include <stdio.h>
@@ -223,6 +245,7 @@ int luaopen_ratewise_core(lua_State *L)
         { "time", core_l_time },
         { "malloc_in_use", core_l_malloc_in_use },
         { "random_bytes", core_l_random_bytes },
+        { "random", core_l_random },
         { NULL, NULL }
     };
     luaL_checkversion(L);

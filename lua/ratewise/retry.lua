@@ -42,6 +42,15 @@ local function check_options(fn, opts, known)
   return opts
 end
 
+--- u = retry.random(): a number in [0, 1) from the kernel's generator
+-- (core.random): never math.random, which every process on Lua 5.1, 5.3
+-- and LuaJIT starts from the same seed, so that processes that met the
+-- same 429 would draw the same waits. math.random only if the kernel has
+-- no randomness to give.
+function retry.random()
+  return core.random() or random()
+end
+
 local function draw(fn, rand)
   local u = rand()
   if type(u) ~= "number" or not (u >= 0 and u < 1) then
@@ -59,7 +68,7 @@ local function backoff(fn, attempt, opts)
     error(format("%s: option 'jitter' must be one of none, full, equal, decorrelated (got %s)",
       fn, tostring(jitter)), 3)
   end
-  local rand = opts.random or random
+  local rand = opts.random or retry.random
   if type(rand) ~= "function" then
     error(format("%s: option 'random' must be a function (got %s)", fn, type(rand)), 3)
   end
