@@ -1,10 +1,21 @@
 /*
  * ratewise.Bucket: a token bucket on the monotonic clock.
  *
- * Waiters are served first come, first served by reservation: acquire takes
- * its tokens at once, letting the balance go negative, and is told how long
- * until that debt is repaid. Each later waiter sees the larger debt and so
- * waits longer, which orders them without a queue (as in Go's rate.Limiter).
+ * Waiters are served first come, first served, in a queue kept as two
+ * running totals: `queued` counts every token ever reserved, `served` every
+ * token taken or given up from the queue. A reservation's ticket is the
+ * value of `queued` once its tokens are counted in, so it is served once
+ * the tokens in the bucket cover everything queued up to its ticket and
+ * not yet served. A waiter is told how long that will take if every waiter
+ * before it takes its tokens on time, sleeps, and claims; a claim that
+ * comes too early (because one before it woke late) is told how much
+ * longer to wait. Tokens are counted when they are taken, not when they are
+ * reserved, and a full bucket stops filling: a waiter that wakes late
+ * pushes the ones after it back, exactly as the server's own bucket sees
+ * the requests. (Reserving tokens ahead of time, as Go's rate.Limiter does,
+ * lets a late waiter and an on-time one after it send two requests less
+ * than a token apart: against a server whose bucket holds one token, that
+ * was a third of all requests answered 429.)
  * The core only answers "how long"; the Lua layer does the waiting.
  *
  * Every wait it reports is finite: a rate so small that one token would
@@ -22,6 +33,7 @@
 #include "ratewise.h"
 
 #define BUCKET_MT "ratewise.Bucket"
+#define PLACE_MT "ratewise.BucketPlace"
 
 /* How far one sync may push the next token, unless the bucket says
  * otherwise: a day, longer than any quota window APIs document (GitHub's
@@ -34,11 +46,25 @@
 typedef struct bucket {
     double capacity;  /* burst size */
     double rate;      /* tokens per second */
-    double tokens;    /* balance; negative while reservations are pending */
+    double tokens;    /* in the bucket, at most capacity (below 0 after a sync) */
     double updated;   /* monotonic time of the last refill */
+    double queued;    /* tokens ever reserved by waiters (see above) */
+    double served;    /* of those, taken or given up */
     double horizon;   /* sync never puts the next token further off than this */
+    int slow_down;    /* slows down after a throttle (bucket.lua's observe) */
     int closed;
 } bucket;
+
+/* A waiter's place in the queue (what b:reserve hands out). It holds its
+ * bucket in its user value, and gives its place up when it is collected
+ * unclaimed: a waiter whose coroutine was dropped (a plain coroutine host,
+ * a game that abandons a scene) must not hold the queue forever. */
+typedef struct place {
+    double ticket;    /* the value of `queued` once its tokens were counted in */
+    double n;         /* the tokens it waits for */
+    bucket *b;
+    int done;         /* claimed or given up */
+} place;
 
 static void bucket_refill(bucket *b)
 {
@@ -57,6 +83,30 @@ static double bucket_wait(const bucket *b, double n)
     if (b->tokens >= n) return 0.0;
     wait = (n - b->tokens) / b->rate;
     return wait < RW_MAX_SECONDS ? wait : RW_MAX_SECONDS;
+}
+
+/* Tokens reserved by waiters and not yet taken. */
+static double bucket_pending(const bucket *b)
+{
+    double pending = b->queued - b->served;
+    return pending > 0 ? pending : 0.0;
+}
+
+/* What must be in the bucket before the holder of `ticket`, reserving n,
+ * may take its tokens: everything queued up to it and not yet served. */
+static double bucket_needed(const bucket *b, double ticket, double n)
+{
+    double ahead = ticket - b->served;
+    return ahead > n ? ahead : n;
+}
+
+/* Some tokens left the queue (each place leaves it once). Once it is
+ * empty, both totals start again from zero, so that they never grow past a
+ * double's precision. */
+static void bucket_dequeue(bucket *b, double n)
+{
+    b->served += n;
+    if (b->served >= b->queued) b->queued = b->served = 0.0;
 }
 
 static bucket *bucket_check(lua_State *L)
@@ -105,19 +155,25 @@ static int bucket_l_new(lua_State *L)
 {
     bucket *b;
     double capacity, rate, horizon;
+    int slow_down;
     luaL_checktype(L, 1, LUA_TTABLE);
     lua_pushnil(L);
     while (lua_next(L, 1)) {
         const char *key = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : NULL;
         if (!key || (strcmp(key, "capacity") != 0 && strcmp(key, "rate") != 0
-                     && strcmp(key, "sync_horizon") != 0))
-            return luaL_error(L, "bucket: unknown option '%s' (expected capacity, rate, sync_horizon)",
+                     && strcmp(key, "sync_horizon") != 0 && strcmp(key, "slow_down") != 0))
+            return luaL_error(L, "bucket: unknown option '%s' (expected capacity, rate, sync_horizon, slow_down)",
                               luaL_tolstring(L, -2, NULL));
         lua_pop(L, 1);
     }
     capacity = bucket_field(L, "capacity", -1);
     rate = bucket_field(L, "rate", -1);
     horizon = bucket_field(L, "sync_horizon", BUCKET_DEFAULT_SYNC_HORIZON);
+    lua_getfield(L, 1, "slow_down");
+    if (!lua_isnil(L, -1) && !lua_isboolean(L, -1))
+        return luaL_error(L, "bucket: option 'slow_down' must be a boolean (got %s)", luaL_typename(L, -1));
+    slow_down = !lua_isboolean(L, -1) || lua_toboolean(L, -1);
+    lua_pop(L, 1);
     /* Refilling a token (or the whole bucket, when it holds more than one)
      * must take a finite time, or every wait on the bucket would be inf. */
     if ((capacity > 1 ? capacity : 1) / rate > RW_MAX_SECONDS)
@@ -135,42 +191,120 @@ static int bucket_l_new(lua_State *L)
     b->rate = rate;
     b->tokens = capacity; /* a new bucket starts full */
     b->updated = rw_clock_monotonic();
+    b->queued = b->served = 0.0;
     b->horizon = horizon;
+    b->slow_down = slow_down;
     b->closed = 0;
     luaL_setmetatable(L, BUCKET_MT);
     return 1;
 }
 
-/* b:take([n]) -> true | false, seconds until n tokens could be there */
+/* b:take([n]) -> true | false, seconds until n tokens could be there.
+ * Never ahead of the waiters in the queue. */
 static int bucket_l_take(lua_State *L)
 {
     bucket *b = bucket_check(L);
     double n = bucket_check_count(L, b, 2);
+    double needed;
     bucket_refill(b);
-    if (b->tokens >= n) {
+    needed = bucket_pending(b) + n;
+    if (b->tokens >= needed) {
         b->tokens -= n;
         lua_pushboolean(L, 1);
         return 1;
     }
     lua_pushboolean(L, 0);
-    lua_pushnumber(L, bucket_wait(b, n));
+    lua_pushnumber(L, bucket_wait(b, needed));
     return 2;
 }
 
-/* b:reserve([n]) -> seconds the caller must wait before using the n tokens
- * it now holds (0: use them at once). */
+/* b:reserve([n]) -> 0 when the n tokens were taken at once, or seconds to
+ * wait and the waiter's place in the queue, to claim (or cancel) when the
+ * wait is over. */
 static int bucket_l_reserve(lua_State *L)
 {
     bucket *b = bucket_check(L);
     double n = bucket_check_count(L, b, 2);
+    place *p;
     bucket_refill(b);
-    b->tokens -= n;
-    lua_pushnumber(L, bucket_wait(b, 0.0));
+    if (b->queued <= b->served && b->tokens >= n) {
+        b->tokens -= n;
+        lua_pushnumber(L, 0.0);
+        return 1;
+    }
+    /* The place is made before the queue grows: a memory error here
+     * leaves the queue as it was. */
+    p = (place *)lua_newuserdatauv(L, sizeof *p, 1);
+    p->n = n;
+    p->b = b;
+    p->done = 1;
+    luaL_setmetatable(L, PLACE_MT);
+    lua_pushvalue(L, 1);
+    lua_setiuservalue(L, -2, 1); /* the bucket lives as long as the place */
+    b->queued += n;
+    p->ticket = b->queued;
+    p->done = 0;
+    lua_pushnumber(L, bucket_wait(b, bucket_needed(b, p->ticket, n)));
+    lua_insert(L, -2);
+    return 2;
+}
+
+/* The place at arg, which must be one of this bucket's. */
+static place *bucket_check_place(lua_State *L, bucket *b, int arg)
+{
+    place *p = (place *)luaL_checkudata(L, arg, PLACE_MT);
+    luaL_argcheck(L, p->b == b, arg, "a place in another bucket's queue");
+    return p;
+}
+
+/* Gives the place up, once: the ones after it move up. */
+static int bucket_l_place_close(lua_State *L)
+{
+    place *p = (place *)luaL_checkudata(L, 1, PLACE_MT);
+    if (!p->done) {
+        p->done = 1;
+        bucket_dequeue(p->b, p->n);
+    }
+    return 0;
+}
+
+/* b:claim(place) -> 0 when its tokens were taken, or seconds to wait before
+ * claiming again (a waiter before this one has not taken its tokens yet,
+ * or a sync emptied the bucket). */
+static int bucket_l_claim(lua_State *L)
+{
+    bucket *b = bucket_check(L);
+    place *p = bucket_check_place(L, b, 2);
+    double needed;
+    luaL_argcheck(L, !p->done, 2, "this place was already claimed or given up");
+    bucket_refill(b);
+    needed = bucket_needed(b, p->ticket, p->n);
+    /* A waiter that finds the bucket full while those ahead of it have not
+     * claimed goes first: they are late by a whole bucket, or gone (a
+     * place is given up when it is collected, which may be much later). */
+    if (b->tokens >= needed || (b->tokens >= b->capacity && b->tokens >= p->n)) {
+        b->tokens -= p->n;
+        p->done = 1;
+        bucket_dequeue(b, p->n);
+        lua_pushnumber(L, 0.0);
+    } else {
+        lua_pushnumber(L, bucket_wait(b, needed));
+    }
     return 1;
 }
 
-/* b:refund([n]): give back tokens of a reservation that will not be used
- * (a waiter that was cancelled). */
+/* b:cancel(place): a waiter gives its place up (it was cancelled, or will
+ * not wait that long). Giving up a place twice does nothing. */
+static int bucket_l_cancel(lua_State *L)
+{
+    bucket *b = bucket_check(L);
+    (void)bucket_check_place(L, b, 2);
+    lua_settop(L, 2);
+    lua_remove(L, 1);
+    return bucket_l_place_close(L);
+}
+
+/* b:refund([n]): gives back tokens that were taken and will not be used. */
 static int bucket_l_refund(lua_State *L)
 {
     bucket *b = bucket_check(L);
@@ -181,20 +315,22 @@ static int bucket_l_refund(lua_State *L)
     return 0;
 }
 
-/* b:wait_time([n]) -> seconds until n tokens are there (0: now), taking
- * nothing: what a caller that needs several buckets at once asks each. */
+/* b:wait_time([n]) -> seconds until n tokens are there for a caller
+ * behind the queue (0: now), taking nothing: what a caller that needs
+ * several buckets at once asks each. */
 static int bucket_l_wait_time(lua_State *L)
 {
     bucket *b = bucket_check(L);
     double n = bucket_check_count(L, b, 2);
     bucket_refill(b);
-    lua_pushnumber(L, bucket_wait(b, n));
+    lua_pushnumber(L, bucket_wait(b, bucket_pending(b) + n));
     return 1;
 }
 
 /* b:sync(remaining [, reset_in]): what the server says of its own quota.
- * The balance is lowered to `remaining` (never raised: the client's view may
- * be stricter); with nothing remaining, the next token is put off until the
+ * The tokens in the bucket are lowered to `remaining` (never raised: the
+ * client's view may be stricter), and the waiters in the queue take them
+ * first; with nothing remaining, the next token is put off until the
  * server's reset, `reset_in` seconds from now, but never further than the
  * bucket's sync_horizon: a reset years away is a broken or hostile server
  * (or a clock), and believing it would stall every caller of the bucket. */
@@ -209,20 +345,35 @@ static int bucket_l_sync(lua_State *L)
     if (remaining >= 1) {
         if (b->tokens > remaining) b->tokens = remaining;
     } else {
-        /* A reservation of one token made now must wait reset_in. */
+        /* The next token comes reset_in from now. */
         double held = 1.0 - (reset_in > b->horizon ? b->horizon : reset_in) * b->rate;
         if (b->tokens > held) b->tokens = held;
     }
     return 0;
 }
 
-/* b:tokens() -> the balance now (negative while waiters hold reservations) */
+/* b:tokens() -> the balance now: the tokens in the bucket less those the
+ * waiters in the queue have reserved (negative while they wait). */
 static int bucket_l_tokens(lua_State *L)
 {
     bucket *b = bucket_check(L);
     bucket_refill(b);
-    lua_pushnumber(L, b->tokens);
+    lua_pushnumber(L, b->tokens - bucket_pending(b));
     return 1;
+}
+
+/* b:set_rate(rate): the rate from now on (what came in at the old rate
+ * stays). The adaptive limiters move it; anyone may. */
+static int bucket_l_set_rate(lua_State *L)
+{
+    bucket *b = bucket_check(L);
+    lua_Number rate = luaL_checknumber(L, 2);
+    luaL_argcheck(L, rate > 0 && isfinite(rate), 2, "rate must be a positive number");
+    luaL_argcheck(L, rate <= BUCKET_MAX_RATE, 2, "rate is too large");
+    luaL_argcheck(L, (b->capacity > 1 ? b->capacity : 1) / rate <= RW_MAX_SECONDS, 2, "rate is too small");
+    bucket_refill(b);
+    b->rate = rate;
+    return 0;
 }
 
 static int bucket_l_capacity(lua_State *L)
@@ -234,6 +385,12 @@ static int bucket_l_capacity(lua_State *L)
 static int bucket_l_rate(lua_State *L)
 {
     lua_pushnumber(L, bucket_check(L)->rate);
+    return 1;
+}
+
+static int bucket_l_slows_down(lua_State *L)
+{
+    lua_pushboolean(L, bucket_check(L)->slow_down);
     return 1;
 }
 
@@ -264,13 +421,17 @@ void rw_bucket_register(lua_State *L)
     static const luaL_Reg methods[] = {
         { "take", bucket_l_take },
         { "reserve", bucket_l_reserve },
+        { "claim", bucket_l_claim },
+        { "cancel", bucket_l_cancel },
         { "refund", bucket_l_refund },
         { "wait_time", bucket_l_wait_time },
         { "sync", bucket_l_sync },
         { "tokens", bucket_l_tokens },
         { "capacity", bucket_l_capacity },
         { "rate", bucket_l_rate },
+        { "set_rate", bucket_l_set_rate },
         { "sync_horizon", bucket_l_sync_horizon },
+        { "slows_down", bucket_l_slows_down },
         { "close", bucket_l_close },
         { NULL, NULL }
     };
@@ -280,6 +441,14 @@ void rw_bucket_register(lua_State *L)
         { "__tostring", bucket_l_tostring },
         { NULL, NULL }
     };
+    static const luaL_Reg place_metamethods[] = {
+        { "__gc", bucket_l_place_close },
+        { "__close", bucket_l_place_close },
+        { NULL, NULL }
+    };
+    luaL_newmetatable(L, PLACE_MT);
+    luaL_setfuncs(L, place_metamethods, 0);
+    lua_pop(L, 1);
     luaL_newmetatable(L, BUCKET_MT);
     luaL_setfuncs(L, metamethods, 0);
     lua_newtable(L);
