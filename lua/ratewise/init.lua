@@ -2,6 +2,7 @@
 -- The C core (ratewise.core) parses, classifies, counts tokens and runs
 -- transfers; the Lua modules here wire that into the public API.
 local core = require "ratewise.core"
+local adaptive = require "ratewise.adaptive"
 local bucket = require "ratewise.bucket"
 local circuit = require "ratewise.circuit"
 local client = require "ratewise.client"
@@ -33,8 +34,10 @@ local ratewise = {
   retry_delay = retry.delay,
   --- values = rw.header_values(res, name): each line of a repeated response header (Set-Cookie)
   header_values = headers.values,
-  --- bucket = rw.bucket{capacity = C, rate = R}
+  --- bucket = rw.bucket{capacity = C, rate = R [, slow_down = false]}
   bucket = bucket.new,
+  --- limiter = rw.adaptive{[rate = r] [, max_rate = m] [, min_rate = f] [, burst = b] [, beta = x]}
+  adaptive = adaptive.new,
   --- res | nil, err = rw.fetch(url [, opts])
   fetch = fetch.fetch,
   --- seconds on the monotonic clock

@@ -253,6 +253,18 @@ function Limiters:sync(remaining, reset_in)
   end
 end
 
+--- l:observe(res [, sent_at]): what fetch tells of each response goes to
+-- every member that learns from it (a throttle may be any of the limits).
+function Limiters:observe(res, sent_at)
+  local each, by_cost = self.each, self.by_cost
+  for i = 1, #each do
+    if type(each[i].observe) == "function" then each[i]:observe(res, sent_at) end
+  end
+  for i = 1, #by_cost do
+    if type(by_cost[i].observe) == "function" then by_cost[i]:observe(res, sent_at) end
+  end
+end
+
 Limiters.__tostring = function(l)
   return format("ratewise.Limiters (%d taking 1, %d taking the cost)", #l.each, #l.by_cost)
 end

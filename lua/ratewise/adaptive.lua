@@ -1,0 +1,155 @@
+-- rw.adaptive{...}: a limiter that learns the server's rate from its
+-- answers instead of being told it. A token bucket (bucket.lua) whose rate
+-- a CUBIC controller (cubic.lua) moves: down after a throttle, up while
+-- requests succeed. fetch tells it of every response through observe.
+local bucket = require "ratewise.bucket"
+local core = require "ratewise.core"
+local cubic = require "ratewise.cubic"
+
+local now = core.now
+local format, huge = string.format, math.huge
+local type, tostring, pairs, error, setmetatable = type, tostring, pairs, error, setmetatable
+
+local adaptive = {}
+
+-- The least rate it falls to (requests a second), unless min_rate says
+-- otherwise: AWS's 0.5.
+local MIN_RATE = 0.5
+-- The drop for a throttle below the rate that drew the last one, unless
+-- near says otherwise: the limit is known by then, and such a throttle is
+-- jitter bringing two requests too close (cubic.lua). Measured in bench/
+-- (docs/limits.md): 82-84 % of the server's rate with it, 68-79 % when
+-- every throttle dropped the rate to 0.7 of itself.
+local NEAR = 0.95
+
+local Adaptive = {}
+Adaptive.__index = Adaptive
+Adaptive.__name = "ratewise.Adaptive"
+
+local known_options = { rate = true, max_rate = true, min_rate = true, burst = true, beta = true, near = true }
+
+local function positive(opts, name)
+  local v = opts[name]
+  if v ~= nil and (type(v) ~= "number" or v ~= v or v <= 0 or v == huge) then
+    error(format("adaptive: option '%s' must be a positive number (got %s)", name, tostring(v)), 3)
+  end
+  return v
+end
+
+-- The bucket follows the controller.
+local function follow(self, t)
+  local rate = self.controller:current(t, self.bucket:tokens() < 0)
+  if rate ~= self.bucket:rate() then self.bucket:set_rate(rate) end
+end
+
+-- The pace of the bucket's queue (bucket.queue). In slow start the rate
+-- doubles about every round trip, while a waiter's wait was reckoned at
+-- the rate it found: sixteen waiters at 10 a second would sleep for 1.6 s
+-- and send at 10 a second all that time. So in slow start a waiter looks
+-- again after two tokens' time; afterwards the rate moves slowly and a
+-- waiter sleeps its whole wait (a drop only makes its claim come early).
+local Pace = {}
+Pace.__index = Pace
+
+function Pace:nap(wait)
+  local controller = self.limiter.controller
+  if not controller.slow then return wait end
+  local nap = 2 / controller.rate
+  return nap < wait and nap or wait
+end
+
+function Pace:follow()
+  follow(self.limiter, now())
+end
+
+--- limiter = rw.adaptive{[rate = r] [, max_rate = m] [, min_rate = f] [, burst = b] [, beta = x]}
+function adaptive.new(opts)
+  if opts == nil then opts = {} end
+  if type(opts) ~= "table" then
+    error(format("adaptive: options must be a table (got %s)", type(opts)), 2)
+  end
+  for k in pairs(opts) do
+    if not known_options[k] then
+      error(format("adaptive: unknown option '%s' (expected rate, max_rate, min_rate, burst, beta)", tostring(k)), 2)
+    end
+  end
+  local max_rate, min_rate = positive(opts, "max_rate"), positive(opts, "min_rate") or MIN_RATE
+  local burst = positive(opts, "burst") or 1
+  local start = positive(opts, "rate") or max_rate or cubic.START
+  local beta = opts.beta
+  if beta ~= nil and (type(beta) ~= "number" or not (beta > 0 and beta < 1)) then
+    error(format("adaptive: option 'beta' must be a number between 0 and 1 (got %s)", tostring(beta)), 2)
+  end
+  if max_rate and start > max_rate then
+    error(format("adaptive: option 'rate' (%s) is more than max_rate (%s)", tostring(start), tostring(max_rate)), 2)
+  end
+  if max_rate and min_rate > max_rate then
+    error(format("adaptive: option 'min_rate' (%s) is more than max_rate (%s)", tostring(min_rate),
+      tostring(max_rate)), 2)
+  end
+  if burst < 1 then
+    error(format("adaptive: option 'burst' must be at least 1 (got %s)", tostring(burst)), 2)
+  end
+  if start < min_rate then start = min_rate end
+  local limiter = setmetatable({
+    bucket = bucket.new { capacity = burst, rate = start, slow_down = false },
+    controller = cubic.new { rate = start, ceiling = max_rate, floor = min_rate, beta = beta, near = opts.near or NEAR,
+      slow_start = true, demand = true },
+  }, Adaptive)
+  limiter.pace = setmetatable({ limiter = limiter }, Pace)
+  return limiter
+end
+
+--- true | false, wait = l:acquire([n [, sleep [, max_wait]]]): as a
+-- bucket's acquire, at the rate learned so far.
+function Adaptive:acquire(n, sleep, max_wait)
+  bucket.check_acquire(self.bucket, n, sleep, max_wait, 3)
+  follow(self, now())
+  local ok, wait = bucket.queue(self.bucket, n, sleep, max_wait, self.pace)
+  if ok then self.controller:sent(now()) end
+  return ok, wait
+end
+
+--- l:observe(res [, sent_at]): what fetch tells it of each response to a
+-- request let through at sent_at. A throttle (res.throttled) drops the
+-- rate; any other answer counts as accepted.
+function Adaptive:observe(res, sent_at)
+  local t = now()
+  if type(sent_at) ~= "number" then sent_at = t end
+  if type(res) == "table" and res.throttled == true then
+    self.controller:throttled(t, sent_at)
+  else
+    self.controller:succeeded(t, sent_at, self.bucket:tokens() < 0)
+  end
+  follow(self, t)
+end
+
+--- rate = l:rate(): the rate it lets requests through at now.
+function Adaptive:rate()
+  return self.controller:current(now())
+end
+
+-- What a limiter offers besides (for rw.limiters and provider policies):
+-- the bucket's, at the rate learned so far.
+function Adaptive:wait_time(n)
+  follow(self, now())
+  return self.bucket:wait_time(n)
+end
+
+function Adaptive:take(n)
+  follow(self, now())
+  local ok, wait = self.bucket:take(n)
+  if ok then self.controller:sent(now()) end
+  return ok, wait
+end
+
+function Adaptive:refund(n) return self.bucket:refund(n) end
+function Adaptive:capacity() return self.bucket:capacity() end
+function Adaptive:tokens() return self.bucket:tokens() end
+function Adaptive:sync(remaining, reset_in) return self.bucket:sync(remaining, reset_in) end
+
+Adaptive.__tostring = function(l)
+  return format("ratewise.Adaptive (%.3g/s now, burst %g)", l.controller:current(now()), l.bucket:capacity())
+end
+
+return adaptive
