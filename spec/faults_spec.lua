@@ -37,7 +37,8 @@ end
 -- Options that record each retry (its delay and source) without waiting.
 local function recording(extra)
   local seen = {}
-  local o = { sleep = no_sleep, on_retry = function(info) seen[#seen + 1] = info end }
+  -- hint_jitter = 0: these specs check which wait was chosen, exactly.
+  local o = { sleep = no_sleep, hint_jitter = 0, on_retry = function(info) seen[#seen + 1] = info end }
   for k, v in pairs(extra or {}) do o[k] = v end
   return seen, o
 end

@@ -17,6 +17,7 @@ local function recording(extra)
   local seen = {}
   local o = opts(extra)
   o.sleep = function() end
+  if o.hint_jitter == nil then o.hint_jitter = 0 end -- exact waits: which wait, not its spread
   o.on_retry = function(info) seen[#seen + 1] = { delay = info.delay, source = info.source } end
   return seen, o
 end

@@ -31,6 +31,7 @@ local function recording(provider, extra)
   local o = opts(provider, extra)
   o.sleep = function() end
   o.max_elapsed = o.max_elapsed or 10000
+  if o.hint_jitter == nil then o.hint_jitter = 0 end -- exact waits: which wait, not its spread
   o.on_retry = function(info) seen[#seen + 1] = { delay = info.delay, source = info.source } end
   return seen, o
 end
@@ -559,7 +560,7 @@ describe("rw.policy", function()
     }
     s:script("/eventually", { { status = 404 }, { status = 200, body = "there" } })
     local res = assert(rw.fetch(s:url("/eventually"), {
-      policy = p, on_retry = function(info) delays[#delays + 1] = info.delay end,
+      policy = p, hint_jitter = 0, on_retry = function(info) delays[#delays + 1] = info.delay end,
     }))
     assert.equal("there", res.body)
     local log = s:log("/eventually")

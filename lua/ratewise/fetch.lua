@@ -41,6 +41,14 @@ local function fetch_error(kind, message, state, res, transport)
     elapsed = now() - state.started,
     transport = transport,
   }, error_mt)
+  -- A call that ends on a response that asked for a wait tells the caller
+  -- when to come back: retry_in seconds from now, at retry_at (epoch
+  -- seconds), for callers that reschedule the work themselves.
+  local hint = res and state.hint
+  if hint then
+    err.retry_in = hint
+    err.retry_at = core.time() + hint
+  end
   -- Every call that fails tells a listener how it ended (an open circuit
   -- already said so with its own event).
   if state.on_event and kind ~= "circuit_open" then
@@ -60,6 +68,9 @@ fetch.error_mt = error_mt
 
 -- The time budget of a call that gives none.
 local DEFAULT_MAX_ELAPSED = 120
+-- How far a hinted wait is spread past the hint (spread_hint): a fifth,
+-- so that callers who got one Retry-After come back over a fifth of it.
+local HINT_JITTER = 0.2
 fetch.DEFAULT_MAX_ELAPSED = DEFAULT_MAX_ELAPSED
 
 ---------------------------------------------------------------------------
@@ -73,7 +84,11 @@ local option_checks = {
   follow_redirects = "boolean", base = "positive", jitter = "jitter",
   max_body = "nonnegative", verify_tls = "boolean", policy = "policy", circuit = "circuit",
   budget = "budget", cost = "positive", on_event = "function", secret_headers = "names",
+  retry_after = "retry_after", retry_after_max = "positive", hint_jitter = "finite",
 }
+
+-- What a call does with a wait the server asked for (docs/limits.md).
+local retry_after_modes = { honor = true, clamp = true, fail_fast = true, defer = true }
 
 -- The methods an object option must have.
 local required_methods = {
@@ -105,6 +120,8 @@ local function check_option(name, v, depth)
     if t ~= "number" or v ~= v or v < 0 then bad_option(name, "a non-negative number", v, depth) end
   elseif check == "finite" then
     if t ~= "number" or v ~= v or v < 0 or v == huge then bad_option(name, "a finite non-negative number", v, depth) end
+  elseif check == "retry_after" then
+    if not retry_after_modes[v] then bad_option(name, "one of honor, clamp, fail_fast, defer", v, depth) end
   elseif check == "jitter" then
     if v ~= "none" and v ~= "full" and v ~= "equal" and v ~= "decorrelated" then
       bad_option(name, "one of none, full, equal, decorrelated", v, depth)
@@ -257,12 +274,14 @@ end
 ---------------------------------------------------------------------------
 -- The retry loop
 
--- The wait before the next attempt, and where it came from. The server's
--- hint is a floor: a delay hook may lengthen it or replace the backoff, but
--- never make it shorter.
-local function next_delay(opts, state, res, attempt)
+-- The wait the server asked for before trying again (read by the policy,
+-- or from the response's own headers), and where it came from; nil when it
+-- named none. Whatever a policy reads (a quota's reset, say), the
+-- response's own Retry-After is the least wait: every draft of the
+-- RateLimit fields gives Retry-After precedence.
+local function server_hint(policy, res, attempt)
   local hint, source
-  local policy_delay = res and opts.policy and opts.policy.delay
+  local policy_delay = policy and policy.delay
   if policy_delay then
     hint = call_hook("delay", policy_delay, res, attempt)
     if hint ~= nil and (type(hint) ~= "number" or hint ~= hint or hint < 0) then
@@ -271,18 +290,16 @@ local function next_delay(opts, state, res, attempt)
     end
     source = "policy"
   end
-  if res then
-    if hint == nil then
-      hint, source = retry.hint(res.headers)
-    else
-      -- Whatever a policy reads (a quota's reset, say), the response's own
-      -- Retry-After is the least it waits: every draft of the RateLimit
-      -- fields gives Retry-After precedence.
-      local asked = retry.retry_after(res.headers)
-      if asked and asked > hint then hint, source = asked, "retry-after" end
-    end
-  end
-  local delay
+  if hint == nil then return retry.hint(res.headers) end
+  local asked = retry.retry_after(res.headers)
+  if asked and asked > hint then return asked, "retry-after" end
+  return hint, source
+end
+
+-- The wait before the next attempt, and where it came from. The server's
+-- hint is a floor: a delay hook may lengthen it or replace the backoff, but
+-- never make it shorter.
+local function next_delay(opts, state, res, attempt, hint, source)
   if opts.delay then
     local v = call_hook("delay", opts.delay, res, attempt, state.last_transport)
     if v ~= nil then
@@ -295,12 +312,30 @@ local function next_delay(opts, state, res, attempt)
     end
   end
   if hint then return hint, source end
-  delay = retry.backoff(attempt, {
+  local delay = retry.backoff(attempt, {
     base = opts.base, max_delay = opts.max_delay, jitter = opts.jitter,
     previous = state.previous_backoff,
   })
   state.previous_backoff = delay
   return delay, "backoff"
+end
+
+-- A hinted wait, spread so that the callers who got the same hint do not
+-- all come back at the same instant: within [hint, hint * (1 + spread)],
+-- never shorter than asked, and short of the `left` seconds of the budget
+-- when the hint itself fits. With a cap (retry_after = "clamp"), never
+-- over it: a wait clamped to the cap is spread below it.
+local function spread_hint(delay, spread, left, cap)
+  if spread <= 0 then
+    if cap and delay > cap then return cap end
+    return delay
+  end
+  local u = retry.random()
+  if cap and delay >= cap then return cap * (1 - spread * u / (1 + spread)) end
+  local wait = delay * (1 + spread * u)
+  if cap and wait > cap then wait = cap end
+  if wait >= left and delay < left then wait = delay + (left - delay) * u end
+  return wait
 end
 
 -- The policy's verdict on a response, checked, or the built-in one. A 413
@@ -358,18 +393,21 @@ local function prepared(opts, method, url)
   return request.headers, key
 end
 
--- limiter -> its wait_time method, or false. A limiter may be any object
--- with acquire (an __index that raises means "no such method"), so the
--- lookup is guarded, and made once per limiter.
-local wait_time_of = setmetatable({}, { __mode = "k" })
-local function limiter_wait_time(limiter)
-  local fn = wait_time_of[limiter]
-  if fn == nil then
-    local ok, found = pcall(function() return limiter.wait_time end)
-    fn = ok and type(found) == "function" and found or false
-    wait_time_of[limiter] = fn
+-- limiter -> { wait_time = method or false, observe = method or false }.
+-- A limiter may be any object with acquire (an __index that raises means
+-- "no such method"), so the lookups are guarded, and made once per limiter.
+local limiter_methods_of = setmetatable({}, { __mode = "k" })
+local function optional_method(object, name)
+  local ok, found = pcall(function() return object[name] end)
+  return ok and type(found) == "function" and found or false
+end
+local function limiter_methods(limiter)
+  local m = limiter_methods_of[limiter]
+  if not m then
+    m = { wait_time = optional_method(limiter, "wait_time"), observe = optional_method(limiter, "observe") }
+    limiter_methods_of[limiter] = m
   end
-  return fn
+  return m
 end
 
 -- Callers write `if on_event then emit(...) end`, so that no event table is
@@ -449,6 +487,14 @@ function fetch.fetch(url, opts)
   if on_retry == nil then on_retry = default_on_retry end
   local limiter, circuit, budget, on_event = opts.limiter, opts.circuit, opts.budget, opts.on_event
   local cost = opts.cost or 1
+  local retry_after, retry_after_max = opts.retry_after or "honor", opts.retry_after_max
+  if (retry_after == "clamp" or retry_after == "fail_fast") and not retry_after_max then
+    error(format("fetch: option 'retry_after' = %q needs retry_after_max, the longest wait to accept",
+      retry_after), 2)
+  end
+  -- clamp: no hinted wait is longer than this
+  local retry_after_cap = retry_after == "clamp" and retry_after_max or nil
+  local hint_jitter = opts.hint_jitter or HINT_JITTER
   local follow, max_body, verify_tls = opts.follow_redirects ~= false, opts.max_body, opts.verify_tls
   local fresh_connect = not safe or nil
   if opts.cost and limiter then
@@ -488,7 +534,7 @@ function fetch.fetch(url, opts)
       -- asked first, so that a wait that cannot fit ends the call at once
       -- with nothing taken (the token stays for a call that can use it).
       local left = deadline - now()
-      local wait_time = limiter_wait_time(limiter)
+      local wait_time = limiter_methods(limiter).wait_time
       if wait_time then
         local wait = guarded("limiter", "wait_time", wait_time, limiter, cost)
         if type(wait) ~= "number" or wait ~= wait then
@@ -511,7 +557,8 @@ function fetch.fetch(url, opts)
           state.last_transport)
       end
     end
-    local left = deadline - now()
+    local sent_at = now()
+    local left = deadline - sent_at
     if left <= 0 then
       state = state or new_state(started, method, shown_url, max_elapsed, on_event)
       return budget_error(state, "no time left for another attempt", state.last_response)
@@ -539,7 +586,7 @@ function fetch.fetch(url, opts)
     attempts = attempts + 1
     if body ~= nil then request.body = nil end -- not kept alive by the next call's table
 
-    local why, class
+    local why, class, hint, hint_source
     if res then
       res.headers = headers.wrap(res.headers)
       if res.trailers then res.trailers = headers.wrap(res.trailers) end
@@ -548,8 +595,18 @@ function fetch.fetch(url, opts)
       res.elapsed = now() - started
       if policy and policy.observe then call_hook("observe", policy.observe, res, limiter) end
       class = verdict(policy, res)
+      -- A throttle: the server refused for rate (a 429), or refused for now
+      -- and said when to come back (a 503 with Retry-After, a quota's reset
+      -- read by a provider's policy).
+      if class == "retryable" then hint, hint_source = server_hint(policy, res, retries) end
+      res.throttled = res.status == 429 or hint ~= nil
+      if limiter then
+        local observe = limiter_methods(limiter).observe
+        if observe then guarded("limiter", "observe", observe, limiter, res, sent_at) end
+      end
       if on_event then
-        emit(on_event, { type = "response", status = res.status, class = class, attempt = attempts })
+        emit(on_event, { type = "response", status = res.status, class = class, attempt = attempts,
+          throttled = res.throttled })
       end
       -- A redirect that was not followed, or a 304, is an answer, not a failure.
       if class ~= "retryable" and res.status >= 300 and res.status < 400 then class = "success" end
@@ -560,7 +617,7 @@ function fetch.fetch(url, opts)
       end
       if class == "success" then return res end
       state = state or new_state(started, method, shown_url, max_elapsed, on_event)
-      state.attempts, state.last_response, state.last_transport = attempts, res, nil
+      state.attempts, state.last_response, state.last_transport, state.hint = attempts, res, nil, hint
       if class == "terminal" then
         return nil, fetch_error("terminal", format("%s: %d is a terminal status, not retried",
           method .. " " .. shown_url, res.status), state, res)
@@ -568,7 +625,7 @@ function fetch.fetch(url, opts)
       why = tostring(res.status)
     else
       state = state or new_state(started, method, shown_url, max_elapsed, on_event)
-      state.attempts, state.last_transport = attempts, terr
+      state.attempts, state.last_transport, state.hint = attempts, terr, nil
       local message = terr.message or "transport failure"
       if url_secrets then message = headers.scrub(message, url_secrets) end
       if header_secrets then message = headers.scrub(message, header_secrets) end
@@ -600,12 +657,27 @@ function fetch.fetch(url, opts)
         state, res, terr)
     end
 
-    local delay, source = next_delay(opts, state, res, retries)
+    local delay, source = next_delay(opts, state, res, retries, hint, hint_source)
+    local cap = hint and source ~= "delay" and retry_after_cap or nil
+    if hint then
+      if retry_after == "defer" then
+        return nil, fetch_error("deferred", format("%s: the server asked to wait %.2f s (%s); deferred to "
+          .. "the caller (retry_after = \"defer\")", method .. " " .. shown_url, hint, hint_source), state, res)
+      elseif retry_after == "fail_fast" and hint > retry_after_max then
+        return nil, fetch_error("throttled", format("%s: the server asked to wait %.2f s (%s), more than "
+          .. "retry_after_max (%.2f s)", method .. " " .. shown_url, hint, hint_source, retry_after_max),
+          state, res)
+      end
+      if cap and delay > cap then delay = cap end
+    end
     left = deadline - now()
     if delay >= left then
       return budget_error(state, format("a retry in %.2f s (%s) would not fit the %.2f s left",
         delay, source, left > 0 and left or 0), res, terr)
     end
+    -- Only the server's own wait is spread here: a backoff is jittered
+    -- already, and a delay hook's answer is the caller's to make.
+    if hint and source ~= "delay" then delay = spread_hint(delay, hint_jitter, left, cap) end
     local retry_allowed = budget and guarded("budget", "allow_retry", budget.allow_retry, budget)
     if budget and retry_allowed ~= true and retry_allowed ~= false then
       not_boolean("budget", "allow_retry", retry_allowed)
@@ -632,6 +704,7 @@ function fetch.fetch(url, opts)
     else
       runtime.sleep(delay)
     end
+    state.hint = nil -- waited out
   end
 end
 
