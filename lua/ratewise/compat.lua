@@ -25,8 +25,11 @@ compat.close_coroutine = coroutine.close
 -- across require.
 local yields_through_pcall = _VERSION ~= "Lua 5.1" or rawget(_G, "jit") ~= nil
 
--- helper coroutine -> the coroutine it runs a protected call for (5.1 only)
-local runs_for = setmetatable({}, { __mode = "k" })
+-- helper coroutine -> the coroutine it runs a protected call for (5.1 only).
+-- Weak both ways: 5.1 has no ephemerons, so a weak key whose value (the
+-- coroutine, whose stack holds the helper) is strong would never go, and a
+-- dropped coroutine waiting in a protected call would live for ever.
+local runs_for = setmetatable({}, { __mode = "kv" })
 
 --- co = compat.running(): the running coroutine, nil in the main thread
 -- (whatever the Lua), seen through the coroutines that compat.pcall runs
