@@ -238,6 +238,22 @@ function Server:script(path, steps)
   self:_control("POST", "/_script", { path = path, steps = steps })
 end
 
+--- Requests to path pass a token bucket of `burst` tokens refilled at
+-- `rate` a second, as a rate-limited API does: 200, or 429 with
+-- retry_after (a string) as its Retry-After. Each logged request says
+-- whether it was limited. Scripts win over it; reset forgets it.
+function Server:limit(path, opts)
+  self:_control("POST", "/_limit", { path = path, rate = opts.rate, burst = opts.burst,
+    retry_after = opts.retry_after })
+end
+
+--- ok, limited = s:counted(path): how many requests the limit on path let
+-- through and answered 429.
+function Server:counted(path)
+  local counts = self:_control("GET", "/_limit?path=" .. url_encode(path))
+  return counts.ok, counts.limited
+end
+
 --- Request records, oldest first; only those for `path` if given.
 -- Always a plain Lua sequence (an empty log is {}). Fields: seq, path,
 -- query, method, headers (lowercase names), body, t, wall, conn, conn_seq,

@@ -17,6 +17,11 @@ What it offers (see spec/support/server.lua for the Lua driver):
   (headers and the first ``sent`` bytes of the body, default half, then
   RST) or raw (``body`` is the whole answer, status line included).
 * ``GET /_log[?path=/x]``: JSON array of the logged requests.
+* ``POST /_limit`` ``{"path": "/x", "rate": R, "burst": B, "retry_after": "1"}``:
+  requests to ``/x`` (unless scripted) pass a token bucket of B tokens
+  refilled at R a second, as a rate-limited API's server does: ``200 ok``,
+  or ``429`` with the given Retry-After (none when it is absent).
+  ``GET /_limit?path=/x`` answers ``{"ok": n, "limited": n}``.
 * ``POST /_reset``: forget scripts, log and the demo rate limiter.
 * ``/echo``: describes the request as JSON.
 * ``/api/...``: a demo rate-limited API (token bucket, random 503s).
@@ -65,6 +70,7 @@ class State:
             self.seq = 0
             self.log = []
             self.scripts = {}  # path -> {"steps": [...], "next": index}
+            self.limits = {}  # path -> a bucket set with /_limit
             self.tokens = float(self.args.api_capacity)
             self.refilled_at = time.monotonic()
             self.rng = random.Random(self.args.seed)
@@ -107,6 +113,21 @@ class State:
                 return True, self.tokens, 0.0, fail
             wait = (1.0 - self.tokens) / rate if rate > 0 else 3600.0
             return False, self.tokens, wait, False
+
+
+def validate_limit(spec):
+    """Check a /_limit payload; return its bucket. Raises ValueError."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("path"), str):
+        raise ValueError("limit needs a path")
+    rate, burst = spec.get("rate"), spec.get("burst", 1)
+    for name, v in (("rate", rate), ("burst", burst)):
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
+            raise ValueError("limit: %s must be a positive number" % name)
+    retry_after = spec.get("retry_after")
+    if retry_after is not None and not isinstance(retry_after, str):
+        raise ValueError("limit: retry_after must be a string")
+    return {"rate": float(rate), "burst": float(burst), "retry_after": retry_after,
+            "tokens": float(burst), "at": time.monotonic(), "ok": 0, "limited": 0}
 
 
 def num_str(x):
@@ -278,6 +299,8 @@ class Handler(BaseHTTPRequestHandler):
             step = state.record(rec)
             if step is not None:
                 self.scripted(step)
+            elif path in state.limits:
+                self.limited(state.limits[path], rec)
             elif path == "/echo":
                 self.respond_json(200, {
                     "method": self.command, "path": path, "query": query,
@@ -308,6 +331,21 @@ class Handler(BaseHTTPRequestHandler):
                     recs = [r for r in state.log if want is None or r["path"] == want]
                     out = json.dumps(recs)  # a list: "[]" when empty
                 self.respond(200, out.encode("ascii"), (), "application/json")
+            elif path == "/_limit" and self.command == "POST":
+                spec = read_json(body)
+                bucket = validate_limit(spec)
+                with state.lock:
+                    state.limits[spec["path"]] = bucket
+                self.respond_json(200, {"ok": True})
+            elif path == "/_limit" and self.command == "GET":
+                want = parse_qs(query).get("path", [None])[0]
+                with state.lock:
+                    bucket = state.limits.get(want)
+                    counts = bucket and {"ok": bucket["ok"], "limited": bucket["limited"]}
+                if counts is None:
+                    self.respond_json(404, {"ok": False, "error": "no limit on %s" % want})
+                else:
+                    self.respond_json(200, counts)
             elif path == "/_reset" and self.command == "POST":
                 state.reset()
                 self.respond_json(200, {"ok": True})
@@ -382,6 +420,22 @@ class Handler(BaseHTTPRequestHandler):
             self.respond(status, body, headers)
 
     # --- demo rate-limited API ----------------------------------------
+
+    def limited(self, bucket, rec):
+        with self.server.state.lock:
+            now = time.monotonic()
+            bucket["tokens"] = min(bucket["burst"], bucket["tokens"] + (now - bucket["at"]) * bucket["rate"])
+            bucket["at"] = now
+            allowed = bucket["tokens"] >= 1.0
+            if allowed:
+                bucket["tokens"] -= 1.0
+            bucket["ok" if allowed else "limited"] += 1
+            rec["limited"] = not allowed
+        if allowed:
+            self.respond(200, b"ok", (), "text/plain")
+        else:
+            headers = [("Retry-After", bucket["retry_after"])] if bucket["retry_after"] is not None else []
+            self.respond(429, b"slow down", headers, "text/plain")
 
     def api(self, path, seq):
         args = self.server.state.args
