@@ -250,7 +250,7 @@ static int bucket_l_reserve(lua_State *L)
 }
 
 /* The place at arg, which must be one of this bucket's. */
-static place *bucket_check_place(lua_State *L, bucket *b, int arg)
+static place *bucket_check_place(lua_State *L, const bucket *b, int arg)
 {
     place *p = (place *)luaL_checkudata(L, arg, PLACE_MT);
     luaL_argcheck(L, p->b == b, arg, "a place in another bucket's queue");
