@@ -145,6 +145,18 @@ describe("the CUBIC controller", function()
     assert.is_true(c:current(10.2) < 30)
   end)
 
+  it("takes a throttle below w_max for jitter: a drop by near, and w_max only halfway down", function()
+    local c = cubic.new { rate = 100, beta = 0.7, near = 0.95 }
+    c:throttled(10, 10)          -- w_max 100, down to 70
+    local at = c:current(12)     -- climbing back, below 100
+    assert.is_true(at > 70 and at < 100)
+    assert.is_true(c:throttled(12, 11))
+    assert.near(at * 0.95, c:current(12), 1e-6)
+    assert.near((100 + at) / 2, c.w_max, 1e-6)
+    local k = ((1 - at * 0.95 / c.w_max) / cubic.SCALE) ^ (1 / 3)
+    assert.near(c.w_max, c:current(12 + k), 1e-6) -- and it climbs back to that w_max
+  end)
+
   it("stays within its ceiling and floor", function()
     local c = cubic.new { rate = 10, ceiling = 10, floor = 4, beta = 0.1 }
     c:throttled(1, 1)
@@ -252,6 +264,8 @@ describe("limiters against a rate-limited server", function()
     assert.error_matches(function() rw.adaptive { rate = -1 } end, "option 'rate' must be a positive number", 1, true)
     assert.error_matches(function() rw.adaptive { rate = 50, max_rate = 10 } end, "is more than max_rate", 1, true)
     assert.error_matches(function() rw.adaptive { beta = 1.5 } end, "option 'beta' must be a number between 0 and 1",
+      1, true)
+    assert.error_matches(function() rw.adaptive { near = 1 } end, "option 'near' must be a number between 0 and 1",
       1, true)
     assert.error_matches(function() rw.adaptive { burst = 0.5 } end, "option 'burst' must be at least 1", 1, true)
     assert.error_matches(function() rw.adaptive "fast" end, "options must be a table", 1, true)

@@ -1,6 +1,6 @@
 -- How a limiter's rate follows what the server answers: CUBIC (RFC 9438),
 -- as the AWS SDKs' adaptive retry mode applies it to request rates, with
--- three changes that measurements asked for (docs/limits.md#the-algorithm):
+-- four changes that measurements asked for (docs/limits.md#rwadaptive):
 --
 --   * after a throttle the rate drops to BETA times what it was, then
 --     grows back along rate(t) = w_max * (1 + SCALE * (t - K)^3), where
@@ -11,6 +11,11 @@
 --   * one drop per throttling episode: a throttle of a request sent before
 --     the last drop says nothing new (TCP's one cut per window). AWS drops
 --     again for each, and 16 requests in flight took the rate to 0.7^16;
+--   * a throttle below w_max (the rate that drew the last one) is the
+--     network's jitter bringing two requests too close, or a limit that
+--     moved down: the rate drops by `near` only, and w_max halfway to it.
+--     Dropping by BETA and taking the rate as the new w_max each time
+--     walked the rate down to 80 % of the limit and kept it there;
 --   * with no rate to start from, the rate starts at START and doubles
 --     about once per round trip while requests succeed (never faster than
 --     once per MIN_ROUND_TRIP): TCP's slow start, where AWS starts
@@ -48,9 +53,9 @@ Controller.__index = Controller
 
 --- c = cubic.new{rate = r, ceiling = c, floor = f, beta = b, near = n, slow_start = bool, demand = bool}
 -- rate: where it starts; ceiling, floor: the bounds it stays in; beta: the
--- drop; near: the drop for a throttle below the rate that drew the last
--- one (default: beta); slow_start: grow from rate on successes until the first throttle
--- (else stay at rate until one); demand: cap growth by the measured send
+-- drop; near: the drop for a throttle below w_max (default: beta);
+-- slow_start: grow from rate on successes until the first throttle (else
+-- stay at rate until one); demand: cap growth by the measured send
 -- rate (a limiter that sees every send, see sent()).
 function cubic.new(opts)
   local beta = opts.beta or BETA
@@ -129,12 +134,23 @@ end
 function Controller:throttled(t, sent_at)
   if sent_at < self.dropped_at then return false end
   local rate = self:current(t)
-  local beta = self.w_max and rate < self.w_max and self.near or self.beta
-  self.w_max = rate
-  self.k = ((1 - beta) / SCALE) ^ (1 / 3)
+  local w_max = self.w_max
+  if w_max and rate < w_max then
+    -- Below the rate that drew the last throttle: the network's jitter
+    -- brought two requests too close, or the limit moved down. A small
+    -- drop, and w_max only halfway down: jitter leaves the known limit
+    -- nearly where it was, a limit that moved is found in a few episodes.
+    w_max = (w_max + rate) / 2
+    rate = bounded(self, rate * self.near)
+    self.k = ((1 - rate / w_max) / SCALE) ^ (1 / 3)
+  else
+    w_max = rate
+    self.k = ((1 - self.beta) / SCALE) ^ (1 / 3)
+    rate = bounded(self, rate * self.beta)
+  end
+  self.w_max, self.rate = w_max, rate
   self.dropped_at = t
   self.slow = false
-  self.rate = bounded(self, rate * beta)
   return true
 end
 

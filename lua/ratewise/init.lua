@@ -36,7 +36,7 @@ local ratewise = {
   header_values = headers.values,
   --- bucket = rw.bucket{capacity = C, rate = R [, slow_down = false]}
   bucket = bucket.new,
-  --- limiter = rw.adaptive{[rate = r] [, max_rate = m] [, min_rate = f] [, burst = b] [, beta = x]}
+  --- limiter = rw.adaptive{[rate = r] [, max_rate = m] [, min_rate = f] [, burst = b] [, beta = x] [, near = y]}
   adaptive = adaptive.new,
   --- res | nil, err = rw.fetch(url [, opts])
   fetch = fetch.fetch,
