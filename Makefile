@@ -65,7 +65,7 @@ DEB_CHECK := clang libclang-rt-14-dev clang-tidy cppcheck valgrind \
              lua5.1 liblua5.1-0-dev lua5.3 liblua5.3-dev luajit2 libluajit2-5.1-dev lua-compat53-dev
 
 .PHONY: all deps deps-check test demo bench examples install lint clean soak \
-        fuzz test-asan test-valgrind luajit-core bench-hosts
+        fuzz test-asan test-valgrind luajit-core bench-hosts bench-rate
 
 all: $(CORE)
 
@@ -127,6 +127,11 @@ soak: deps $(CORE)
 bench: deps $(CORE)
 	@$(MAKE) -s -C bench
 	@$(LUA_ENV) $(LUA) bench/run.lua
+
+# The share of a rate-limited server's rate each limiter gets, and the
+# share of 429s (bench/ratelimit.lua): a private nginx at 200 requests/s.
+bench-rate: deps $(CORE)
+	@$(LUA_ENV) $(SPEC_ENV) $(LUA) bench/ratelimit.lua
 
 # What waiting costs in each host (bench/hosts.lua): 1,000 requests on a
 # slow server per host, and rw.step(0) in a frame loop.
