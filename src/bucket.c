@@ -258,13 +258,17 @@ static place *bucket_check_place(lua_State *L, const bucket *b, int arg)
 }
 
 /* Gives the place up, once: the ones after it move up. */
-static int bucket_l_place_close(lua_State *L)
+static void bucket_give_up(place *p)
 {
-    place *p = (place *)luaL_checkudata(L, 1, PLACE_MT);
     if (!p->done) {
         p->done = 1;
         bucket_dequeue(p->b, p->n);
     }
+}
+
+static int bucket_l_place_close(lua_State *L)
+{
+    bucket_give_up((place *)luaL_checkudata(L, 1, PLACE_MT));
     return 0;
 }
 
@@ -298,10 +302,8 @@ static int bucket_l_claim(lua_State *L)
 static int bucket_l_cancel(lua_State *L)
 {
     bucket *b = bucket_check(L);
-    (void)bucket_check_place(L, b, 2);
-    lua_settop(L, 2);
-    lua_remove(L, 1);
-    return bucket_l_place_close(L);
+    bucket_give_up(bucket_check_place(L, b, 2));
+    return 0;
 }
 
 /* b:refund([n]): gives back tokens that were taken and will not be used. */
