@@ -95,6 +95,9 @@ typedef struct engine {
     unsigned char *watch; /* by descriptor: WATCH_* (see engine_on_watch) */
     size_t nwatch;
     double timer_at; /* when libcurl asked to be called back (HUGE_VAL: it did not) */
+    int *fired;      /* descriptors of engine:watch that became ready, not yet reported */
+    int nfired, capfired;
+    int nwatching;   /* descriptors of engine:watch armed and not yet ready */
     int coarse_wait; /* the kernel has no epoll_pwait2: waits are whole milliseconds */
 #ifdef RW_FAULTS
     CURLMcode fail_next; /* RW_FAULTS builds: the next drive fails with this */
@@ -243,6 +246,10 @@ static void engine_size_cache(engine *e)
 #define WATCH_OUT 2u
 #define WATCH_IN_SET 4u
 #define WATCH_WANTED 8u
+/* A descriptor the Lua layer watches (engine:watch: a Redis connection),
+ * not libcurl: armed once (EPOLLONESHOT), reported by poll when ready. */
+#define WATCH_FOREIGN 16u
+#define WATCH_ARMED 32u
 
 static unsigned char *engine_watch_slot(engine *e, curl_socket_t s)
 {
@@ -589,6 +596,16 @@ static void engine_drain(engine *e)
 
 #define ENGINE_EVENTS 64
 
+/* A watched descriptor is ready: it is reported by the next poll. Its slot
+ * in `fired` was made when it was armed, so this cannot fail. */
+static void engine_fire(engine *e, int fd)
+{
+    if (!(e->watch[fd] & WATCH_ARMED)) return;
+    e->watch[fd] &= (unsigned char)~WATCH_ARMED;
+    e->nwatching--;
+    e->fired[e->nfired++] = fd;
+}
+
 /* Waits at most `seconds` for a socket libcurl watches, to the microsecond
  * where the kernel can (epoll_pwait2, Linux 5.11): a bucket spacing requests
  * 5 ms apart must not send them 4 or 6 ms apart, as waits rounded up to
@@ -632,6 +649,10 @@ static void engine_drive(engine *e, double seconds)
         int fd = ev[i].data.fd;
         int flags = ((ev[i].events & EPOLLIN) ? CURL_CSELECT_IN : 0) | ((ev[i].events & EPOLLOUT) ? CURL_CSELECT_OUT : 0)
                     | ((ev[i].events & (EPOLLERR | EPOLLHUP)) ? CURL_CSELECT_ERR : 0);
+        if (fd >= 0 && (size_t)fd < e->nwatch && (e->watch[fd] & WATCH_FOREIGN)) {
+            engine_fire(e, fd);
+            continue;
+        }
         if (fd >= 0 && (size_t)fd < e->nwatch && !(e->watch[fd] & WATCH_WANTED)) {
             /* a connection libcurl no longer watches (see WATCH_IN) */
             (void)epoll_ctl(e->epfd, EPOLL_CTL_DEL, fd, NULL);
@@ -665,7 +686,7 @@ static void engine_drive(engine *e, double seconds)
 static double engine_deadline(const engine *e)
 {
     double at = e->timer_at < e->next_expiry ? e->timer_at : e->next_expiry, left;
-    if (e->finished.head) return 0;
+    if (e->finished.head || e->nfired) return 0;
     if (at == HUGE_VAL) return -1;
     left = at - rw_clock_monotonic();
     return left > 0 ? left : 0;
@@ -857,6 +878,13 @@ static int engine_report(lua_State *L, engine *e, int out)
         t->ref = LUA_NOREF;
     }
     lua_pop(L, 1);
+    /* then the watched descriptors that are ready, as numbers */
+    while (e->nfired > 0) {
+        lua_pushinteger(L, e->fired[e->nfired - 1]);
+        lua_rawseti(L, out, n + 1); /* may raise: out of memory */
+        n++;
+        e->nfired--;
+    }
     RW_STACK_EXPECT(L, mark, 0);
     return n;
 }
@@ -882,7 +910,7 @@ static int engine_l_poll(lua_State *L)
     }
     out = lua_gettop(L);
     engine_drive(e, 0);
-    if (!e->finished.head && timeout > 0) {
+    if (!e->finished.head && !e->nfired && timeout > 0) {
         double until = engine_deadline(e);
         if (until >= 0 && until < timeout) timeout = until > 0 ? until : 0;
         engine_drive(e, timeout);
@@ -899,6 +927,71 @@ static int engine_l_pollfd(lua_State *L)
 {
     lua_pushinteger(L, engine_check(L)->epfd);
     return 1;
+}
+
+/* engine:watch(fd, "r" | "w"): the next poll that finds fd ready to read
+ * (or write) reports it, once, as the number fd among the finished
+ * transfers; waits on the engine (its pollfd, a blocking poll) wake for it.
+ * For descriptors the Lua layer reads itself (a Redis connection), so that
+ * they are waited on with the transfers, through the same seam. */
+static int engine_l_watch(lua_State *L)
+{
+    engine *e = engine_check(L);
+    lua_Integer fd = luaL_checkinteger(L, 2);
+    const char *mode = luaL_checkstring(L, 3);
+    unsigned char *slot;
+    struct epoll_event ev;
+    int op;
+    luaL_argcheck(L, fd >= 0 && fd <= INT_MAX, 2, "not a descriptor");
+    luaL_argcheck(L, (mode[0] == 'r' || mode[0] == 'w') && mode[1] == '\0', 3, "mode must be \"r\" or \"w\"");
+    slot = engine_watch_slot(e, (curl_socket_t)fd);
+    if (!slot) return luaL_error(L, "out of memory");
+    luaL_argcheck(L, !(*slot & (WATCH_IN_SET | WATCH_WANTED)) || (*slot & WATCH_FOREIGN), 2,
+                  "a descriptor of a transfer");
+    if (*slot & WATCH_ARMED) {
+        e->nwatching--; /* re-armed below, for the new mode */
+        *slot &= (unsigned char)~WATCH_ARMED;
+    }
+    if (e->nfired + e->nwatching + 1 > e->capfired) {
+        int cap = e->capfired ? e->capfired * 2 : 8;
+        int *grown = (int *)realloc(e->fired, (size_t)cap * sizeof *grown);
+        if (!grown) return luaL_error(L, "out of memory");
+        e->fired = grown;
+        e->capfired = cap;
+    }
+    memset(&ev, 0, sizeof ev);
+    ev.events = (mode[0] == 'r' ? EPOLLIN : EPOLLOUT) | EPOLLONESHOT;
+    ev.data.fd = (int)fd;
+    op = (*slot & WATCH_FOREIGN) ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
+    if (epoll_ctl(e->epfd, op, (int)fd, &ev) != 0
+        && !(errno == ENOENT && epoll_ctl(e->epfd, EPOLL_CTL_ADD, (int)fd, &ev) == 0)
+        && !(errno == EEXIST && epoll_ctl(e->epfd, EPOLL_CTL_MOD, (int)fd, &ev) == 0)) {
+        int err = errno;
+        lua_pushnil(L);
+        lua_pushfstring(L, "cannot watch descriptor %d: %s", (int)fd, strerror(err));
+        return 2;
+    }
+    *slot = (unsigned char)(WATCH_FOREIGN | WATCH_ARMED);
+    e->nwatching++;
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
+/* engine:unwatch(fd): fd is watched no more (call it before closing fd). A
+ * readiness not yet reported is forgotten. */
+static int engine_l_unwatch(lua_State *L)
+{
+    engine *e = engine_check(L);
+    lua_Integer fd = luaL_checkinteger(L, 2);
+    int i;
+    if (fd < 0 || (size_t)fd >= e->nwatch || !(e->watch[fd] & WATCH_FOREIGN)) return 0;
+    if (e->watch[fd] & WATCH_ARMED) e->nwatching--;
+    e->watch[fd] = 0;
+    (void)epoll_ctl(e->epfd, EPOLL_CTL_DEL, (int)fd, NULL);
+    for (i = 0; i < e->nfired; i++) {
+        if (e->fired[i] == (int)fd) e->fired[i--] = e->fired[--e->nfired];
+    }
+    return 0;
 }
 
 /* engine:events() -> "r": what to wait for on engine:pollfd(). */
@@ -938,12 +1031,13 @@ static int engine_l_trim(lua_State *L)
 }
 
 /* engine:running() -> number of transfers in flight (queued for a
- * connection or not), and finished ones poll has yet to report: while it is
- * above 0, there is something to poll for. */
+ * connection or not), finished ones poll has yet to report, and watched
+ * descriptors (armed or ready): while it is above 0, there is something to
+ * poll for. */
 static int engine_l_running(lua_State *L)
 {
     engine *e = engine_check(L);
-    lua_pushinteger(L, e->running.n + e->finished.n);
+    lua_pushinteger(L, e->running.n + e->finished.n + e->nwatching + e->nfired);
     return 1;
 }
 
@@ -963,6 +1057,9 @@ static int engine_l_close(lua_State *L)
     free(e->watch);
     e->watch = NULL;
     e->nwatch = 0;
+    free(e->fired);
+    e->fired = NULL;
+    e->nfired = e->capfired = e->nwatching = 0;
     return 0;
 }
 
@@ -1051,6 +1148,8 @@ void rw_engine_register(lua_State *L)
         { "running", engine_l_running },
         { "trim", engine_l_trim },
         { "pollfd", engine_l_pollfd },
+        { "watch", engine_l_watch },
+        { "unwatch", engine_l_unwatch },
         { "events", engine_l_events },
         { "timeout", engine_l_timeout },
 #ifdef RW_FAULTS

@@ -289,6 +289,8 @@ end
 
 -- The engine's poll fills this table, so that a poll leaves no garbage.
 local finished = {}
+-- Descriptors of scheduler.await_fd that the engine found ready.
+local fd_ready = {}
 
 --- scheduler.poll(timeout): lets libcurl work, waiting at most timeout
 -- seconds for a socket or one of its timers, and wakes the tasks whose
@@ -299,6 +301,8 @@ function scheduler.poll(timeout)
   for i = 1, n do
     local transfer = finished[i]
     finished[i] = nil
+    -- a number is a descriptor of engine:watch (scheduler.await_fd)
+    if type(transfer) == "number" then fd_ready[transfer] = true end
     local task = transfer_waiter[transfer]
     if task then
       transfer_waiter[transfer] = nil
@@ -497,6 +501,38 @@ function scheduler.await_transfer(transfer)
     return
   end
   while not transfer:done() do turn(huge) end
+end
+
+-- A wait on a descriptor ends: it is watched no more.
+local function unwatch(fd, task)
+  if task then transfer_waiter[fd] = nil end
+  fd_ready[fd] = nil
+  if engine then engine:unwatch(fd) end
+end
+
+--- ready = scheduler.await_fd(fd, mode, deadline): waits until the
+-- descriptor fd is ready to read (mode "r") or write ("w"), or until the
+-- deadline (monotonic seconds) passes; answers whether it became ready.
+-- The engine watches it with the transfers' sockets, so every host that
+-- waits on the engine wakes for it (a Redis connection: redis.lua).
+function scheduler.await_fd(fd, mode, deadline)
+  local ok, err = scheduler.engine():watch(fd, mode)
+  if not ok then return nil, err end
+  fd_ready[fd] = nil
+  local task = scheduler.current()
+  if task then
+    transfer_waiter[fd] = task
+    task.wait_id = task.wait_id + 1
+    heap_push(deadline, task, task.wait_id)
+    wait_here(task, unwatch, fd, task)
+    transfer_waiter[fd] = nil
+  else
+    outside_wait(function() return fd_ready[fd] end, deadline)
+  end
+  local became_ready = fd_ready[fd] == true
+  if not became_ready then engine:unwatch(fd) end
+  fd_ready[fd] = nil
+  return became_ready
 end
 
 ---------------------------------------------------------------------------
