@@ -40,7 +40,7 @@ ALL_CFLAGS = -std=c99 -D_POSIX_C_SOURCE=200809L -fPIC -fvisibility=hidden $(WARN
              $(PKG_LUA) $(PKG_CURL_CFLAGS) $(CFLAGS)
 LDFLAGS   ?=
 # Not -llua5.4: the lua5.4 binary already contains Lua, a second copy breaks it.
-LIBS      = $(PKG_CURL_LIBS) -lm
+LIBS      = $(PKG_CURL_LIBS) -lhiredis -lm
 
 CORE      := $(BUILD)/ratewise/core.so
 # examples/host.c built for this interpreter (examples/host is the default's)
@@ -52,12 +52,12 @@ HDR       := $(wildcard src/*.h)
 LUA_ENV   = LUA_PATH="./lua/?.lua;./lua/?/init.lua;./?.lua;;" LUA_CPATH="./$(BUILD)/?.so;;"
 
 # Debian packages each target needs; installed by `make deps` when missing.
-DEB_BUILD := gcc make pkg-config $(DEB_LUA) libcurl4-openssl-dev
+DEB_BUILD := gcc make pkg-config $(DEB_LUA) libcurl4-openssl-dev libhiredis-dev
 # The hosts the suite runs ratewise in: OpenResty (nginx with the Lua
 # module, whose LuaJIT is luajit2's), cqueues and luv.
 DEB_HOSTS := nginx libnginx-mod-http-lua lua-resty-core luajit2 libluajit2-5.1-dev lua-compat53-dev \
              lua-cqueues lua-luv
-DEB_TEST  := lua-busted lua-socket lua-cjson python3 openssl $(DEB_HOSTS)
+DEB_TEST  := lua-busted lua-socket lua-cjson python3 openssl redis-server $(DEB_HOSTS)
 DEB_TOOLS := lua-check luarocks
 # For lint, fuzz, test-asan and test-valgrind (`make deps-check`);
 # libclang-rt-14-dev has libFuzzer and the sanitizer runtimes.

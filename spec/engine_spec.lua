@@ -30,7 +30,7 @@ end
 -- The C flags every build of the module needs (the Makefile adds warnings
 -- and -fvisibility=hidden).
 local CFLAGS = "-std=c99 -D_POSIX_C_SOURCE=200809L " .. subprocess.lua_cflags .. " $(pkg-config --cflags libcurl)"
-local LIBS = "$(pkg-config --libs libcurl) -lm"
+local LIBS = "$(pkg-config --libs libcurl) -lhiredis -lm"
 
 -- For a subprocess: how many descriptors it has open now.
 local FDS = [[
@@ -370,6 +370,61 @@ describe("ratewise.core engine", function()
   end)
 end)
 
+describe("ratewise.core engine:watch", function()
+  local socket = require "socket"
+
+  -- A connected pair of loopback sockets.
+  local function pair()
+    local listener = assert(socket.bind("127.0.0.1", 0))
+    local _, port = listener:getsockname()
+    local a = assert(socket.connect("127.0.0.1", port))
+    local b = assert(listener:accept())
+    listener:close()
+    return a, b
+  end
+
+  it("reports a watched descriptor once when it is ready, among the finished transfers", function()
+    local e = assert(core.engine())
+    local a, b = pair()
+    local fd = b:getfd()
+    assert.is_true(e:watch(fd, "r"))
+    assert.equal(1, e:running()) -- something to poll for: no deadlock while it waits
+    local _, n = e:poll(0.05)
+    assert.equal(0, n)
+    a:send("x")
+    local out
+    out, n = e:poll(1)
+    assert.equal(1, n)
+    assert.equal(fd, out[1])
+    assert.equal(0, e:running())
+    a:send("y")
+    _, n = e:poll(0.05) -- once: it is armed again by the next watch
+    assert.equal(0, n)
+    assert.is_true(e:watch(fd, "w"))
+    out, n = e:poll(1)
+    assert.same({ 1, fd }, { n, out[1] })
+    assert.is_true(e:watch(fd, "r"))
+    e:unwatch(fd)
+    assert.equal(0, e:running())
+    _, n = e:poll(0.05)
+    assert.equal(0, n)
+    e:unwatch(fd) -- twice does nothing
+    a:close()
+    b:close()
+    e:close()
+  end)
+
+  it("refuses a mode or a descriptor that is not one", function()
+    local e = assert(core.engine())
+    assert.error_matches(function() e:watch(0, "x") end, "mode must be \"r\" or \"w\"", 1, true)
+    assert.error_matches(function() e:watch(-1, "r") end, "not a descriptor", 1, true)
+    local ok, err = e:watch(987654, "r")
+    assert.is_nil(ok)
+    assert.matches("cannot watch descriptor 987654", err)
+    e:close()
+  end)
+end)
+
 describe("core.random_bytes", function()
   it("returns n bytes from the kernel, different on each call", function()
     for _, n in ipairs { 1, 16, 256 } do
@@ -424,7 +479,7 @@ describe("ratewise.core as a shared object", function()
     assert(os.execute("mkdir -p " .. dir))
     local build = "cc -O2 -fPIC -D_POSIX_C_SOURCE=200809L " .. subprocess.lua_cflags
       .. " $(pkg-config --cflags libcurl) -shared -o "
-      .. dir .. "/core.so src/*.c $(pkg-config --libs libcurl) -lm 2>&1"
+      .. dir .. "/core.so src/*.c $(pkg-config --libs libcurl) -lhiredis -lm 2>&1"
     local out, built = sh(build)
     assert(built, "the build failed: " .. out)
     local p = assert(io.popen("nm -D --defined-only " .. dir .. "/core.so"))

@@ -258,6 +258,7 @@ int luaopen_ratewise_core(lua_State *L)
     rw_parse_register(L);
     rw_bucket_register(L);
     rw_engine_register(L);
+    rw_redis_register(L);
     lua_pushliteral(L, RW_VERSION);
     lua_setfield(L, -2, "version");
     lua_pushstring(L, curl_version());

@@ -105,6 +105,7 @@ double rwp_backoff(double attempt, double base, double max_delay,
 void rw_parse_register(struct lua_State *L); /* lparse.c */
 void rw_bucket_register(struct lua_State *L);
 void rw_engine_register(struct lua_State *L);
+void rw_redis_register(struct lua_State *L); /* redis.c */
 
 /* Clocks in seconds (core.c): monotonic for deadlines and buckets, the wall
  * clock only to compare with dates the server sent. */

@@ -1,0 +1,181 @@
+-- A small Redis client for the shared buckets (redis_bucket.lua): one
+-- connection of the C core (ratewise.Redis: hiredis formats and parses),
+-- one command at a time, every wait for its socket a wait on the engine
+-- (scheduler.await_fd), so that a task waiting on Redis waits with the
+-- transfers and never blocks the others. Not a general Redis client: it
+-- knows what the buckets need (AUTH, SELECT, EVALSHA, SCRIPT LOAD).
+local compat = require "ratewise.compat"
+local core = require "ratewise.core"
+local scheduler = require "ratewise.scheduler"
+
+local now = core.now
+local format, tonumber, type, tostring, setmetatable = string.format, tonumber, type, tostring, setmetatable
+
+local redis = {}
+
+-- After a failed connection, the next attempt waits this long: while Redis
+-- is down, callers learn it at once instead of each paying a timeout.
+local RECONNECT_AFTER = 0.5
+redis.RECONNECT_AFTER = RECONNECT_AFTER
+
+local function percent_decode(s)
+  return (s:gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end))
+end
+
+--- host, port, db, username, password = redis.parse_url(url) | nil, err
+-- redis://[[username]:password@]host[:port][/db]; an IPv6 host in brackets.
+function redis.parse_url(url)
+  if type(url) ~= "string" then return nil, "a redis:// URL must be a string" end
+  local rest = url:match("^redis://(.*)$")
+  if not rest then return nil, "not a redis:// URL" end
+  local userinfo, hostpart = rest:match("^([^@/]*)@(.*)$")
+  if not userinfo then hostpart = rest end
+  local username, password
+  if userinfo then
+    local u, p = userinfo:match("^([^:]*):(.*)$")
+    if u then username, password = u, p else password = userinfo end
+    if username == "" then username = nil end
+    username = username and percent_decode(username)
+    password = percent_decode(password)
+  end
+  local authority, path = hostpart:match("^([^/]*)(.*)$")
+  local host, port = authority:match("^%[([^%]]+)%]:?(%d*)$")
+  if not host then host, port = authority:match("^([^:]+):?(%d*)$") end
+  if not host or host == "" then return nil, "a redis:// URL needs a host" end
+  port = port ~= "" and tonumber(port) or 6379
+  if port < 1 or port > 65535 then return nil, "the port must be from 1 to 65535" end
+  local db = 0
+  if path ~= "" and path ~= "/" then
+    db = tonumber(path:match("^/(%d+)$"))
+    if not db then return nil, "the path of a redis:// URL is a database number (/0)" end
+  end
+  return host, port, db, username, password
+end
+
+local Client = {}
+Client.__index = Client
+
+--- client = redis.new{host = h, port = p, db = n, username = u, password = pw, timeout = s}
+function redis.new(opts)
+  return setmetatable({
+    host = opts.host, port = opts.port, db = opts.db or 0,
+    username = opts.username, password = opts.password,
+    timeout = opts.timeout,
+    conn = false,
+    down_until = -math.huge, down_reason = nil,
+    -- one command at a time on the connection; later callers queue
+    turn = scheduler.semaphore(1),
+    where = format("Redis at %s:%d", opts.host, opts.port),
+  }, Client)
+end
+
+-- The connection is dropped: after a timeout or an error its state is
+-- unknown (a reply may still come), so it is never used again.
+local function drop(self)
+  local conn = self.conn
+  if conn then
+    scheduler.engine():unwatch(conn:fd())
+    conn:close()
+    self.conn = false
+  end
+end
+
+local function failed(self, what, err)
+  drop(self)
+  return nil, format("%s: %s: %s", self.where, what, tostring(err))
+end
+
+local function wait_for(self, mode, deadline)
+  local ready, err = scheduler.await_fd(self.conn:fd(), mode, deadline)
+  if ready then return true end
+  return nil, err or format("no answer within %.3g s", self.timeout)
+end
+
+local function exchange(self, deadline, ...)
+  local conn = self.conn
+  conn:send(...)
+  while true do
+    local ok, err = conn:flush()
+    if ok then break end
+    if ok == nil then return failed(self, "sending", err) end
+    local ready, werr = wait_for(self, "w", deadline)
+    if not ready then return failed(self, "sending", werr) end
+  end
+  while true do
+    local ok, value = conn:read()
+    if ok then return value, nil end
+    if ok == nil then return failed(self, "reading", value) end
+    local ready, werr = wait_for(self, "r", deadline)
+    if not ready then return failed(self, "waiting for a reply", werr) end
+  end
+end
+
+local function connect(self, deadline)
+  local conn, err = core.redis_connect(self.host, self.port)
+  if not conn then return nil, format("%s: %s", self.where, err) end
+  self.conn = conn
+  while true do
+    local ok, cerr = conn:connected()
+    if ok then break end
+    if ok == nil then return failed(self, "connecting", cerr) end
+    local ready, werr = wait_for(self, "w", deadline)
+    if not ready then return failed(self, "connecting", werr) end
+  end
+  if self.password then
+    local reply, rerr
+    if self.username then
+      reply, rerr = exchange(self, deadline, "AUTH", self.username, self.password)
+    else
+      reply, rerr = exchange(self, deadline, "AUTH", self.password)
+    end
+    if rerr then return nil, rerr end
+    -- the server's words, never the password
+    if type(reply) == "table" then return failed(self, "AUTH", reply.err) end
+  end
+  if self.db ~= 0 then
+    local reply, rerr = exchange(self, deadline, "SELECT", self.db)
+    if rerr then return nil, rerr end
+    if type(reply) == "table" and reply.err then return failed(self, "SELECT " .. self.db, reply.err) end
+  end
+  return true
+end
+
+--- reply | nil, err = client:call(...): one command and its reply (an error
+-- reply is {err = message}). err is a string naming Redis and what failed:
+-- it could not be reached, did not answer within the timeout, or closed
+-- the connection. The next call connects again.
+local function call(self, deadline, ...)
+  if not self.conn then
+    if now() < self.down_until then return nil, self.down_reason end
+    local ok, err = connect(self, deadline)
+    if not ok then
+      self.down_until, self.down_reason = now() + RECONNECT_AFTER, err
+      return nil, err
+    end
+  end
+  return exchange(self, deadline, ...)
+end
+
+function Client:call(...)
+  local deadline = now() + self.timeout
+  if not self.turn:acquire(self.timeout) then
+    return nil, format("%s: no answer within %.3g s (waiting for the connection)", self.where, self.timeout)
+  end
+  -- A caller cancelled mid-command leaves the connection in an unknown
+  -- state and the turn taken: both are put right before the error goes on.
+  local ok, reply, err = compat.pcall(call, self, deadline, ...)
+  if not ok then
+    drop(self)
+    self.turn:release()
+    error(reply, 0)
+  end
+  self.turn:release()
+  return reply, err
+end
+
+--- client:close(): drops the connection (a later call makes a new one).
+function Client:close()
+  drop(self)
+end
+
+return redis
