@@ -404,7 +404,9 @@ end
 local function limiter_methods(limiter)
   local m = limiter_methods_of[limiter]
   if not m then
-    m = { wait_time = optional_method(limiter, "wait_time"), observe = optional_method(limiter, "observe") }
+    local ok, honors = pcall(function() return limiter.honors_max_wait == true end)
+    m = { wait_time = optional_method(limiter, "wait_time"), observe = optional_method(limiter, "observe"),
+      honors_max_wait = ok and honors }
     limiter_methods_of[limiter] = m
   end
   return m
@@ -535,7 +537,10 @@ function fetch.fetch(url, opts)
       -- with nothing taken (the token stays for a call that can use it).
       local left = deadline - now()
       local wait_time = limiter_methods(limiter).wait_time
-      if wait_time then
+      -- A limiter whose acquire says itself when it cannot serve within
+      -- max_wait (a shared bucket, for which each question is a round trip
+      -- to Redis) is not asked first.
+      if wait_time and not limiter_methods(limiter).honors_max_wait then
         local wait = guarded("limiter", "wait_time", wait_time, limiter, cost)
         if type(wait) ~= "number" or wait ~= wait then
           error(format("fetch: option 'limiter': wait_time must return a number of seconds (got %s)",
@@ -550,11 +555,20 @@ function fetch.fetch(url, opts)
       end
       -- The time left goes along: a limiter that knows it cannot serve in
       -- time answers false and takes nothing.
-      if guarded("limiter", "acquire", limiter.acquire, limiter, cost, opts.sleep, left) == false then
+      local acquired, why = guarded("limiter", "acquire", limiter.acquire, limiter, cost, opts.sleep, left)
+      if acquired == false then
         state = state or new_state(started, method, shown_url, max_elapsed, on_event)
         return budget_error(state, format("the limiter could not serve %s token%s within the %.2f s left",
           tostring(cost), cost == 1 and "" or "s", left > 0 and left or 0), state.last_response,
           state.last_transport)
+      elseif acquired == nil and why ~= nil then
+        -- The limiter could not answer (a shared bucket whose Redis is
+        -- down, with on_error = "closed"): the call ends with its error.
+        state = state or new_state(started, method, shown_url, max_elapsed, on_event)
+        local kind = type(why) == "table" and type(why.kind) == "string" and why.kind or "limiter_unavailable"
+        local message = type(why) == "table" and why.message or tostring(why)
+        return nil, fetch_error(kind, format("%s: %s; nothing was sent", method .. " " .. shown_url,
+          tostring(message)), state, state.last_response, state.last_transport)
       end
     end
     local sent_at = now()

@@ -4,6 +4,7 @@
 local core = require "ratewise.core"
 local adaptive = require "ratewise.adaptive"
 local bucket = require "ratewise.bucket"
+local redis_bucket = require "ratewise.redis_bucket"
 local circuit = require "ratewise.circuit"
 local client = require "ratewise.client"
 local compat = require "ratewise.compat"
@@ -38,6 +39,8 @@ local ratewise = {
   bucket = bucket.new,
   --- limiter = rw.adaptive{[rate = r] [, max_rate = m] [, min_rate = f] [, burst = b] [, beta = x] [, near = y]}
   adaptive = adaptive.new,
+  --- limiter = rw.redis_bucket{redis = url | client, key = name, capacity = C, rate = R [, on_error = "local"]}
+  redis_bucket = redis_bucket.new,
   --- res | nil, err = rw.fetch(url [, opts])
   fetch = fetch.fetch,
   --- seconds on the monotonic clock

@@ -1,0 +1,333 @@
+-- rw.redis_bucket{...}: one limit shared by every process that names the
+-- same key, kept in Redis. The state is GCRA's one number per key (the
+-- "theoretical arrival time" of the next request, as redis-cell and
+-- throttled keep it), read and written by one server-side Lua script, on
+-- the Redis server's clock (TIME): clients with skewed clocks share one
+-- rate. One round trip per acquire: the script reserves the tokens and
+-- answers how long to wait, and the wait is done here, through the seam.
+local bucket = require "ratewise.bucket"
+local redis = require "ratewise.redis"
+local runtime = require "ratewise.runtime"
+
+local format, floor, huge = string.format, math.floor, math.huge
+local type, tostring, pairs, error, setmetatable = type, tostring, pairs, error, setmetatable
+
+local redis_bucket = {}
+
+-- Seconds a call to Redis may take (connect included) before on_error
+-- decides: long enough for a loaded Redis on a LAN, short next to the
+-- requests it paces.
+local DEFAULT_TIMEOUT = 0.25
+redis_bucket.DEFAULT_TIMEOUT = DEFAULT_TIMEOUT
+
+-- The script. Times are integer microseconds of the server's clock.
+-- ARGV: microseconds a token, capacity, n, operation, and for "reserve"
+-- the longest wait accepted (-1: any), for "sync" the tokens remaining in
+-- millionths and the microseconds until the reset. Answers {wait, granted,
+-- tokens in millionths}. A key whose bucket is full again is deleted (its
+-- expiry is when it would be full): an idle bucket costs Redis nothing.
+local SCRIPT = [[
+if redis.replicate_commands then redis.replicate_commands() end
+local key = KEYS[1]
+local interval, capacity, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local op, arg, arg2 = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local tat = tonumber(redis.call('GET', key) or now) or now
+if tat < now then tat = now end
+local burst = capacity * interval
+local function store(v)
+  if v <= now then
+    redis.call('DEL', key)
+  else
+    redis.call('SET', key, string.format('%.0f', v), 'PX', math.ceil((v - now) / 1000) + 1000)
+  end
+end
+local function tokens(v) return math.floor((burst - (v - now)) * 1000000 / interval) end
+if op == 'peek' then
+  local wait = tat + n * interval - burst - now
+  return { wait > 0 and math.ceil(wait) or 0, 0, tokens(tat) }
+elseif op == 'take' or op == 'reserve' then
+  local new = tat + n * interval
+  local wait = new - burst - now
+  if wait < 0 then wait = 0 end
+  if (op == 'take' and wait > 0) or (op == 'reserve' and arg >= 0 and wait > arg) then
+    return { math.ceil(wait), 0, tokens(tat) }
+  end
+  store(new)
+  return { math.ceil(wait), 1, tokens(new) }
+elseif op == 'refund' then
+  local new = tat - n * interval
+  if new < now then new = now end
+  store(new)
+  return { 0, 1, tokens(new) }
+elseif op == 'sync' then
+  local least
+  if arg >= 1000000 then
+    least = now + (capacity - arg / 1000000) * interval
+  else
+    least = now + (capacity - 1) * interval + arg2
+  end
+  if least > tat then
+    store(least)
+    tat = least
+  end
+  return { 0, 1, tokens(tat) }
+end
+return redis.error_reply('ratewise: unknown operation ' .. tostring(op))
+]]
+redis_bucket.SCRIPT = SCRIPT
+
+local RedisBucket = {}
+RedisBucket.__index = RedisBucket
+RedisBucket.__name = "ratewise.RedisBucket"
+-- fetch passes the time its call has left to acquire (max_wait) and asks
+-- nothing first: one round trip per attempt.
+RedisBucket.honors_max_wait = true
+
+local error_mt = {
+  __tostring = function(e) return "ratewise: " .. e.kind .. ": " .. e.message end,
+}
+
+-- The error an acquire ends with when Redis fails and on_error is "closed".
+local function unavailable(self, err)
+  return setmetatable({
+    kind = "limiter_unavailable",
+    message = format("redis_bucket '%s': %s", self.name, tostring(err)),
+  }, error_mt)
+end
+
+-- Runs the script through a client of our own (a redis:// URL).
+local function run_own(self, ...)
+  local client = self.client
+  if not self.sha then
+    local sha, err = client:call("SCRIPT", "LOAD", SCRIPT)
+    if not sha then return nil, err end
+    if type(sha) ~= "string" then return nil, format("SCRIPT LOAD: %s", tostring(sha.err)) end
+    self.sha = sha
+  end
+  local reply, err = client:call("EVALSHA", self.sha, 1, self.key, ...)
+  if type(reply) == "table" and reply.err and reply.err:find("^NOSCRIPT") then
+    -- Redis restarted, or its scripts were flushed: EVAL loads it again.
+    reply, err = client:call("EVAL", SCRIPT, 1, self.key, ...)
+  end
+  if not reply then return nil, err end
+  if reply.err then return nil, "Redis answered: " .. reply.err end
+  return reply
+end
+
+-- Runs the script through a caller's client object with evalsha and eval
+-- (resty.redis in OpenResty, or one of the same shape): res | nil, err.
+local function run_object(self, ...)
+  local object = self.object
+  if self.sha == nil then
+    -- resty.redis has script("load", ...); a client without it runs EVAL
+    local ok, sha = pcall(function() return object:script("load", SCRIPT) end)
+    self.sha = ok and type(sha) == "string" and sha or false
+  end
+  local reply, err
+  if self.sha then reply, err = object:evalsha(self.sha, 1, self.key, ...) end
+  if not self.sha or (not reply and type(err) == "string" and err:find("NOSCRIPT", 1, true)) then
+    reply, err = object:eval(SCRIPT, 1, self.key, ...)
+  end
+  if not reply then return nil, format("Redis: %s", tostring(err)) end
+  return reply
+end
+
+local function run(self, op, n, arg, arg2)
+  local reply, err = self.run(self, self.interval, self.capacity_n, n, op, arg or -1, arg2 or 0)
+  if not reply then return nil, err end
+  if type(reply) ~= "table" or type(reply[1]) ~= "number" then
+    return nil, format("Redis answered the script with %s", type(reply))
+  end
+  return reply
+end
+
+local function check_n(self, n, method)
+  if n == nil then return 1 end
+  if type(n) ~= "number" or n ~= n or n <= 0 or n == huge then
+    error(format("bad argument #1 to '%s' (token count must be a positive number, got %s)", method,
+      tostring(n)), 3)
+  end
+  if n > self.capacity_n then
+    error(format("bad argument #1 to '%s' (%s tokens asked of a bucket whose capacity is %s: "
+      .. "it could never be served)", method, tostring(n), tostring(self.capacity_n)), 3)
+  end
+  return n
+end
+
+--- true | false, wait | nil, err = b:acquire([n [, sleep [, max_wait]]])
+-- As a bucket's acquire, against the shared limit. When Redis fails:
+-- on_error "closed" answers nil and an error of kind "limiter_unavailable";
+-- "local" serves from the local bucket until Redis answers again.
+function RedisBucket:acquire(n, sleep, max_wait)
+  n = check_n(self, n, "acquire")
+  if sleep ~= nil and type(sleep) ~= "function" then
+    error(format("bad argument #2 to 'acquire' (sleep must be a function, got %s)", type(sleep)), 2)
+  end
+  if max_wait ~= nil and (type(max_wait) ~= "number" or max_wait ~= max_wait or max_wait < 0) then
+    error(format("bad argument #3 to 'acquire' (max_wait must be a non-negative number of seconds, got %s)",
+      tostring(max_wait)), 2)
+  end
+  local limit = max_wait and max_wait < huge and floor(max_wait * 1e6) or -1
+  local reply, err = run(self, "reserve", n, limit)
+  if not reply then
+    if self.fallback then return self.fallback:acquire(n, sleep, max_wait) end
+    return nil, unavailable(self, err)
+  end
+  local wait = reply[1] / 1e6
+  if reply[2] ~= 1 then return false, wait end
+  -- The tokens are reserved on the server; a waiter cancelled now has
+  -- spent them (giving them back would be a call to Redis from a task
+  -- that is being torn down).
+  if wait > 0 then runtime.sleep(wait, sleep) end
+  return true
+end
+
+--- true | false, wait | nil, err = b:take([n])
+function RedisBucket:take(n)
+  n = check_n(self, n, "take")
+  local reply, err = run(self, "take", n)
+  if not reply then
+    if self.fallback then return self.fallback:take(n) end
+    return nil, unavailable(self, err)
+  end
+  if reply[2] == 1 then return true end
+  return false, reply[1] / 1e6
+end
+
+--- seconds | nil, err = b:wait_time([n])
+function RedisBucket:wait_time(n)
+  n = check_n(self, n, "wait_time")
+  local reply, err = run(self, "peek", n)
+  if not reply then
+    if self.fallback then return self.fallback:wait_time(n) end
+    return nil, unavailable(self, err)
+  end
+  return reply[1] / 1e6
+end
+
+--- tokens | nil, err = b:tokens(): the shared balance now.
+function RedisBucket:tokens()
+  local reply, err = run(self, "peek", 1)
+  if not reply then
+    if self.fallback then return self.fallback:tokens() end
+    return nil, unavailable(self, err)
+  end
+  return reply[3] / 1e6
+end
+
+--- b:refund([n]): gives back tokens taken and not used.
+function RedisBucket:refund(n)
+  n = check_n(self, n, "refund")
+  local reply = run(self, "refund", n)
+  if not reply and self.fallback then self.fallback:refund(n) end
+end
+
+--- b:sync(remaining [, reset_in]): what the server says of its quota,
+-- applied to the shared bucket (never raised, and never further off than a
+-- day, as a local bucket's sync).
+function RedisBucket:sync(remaining, reset_in)
+  if type(remaining) ~= "number" or remaining ~= remaining then return end
+  if remaining < 0 then remaining = 0 end
+  if remaining > self.capacity_n then remaining = self.capacity_n end
+  reset_in = type(reset_in) == "number" and reset_in == reset_in and reset_in or 0
+  if reset_in < 0 then reset_in = 0 end
+  if reset_in > self.horizon then reset_in = self.horizon end
+  local reply = run(self, "sync", 1, floor(remaining * 1e6), floor(reset_in * 1e6))
+  if not reply and self.fallback then self.fallback:sync(remaining, reset_in) end
+end
+
+function RedisBucket:capacity() return self.capacity_n end
+function RedisBucket:rate() return self.rate_n end
+
+--- b:close(): drops its connection (a later call makes a new one).
+function RedisBucket:close()
+  if self.client then self.client:close() end
+end
+
+RedisBucket.__tostring = function(b)
+  return format("ratewise.RedisBucket (%s, capacity %g, %g/s)", b.key, b.capacity_n, b.rate_n)
+end
+
+local known_options = {
+  redis = true, key = true, capacity = true, rate = true, on_error = true, timeout = true,
+  local_share = true, sync_horizon = true,
+}
+local OPTION_LIST = "redis, key, capacity, rate, on_error, timeout, local_share, sync_horizon"
+
+local function positive(opts, name, default)
+  local v = opts[name]
+  if v == nil then
+    if default == nil then error(format("redis_bucket: option '%s' is required", name), 3) end
+    return default
+  end
+  if type(v) ~= "number" or v ~= v or v <= 0 or v == huge then
+    error(format("redis_bucket: option '%s' must be a positive number (got %s)", name, tostring(v)), 3)
+  end
+  return v
+end
+
+--- b = rw.redis_bucket{redis = url | client, key = name, capacity = C, rate = R
+--   [, on_error = "closed" | "local"] [, timeout = s] [, local_share = f] [, sync_horizon = s]}
+function redis_bucket.new(opts)
+  if type(opts) ~= "table" then
+    error(format("redis_bucket: options must be a table (got %s)", type(opts)), 2)
+  end
+  for k in pairs(opts) do
+    if not known_options[k] then
+      error(format("redis_bucket: unknown option '%s' (expected %s)", tostring(k), OPTION_LIST), 2)
+    end
+  end
+  local key = opts.key
+  if type(key) ~= "string" or key == "" then
+    error(format("redis_bucket: option 'key' must be a non-empty string (got %s)", tostring(key)), 2)
+  end
+  local capacity, rate = positive(opts, "capacity"), positive(opts, "rate")
+  if capacity > 1e9 then error("redis_bucket: option 'capacity' is too large (at most 1e9)", 2) end
+  if rate > 1e6 then error("redis_bucket: option 'rate' is too large (at most 1e6 a second)", 2) end
+  local interval = 1e6 / rate
+  if interval * capacity > 1e15 then error("redis_bucket: option 'rate' is too small for that capacity", 2) end
+  local timeout = positive(opts, "timeout", DEFAULT_TIMEOUT)
+  local local_share = positive(opts, "local_share", 1)
+  if local_share > 1 then error("redis_bucket: option 'local_share' must be at most 1", 2) end
+  local on_error = opts.on_error or "closed"
+  if on_error ~= "closed" and on_error ~= "local" then
+    error(format("redis_bucket: option 'on_error' must be \"closed\" or \"local\" (got %s)", tostring(on_error)),
+      2)
+  end
+  local self = setmetatable({
+    name = key,
+    -- The hash tag keeps the bucket on one node of a Redis Cluster.
+    key = "ratewise:{" .. key .. "}",
+    capacity_n = capacity, rate_n = rate, interval = interval,
+    horizon = positive(opts, "sync_horizon", 86400),
+  }, RedisBucket)
+  local target = opts.redis
+  if type(target) == "string" then
+    local host, port, db, username, password = redis.parse_url(target)
+    if not host then
+      -- the URL is not repeated: it may hold a password
+      error(format("redis_bucket: option 'redis': %s", port), 2)
+    end
+    self.client = redis.new { host = host, port = port, db = db, username = username, password = password,
+      timeout = timeout }
+    self.run = run_own
+  elseif (type(target) == "table" or type(target) == "userdata") then
+    local ok, has = pcall(function() return type(target.evalsha) == "function" and type(target.eval) == "function" end)
+    if not (ok and has) then
+      error("redis_bucket: option 'redis' must be a redis:// URL or a client with evalsha and eval", 2)
+    end
+    self.object = target
+    self.run = run_object
+  else
+    error(format("redis_bucket: option 'redis' must be a redis:// URL or a client with evalsha and eval "
+      .. "(got %s)", type(target)), 2)
+  end
+  if on_error == "local" then
+    self.fallback = bucket.new { capacity = capacity, rate = rate * local_share }
+  end
+  return self
+end
+
+return redis_bucket

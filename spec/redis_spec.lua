@@ -1,0 +1,230 @@
+-- rw.redis_bucket against a real redis-server the suite starts (Debian's,
+-- no persistence, a free port), and the test server seeing what the
+-- processes sharing it send.
+local rw = require "ratewise"
+local server = require "spec.support.server"
+local redis = require "spec.support.redis"
+local subprocess = require "spec.support.subprocess"
+local socket_sleep = require("socket").sleep
+
+-- A program that calls fetch through a shared bucket for `seconds` in two
+-- tasks, and prints "ok N failed M kinds...".
+local WORKER = [[
+local rw = require "ratewise"
+local url, redis_url, seconds, on_error, rate = arg[1], arg[2], tonumber(arg[3]), arg[4], tonumber(arg[5])
+local limiter = rw.redis_bucket { redis = redis_url, key = "shared", capacity = 1, rate = rate,
+  on_error = on_error, timeout = 0.2 }
+local ok, failed, kinds, slowest = 0, 0, {}, 0
+local stop_at = rw.now() + seconds
+rw.run(function()
+  for _ = 1, 2 do
+    rw.spawn(function()
+      while rw.now() < stop_at do
+        local t0 = rw.now()
+        local res, err = rw.fetch(url, { limiter = limiter, on_retry = false, max_retries = 0, max_elapsed = 5 })
+        slowest = math.max(slowest, rw.now() - t0)
+        if res then ok = ok + 1 else
+          failed = failed + 1
+          kinds[err.kind] = true
+          if err.kind == "limiter_unavailable" then rw.sleep(0.05) end
+        end
+      end
+    end)
+  end
+end)
+local names = {}
+for k in pairs(kinds) do names[#names + 1] = k end
+print(string.format("ok %d failed %d slowest %.3f kinds %s", ok, failed, slowest, table.concat(names, ",")))
+]]
+
+local function workers(n, s_url, r_url, seconds, on_error, rate, during)
+  local file = os.tmpname()
+  local f = assert(io.open(file, "w"))
+  f:write(WORKER)
+  f:close()
+  local outs = {}
+  local cmd = {}
+  for i = 1, n do
+    outs[i] = os.tmpname()
+    cmd[#cmd + 1] = subprocess.env .. "timeout 30 " .. subprocess.lua .. " " .. file .. " " .. s_url .. " " .. r_url
+      .. " " .. seconds .. " " .. on_error .. " " .. rate .. " > " .. outs[i] .. " 2>&1 &"
+  end
+  local p = assert(io.popen("{ " .. table.concat(cmd, " ") .. " wait; } 2>&1"))
+  if during then during() end
+  p:read("*a")
+  p:close()
+  local results = {}
+  for i = 1, n do
+    local o = assert(io.open(outs[i]))
+    results[i] = o:read("*a")
+    o:close()
+    os.remove(outs[i])
+  end
+  os.remove(file)
+  return results
+end
+
+describe("rw.redis_bucket", function()
+  local s, r
+
+  setup(function()
+    s = server.start()
+    r = redis.start()
+  end)
+  teardown(function()
+    s:stop()
+    r:destroy()
+  end)
+  before_each(function()
+    s:reset()
+    r:cli("FLUSHALL")
+  end)
+
+  it("is one bucket for every object that names the same key, on the server's clock", function()
+    local a = rw.redis_bucket { redis = r.url, key = "k", capacity = 2, rate = 10 }
+    local b = rw.redis_bucket { redis = r.url, key = "k", capacity = 2, rate = 10 }
+    local other = rw.redis_bucket { redis = r.url, key = "other", capacity = 2, rate = 10 }
+    assert.is_true((a:take()))
+    assert.is_true((b:take()))
+    local ok, wait = a:take()
+    assert.is_false(ok)
+    assert.near(0.1, wait, 0.01)
+    assert.near(0.1, b:wait_time(), 0.01)
+    assert.near(0, b:tokens(), 0.05)
+    assert.is_true((other:take(2)))
+    local t0 = rw.now()
+    assert.is_true(a:acquire())
+    assert.near(0.1, rw.now() - t0, 0.03)
+    b:refund()
+    assert.is_true((a:take()))
+  end)
+
+  it("keeps its key under a hash tag, and lets it expire once the bucket is full again", function()
+    local b = rw.redis_bucket { redis = r.url, key = "api-key-7", capacity = 1, rate = 20 }
+    assert.is_true((b:take()))
+    assert.equal("ratewise:{api-key-7}", r:cli("KEYS", "*"))
+    local ttl = tonumber(r:cli("PTTL", "ratewise:{api-key-7}"))
+    assert.is_true(ttl > 0 and ttl <= 1100, "expires in " .. ttl .. " ms")
+    assert.is_true(b:acquire()) -- the reservation pushes the expiry on
+    socket_sleep(0.2)
+    assert.near(1, b:tokens(), 0.01)
+  end)
+
+  it("reloads its script when Redis forgot it (NOSCRIPT), and takes one command per acquire", function()
+    local b = rw.redis_bucket { redis = r.url, key = "k", capacity = 100, rate = 1000 }
+    assert.is_true(b:acquire())
+    r:cli("SCRIPT", "FLUSH")
+    r:cli("CONFIG", "RESETSTAT")
+    assert.is_true(b:acquire()) -- NOSCRIPT, then EVAL
+    for _ = 1, 10 do assert(rw.fetch(s:url("/x"), { limiter = b, on_retry = false })) end
+    local stats = r:cli("INFO", "commandstats")
+    local evalsha = tonumber(stats:match("cmdstat_evalsha:calls=(%d+)"))
+    local eval = tonumber(stats:match("cmdstat_eval:calls=(%d+)"))
+    assert.equal(11, evalsha)
+    assert.equal(1, eval)
+    assert.equal(10, #s:log("/x"))
+  end)
+
+  it("keeps four processes to one rate: the server sees 100 a second, within 2 %", function()
+    local results = workers(4, s:url("/shared"), r.url, 3, "closed", 100)
+    local total = 0
+    for _, out in ipairs(results) do
+      local ok, failed = out:match("ok (%d+) failed (%d+)")
+      assert(ok, out)
+      assert.equal("0", failed, out)
+      total = total + tonumber(ok)
+    end
+    local log = s:log("/shared")
+    assert.equal(total, #log)
+    local first, last = log[1].t, log[#log].t
+    local rate = (#log - 1) / (last - first)
+    assert.is_true(math.abs(rate - 100) <= 2, string.format("%d requests over %.3f s: %.2f a second", #log,
+      last - first, rate))
+  end)
+
+  it("on_error = closed: with Redis stopped every call ends at once with kind limiter_unavailable", function()
+    local results = workers(4, s:url("/closed"), r.url, 2, "closed", 50, function()
+      require("socket").sleep(0.5)
+      r:stop()
+    end)
+    r:restart()
+    for _, out in ipairs(results) do
+      local ok, failed, slowest, kinds = out:match("ok (%d+) failed (%d+) slowest ([%d.]+) kinds (%S*)")
+      assert(ok, out)
+      assert.is_true(tonumber(ok) > 0, out)
+      assert.is_true(tonumber(failed) > 0, out)
+      assert.equal("limiter_unavailable", kinds, out)
+      assert.is_true(tonumber(slowest) < 0.5, "a call took " .. slowest .. " s")
+    end
+    -- what the server saw stopped when Redis did (nothing went out unpaced)
+    local log = s:log("/closed")
+    assert.is_true(#log <= 0.6 * 50 + 5, #log .. " requests")
+  end)
+
+  it("on_error = local: with Redis stopped each process goes on at its local rate, and back to Redis after", function()
+    local b = rw.redis_bucket { redis = r.url, key = "k", capacity = 1, rate = 20, on_error = "local",
+      timeout = 0.1 }
+    assert.is_true(b:acquire())
+    r:stop()
+    local t0 = rw.now()
+    for _ = 1, 5 do assert.is_true(b:acquire()) end
+    local took = rw.now() - t0
+    assert.is_true(took >= 0.15 and took < 1, "the local bucket paced 5 acquires in " .. took .. " s")
+    r:restart()
+    socket_sleep(0.6) -- the reconnect pause (redis.RECONNECT_AFTER)
+    assert.is_true(b:acquire())
+    assert.equal("ratewise:{k}", r:cli("KEYS", "*"))
+  end)
+
+  it("picks up a restarted Redis: a call after the restart is served by it", function()
+    local b = rw.redis_bucket { redis = r.url, key = "k", capacity = 5, rate = 5, timeout = 0.1 }
+    assert.is_true((b:take()))
+    r:stop()
+    local res, err = b:take()
+    assert.is_nil(res)
+    assert.equal("limiter_unavailable", err.kind)
+    assert.matches("Redis at 127%.0%.0%.1:%d+", err.message)
+    r:restart()
+    socket_sleep(0.6)
+    assert.is_true((b:take()))
+  end)
+
+  it("never shows the password of its URL, and refuses options that make no sense", function()
+    local b = rw.redis_bucket { redis = "redis://:hunter2@127.0.0.1:1", key = "k", capacity = 1, rate = 1,
+      timeout = 0.1 }
+    local _, err = b:acquire()
+    assert.equal("limiter_unavailable", err.kind)
+    assert.is_nil(tostring(err):find("hunter2", 1, true))
+    assert.error_matches(function() rw.redis_bucket { redis = r.url, key = "k", capacity = 1, rate = 1, ttl = 5 } end,
+      "unknown option 'ttl'", 1, true)
+    assert.error_matches(function() rw.redis_bucket { redis = r.url, key = "", capacity = 1, rate = 1 } end,
+      "option 'key' must be a non-empty string", 1, true)
+    assert.error_matches(function() rw.redis_bucket { redis = r.url, key = "k", rate = 1 } end,
+      "option 'capacity' is required", 1, true)
+    assert.error_matches(function()
+      rw.redis_bucket { redis = r.url, key = "k", capacity = 1, rate = 1, on_error = "open" }
+    end, "option 'on_error' must be \"closed\" or \"local\"", 1, true)
+    local ok, msg = pcall(rw.redis_bucket, { redis = "http://:hunter2@x", key = "k", capacity = 1, rate = 1 })
+    assert.is_false(ok)
+    assert.matches("not a redis:// URL", msg)
+    assert.is_nil(msg:find("hunter2", 1, true))
+    assert.error_matches(function() rw.redis_bucket { redis = 5, key = "k", capacity = 1, rate = 1 } end,
+      "must be a redis:// URL or a client with evalsha and eval", 1, true)
+    assert.error_matches(function() b:acquire(2) end, "could never be served", 1, true)
+  end)
+
+  it("takes a client object with evalsha and eval (the shape of resty.redis)", function()
+    local own = require("ratewise.redis").new { host = "127.0.0.1", port = r.port, timeout = 1 }
+    local calls = {}
+    local object = {
+      evalsha = function(_, ...) calls[#calls + 1] = "evalsha"; local v = own:call("EVALSHA", ...)
+        if type(v) == "table" and v.err then return nil, v.err end return v end,
+      eval = function(_, ...) calls[#calls + 1] = "eval"; return own:call("EVAL", ...) end,
+    }
+    local b = rw.redis_bucket { redis = object, key = "obj", capacity = 2, rate = 10 }
+    assert.is_true((b:take()))
+    assert.is_true((b:take()))
+    assert.is_false((b:take()))
+    assert.same({ "eval", "eval", "eval" }, calls) -- no script("load"): EVAL each time
+  end)
+end)
