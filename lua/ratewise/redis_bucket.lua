@@ -6,6 +6,7 @@
 -- rate. One round trip per acquire: the script reserves the tokens and
 -- answers how long to wait, and the wait is done here, through the seam.
 local bucket = require "ratewise.bucket"
+local gcra = require "ratewise.gcra"
 local redis = require "ratewise.redis"
 local runtime = require "ratewise.runtime"
 
@@ -20,61 +21,28 @@ local redis_bucket = {}
 local DEFAULT_TIMEOUT = 0.25
 redis_bucket.DEFAULT_TIMEOUT = DEFAULT_TIMEOUT
 
--- The script. Times are integer microseconds of the server's clock.
--- ARGV: microseconds a token, capacity, n, operation, and for "reserve"
--- the longest wait accepted (-1: any), for "sync" the tokens remaining in
--- millionths and the microseconds until the reset. Answers {wait, granted,
--- tokens in millionths}. A key whose bucket is full again is deleted (its
--- expiry is when it would be full): an idle bucket costs Redis nothing.
-local SCRIPT = [[
+-- The script: GCRA's step (gcra.lua) on the key, at the server's time, in
+-- integer microseconds. ARGV: microseconds a token, capacity, n,
+-- operation, and its two arguments. Answers {wait, granted, tokens in
+-- millionths}. A key whose bucket is full again is deleted (its expiry is
+-- when it would be full): an idle bucket costs Redis nothing.
+local SCRIPT = gcra.SOURCE .. [[
 if redis.replicate_commands then redis.replicate_commands() end
 local key = KEYS[1]
-local interval, capacity, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local op, arg, arg2 = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local tat = tonumber(redis.call('GET', key) or now) or now
-if tat < now then tat = now end
-local burst = capacity * interval
-local function store(v)
-  if v <= now then
+local new, wait, granted, tokens = gcra_step(ARGV[4], tat, now, tonumber(ARGV[1]), tonumber(ARGV[2]),
+  tonumber(ARGV[3]), tonumber(ARGV[5]), tonumber(ARGV[6]))
+if not wait then return redis.error_reply('ratewise: unknown operation ' .. tostring(ARGV[4])) end
+if new then
+  if new <= now then
     redis.call('DEL', key)
   else
-    redis.call('SET', key, string.format('%.0f', v), 'PX', math.ceil((v - now) / 1000) + 1000)
+    redis.call('SET', key, string.format('%.0f', new), 'PX', math.ceil((new - now) / 1000) + 1000)
   end
 end
-local function tokens(v) return math.floor((burst - (v - now)) * 1000000 / interval) end
-if op == 'peek' then
-  local wait = tat + n * interval - burst - now
-  return { wait > 0 and math.ceil(wait) or 0, 0, tokens(tat) }
-elseif op == 'take' or op == 'reserve' then
-  local new = tat + n * interval
-  local wait = new - burst - now
-  if wait < 0 then wait = 0 end
-  if (op == 'take' and wait > 0) or (op == 'reserve' and arg >= 0 and wait > arg) then
-    return { math.ceil(wait), 0, tokens(tat) }
-  end
-  store(new)
-  return { math.ceil(wait), 1, tokens(new) }
-elseif op == 'refund' then
-  local new = tat - n * interval
-  if new < now then new = now end
-  store(new)
-  return { 0, 1, tokens(new) }
-elseif op == 'sync' then
-  local least
-  if arg >= 1000000 then
-    least = now + (capacity - arg / 1000000) * interval
-  else
-    least = now + (capacity - 1) * interval + arg2
-  end
-  if least > tat then
-    store(least)
-    tat = least
-  end
-  return { 0, 1, tokens(tat) }
-end
-return redis.error_reply('ratewise: unknown operation ' .. tostring(op))
+return { wait, granted, tokens }
 ]]
 redis_bucket.SCRIPT = SCRIPT
 
