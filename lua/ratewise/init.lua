@@ -5,6 +5,7 @@ local core = require "ratewise.core"
 local adaptive = require "ratewise.adaptive"
 local bucket = require "ratewise.bucket"
 local redis_bucket = require "ratewise.redis_bucket"
+local shared_bucket = require "ratewise.shared_bucket"
 local circuit = require "ratewise.circuit"
 local client = require "ratewise.client"
 local compat = require "ratewise.compat"
@@ -41,6 +42,8 @@ local ratewise = {
   adaptive = adaptive.new,
   --- limiter = rw.redis_bucket{redis = url | client, key = name, capacity = C, rate = R [, on_error = "local"]}
   redis_bucket = redis_bucket.new,
+  --- limiter = rw.shared_bucket{dict = name, [key = name,] capacity = C, rate = R}: nginx workers' shared limit
+  shared_bucket = shared_bucket.new,
   --- res | nil, err = rw.fetch(url [, opts])
   fetch = fetch.fetch,
   --- seconds on the monotonic clock

@@ -46,9 +46,10 @@ end
 local Nginx = {}
 Nginx.__index = Nginx
 
---- n = nginx.start{http = snippet, server = snippet}: starts nginx (one
--- worker) listening on a free port of 127.0.0.1, with the snippets in its
--- http and server blocks; waits until it answers.
+--- n = nginx.start{http = snippet, server = snippet [, workers = n]}:
+-- starts nginx (one worker unless told) listening on a free port of
+-- 127.0.0.1, with the snippets in its http and server blocks; waits until
+-- it answers.
 function M.start(opts)
   local root = cwd()
   local cpath = os.getenv("RATEWISE_LUAJIT_CPATH") or "./build-luajit/?.so"
@@ -60,7 +61,7 @@ function M.start(opts)
   local conf = table.concat({
     "load_module " .. M.MODULES .. "/ndk_http_module.so;",
     "load_module " .. M.MODULES .. "/ngx_http_lua_module.so;",
-    "worker_processes 1;",
+    "worker_processes " .. (opts.workers or 1) .. ";",
     "user root;",
     "pid " .. dir .. "/logs/nginx.pid;",
     "error_log " .. dir .. "/logs/error.log info;",
@@ -76,7 +77,8 @@ function M.start(opts)
     '  lua_package_cpath "' .. cpath .. ';;";',
     opts.http or "",
     "  server {",
-    "    listen 127.0.0.1:" .. port .. ";",
+    -- reuseport: with several workers, the kernel spreads connections over them
+    "    listen 127.0.0.1:" .. port .. ((opts.workers or 1) > 1 and " reuseport" or "") .. ";",
     '    location = /_ping { return 200 "pong"; }',
     "    location = /_pid { content_by_lua_block { ngx.print(ngx.worker.pid()) } }",
     opts.server or "",

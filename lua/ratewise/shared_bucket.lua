@@ -1,0 +1,179 @@
+-- rw.shared_bucket{dict = name, ...}: one limit for the workers of one
+-- nginx, kept in a lua_shared_dict, without Redis. GCRA's one number per
+-- key (gcra.lua, the arithmetic redis_bucket.lua runs in Redis), on the
+-- machine's monotonic clock, which every worker reads alike.
+local core = require "ratewise.core"
+local gcra = require "ratewise.gcra"
+local runtime = require "ratewise.runtime"
+
+local step = gcra.step
+local now = core.now
+local format, floor, huge = string.format, math.floor, math.huge
+local type, tostring, pairs, error, setmetatable, pcall = type, tostring, pairs, error, setmetatable, pcall
+
+local shared_bucket = {}
+
+-- A shared dict has no compare-and-set, so one step is made under a lock:
+-- a key added with dict:add (atomic: one worker wins), deleted after. The
+-- step does not yield and takes microseconds; the lock's expiry frees it
+-- should a worker die holding it. A worker that finds it taken tries
+-- again at once LOCK_SPINS times, then naps LOCK_NAP (lua-resty-lock does
+-- this too, but Debian does not package it).
+local LOCK_EXPIRY, LOCK_SPINS, LOCK_NAP = 0.01, 100, 0.0005
+
+local SharedBucket = {}
+SharedBucket.__index = SharedBucket
+SharedBucket.__name = "ratewise.SharedBucket"
+SharedBucket.honors_max_wait = true
+
+-- One GCRA step on the dict, under the lock: wait, granted, tokens (in
+-- millionths), all in microseconds.
+local function run(self, op, n, arg, arg2)
+  local dict, lock = self.dict, self.lock
+  local spins = 0
+  while not dict:add(lock, true, LOCK_EXPIRY) do
+    spins = spins + 1
+    if spins >= LOCK_SPINS then
+      runtime.sleep(LOCK_NAP)
+      spins = 0
+    end
+  end
+  local t = floor(now() * 1e6)
+  local ok, new, wait, granted, tokens = pcall(step, op, dict:get(self.key) or t, t, self.interval, self.capacity_n,
+    n, arg or -1, arg2 or 0)
+  if ok and new then
+    if new <= t then
+      dict:delete(self.key)
+    else
+      -- expires when the bucket would be full again, like a Redis key
+      local stored, err = dict:set(self.key, new, (new - t) / 1e6 + 1)
+      if not stored then ok, new = false, "lua_shared_dict '" .. self.dict_name .. "': " .. tostring(err) end
+    end
+  end
+  dict:delete(lock)
+  if not ok then error(new, 0) end
+  return wait, granted, tokens
+end
+
+local function check_n(self, n, method)
+  if n == nil then return 1 end
+  if type(n) ~= "number" or n ~= n or n <= 0 or n == huge then
+    error(format("bad argument #1 to '%s' (token count must be a positive number, got %s)", method,
+      tostring(n)), 3)
+  end
+  if n > self.capacity_n then
+    error(format("bad argument #1 to '%s' (%s tokens asked of a bucket whose capacity is %s: "
+      .. "it could never be served)", method, tostring(n), tostring(self.capacity_n)), 3)
+  end
+  return n
+end
+
+--- true | false, wait = b:acquire([n [, sleep [, max_wait]]]): the tokens
+-- are reserved at once in the dict, and waited for here.
+function SharedBucket:acquire(n, sleep, max_wait)
+  n = check_n(self, n, "acquire")
+  if sleep ~= nil and type(sleep) ~= "function" then
+    error(format("bad argument #2 to 'acquire' (sleep must be a function, got %s)", type(sleep)), 2)
+  end
+  if max_wait ~= nil and (type(max_wait) ~= "number" or max_wait ~= max_wait or max_wait < 0) then
+    error(format("bad argument #3 to 'acquire' (max_wait must be a non-negative number of seconds, got %s)",
+      tostring(max_wait)), 2)
+  end
+  local wait, granted = run(self, "reserve", n, max_wait and max_wait < huge and floor(max_wait * 1e6) or -1)
+  wait = wait / 1e6
+  if granted ~= 1 then return false, wait end
+  if wait > 0 then runtime.sleep(wait, sleep) end
+  return true
+end
+
+function SharedBucket:take(n)
+  local wait, granted = run(self, "take", check_n(self, n, "take"))
+  if granted == 1 then return true end
+  return false, wait / 1e6
+end
+
+function SharedBucket:wait_time(n)
+  return (run(self, "peek", check_n(self, n, "wait_time"))) / 1e6
+end
+
+function SharedBucket:tokens()
+  local _, _, tokens = run(self, "peek", 1)
+  return tokens / 1e6
+end
+
+function SharedBucket:refund(n)
+  run(self, "refund", check_n(self, n, "refund"))
+end
+
+function SharedBucket:sync(remaining, reset_in)
+  if type(remaining) ~= "number" or remaining ~= remaining then return end
+  if remaining < 0 then remaining = 0 end
+  if remaining > self.capacity_n then remaining = self.capacity_n end
+  reset_in = type(reset_in) == "number" and reset_in == reset_in and reset_in or 0
+  if reset_in < 0 then reset_in = 0 end
+  if reset_in > self.horizon then reset_in = self.horizon end
+  run(self, "sync", 1, floor(remaining * 1e6), floor(reset_in * 1e6))
+end
+
+function SharedBucket:capacity() return self.capacity_n end
+function SharedBucket:rate() return self.rate_n end
+
+SharedBucket.__tostring = function(b)
+  return format("ratewise.SharedBucket (%s in lua_shared_dict %s, capacity %g, %g/s)", b.name, b.dict_name,
+    b.capacity_n, b.rate_n)
+end
+
+local known_options = { dict = true, key = true, capacity = true, rate = true, sync_horizon = true }
+
+local function positive(opts, name, default)
+  local v = opts[name]
+  if v == nil then
+    if default == nil then error(format("shared_bucket: option '%s' is required", name), 3) end
+    return default
+  end
+  if type(v) ~= "number" or v ~= v or v <= 0 or v == huge then
+    error(format("shared_bucket: option '%s' must be a positive number (got %s)", name, tostring(v)), 3)
+  end
+  return v
+end
+
+--- b = rw.shared_bucket{dict = name, [key = name,] capacity = C, rate = R [, sync_horizon = s]}
+function shared_bucket.new(opts)
+  if type(opts) ~= "table" then
+    error(format("shared_bucket: options must be a table (got %s)", type(opts)), 2)
+  end
+  for k in pairs(opts) do
+    if not known_options[k] then
+      error(format("shared_bucket: unknown option '%s' (expected dict, key, capacity, rate, sync_horizon)",
+        tostring(k)), 2)
+    end
+  end
+  local ngx = rawget(_G, "ngx")
+  local name = opts.dict
+  if type(name) ~= "string" then
+    error(format("shared_bucket: option 'dict' must be the name of a lua_shared_dict (got %s)", type(name)), 2)
+  end
+  local dict = ngx and ngx.shared and ngx.shared[name]
+  if not dict then
+    error(format("shared_bucket: no lua_shared_dict named '%s' (declare it in nginx.conf's http block: "
+      .. "lua_shared_dict %s 1m;)", name, name), 2)
+  end
+  local key = opts.key or "bucket"
+  if type(key) ~= "string" or key == "" then
+    error(format("shared_bucket: option 'key' must be a non-empty string (got %s)", tostring(key)), 2)
+  end
+  local capacity, rate = positive(opts, "capacity"), positive(opts, "rate")
+  if capacity > 1e9 then error("shared_bucket: option 'capacity' is too large (at most 1e9)", 2) end
+  if rate > 1e6 then error("shared_bucket: option 'rate' is too large (at most 1e6 a second)", 2) end
+  if capacity * 1e6 / rate > 1e15 then
+    error("shared_bucket: option 'rate' is too small for that capacity", 2)
+  end
+  return setmetatable({
+    dict = dict, dict_name = name, name = key,
+    key = "ratewise:" .. key, lock = "ratewise:" .. key .. ":lock",
+    capacity_n = capacity, rate_n = rate, interval = 1e6 / rate,
+    horizon = positive(opts, "sync_horizon", 86400),
+  }, SharedBucket)
+end
+
+return shared_bucket
