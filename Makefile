@@ -56,7 +56,7 @@ DEB_BUILD := gcc make pkg-config $(DEB_LUA) libcurl4-openssl-dev libhiredis-dev
 # The hosts the suite runs ratewise in: OpenResty (nginx with the Lua
 # module, whose LuaJIT is luajit2's), cqueues and luv.
 DEB_HOSTS := nginx libnginx-mod-http-lua lua-resty-core luajit2 libluajit2-5.1-dev lua-compat53-dev \
-             lua-cqueues lua-luv
+             lua-cqueues lua-luv lua-nginx-redis
 DEB_TEST  := lua-busted lua-socket lua-cjson python3 openssl redis-server $(DEB_HOSTS)
 DEB_TOOLS := lua-check luarocks
 # For lint, fuzz, test-asan and test-valgrind (`make deps-check`);

@@ -64,6 +64,35 @@ local function workers(n, s_url, r_url, seconds, on_error, rate, during)
   return results
 end
 
+local function escape(s)
+  return (s:gsub("[^%w%-%._~]", function(c) return string.format("%%%02X", c:byte()) end))
+end
+
+-- In OpenResty: the bucket through a cosocket client (Debian's
+-- lua-nginx-redis, resty.redis packaged as nginx.redis), or a URL.
+local NGINX_SERVER = [[
+    location = /through {
+      content_by_lua_block {
+        local rw = require "ratewise"
+        local limit
+        local red
+        if ngx.var.arg_client == "object" then
+          red = require("nginx.redis"):new()
+          red:set_timeout(500)
+          assert(red:connect("127.0.0.1", tonumber(ngx.var.arg_port)))
+          limit = rw.redis_bucket { redis = red, key = "nginx", capacity = 1, rate = 20 }
+        else
+          limit = rw.redis_bucket { redis = "redis://127.0.0.1:" .. ngx.var.arg_port, key = "nginx",
+            capacity = 1, rate = 20 }
+        end
+        local res, err = rw.fetch(ngx.unescape_uri(ngx.var.arg_url), { limiter = limit, on_retry = false,
+          max_retries = 0 })
+        if red then red:set_keepalive(10000, 10) end
+        ngx.say(res and res.status or err.kind)
+      }
+    }
+]]
+
 describe("rw.redis_bucket", function()
   local s, r
 
@@ -212,6 +241,33 @@ describe("rw.redis_bucket", function()
       "must be a redis:// URL or a client with evalsha and eval", 1, true)
     assert.error_matches(function() b:acquire(2) end, "could never be served", 1, true)
   end)
+
+  for _, client in ipairs { "object", "url" } do
+    it("paces the requests of an nginx through Redis (" .. (client == "object" and "a cosocket client" or
+      "a redis:// URL") .. ")", function()
+      local nginx = require "spec.support.nginx"
+      local n = nginx.start { server = NGINX_SERVER }
+      local ok, err = pcall(function()
+        local url = n:url("/through?client=" .. client .. "&port=" .. r.port .. "&url=" .. escape(s:url("/n")))
+        rw.run(function()
+          for _ = 1, 4 do
+            rw.spawn(function()
+              for _ = 1, 3 do
+                local res = assert(rw.fetch(url, { on_retry = false, max_retries = 0, timeout = 10 }))
+                assert.equal("200\n", res.body)
+              end
+            end)
+          end
+        end)
+      end)
+      n:stop()
+      assert(ok, err)
+      local log = s:log("/n")
+      assert.equal(12, #log)
+      local span = log[12].t - log[1].t
+      assert.is_true(span >= 11 / 20 - 0.02, string.format("12 requests over %.3f s at 20 a second", span))
+    end)
+  end
 
   it("takes a client object with evalsha and eval (the shape of resty.redis)", function()
     local own = require("ratewise.redis").new { host = "127.0.0.1", port = r.port, timeout = 1 }
