@@ -65,7 +65,7 @@ DEB_CHECK := clang libclang-rt-14-dev clang-tidy cppcheck valgrind \
              lua5.1 liblua5.1-0-dev lua5.3 liblua5.3-dev luajit2 libluajit2-5.1-dev lua-compat53-dev
 
 .PHONY: all deps deps-check test demo bench examples install lint clean soak \
-        fuzz test-asan test-valgrind luajit-core bench-hosts bench-rate
+        fuzz test-asan test-valgrind luajit-core bench-hosts bench-rate bench-redis
 
 all: $(CORE)
 
@@ -132,6 +132,11 @@ bench: deps $(CORE)
 # share of 429s (bench/ratelimit.lua): a private nginx at 200 requests/s.
 bench-rate: deps $(CORE)
 	@$(LUA_ENV) $(SPEC_ENV) $(LUA) bench/ratelimit.lua
+
+# What one acquire of rw.redis_bucket costs next to redis-benchmark's
+# EVALSHA on the same private redis-server (bench/redis.lua).
+bench-redis: deps $(CORE)
+	@$(LUA_ENV) $(SPEC_ENV) $(LUA) bench/redis.lua
 
 # What waiting costs in each host (bench/hosts.lua): 1,000 requests on a
 # slow server per host, and rw.step(0) in a frame loop.
