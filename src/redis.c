@@ -99,7 +99,7 @@ static int redis_l_connect(lua_State *L)
     memset(&hints, 0, sizeof hints);
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
-    snprintf(service, sizeof service, "%d", (int)port);
+    (void)snprintf(service, sizeof service, "%d", (int)port);
     rc = getaddrinfo(host, service, &hints, &found);
     if (rc != 0) {
         lua_pushnil(L);
