@@ -191,7 +191,7 @@ install: deps
 # `make fuzz FUZZ_SECONDS=600` for a long run; each target prints one line.
 CLANG        ?= clang
 FUZZ_SECONDS ?= 30
-FUZZ_TARGETS := retry_after http_date seconds duration rfc3339 backoff headers
+FUZZ_TARGETS := retry_after http_date seconds duration rfc3339 backoff headers redis_reply
 FUZZ_BUILD   := build-fuzz
 FUZZ_BINS    := $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz_%)
 FUZZ_CFLAGS   = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
@@ -201,6 +201,12 @@ FUZZ_CFLAGS   = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover
 $(FUZZ_BUILD)/fuzz_%: fuzz/fuzz_%.c fuzz/fuzz.h fuzz/fuzz_nows.h src/parse.c src/ratewise.h Makefile | deps-check
 	@mkdir -p $(dir $@)
 	$(CLANG) $(FUZZ_CFLAGS) -o $@ $< src/parse.c -lm
+
+# What src/redis.c reads goes through hiredis's reader: the target fuzzes
+# that, as redis.c uses it.
+$(FUZZ_BUILD)/fuzz_redis_reply: fuzz/fuzz_redis_reply.c fuzz/fuzz.h Makefile | deps-check
+	@mkdir -p $(dir $@)
+	$(CLANG) $(FUZZ_CFLAGS) -o $@ $< -lhiredis -lm
 
 fuzz: $(FUZZ_BINS)
 	@failed=""; for t in $(FUZZ_TARGETS); do \
