@@ -195,6 +195,7 @@ describe("rw.redis_bucket", function()
       timeout = 0.1 }
     assert.is_true(b:acquire())
     r:stop()
+    finally(function() r:restart() end) -- the next specs need it, whatever happens here
     local t0 = rw.now()
     for _ = 1, 5 do assert.is_true(b:acquire()) end
     local took = rw.now() - t0
@@ -209,6 +210,7 @@ describe("rw.redis_bucket", function()
     local b = rw.redis_bucket { redis = r.url, key = "k", capacity = 5, rate = 5, timeout = 0.1 }
     assert.is_true((b:take()))
     r:stop()
+    finally(function() r:restart() end) -- the next specs need it, whatever happens here
     local res, err = b:take()
     assert.is_nil(res)
     assert.equal("limiter_unavailable", err.kind)
@@ -216,6 +218,24 @@ describe("rw.redis_bucket", function()
     r:restart()
     socket_sleep(0.6)
     assert.is_true((b:take()))
+  end)
+
+  it("in rw.limiters: a Redis that fails ends the composite's acquire and the call with its error", function()
+    local b = rw.redis_bucket { redis = r.url, key = "k", capacity = 5, rate = 5, timeout = 0.1 }
+    local local_limit = rw.bucket { capacity = 5, rate = 5 }
+    local both = rw.limiters { b, local_limit }
+    assert.is_true(both:acquire())
+    assert.near(4, b:tokens(), 0.3)
+    r:stop()
+    finally(function() r:restart() end)
+    local ok, err = both:acquire()
+    assert.is_nil(ok)
+    assert.equal("limiter_unavailable", err.kind)
+    local res, ferr = rw.fetch(s:url("/l"), { limiter = both, on_retry = false })
+    assert.is_nil(res)
+    assert.equal("limiter_unavailable", ferr.kind)
+    assert.equal(0, #s:log("/l"))
+    assert.near(4, local_limit:tokens(), 0.3) -- nothing taken from the member that could answer
   end)
 
   it("never shows the password of its URL, and refuses options that make no sense", function()

@@ -393,6 +393,15 @@ local function prepared(opts, method, url)
   return request.headers, key
 end
 
+-- The limiter could not answer (a shared bucket whose Redis is down, with
+-- on_error = "closed"): the call ends with its error, of its kind.
+local function limiter_failed(state, what, why)
+  local kind = type(why) == "table" and type(why.kind) == "string" and why.kind or "limiter_unavailable"
+  local message = type(why) == "table" and why.message or why
+  return nil, fetch_error(kind, format("%s: %s; nothing was sent", what, tostring(message)), state,
+    state.last_response, state.last_transport)
+end
+
 -- limiter -> { wait_time = method or false, observe = method or false }.
 -- A limiter may be any object with acquire (an __index that raises means
 -- "no such method"), so the lookups are guarded, and made once per limiter.
@@ -541,7 +550,11 @@ function fetch.fetch(url, opts)
       -- max_wait (a shared bucket, for which each question is a round trip
       -- to Redis) is not asked first.
       if wait_time and not limiter_methods(limiter).honors_max_wait then
-        local wait = guarded("limiter", "wait_time", wait_time, limiter, cost)
+        local wait, why = guarded("limiter", "wait_time", wait_time, limiter, cost)
+        if wait == nil and type(why) == "table" then
+          state = state or new_state(started, method, shown_url, max_elapsed, on_event)
+          return limiter_failed(state, method .. " " .. shown_url, why)
+        end
         if type(wait) ~= "number" or wait ~= wait then
           error(format("fetch: option 'limiter': wait_time must return a number of seconds (got %s)",
             tostring(wait)), 0)
@@ -562,13 +575,8 @@ function fetch.fetch(url, opts)
           tostring(cost), cost == 1 and "" or "s", left > 0 and left or 0), state.last_response,
           state.last_transport)
       elseif acquired == nil and why ~= nil then
-        -- The limiter could not answer (a shared bucket whose Redis is
-        -- down, with on_error = "closed"): the call ends with its error.
         state = state or new_state(started, method, shown_url, max_elapsed, on_event)
-        local kind = type(why) == "table" and type(why.kind) == "string" and why.kind or "limiter_unavailable"
-        local message = type(why) == "table" and why.message or tostring(why)
-        return nil, fetch_error(kind, format("%s: %s; nothing was sent", method .. " " .. shown_url,
-          tostring(message)), state, state.last_response, state.last_transport)
+        return limiter_failed(state, method .. " " .. shown_url, why)
       end
     end
     local sent_at = now()

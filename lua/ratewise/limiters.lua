@@ -132,16 +132,24 @@ local function wait_error(w, which, i)
     which, i, bad_seconds(w) or tostring(w))
 end
 
+-- A member that cannot answer (a shared bucket whose Redis is down)
+-- answers nil and an error table; the composite answers the same.
+local function unavailable(w, why)
+  return w == nil and type(why) == "table"
+end
+
 local function wait_time(self, n)
   local wait = 0
   local each, by_cost = self.each, self.by_cost
   for i = 1, #each do
-    local w = each[i]:wait_time(1)
+    local w, why = each[i]:wait_time(1)
+    if unavailable(w, why) then return nil, why end
     if bad_seconds(w) then error(wait_error(w, "member", i), 0) end
     if w > wait then wait = w end
   end
   for i = 1, #by_cost do
-    local w = by_cost[i]:wait_time(n)
+    local w, why = by_cost[i]:wait_time(n)
+    if unavailable(w, why) then return nil, why end
     if bad_seconds(w) then error(wait_error(w, "cost member", i), 0) end
     if w > wait then wait = w end
   end
@@ -166,11 +174,16 @@ local function failed_wait(member, k, seconds, which, i)
 end
 
 local function take(self, n)
-  local wait = wait_time(self, n)
+  local wait, why = wait_time(self, n)
+  if wait == nil then return nil, why end
   if wait > 0 then return false, wait end
   local each, by_cost = self.each, self.by_cost
   for i = 1, #each do
     local ok, seconds = each[i]:take(1)
+    if unavailable(ok, seconds) then
+      give_back(self, n, i - 1, 0)
+      return nil, seconds
+    end
     if not ok then
       local err
       seconds, err = failed_wait(each[i], 1, seconds, "member", i)
@@ -181,6 +194,10 @@ local function take(self, n)
   end
   for i = 1, #by_cost do
     local ok, seconds = by_cost[i]:take(n)
+    if unavailable(ok, seconds) then
+      give_back(self, n, #each, i - 1)
+      return nil, seconds
+    end
     if not ok then
       local err
       seconds, err = failed_wait(by_cost[i], n, seconds, "cost member", i)
@@ -238,6 +255,7 @@ function Limiters:acquire(n, sleep, max_wait)
   while true do
     local ok, wait = take(self, n)
     if ok then return true end
+    if ok == nil then return nil, wait end -- a member could not answer
     if give_up_at and now() + wait > give_up_at then return false, wait end
     runtime.sleep(wait, sleep)
   end
