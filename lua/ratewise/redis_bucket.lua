@@ -105,8 +105,9 @@ end
 local function run(self, op, n, arg, arg2)
   local reply, err = self.run(self, self.interval, self.capacity_n, n, op, arg or -1, arg2 or 0)
   if not reply then return nil, err end
-  if type(reply) ~= "table" or type(reply[1]) ~= "number" then
-    return nil, format("Redis answered the script with %s", type(reply))
+  if type(reply) ~= "table" or type(reply[1]) ~= "number" or type(reply[2]) ~= "number"
+    or type(reply[3]) ~= "number" then
+    return nil, format("Redis answered the script with %s, not three integers", type(reply))
   end
   return reply
 end
