@@ -190,6 +190,24 @@ describe("rw.redis_bucket", function()
     assert.is_true(#log <= 0.6 * 50 + 5, #log .. " requests")
   end)
 
+  it("on_error = local: with Redis stopped mid-run, four processes go on at their local rate, none fails", function()
+    local results = workers(4, s:url("/local"), r.url, 2, "local", 40, function()
+      require("socket").sleep(0.5)
+      r:stop()
+    end)
+    r:restart()
+    local total = 0
+    for _, out in ipairs(results) do
+      local ok, failed, slowest = out:match("ok (%d+) failed (%d+) slowest ([%d.]+)")
+      assert(ok, out)
+      assert.equal("0", failed, out)
+      assert.is_true(tonumber(slowest) < 0.5, "a call took " .. slowest .. " s")
+      total = total + tonumber(ok)
+    end
+    -- 0.5 s shared (20), then 1.5 s at 40 a second in each process (240)
+    assert.is_true(total > 150 and total < 300, total .. " requests")
+  end)
+
   it("on_error = local: with Redis stopped each process goes on at its local rate, and back to Redis after", function()
     local b = rw.redis_bucket { redis = r.url, key = "k", capacity = 1, rate = 20, on_error = "local",
       timeout = 0.1 }
