@@ -6,6 +6,7 @@
  * the defaults its last request changed.
  */
 #include <fcntl.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
@@ -164,6 +165,8 @@ static size_t request_check_line(lua_State *L, const char *line, size_t len, int
 }
 
 /* Sets up t->easy from the request table at index req. Misuse raises. */
+static void request_tls_options(lua_State *L, int req, transfer *t);
+
 void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fresh)
 {
     RW_STACK_MARK(L, mark);
@@ -175,7 +178,13 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fres
     size_t header_bytes = 0;
     const char *url;
 
+    if (!fresh && (t->dirty & DIRTY_RESET)) {
+        curl_easy_reset(easy); /* keeps the connections, forgets every option */
+        t->recv_buffer = CURL_MAX_WRITE_SIZE; /* libcurl's default again (the engine sets its own) */
+        fresh = 1;
+    }
     if (fresh) {
+        const char *env;
         /* Only http and https (libcurl itself never follows a redirect
          * here: engine_follow does). */
 #if LIBCURL_VERSION_NUM >= 0x075500
@@ -198,6 +207,14 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fres
          * POSTFIELDS, so the read callback only ever says "no more". */
         curl_easy_setopt(easy, CURLOPT_READFUNCTION, request_on_read);
         curl_easy_setopt(easy, CURLOPT_SOCKOPTFUNCTION, request_on_socket);
+        /* Every encoding this libcurl decodes is offered and decoded (the
+         * body is what max_body counts, decoded): a caller that sends its
+         * own Accept-Encoding still gets the body decoded. */
+        curl_easy_setopt(easy, CURLOPT_ACCEPT_ENCODING, "");
+        /* The standard variables of OpenSSL's tools, which libcurl itself
+         * does not read: the CAs an internal service's users point to. */
+        if ((env = getenv("SSL_CERT_FILE")) != NULL && *env) curl_easy_setopt(easy, CURLOPT_CAINFO, env);
+        if ((env = getenv("SSL_CERT_DIR")) != NULL && *env) curl_easy_setopt(easy, CURLOPT_CAPATH, env);
     } else if (t->dirty) {
         /* Back to the defaults of what the last request changed, which costs
          * far less than curl_easy_reset. POSTFIELDS first: setting it turns
@@ -366,11 +383,66 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fres
         lua_pop(L, 1);
     }
 
+    request_tls_options(L, req, t);
+
     if (request_opt_field(L, req, "verify_tls", LUA_TBOOLEAN, "a boolean")) {
         if (!lua_toboolean(L, -1)) {
             t->dirty |= DIRTY_NOVERIFY;
             curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 0L);
             curl_easy_setopt(easy, CURLOPT_SSL_VERIFYHOST, 0L);
+        }
+        lua_pop(L, 1);
+    }
+    RW_STACK_EXPECT(L, mark, 0);
+}
+
+/* The options given as strings that libcurl copies, each a file, a pin or
+ * a proxy URL. */
+static const struct request_string_option {
+    const char *name;
+    CURLoption option;
+} request_string_options[] = {
+    { "ca_file", CURLOPT_CAINFO },
+    { "ca_path", CURLOPT_CAPATH },
+    { "client_cert", CURLOPT_SSLCERT },
+    { "client_key", CURLOPT_SSLKEY },
+    { "client_key_password", CURLOPT_KEYPASSWD },
+    { "pinned_public_key", CURLOPT_PINNEDPUBLICKEY },
+    { "proxy", CURLOPT_PROXY },
+};
+
+/* TLS, proxy and decompression options: each one set marks the handle for
+ * a reset before its next request (DIRTY_RESET). */
+static void request_tls_options(lua_State *L, int req, transfer *t)
+{
+    RW_STACK_MARK(L, mark);
+    CURL *easy = t->easy;
+    size_t i;
+    for (i = 0; i < sizeof request_string_options / sizeof request_string_options[0]; i++) {
+        const struct request_string_option *o = &request_string_options[i];
+        if (request_opt_field(L, req, o->name, LUA_TSTRING, "a string")) {
+            size_t len;
+            const char *v = lua_tolstring(L, -1, &len);
+            if (strlen(v) != len) luaL_error(L, "request option '%s' contains a NUL byte", o->name);
+            t->dirty |= DIRTY_RESET;
+            if (curl_easy_setopt(easy, o->option, v) != CURLE_OK)
+                luaL_error(L, "request option '%s' is not supported by this libcurl", o->name);
+            lua_pop(L, 1);
+        }
+    }
+    if (request_opt_field(L, req, "tls_min_version", LUA_TSTRING, "a string")) {
+        const char *v = lua_tostring(L, -1);
+        long version = strcmp(v, "1.2") == 0 ? CURL_SSLVERSION_TLSv1_2
+                       : strcmp(v, "1.3") == 0 ? CURL_SSLVERSION_TLSv1_3 : -1;
+        if (version < 0) luaL_error(L, "request option 'tls_min_version' must be \"1.2\" or \"1.3\"");
+        t->dirty |= DIRTY_RESET;
+        curl_easy_setopt(easy, CURLOPT_SSLVERSION, version);
+        lua_pop(L, 1);
+    }
+    if (request_opt_field(L, req, "decompress", LUA_TBOOLEAN, "a boolean")) {
+        if (!lua_toboolean(L, -1)) {
+            t->dirty |= DIRTY_RESET;
+            curl_easy_setopt(easy, CURLOPT_ACCEPT_ENCODING, (char *)NULL);
         }
         lua_pop(L, 1);
     }

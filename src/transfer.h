@@ -33,6 +33,10 @@ enum transfer_method { METHOD_GET, METHOD_HEAD, METHOD_POST, METHOD_OTHER };
 #define DIRTY_TIMEOUT 4u
 #define DIRTY_FRESH 8u
 #define DIRTY_NOVERIFY 16u
+/* TLS files, a pin, a TLS version, a proxy, decompression off: libcurl
+ * has no value that restores their defaults, so the next request on the
+ * handle starts from curl_easy_reset (request_base). */
+#define DIRTY_RESET 32u
 
 /* Transfer user values */
 #define TRANSFER_UV_ENGINE 1 /* keeps the engine alive while the transfer is */
