@@ -48,6 +48,8 @@ local fetch_defaults = {
   timeout = true, max_retries = true, max_elapsed = true, max_delay = true, base = true, jitter = true,
   retry_non_idempotent = true, on_retry = true, delay = true, sleep = true, follow_redirects = true,
   max_body = true, verify_tls = true, retry_after = true, retry_after_max = true, hint_jitter = true,
+  ca_file = true, ca_path = true, client_cert = true, client_key = true, client_key_password = true,
+  pinned_public_key = true, tls_min_version = true, proxy = true, decompress = true,
 }
 local client_options = {
   base_url = true, headers = true, provider = true, limiter = true, concurrency = true, circuit = true,

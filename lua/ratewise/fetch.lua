@@ -66,6 +66,17 @@ end
 
 fetch.error_mt = error_mt
 
+-- verify_tls = false is said once per process, on the operator's log
+-- (rw.configure{tls_warning = false} silences it): a setting copied from a
+-- test into production should not go unnoticed.
+local warned_insecure = false
+local function warn_insecure()
+  if warned_insecure or not runtime.tls_warning() then return end
+  warned_insecure = true
+  runtime.log("ratewise: verify_tls = false: TLS certificates are not checked; an attacker on the path "
+    .. "can read and change the traffic (said once; rw.configure{tls_warning = false} silences this)")
+end
+
 -- The time budget of a call that gives none.
 local DEFAULT_MAX_ELAPSED = 120
 -- How far a hinted wait is spread past the hint (spread_hint): a fifth,
@@ -85,7 +96,14 @@ local option_checks = {
   max_body = "nonnegative", verify_tls = "boolean", policy = "policy", circuit = "circuit",
   budget = "budget", cost = "positive", on_event = "function", secret_headers = "names",
   retry_after = "retry_after", retry_after_max = "positive", hint_jitter = "finite",
+  ca_file = "string", ca_path = "string", client_cert = "string", client_key = "string",
+  client_key_password = "string", pinned_public_key = "string", tls_min_version = "tls_version",
+  proxy = "string", decompress = "boolean",
 }
+
+-- The transport options that go to the engine as they are (src/request.c).
+local transport_options = { "ca_file", "ca_path", "client_cert", "client_key", "client_key_password",
+  "pinned_public_key", "tls_min_version", "proxy", "decompress" }
 
 -- What a call does with a wait the server asked for (docs/limits.md).
 local retry_after_modes = { honor = true, clamp = true, fail_fast = true, defer = true }
@@ -120,6 +138,8 @@ local function check_option(name, v, depth)
     if t ~= "number" or v ~= v or v < 0 then bad_option(name, "a non-negative number", v, depth) end
   elseif check == "finite" then
     if t ~= "number" or v ~= v or v < 0 or v == huge then bad_option(name, "a finite non-negative number", v, depth) end
+  elseif check == "tls_version" then
+    if v ~= "1.2" and v ~= "1.3" then bad_option(name, '"1.2" or "1.3"', v, depth) end
   elseif check == "retry_after" then
     if not retry_after_modes[v] then bad_option(name, "one of honor, clamp, fail_fast, defer", v, depth) end
   elseif check == "jitter" then
@@ -507,6 +527,7 @@ function fetch.fetch(url, opts)
   local retry_after_cap = retry_after == "clamp" and retry_after_max or nil
   local hint_jitter = opts.hint_jitter or HINT_JITTER
   local follow, max_body, verify_tls = opts.follow_redirects ~= false, opts.max_body, opts.verify_tls
+  if verify_tls == false then warn_insecure() end
   local fresh_connect = not safe or nil
   if opts.cost and limiter then
     -- A cost no limiter could ever serve would wait forever (or fail deep inside).
@@ -599,6 +620,10 @@ function fetch.fetch(url, opts)
     request.verify_tls, request.fresh_connect = verify_tls, fresh_connect
     -- More names whose lines the engine keeps from another origin.
     request.secret_headers = opts.secret_headers
+    for i = 1, #transport_options do
+      local name = transport_options[i]
+      request[name] = opts[name]
+    end
     local res, terr
     if opts.sleep then
       res, terr = guarded("sleep", "a wait for the transfer", runtime.transfer, request, opts.sleep)

@@ -143,6 +143,7 @@ end)
 local ENGINE_OPTIONS = { max_connections = true, max_idle_connections = true }
 local MAX_LIMIT = 1000000
 local HOST_OPTIONS = { sleep = true, wait = true }
+local tls_warning = true
 
 --- runtime.configure{sleep = fn | false, wait = fn | false, max_connections = n, max_idle_connections = n}
 function runtime.configure(opts)
@@ -158,6 +159,11 @@ function runtime.configure(opts)
       end
       limits = limits or {}
       limits[k] = v
+    elseif k == "tls_warning" then
+      if type(v) ~= "boolean" then
+        error(format("configure: option 'tls_warning' must be a boolean (got %s)", type(v)), 2)
+      end
+      tls_warning = v
     elseif not HOST_OPTIONS[k] then
       error(format("configure: unknown option '%s'", tostring(k)), 2)
     elseif v ~= false and type(v) ~= "function" then
@@ -175,6 +181,11 @@ function runtime.configure(opts)
     configured = host_of(configured.sleep, opts.wait or nil)
   end
   if limits then scheduler.engine(limits) end
+end
+
+--- Whether fetch says once that verify_tls = false checks no certificate.
+function runtime.tls_warning()
+  return tls_warning
 end
 
 ---------------------------------------------------------------------------
