@@ -100,9 +100,12 @@ function M.start(opts)
   local err = opts.stderr or os.tmpname()
   local argv = { M.PYTHON, M.SCRIPT, "--exit-with-parent" }
   for _, a in ipairs(opts.args or {}) do argv[#argv + 1] = a end
-  if opts.tls then -- {cert = PEM file, key = PEM file}: serve HTTPS
+  if opts.tls then -- {cert = PEM file, key = PEM file [, client_ca = PEM file]}: serve HTTPS
     argv[#argv + 1] = "--tls-cert"; argv[#argv + 1] = opts.tls.cert
     argv[#argv + 1] = "--tls-key"; argv[#argv + 1] = opts.tls.key
+    if opts.tls.client_ca then
+      argv[#argv + 1] = "--tls-client-ca"; argv[#argv + 1] = opts.tls.client_ca
+    end
   end
   for i, a in ipairs(argv) do argv[i] = shell_quote(a) end
 
@@ -148,6 +151,49 @@ function M.start(opts)
     _err = err,
     _own_err = not opts.stderr,
   }, Server)
+end
+
+local function openssl(dir, command)
+  local ok = os.execute("cd " .. shell_quote(dir) .. " && ( " .. command .. " ) >/dev/null 2>&1")
+  assert(ok == true or ok == 0, "openssl failed: " .. command)
+end
+
+--- An HTTPS server whose certificate (for 127.0.0.1 and localhost) a CA
+-- of its own signed, made with openssl in a temporary folder that stop()
+-- removes. The server has ca_file (the CA, for ca_file options),
+-- client_cert and client_key (a client certificate of the same CA),
+-- client_key_encrypted (the same key, with the password "hunter2") and
+-- pin (the sha256// pin of its public key). With opts.client_cert_required
+-- it asks every client for a certificate of that CA.
+function M.start_tls_ca(opts)
+  local dir = os.tmpname()
+  os.remove(dir)
+  assert(os.execute("mkdir -p " .. shell_quote(dir)))
+  local req = "openssl req -newkey rsa:2048 -nodes -days 2 "
+  openssl(dir, "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=ratewise-test-ca -keyout ca.key "
+    .. "-out ca.pem")
+  openssl(dir, req .. "-subj /CN=127.0.0.1 -keyout key.pem -out server.csr")
+  openssl(dir, "printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > san.ext")
+  openssl(dir, "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
+    .. "-extfile san.ext -out cert.pem")
+  openssl(dir, req .. "-subj /CN=ratewise-client -keyout client.key -out client.csr")
+  openssl(dir, "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -out client.pem")
+  openssl(dir, "openssl pkey -in client.key -aes256 -passout pass:hunter2 -out client-encrypted.key")
+  openssl(dir, "openssl x509 -in cert.pem -pubkey -noout | openssl pkey -pubin -outform der "
+    .. "| openssl dgst -sha256 -binary | openssl enc -base64 > pin.txt")
+  local f = assert(io.open(dir .. "/pin.txt"))
+  local pin = "sha256//" .. f:read("*l")
+  f:close()
+  opts = opts or {}
+  opts.tls = { cert = dir .. "/cert.pem", key = dir .. "/key.pem",
+    client_ca = opts.client_cert_required and dir .. "/ca.pem" or nil }
+  opts.client_cert_required = nil
+  local s = M.start(opts)
+  s._tls_dir = dir
+  s.ca_file, s.ca_dir, s.pin = dir .. "/ca.pem", dir, pin
+  s.client_cert, s.client_key = dir .. "/client.pem", dir .. "/client.key"
+  s.client_key_encrypted = dir .. "/client-encrypted.key"
+  return s
 end
 
 --- An HTTPS server with a fresh self-signed certificate (for 127.0.0.1),

@@ -16,6 +16,11 @@ What it offers (see spec/support/server.lua for the Lua driver):
   over the body), chunked_forever, redirect (to ``location``), reset_body
   (headers and the first ``sent`` bytes of the body, default half, then
   RST) or raw (``body`` is the whole answer, status line included).
+  A step's ``encoding`` (gzip or deflate) sends the body compressed, with
+  its Content-Encoding.
+* A request in absolute form (``GET http://host:port/x``, as a client sends
+  it to a proxy) is answered as its path would be, and logged with
+  ``proxied`` true and whether it carried Proxy-Authorization.
 * ``GET /_log[?path=/x]``: JSON array of the logged requests.
 * ``POST /_limit`` ``{"path": "/x", "rate": R, "burst": B, "retry_after": "1"}``:
   requests to ``/x`` (unless scripted) pass a token bucket of B tokens
@@ -267,6 +272,9 @@ class Handler(BaseHTTPRequestHandler):
     def dispatch(self):
         state = self.server.state
         raw_path = self.path
+        proxied = raw_path.startswith("http://")
+        if proxied:  # absolute form: the client takes us for its proxy
+            raw_path = "/" + raw_path.split("/", 3)[3] if raw_path.count("/") >= 3 else "/"
         path, _, query = raw_path.partition("?")
         body = self.read_body()
 
@@ -295,6 +303,8 @@ class Handler(BaseHTTPRequestHandler):
                 "conn": self.conn_id,
                 "conn_seq": self.conn_seq,
                 "active": active,
+                "proxied": proxied,
+                "proxy_auth": "proxy-authorization" in headers,
             }
             step = state.record(rec)
             if step is not None:
@@ -365,6 +375,15 @@ class Handler(BaseHTTPRequestHandler):
         for name, value in (step.get("headers") or {}).items():
             values = value if isinstance(value, list) else [value]
             headers.extend((name, str(v)) for v in values)
+        encoding = step.get("encoding")
+        if encoding == "gzip":
+            import gzip
+            body = gzip.compress(body)
+            headers.append(("Content-Encoding", "gzip"))
+        elif encoding == "deflate":
+            import zlib
+            body = zlib.compress(body)
+            headers.append(("Content-Encoding", "deflate"))
 
         if action == "hang":
             self.wait(float(step.get("delay", 3600)))
@@ -506,6 +525,7 @@ def main():
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
     p.add_argument("--tls-key", help="the certificate's private key (PEM)")
+    p.add_argument("--tls-client-ca", help="require a client certificate signed by this CA (PEM)")
     p.add_argument("--exit-with-parent", action="store_true",
                    help="exit when the parent process dies (so a crashed "
                         "test run never leaves a server behind)")
@@ -523,6 +543,9 @@ def main():
         import ssl
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(args.tls_cert, args.tls_key)
+        if args.tls_client_ca:
+            ctx.verify_mode = ssl.CERT_REQUIRED
+            ctx.load_verify_locations(args.tls_client_ca)
         # A client that rejects the certificate aborts the handshake inside
         # accept(); socketserver treats that OSError as a dropped connection.
         httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True)

@@ -1,0 +1,219 @@
+-- TLS, proxies and decompression, against servers the suite starts: an
+-- HTTPS test server with a CA of its own (and one that asks for client
+-- certificates), the test server playing an HTTP proxy, and compressed
+-- answers. What the servers saw is what is asserted.
+local rw = require "ratewise"
+local server = require "spec.support.server"
+local subprocess = require "spec.support.subprocess"
+
+local quiet = { on_retry = false, max_retries = 0 }
+
+local function opts(extra)
+  local o = { on_retry = false, max_retries = 0 }
+  for k, v in pairs(extra or {}) do o[k] = v end
+  return o
+end
+
+describe("TLS", function()
+  local s
+
+  setup(function() s = server.start_tls_ca() end)
+  teardown(function() s:stop() end)
+  before_each(function() s:reset() end)
+
+  it("verifies a server against the CA given in ca_file, and refuses it without", function()
+    local res = assert(rw.fetch(s:url("/x"), opts { ca_file = s.ca_file }))
+    assert.equal(200, res.status)
+    local nothing, err = rw.fetch(s:url("/x"), quiet)
+    assert.is_nil(nothing)
+    assert.equal("network", err.kind)
+    assert.equal(1, #s:log("/x")) -- the refused handshake sent no request
+  end)
+
+  it("takes the CA from ca_path, a folder hashed as OpenSSL reads it", function()
+    assert(os.execute("cd " .. s.ca_dir .. " && mkdir -p hashed && cp ca.pem hashed/ && "
+      .. "openssl rehash hashed >/dev/null 2>&1"))
+    local res = assert(rw.fetch(s:url("/x"), opts { ca_path = s.ca_dir .. "/hashed" }))
+    assert.equal(200, res.status)
+  end)
+
+  it("honours SSL_CERT_FILE, as OpenSSL's tools do", function()
+    local out, code = subprocess.run_lua([[
+      local rw = require "ratewise"
+      local res, err = rw.fetch(arg[1], { on_retry = false, max_retries = 0 })
+      print(res and res.status or tostring(err))
+    ]], { args = s:url("/env"), shell = "SSL_CERT_FILE=" .. s.ca_file .. " ", seconds = 20 })
+    assert.equal(0, code, out)
+    assert.equal("200\n", out)
+  end)
+
+  it("checks a pinned public key: the right pin passes, a wrong one ends the call", function()
+    assert(rw.fetch(s:url("/pin"), opts { ca_file = s.ca_file, pinned_public_key = s.pin }))
+    local wrong = "sha256//" .. string.rep("A", 43) .. "="
+    local res, err = rw.fetch(s:url("/pin"), opts { ca_file = s.ca_file, pinned_public_key = wrong })
+    assert.is_nil(res)
+    assert.equal("network", err.kind)
+    assert.equal(1, #s:log("/pin"))
+  end)
+
+  it("keeps a handle's TLS options to its own request: the next one on it is back to the defaults", function()
+    for _ = 1, 3 do
+      assert(rw.fetch(s:url("/a"), opts { ca_file = s.ca_file }))
+      local res, err = rw.fetch(s:url("/b"), quiet) -- no CA: refused again
+      assert.is_nil(res)
+      assert.equal("network", err.kind)
+    end
+    assert.equal(0, #s:log("/b"))
+  end)
+
+  it("asks for TLS 1.2 or 1.3 at least, and refuses another version", function()
+    assert(rw.fetch(s:url("/v"), opts { ca_file = s.ca_file, tls_min_version = "1.3" }))
+    assert.error_matches(function() rw.fetch(s:url("/v"), opts { tls_min_version = "1.0" }) end,
+      "option 'tls_min_version' must be \"1.2\" or \"1.3\"", 1, true)
+  end)
+
+  it("says once per process that verify_tls = false checks nothing, unless silenced", function()
+    local out = subprocess.run_lua([[
+      local rw = require "ratewise"
+      for _ = 1, 3 do assert(rw.fetch(arg[1], { on_retry = false, verify_tls = false })) end
+      print("done")
+    ]], { args = s:url("/insecure"), seconds = 20 })
+    local _, warnings = out:gsub("verify_tls = false: TLS certificates are not checked", "")
+    assert.equal(1, warnings, out)
+    local quiet_out = subprocess.run_lua([[
+      local rw = require "ratewise"
+      rw.configure { tls_warning = false }
+      assert(rw.fetch(arg[1], { on_retry = false, verify_tls = false }))
+      print("done")
+    ]], { args = s:url("/insecure"), seconds = 20 })
+    assert.equal("done\n", quiet_out)
+  end)
+end)
+
+describe("TLS with client certificates", function()
+  local s
+
+  -- (no reset or log here: the suite's control calls carry no certificate)
+  setup(function() s = server.start_tls_ca { client_cert_required = true } end)
+  teardown(function() s:stop() end)
+
+  it("presents client_cert and client_key; without them the server refuses the handshake", function()
+    local res = assert(rw.fetch(s:url("/me"), opts { ca_file = s.ca_file, client_cert = s.client_cert,
+      client_key = s.client_key }))
+    assert.equal(200, res.status)
+    -- refused during the handshake, or (TLS 1.3) by an alert once it is over
+    local nothing, err = rw.fetch(s:url("/me"), opts { ca_file = s.ca_file })
+    assert.is_nil(nothing)
+    assert.is_truthy(err.kind == "network" or err.kind == "exhausted", tostring(err))
+  end)
+
+  it("opens an encrypted key with client_key_password, and never shows the password", function()
+    -- in a process of its own: libcurl would reuse a connection that this
+    -- one opened with the same certificate
+    local out = subprocess.run_lua([[
+      local rw = require "ratewise"
+      local res, err = rw.fetch(arg[1], { on_retry = false, max_retries = 0, ca_file = arg[2],
+        client_cert = arg[3], client_key = arg[4], client_key_password = "wrong-hunter3" })
+      print(res and res.status or tostring(err))
+    ]], { args = table.concat({ s:url("/enc"), s.ca_file, s.client_cert, s.client_key_encrypted }, " "),
+      seconds = 20 })
+    assert.matches("^ratewise: network: ", out)
+    assert.is_nil(out:find("hunter3", 1, true))
+    local res = assert(rw.fetch(s:url("/enc"), opts { ca_file = s.ca_file, client_cert = s.client_cert,
+      client_key = s.client_key_encrypted, client_key_password = "hunter2" }))
+    assert.equal(200, res.status)
+  end)
+
+  it("carries the TLS options of a client to each of its requests", function()
+    local api = rw.client { base_url = s.base, ca_file = s.ca_file, client_cert = s.client_cert,
+      client_key = s.client_key, on_retry = false }
+    local res = assert(api:get("/c"))
+    assert.equal(200, res.status)
+  end)
+end)
+
+describe("proxies", function()
+  local origin, proxy
+
+  setup(function()
+    origin = server.start()
+    proxy = server.start()
+  end)
+  teardown(function()
+    origin:stop()
+    proxy:stop()
+  end)
+  before_each(function()
+    origin:reset()
+    proxy:reset()
+  end)
+
+  it("sends a request through the proxy option, credentials in Proxy-Authorization, never in an error", function()
+    local proxy_url = "http://user:s3cret@127.0.0.1:" .. proxy.port
+    local res = assert(rw.fetch(origin:url("/via"), opts { proxy = proxy_url }))
+    assert.equal(200, res.status)
+    assert.equal(0, #origin:log("/via"))
+    local seen = proxy:log("/via")
+    assert.equal(1, #seen)
+    assert.is_true(seen[1].proxied)
+    assert.is_true(seen[1].proxy_auth)
+    -- a proxy that is not there: the error names no credentials
+    local nothing, err = rw.fetch(origin:url("/via"), opts { proxy = "http://user:s3cret@127.0.0.1:1" })
+    assert.is_nil(nothing)
+    assert.is_nil(tostring(err):find("s3cret", 1, true))
+  end)
+
+  it("honours http_proxy and no_proxy as libcurl reads them", function()
+    local code = [[
+      local rw = require "ratewise"
+      local res, err = rw.fetch(arg[1], { on_retry = false, max_retries = 0 })
+      print(res and res.status or tostring(err))
+    ]]
+    local out = subprocess.run_lua(code, { args = origin:url("/env"),
+      shell = "http_proxy=http://127.0.0.1:" .. proxy.port .. " ", seconds = 20 })
+    assert.equal("200\n", out)
+    assert.equal(1, #proxy:log("/env"))
+    out = subprocess.run_lua(code, { args = origin:url("/env"),
+      shell = "http_proxy=http://127.0.0.1:" .. proxy.port .. " no_proxy=127.0.0.1 ", seconds = 20 })
+    assert.equal("200\n", out)
+    assert.equal(1, #origin:log("/env"))
+  end)
+end)
+
+describe("decompression", function()
+  local s
+
+  setup(function() s = server.start() end)
+  teardown(function() s:stop() end)
+  before_each(function() s:reset() end)
+
+  for _, encoding in ipairs { "gzip", "deflate" } do
+    it("decodes a " .. encoding .. " body, asked for or not", function()
+      local body = string.rep("ratewise ", 1000)
+      s:script("/z", { { encoding = encoding, body = body, headers = { ["Content-Type"] = "text/plain" } } })
+      local res = assert(rw.fetch(s:url("/z"), quiet))
+      assert.equal(body, res.body)
+      assert.matches(encoding, s:log("/z")[1].headers["accept-encoding"])
+      -- a caller that names its own Accept-Encoding still gets the body decoded
+      res = assert(rw.fetch(s:url("/z"), opts { headers = { ["Accept-Encoding"] = encoding } }))
+      assert.equal(body, res.body)
+    end)
+  end
+
+  it("counts max_body on the decoded body: a compression bomb ends as too large", function()
+    s:script("/bomb", { { encoding = "gzip", body = string.rep("\0", 8 * 1024 * 1024) } })
+    local res, err = rw.fetch(s:url("/bomb"), opts { max_body = 1024 * 1024 })
+    assert.is_nil(res)
+    assert.equal("network", err.kind)
+    assert.matches("body too large %(limit 1048576 bytes%)", err.message)
+  end)
+
+  it("leaves the body as sent with decompress = false", function()
+    s:script("/raw", { { encoding = "gzip", body = "hello" } })
+    local res = assert(rw.fetch(s:url("/raw"), opts { decompress = false }))
+    assert.equal("\31\139", res.body:sub(1, 2)) -- gzip's magic
+    assert.is_nil(s:log("/raw")[1].headers["accept-encoding"])
+    res = assert(rw.fetch(s:url("/raw"), quiet)) -- the next request on that handle decodes again
+    assert.equal("hello", res.body)
+  end)
+end)
