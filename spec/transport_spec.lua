@@ -66,6 +66,20 @@ describe("TLS", function()
     assert.equal(0, #s:log("/b"))
   end)
 
+  it("serves request after request on a handle reset for TLS options, connections closing after each", function()
+    -- Each answer closes its connection, so descriptors are reused at once,
+    -- by handles set up anew (curl_easy_reset) every other request.
+    s:script("/closing", { { status = 200, headers = { Connection = "close" } } })
+    local t0 = rw.now()
+    for i = 1, 12 do
+      local o = opts { timeout = 3 }
+      if i % 2 == 1 then o.ca_file = s.ca_file else o.verify_tls = false end
+      assert(rw.fetch(s:url("/closing"), o))
+    end
+    assert.is_true(rw.now() - t0 < 3, "12 requests took " .. (rw.now() - t0) .. " s")
+    assert.equal(12, #s:log("/closing"))
+  end)
+
   it("asks for TLS 1.2 or 1.3 at least, and refuses another version", function()
     assert(rw.fetch(s:url("/v"), opts { ca_file = s.ca_file, tls_min_version = "1.3" }))
     assert.error_matches(function() rw.fetch(s:url("/v"), opts { tls_min_version = "1.0" }) end,

@@ -123,7 +123,22 @@ static transfer *engine_take(engine *e, int *fresh)
 {
     transfer *t;
     *fresh = e->npool == 0;
-    if (e->npool > 0) return e->pool[--e->npool];
+    if (e->npool > 0) {
+        t = e->pool[--e->npool];
+        if (t->dirty & DIRTY_RESET) {
+            /* Its last request set options libcurl cannot put back one by
+             * one (TLS files, a pin, a proxy): every option is forgotten
+             * (the connections stay), and the handle is set up as new,
+             * the engine's own callback on closed sockets included. */
+            curl_easy_reset(t->easy);
+            t->dirty = 0;
+            t->recv_buffer = ENGINE_RECV_MAX; /* libcurl's default, which reset restores */
+            curl_easy_setopt(t->easy, CURLOPT_CLOSESOCKETFUNCTION, engine_on_close);
+            curl_easy_setopt(t->easy, CURLOPT_CLOSESOCKETDATA, e);
+            *fresh = 1;
+        }
+        return t;
+    }
     t = (transfer *)calloc(1, sizeof *t);
     if (!t) return NULL;
     t->easy = curl_easy_init();

@@ -178,11 +178,6 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fres
     size_t header_bytes = 0;
     const char *url;
 
-    if (!fresh && (t->dirty & DIRTY_RESET)) {
-        curl_easy_reset(easy); /* keeps the connections, forgets every option */
-        t->recv_buffer = CURL_MAX_WRITE_SIZE; /* libcurl's default again (the engine sets its own) */
-        fresh = 1;
-    }
     if (fresh) {
         const char *env;
         /* Only http and https (libcurl itself never follows a redirect

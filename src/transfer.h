@@ -35,7 +35,7 @@ enum transfer_method { METHOD_GET, METHOD_HEAD, METHOD_POST, METHOD_OTHER };
 #define DIRTY_NOVERIFY 16u
 /* TLS files, a pin, a TLS version, a proxy, decompression off: libcurl
  * has no value that restores their defaults, so the next request on the
- * handle starts from curl_easy_reset (request_base). */
+ * handle starts from curl_easy_reset (engine_take). */
 #define DIRTY_RESET 32u
 
 /* Transfer user values */
