@@ -65,7 +65,7 @@ DEB_CHECK := clang libclang-rt-14-dev clang-tidy cppcheck valgrind \
              lua5.1 liblua5.1-0-dev lua5.3 liblua5.3-dev luajit2 libluajit2-5.1-dev lua-compat53-dev
 
 .PHONY: all deps deps-check test demo bench examples install lint clean soak \
-        fuzz test-asan test-valgrind luajit-core bench-hosts bench-rate bench-redis
+        fuzz test-asan test-valgrind luajit-core bench-hosts bench-rate bench-redis bench-http2
 
 all: $(CORE)
 
@@ -137,6 +137,10 @@ bench-rate: deps $(CORE)
 # EVALSHA on the same private redis-server (bench/redis.lua).
 bench-redis: deps $(CORE)
 	@$(LUA_ENV) $(SPEC_ENV) $(LUA) bench/redis.lua
+
+# HTTP/2 against HTTP/1.1 over HTTPS for 64 tasks (bench/http2.lua).
+bench-http2: deps $(CORE)
+	@$(LUA_ENV) $(SPEC_ENV) $(LUA) bench/http2.lua
 
 # What waiting costs in each host (bench/hosts.lua): 1,000 requests on a
 # slow server per host, and rw.step(0) in a frame loop.

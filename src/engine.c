@@ -201,7 +201,7 @@ static void engine_give(engine *e, transfer *t)
     t->multi_code = CURLM_OK;
     t->errbuf[0] = '\0';
     t->timeout = t->started = t->expires = 0;
-    t->status = t->request_size = t->redirects = 0;
+    t->status = t->request_size = t->redirects = t->http_version = 0;
     t->total_time = 0;
     t->state = TRANSFER_CLOSED;
     t->ref = LUA_NOREF;
@@ -398,6 +398,7 @@ static void engine_finish(transfer *t, CURLcode code, enum transfer_abort aborte
     if (code == CURLE_OK && aborted == ABORT_NONE)
         e->response_bytes += ((double)(t->head.len + t->body.len) - e->response_bytes) / 8;
     curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &t->status);
+    curl_easy_getinfo(easy, CURLINFO_HTTP_VERSION, &t->http_version);
     t->request_size += engine_sent(t);
     if (curl_easy_getinfo(easy, CURLINFO_TOTAL_TIME, &hop_time) == CURLE_OK) t->total_time += hop_time;
     /* Removing a transfer that has not completed closes its connection

@@ -206,6 +206,11 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fres
          * body is what max_body counts, decoded): a caller that sends its
          * own Accept-Encoding still gets the body decoded. */
         curl_easy_setopt(easy, CURLOPT_ACCEPT_ENCODING, "");
+        /* HTTPS speaks HTTP/2 where the server offers it (libcurl's
+         * default), and concurrent requests to one origin wait for the
+         * first connection to say whether it multiplexes rather than each
+         * opening one of its own. */
+        curl_easy_setopt(easy, CURLOPT_PIPEWAIT, 1L);
         /* The standard variables of OpenSSL's tools, which libcurl itself
          * does not read: the CAs an internal service's users point to. */
         if ((env = getenv("SSL_CERT_FILE")) != NULL && *env) curl_easy_setopt(easy, CURLOPT_CAINFO, env);

@@ -281,7 +281,7 @@ int rw_response_result(lua_State *L, transfer *t)
     request_too_large = t->code == CURLE_OUT_OF_MEMORY && !t->out_of_memory && t->request_size == 0;
     line_too_long = t->code == CURLE_OUT_OF_MEMORY && !t->out_of_memory && !t->headers_done && !request_too_large;
     if (t->code == CURLE_OK && !t->aborted) {
-        lua_createtable(L, 0, 8); /* room for the two fields fetch adds */
+        lua_createtable(L, 0, 10); /* room for the two fields fetch adds */
         lua_pushinteger(L, t->status);
         lua_setfield(L, -2, "status");
         response_set_headers(L, t);
@@ -293,6 +293,10 @@ int rw_response_result(lua_State *L, transfer *t)
         }
         lua_pushinteger(L, t->redirects);
         lua_setfield(L, -2, "redirects");
+        lua_pushstring(L, t->http_version == CURL_HTTP_VERSION_2_0 ? "2"
+                          : t->http_version == CURL_HTTP_VERSION_1_0 ? "1.0"
+                          : t->http_version == 30 /* CURL_HTTP_VERSION_3 */ ? "3" : "1.1");
+        lua_setfield(L, -2, "http_version");
         lua_pushnumber(L, t->total_time);
         lua_setfield(L, -2, "time");
         return 1;

@@ -84,6 +84,7 @@ typedef struct transfer {
     /* gathered from the easy handle when the transfer ends (request_size:
      * over every hop of a redirect) */
     long status, request_size, redirects;
+    long http_version; /* CURLINFO_HTTP_VERSION of the last response */
     double total_time;
     char *effective_url;
     struct transfer *prev, *next; /* in its engine's running or finished list */

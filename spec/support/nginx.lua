@@ -46,10 +46,11 @@ end
 local Nginx = {}
 Nginx.__index = Nginx
 
---- n = nginx.start{http = snippet, server = snippet [, workers = n]}:
+--- n = nginx.start{http = snippet, server = snippet [, workers = n]
+--   [, tls = {cert = PEM, key = PEM} [, http2 = true]]}:
 -- starts nginx (one worker unless told) listening on a free port of
--- 127.0.0.1, with the snippets in its http and server blocks; waits until
--- it answers.
+-- 127.0.0.1 (HTTPS with tls, and HTTP/2 too with http2), with the snippets
+-- in its http and server blocks; waits until it answers.
 function M.start(opts)
   local root = cwd()
   local cpath = os.getenv("RATEWISE_LUAJIT_CPATH") or "./build-luajit/?.so"
@@ -78,7 +79,9 @@ function M.start(opts)
     opts.http or "",
     "  server {",
     -- reuseport: with several workers, the kernel spreads connections over them
-    "    listen 127.0.0.1:" .. port .. ((opts.workers or 1) > 1 and " reuseport" or "") .. ";",
+    "    listen 127.0.0.1:" .. port .. (opts.tls and " ssl" or "") .. (opts.http2 and " http2" or "")
+      .. ((opts.workers or 1) > 1 and " reuseport" or "") .. ";",
+    opts.tls and ("    ssl_certificate " .. opts.tls.cert .. "; ssl_certificate_key " .. opts.tls.key .. ";") or "",
     '    location = /_ping { return 200 "pong"; }',
     "    location = /_pid { content_by_lua_block { ngx.print(ngx.worker.pid()) } }",
     opts.server or "",
@@ -88,7 +91,8 @@ function M.start(opts)
   local f = assert(io.open(dir .. "/conf/nginx.conf", "w"))
   f:write(conf)
   f:close()
-  local n = setmetatable({ dir = dir, port = port, base = "http://127.0.0.1:" .. port }, Nginx)
+  local n = setmetatable({ dir = dir, port = port, base = (opts.tls and "https" or "http") .. "://127.0.0.1:" .. port },
+    Nginx)
   if not run("nginx -p " .. dir .. " -c conf/nginx.conf 2>" .. dir .. "/start.log") then
     error("nginx did not start:\n" .. (read_file(dir .. "/start.log") or "") .. (n:error_log() or ""), 2)
   end

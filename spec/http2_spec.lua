@@ -1,0 +1,68 @@
+-- HTTP/2 against a real nginx (Debian's, `listen ... ssl http2`): HTTPS
+-- speaks it where the server offers it, and concurrent requests share one
+-- connection. nginx's $connection says which connection served each.
+local rw = require "ratewise"
+local nginx = require "spec.support.nginx"
+
+local SERVER = [[
+    location = /who { return 200 "$connection $server_protocol"; }
+]]
+
+local function certificate()
+  local dir = os.tmpname()
+  os.remove(dir)
+  assert(os.execute("mkdir -p " .. dir .. " && openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=127.0.0.1 "
+    .. "-addext subjectAltName=IP:127.0.0.1 -keyout " .. dir .. "/key.pem -out " .. dir .. "/cert.pem 2>/dev/null"))
+  return dir
+end
+
+-- 64 tasks, 4 requests each: the protocols and the connections seen.
+local function burst(url, ca_file)
+  local protocols, connections, versions = {}, {}, {}
+  rw.run(function()
+    for _ = 1, 64 do
+      rw.spawn(function()
+        for _ = 1, 4 do
+          local res = assert(rw.fetch(url, { ca_file = ca_file, on_retry = false }))
+          local conn, protocol = res.body:match("^(%d+) (%S+)$")
+          connections[conn] = true
+          protocols[protocol] = true
+          versions[res.http_version] = true
+        end
+      end)
+    end
+  end)
+  local n = 0
+  for _ in pairs(connections) do n = n + 1 end
+  return protocols, n, versions
+end
+
+describe("HTTP/2", function()
+  local dir, h2, h1
+
+  setup(function()
+    dir = certificate()
+    local tls = { cert = dir .. "/cert.pem", key = dir .. "/key.pem" }
+    h2 = nginx.start { server = SERVER, tls = tls, http2 = true }
+    h1 = nginx.start { server = SERVER, tls = tls }
+  end)
+  teardown(function()
+    if h2 then h2:stop() end
+    if h1 then h1:stop() end
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("is spoken over HTTPS where the server offers it, 256 requests of 64 tasks on one connection", function()
+    local protocols, connections, versions = burst(h2:url("/who"), dir .. "/cert.pem")
+    assert.same({ ["HTTP/2.0"] = true }, protocols)
+    assert.same({ ["2"] = true }, versions)
+    assert.equal(1, connections)
+  end)
+
+  it("falls back to HTTP/1.1 where it is not offered, a connection per request in flight", function()
+    local protocols, connections, versions = burst(h1:url("/who"), dir .. "/cert.pem")
+    assert.same({ ["HTTP/1.1"] = true }, protocols)
+    assert.same({ ["1.1"] = true }, versions)
+    assert.is_true(connections > 1 and connections <= 64, connections .. " connections")
+  end)
+end)
