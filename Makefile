@@ -208,9 +208,9 @@ $(FUZZ_BUILD)/fuzz_%: fuzz/fuzz_%.c fuzz/fuzz.h fuzz/fuzz_nows.h src/parse.c src
 
 # What src/redis.c reads goes through hiredis's reader: the target fuzzes
 # that, as redis.c uses it.
-$(FUZZ_BUILD)/fuzz_redis_reply: fuzz/fuzz_redis_reply.c fuzz/fuzz.h Makefile | deps-check
+$(FUZZ_BUILD)/fuzz_redis_reply: fuzz/fuzz_redis_reply.c fuzz/fuzz.h src/redis_reader.c src/redis_reader.h Makefile | deps-check
 	@mkdir -p $(dir $@)
-	$(CLANG) $(FUZZ_CFLAGS) -o $@ $< -lhiredis -lm
+	$(CLANG) $(FUZZ_CFLAGS) -o $@ $< src/redis_reader.c -lhiredis -lm
 
 fuzz: $(FUZZ_BINS)
 	@failed=""; for t in $(FUZZ_TARGETS); do \

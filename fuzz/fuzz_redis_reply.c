@@ -1,16 +1,18 @@
 /*
- * What src/redis.c reads from a Redis server: bytes fed to hiredis's RESP
- * reader (redisReaderFeed, redisReaderGetReply), in the chunks a socket
- * might deliver, and each reply walked as redis_push_reply walks it.
+ * What src/redis.c reads from a Redis server: bytes fed to its bounded
+ * RESP reader (src/redis_reader.c: hiredis's, refusing huge arrays), in
+ * the chunks a socket might deliver, and each reply walked as
+ * redis_push_reply walks it. A count claimed in a header is never
+ * allocated beyond the bound (the first run found "*1111111111" asking
+ * hiredis for 8.9 GB).
  *
  * The same bytes give the same replies however they are cut; every reply
  * is a type redis.c knows, a string reply's bytes lie within its length, an
  * array's elements are all there and nested no deeper than hiredis's
  * bound; a protocol error is sticky and never comes with a reply.
  */
-#include <hiredis/hiredis.h>
-
 #include "fuzz.h"
+#include "redis_reader.h"
 
 #define REDIS_FUZZ_MAX_REPLIES 64
 
@@ -40,6 +42,7 @@ static unsigned long redis_digest(const redisReply *r, int depth, unsigned long 
         h = h * 31u + (unsigned long)r->integer;
         break;
     case REDIS_REPLY_ARRAY:
+        FUZZ_CHECK(r->elements <= RW_REDIS_MAX_ELEMENTS);
         FUZZ_CHECK(r->elements == 0 || r->element != NULL);
         for (i = 0; i < r->elements; i++) h = redis_digest(r->element[i], depth + 1, h);
         break;
@@ -55,10 +58,12 @@ static unsigned long redis_digest(const redisReply *r, int depth, unsigned long 
  * (their digests in out), or -1 on a protocol error. */
 static int redis_read(const uint8_t *data, size_t size, size_t cut, unsigned long *out)
 {
-    redisReader *reader = redisReaderCreate();
+    rw_redis_reader bounded;
+    redisReader *reader;
     int n = 0, failed = 0;
     size_t piece;
-    FUZZ_CHECK(reader != NULL);
+    FUZZ_CHECK(rw_redis_reader_init(&bounded) == 0);
+    reader = bounded.reader;
     for (piece = 0; piece < 2 && !failed; piece++) {
         const char *from = (const char *)data + (piece ? cut : 0);
         size_t len = piece ? size - cut : cut;
@@ -75,7 +80,7 @@ static int redis_read(const uint8_t *data, size_t size, size_t cut, unsigned lon
             freeReplyObject(reply);
         }
     }
-    redisReaderFree(reader);
+    rw_redis_reader_free(&bounded);
     return failed ? -1 : n;
 }
 

@@ -256,6 +256,35 @@ describe("rw.redis_bucket", function()
     assert.near(4, local_limit:tokens(), 0.3) -- nothing taken from the member that could answer
   end)
 
+  it("takes a broken or hostile server's huge reply for a protocol error, allocating nothing for it", function()
+    -- A fake server: to every connection, the answer named, then silence.
+    local function fake(kind)
+      local p = assert(io.popen("/usr/bin/python3 -c " .. "'" .. [=[
+import socket, sys, time
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(4)
+print(s.getsockname()[1], flush=True)
+answer = {"array": b"*1111111111\r\n", "bulk": b"$2000000\r\n" + b"x" * 2000000 + b"\r\n"}[sys.argv[1]]
+while True:
+    c, _ = s.accept(); c.recv(65536); c.sendall(answer); time.sleep(0.5); c.close()
+]=] .. "' " .. kind .. " ratewise-fake-redis", "r"))
+      return p, tonumber(p:read("*l"))
+    end
+    for _, case in ipairs {
+      { "array", "protocol error" },
+      { "bulk", "a reply of more than 1048576 bytes" },
+    } do
+      local p, port = fake(case[1])
+      local b = rw.redis_bucket { redis = "redis://127.0.0.1:" .. port, key = "k", capacity = 1, rate = 1,
+        timeout = 2 }
+      local ok, err = b:take()
+      os.execute("pkill -f ratewise-fake-redis 2>/dev/null")
+      p:close()
+      assert.is_nil(ok)
+      assert.equal("limiter_unavailable", err.kind)
+      assert.matches(case[2], err.message, 1, true)
+    end
+  end)
+
   it("never shows the password of its URL, and refuses options that make no sense", function()
     local b = rw.redis_bucket { redis = "redis://:hunter2@127.0.0.1:1", key = "k", capacity = 1, rate = 1,
       timeout = 0.1 }

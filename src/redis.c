@@ -23,10 +23,9 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-#include <hiredis/hiredis.h>
-
 #include "compat.h"
 #include "ratewise.h"
+#include "redis_reader.h"
 
 #define REDIS_MT "ratewise.Redis"
 
@@ -40,7 +39,8 @@ enum redis_state { REDIS_CONNECTING, REDIS_OPEN, REDIS_CLOSED };
 typedef struct redis_conn {
     int fd;
     enum redis_state state;
-    redisReader *reader;
+    rw_redis_reader reader; /* hiredis's reader, bounded (redis_reader.c) */
+    size_t buffered;        /* bytes fed to the reader since its last complete reply */
     char *out;          /* formatted commands not yet written */
     size_t outlen, outpos, outcap;
     redisReply *pending; /* a reply being turned into Lua values (freed by close if that raises) */
@@ -62,10 +62,7 @@ static int redis_l_close(lua_State *L)
         freeReplyObject(c->pending);
         c->pending = NULL;
     }
-    if (c->reader) {
-        redisReaderFree(c->reader);
-        c->reader = NULL;
-    }
+    rw_redis_reader_free(&c->reader);
     free(c->out);
     c->out = NULL;
     c->outlen = c->outpos = c->outcap = 0;
@@ -94,8 +91,7 @@ static int redis_l_connect(lua_State *L)
     c->fd = -1;
     c->state = REDIS_CLOSED;
     luaL_setmetatable(L, REDIS_MT);
-    c->reader = redisReaderCreate();
-    if (!c->reader) return luaL_error(L, "out of memory for a Redis reader");
+    if (rw_redis_reader_init(&c->reader) != 0) return luaL_error(L, "out of memory for a Redis reader");
     memset(&hints, 0, sizeof hints);
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
@@ -270,12 +266,13 @@ static void redis_push_reply(lua_State *L, const redisReply *r)
 static int redis_take_reply(lua_State *L, redis_conn *c)
 {
     void *reply = NULL;
-    if (redisReaderGetReply(c->reader, &reply) != REDIS_OK) {
+    if (redisReaderGetReply(c->reader.reader, &reply) != REDIS_OK) {
         lua_pushnil(L);
-        lua_pushfstring(L, "protocol error: %s", c->reader->errstr);
+        lua_pushfstring(L, "protocol error: %s", c->reader.reader->errstr);
         return -1;
     }
     if (!reply) return 0;
+    c->buffered = 0;
     c->pending = (redisReply *)reply;
     lua_pushboolean(L, 1);
     redis_push_reply(L, c->pending);
@@ -297,9 +294,15 @@ static int redis_l_read(lua_State *L)
     for (;;) {
         ssize_t n = recv(c->fd, buf, sizeof buf, 0);
         if (n > 0) {
-            if (redisReaderFeed(c->reader, buf, (size_t)n) != REDIS_OK) {
+            c->buffered += (size_t)n;
+            if (c->buffered > RW_REDIS_MAX_REPLY_BYTES) {
                 lua_pushnil(L);
-                lua_pushfstring(L, "protocol error: %s", c->reader->errstr);
+                lua_pushfstring(L, "protocol error: a reply of more than %d bytes", RW_REDIS_MAX_REPLY_BYTES);
+                return 2;
+            }
+            if (redisReaderFeed(c->reader.reader, buf, (size_t)n) != REDIS_OK) {
+                lua_pushnil(L);
+                lua_pushfstring(L, "protocol error: %s", c->reader.reader->errstr);
                 return 2;
             }
             got = redis_take_reply(L, c);
