@@ -4,6 +4,9 @@
 
 #include <hiredis/hiredis.h>
 
+/* Internal to the module whoever builds it (see ratewise.h). */
+#pragma GCC visibility push(hidden)
+
 /* The most elements one array of a reply may have, and the most bytes
  * buffered for one reply: a bucket's replies are a few integers. */
 #define RW_REDIS_MAX_ELEMENTS 1024
@@ -19,5 +22,7 @@ typedef struct rw_redis_reader {
  * reader points into it). */
 int rw_redis_reader_init(rw_redis_reader *r);
 void rw_redis_reader_free(rw_redis_reader *r);
+
+#pragma GCC visibility pop
 
 #endif

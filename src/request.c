@@ -206,11 +206,6 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fres
          * body is what max_body counts, decoded): a caller that sends its
          * own Accept-Encoding still gets the body decoded. */
         curl_easy_setopt(easy, CURLOPT_ACCEPT_ENCODING, "");
-        /* HTTPS speaks HTTP/2 where the server offers it (libcurl's
-         * default), and concurrent requests to one origin wait for the
-         * first connection to say whether it multiplexes rather than each
-         * opening one of its own. */
-        curl_easy_setopt(easy, CURLOPT_PIPEWAIT, 1L);
         /* The standard variables of OpenSSL's tools, which libcurl itself
          * does not read: the CAs an internal service's users point to. */
         if ((env = getenv("SSL_CERT_FILE")) != NULL && *env) curl_easy_setopt(easy, CURLOPT_CAINFO, env);
@@ -244,6 +239,12 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fres
     }
     if (request_has_ctl(url, len)) luaL_error(L, "request url contains a space or a control character");
     curl_easy_setopt(easy, CURLOPT_URL, url); /* copied by libcurl */
+    /* HTTPS speaks HTTP/2 where the server offers it (libcurl's default),
+     * and concurrent requests to one origin wait for the first connection's
+     * TLS handshake to say whether it multiplexes, rather than each opening
+     * one of its own. Not over plain HTTP: there libcurl learns it only
+     * from the first response, and the others would wait for all of it. */
+    curl_easy_setopt(easy, CURLOPT_PIPEWAIT, (long)(len > 6 && strncasecmp(url, "https:", 6) == 0));
     lua_pop(L, 1);
 
     /* No method: GET, or POST when there is a body (libcurl's way). */
