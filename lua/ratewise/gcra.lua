@@ -50,4 +50,78 @@ end
 local load_chunk = rawget(_G, "loadstring") or load
 gcra.step = assert(load_chunk(gcra.SOURCE .. "\nreturn gcra_step", "=gcra"))()
 
+-- What the shared buckets (redis_bucket.lua, shared_bucket.lua) check
+-- alike, in the caller's terms.
+local format, floor, huge = string.format, math.floor, math.huge
+local type, tostring, error = type, tostring, error
+
+--- n = gcra.count(bucket, n, method): the token count of a call (1 when
+-- nil); raises, at the method's caller, for one that is not a count or
+-- that the bucket could never serve.
+function gcra.count(bucket, n, method)
+  if n == nil then return 1 end
+  if type(n) ~= "number" or n ~= n or n <= 0 or n == huge then
+    error(format("bad argument #1 to '%s' (token count must be a positive number, got %s)", method,
+      tostring(n)), 3)
+  end
+  if n > bucket.capacity_n then
+    error(format("bad argument #1 to '%s' (%s tokens asked of a bucket whose capacity is %s: "
+      .. "it could never be served)", method, tostring(n), tostring(bucket.capacity_n)), 3)
+  end
+  return n
+end
+
+--- micros = gcra.max_wait(sleep, max_wait): acquire's other arguments
+-- checked; max_wait in microseconds (-1: any wait).
+function gcra.max_wait(sleep, max_wait)
+  if sleep ~= nil and type(sleep) ~= "function" then
+    error(format("bad argument #2 to 'acquire' (sleep must be a function, got %s)", type(sleep)), 3)
+  end
+  if max_wait ~= nil and (type(max_wait) ~= "number" or max_wait ~= max_wait or max_wait < 0) then
+    error(format("bad argument #3 to 'acquire' (max_wait must be a non-negative number of seconds, got %s)",
+      tostring(max_wait)), 3)
+  end
+  return max_wait and max_wait < huge and floor(max_wait * 1e6) or -1
+end
+
+--- remaining, reset_in = gcra.sync_args(bucket, remaining, reset_in): what
+-- a sync may apply, in millionths of a token and microseconds, as a local
+-- bucket's sync would (never further off than its horizon); nil when
+-- remaining is not a number.
+function gcra.sync_args(bucket, remaining, reset_in)
+  if type(remaining) ~= "number" or remaining ~= remaining then return nil end
+  if remaining < 0 then remaining = 0 end
+  if remaining > bucket.capacity_n then remaining = bucket.capacity_n end
+  reset_in = type(reset_in) == "number" and reset_in == reset_in and reset_in or 0
+  if reset_in < 0 then reset_in = 0 end
+  if reset_in > bucket.horizon then reset_in = bucket.horizon end
+  return floor(remaining * 1e6), floor(reset_in * 1e6)
+end
+
+--- v = gcra.positive(what, opts, name [, default [, level]]): a positive
+-- number option (required without a default); an error is raised at
+-- `level` (default 3: the caller of the constructor that asks).
+function gcra.positive(what, opts, name, default, level)
+  level = level or 3
+  local v = opts[name]
+  if v == nil then
+    if default == nil then error(format("%s: option '%s' is required", what, name), level) end
+    return default
+  end
+  if type(v) ~= "number" or v ~= v or v <= 0 or v == huge then
+    error(format("%s: option '%s' must be a positive number (got %s)", what, name, tostring(v)), level)
+  end
+  return v
+end
+
+--- capacity, rate = gcra.limits(what, opts): the bucket's two numbers,
+-- checked to stay within what microsecond integers can count.
+function gcra.limits(what, opts)
+  local capacity, rate = gcra.positive(what, opts, "capacity", nil, 4), gcra.positive(what, opts, "rate", nil, 4)
+  if capacity > 1e9 then error(what .. ": option 'capacity' is too large (at most 1e9)", 3) end
+  if rate > 1e6 then error(what .. ": option 'rate' is too large (at most 1e6 a second)", 3) end
+  if capacity * 1e6 / rate > 1e15 then error(what .. ": option 'rate' is too small for that capacity", 3) end
+  return capacity, rate
+end
+
 return gcra

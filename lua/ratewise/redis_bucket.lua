@@ -10,7 +10,8 @@ local gcra = require "ratewise.gcra"
 local redis = require "ratewise.redis"
 local runtime = require "ratewise.runtime"
 
-local format, floor, huge = string.format, math.floor, math.huge
+local count = gcra.count
+local format = string.format
 local type, tostring, pairs, error, setmetatable = type, tostring, pairs, error, setmetatable
 
 local redis_bucket = {}
@@ -112,34 +113,13 @@ local function run(self, op, n, arg, arg2)
   return reply
 end
 
-local function check_n(self, n, method)
-  if n == nil then return 1 end
-  if type(n) ~= "number" or n ~= n or n <= 0 or n == huge then
-    error(format("bad argument #1 to '%s' (token count must be a positive number, got %s)", method,
-      tostring(n)), 3)
-  end
-  if n > self.capacity_n then
-    error(format("bad argument #1 to '%s' (%s tokens asked of a bucket whose capacity is %s: "
-      .. "it could never be served)", method, tostring(n), tostring(self.capacity_n)), 3)
-  end
-  return n
-end
-
 --- true | false, wait | nil, err = b:acquire([n [, sleep [, max_wait]]])
 -- As a bucket's acquire, against the shared limit. When Redis fails:
 -- on_error "closed" answers nil and an error of kind "limiter_unavailable";
 -- "local" serves from the local bucket until Redis answers again.
 function RedisBucket:acquire(n, sleep, max_wait)
-  n = check_n(self, n, "acquire")
-  if sleep ~= nil and type(sleep) ~= "function" then
-    error(format("bad argument #2 to 'acquire' (sleep must be a function, got %s)", type(sleep)), 2)
-  end
-  if max_wait ~= nil and (type(max_wait) ~= "number" or max_wait ~= max_wait or max_wait < 0) then
-    error(format("bad argument #3 to 'acquire' (max_wait must be a non-negative number of seconds, got %s)",
-      tostring(max_wait)), 2)
-  end
-  local limit = max_wait and max_wait < huge and floor(max_wait * 1e6) or -1
-  local reply, err = run(self, "reserve", n, limit)
+  n = count(self, n, "acquire")
+  local reply, err = run(self, "reserve", n, gcra.max_wait(sleep, max_wait))
   if not reply then
     if self.fallback then return self.fallback:acquire(n, sleep, max_wait) end
     return nil, unavailable(self, err)
@@ -155,7 +135,7 @@ end
 
 --- true | false, wait | nil, err = b:take([n])
 function RedisBucket:take(n)
-  n = check_n(self, n, "take")
+  n = count(self, n, "take")
   local reply, err = run(self, "take", n)
   if not reply then
     if self.fallback then return self.fallback:take(n) end
@@ -167,7 +147,7 @@ end
 
 --- seconds | nil, err = b:wait_time([n])
 function RedisBucket:wait_time(n)
-  n = check_n(self, n, "wait_time")
+  n = count(self, n, "wait_time")
   local reply, err = run(self, "peek", n)
   if not reply then
     if self.fallback then return self.fallback:wait_time(n) end
@@ -188,7 +168,7 @@ end
 
 --- b:refund([n]): gives back tokens taken and not used.
 function RedisBucket:refund(n)
-  n = check_n(self, n, "refund")
+  n = count(self, n, "refund")
   local reply = run(self, "refund", n)
   if not reply and self.fallback then self.fallback:refund(n) end
 end
@@ -197,13 +177,9 @@ end
 -- applied to the shared bucket (never raised, and never further off than a
 -- day, as a local bucket's sync).
 function RedisBucket:sync(remaining, reset_in)
-  if type(remaining) ~= "number" or remaining ~= remaining then return end
-  if remaining < 0 then remaining = 0 end
-  if remaining > self.capacity_n then remaining = self.capacity_n end
-  reset_in = type(reset_in) == "number" and reset_in == reset_in and reset_in or 0
-  if reset_in < 0 then reset_in = 0 end
-  if reset_in > self.horizon then reset_in = self.horizon end
-  local reply = run(self, "sync", 1, floor(remaining * 1e6), floor(reset_in * 1e6))
+  local left, reset_micros = gcra.sync_args(self, remaining, reset_in)
+  if not left then return end
+  local reply = run(self, "sync", 1, left, reset_micros)
   if not reply and self.fallback then self.fallback:sync(remaining, reset_in) end
 end
 
@@ -225,18 +201,6 @@ local known_options = {
 }
 local OPTION_LIST = "redis, key, capacity, rate, on_error, timeout, local_share, sync_horizon"
 
-local function positive(opts, name, default)
-  local v = opts[name]
-  if v == nil then
-    if default == nil then error(format("redis_bucket: option '%s' is required", name), 3) end
-    return default
-  end
-  if type(v) ~= "number" or v ~= v or v <= 0 or v == huge then
-    error(format("redis_bucket: option '%s' must be a positive number (got %s)", name, tostring(v)), 3)
-  end
-  return v
-end
-
 --- b = rw.redis_bucket{redis = url | client, key = name, capacity = C, rate = R
 --   [, on_error = "closed" | "local"] [, timeout = s] [, local_share = f] [, sync_horizon = s]}
 function redis_bucket.new(opts)
@@ -252,13 +216,9 @@ function redis_bucket.new(opts)
   if type(key) ~= "string" or key == "" then
     error(format("redis_bucket: option 'key' must be a non-empty string (got %s)", tostring(key)), 2)
   end
-  local capacity, rate = positive(opts, "capacity"), positive(opts, "rate")
-  if capacity > 1e9 then error("redis_bucket: option 'capacity' is too large (at most 1e9)", 2) end
-  if rate > 1e6 then error("redis_bucket: option 'rate' is too large (at most 1e6 a second)", 2) end
-  local interval = 1e6 / rate
-  if interval * capacity > 1e15 then error("redis_bucket: option 'rate' is too small for that capacity", 2) end
-  local timeout = positive(opts, "timeout", DEFAULT_TIMEOUT)
-  local local_share = positive(opts, "local_share", 1)
+  local capacity, rate = gcra.limits("redis_bucket", opts)
+  local timeout = gcra.positive("redis_bucket", opts, "timeout", DEFAULT_TIMEOUT)
+  local local_share = gcra.positive("redis_bucket", opts, "local_share", 1)
   if local_share > 1 then error("redis_bucket: option 'local_share' must be at most 1", 2) end
   local on_error = opts.on_error or "closed"
   if on_error ~= "closed" and on_error ~= "local" then
@@ -269,8 +229,8 @@ function redis_bucket.new(opts)
     name = key,
     -- The hash tag keeps the bucket on one node of a Redis Cluster.
     key = "ratewise:{" .. key .. "}",
-    capacity_n = capacity, rate_n = rate, interval = interval,
-    horizon = positive(opts, "sync_horizon", 86400),
+    capacity_n = capacity, rate_n = rate, interval = 1e6 / rate,
+    horizon = gcra.positive("redis_bucket", opts, "sync_horizon", 86400),
   }, RedisBucket)
   local target = opts.redis
   if type(target) == "string" then

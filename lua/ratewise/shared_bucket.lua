@@ -6,9 +6,9 @@ local core = require "ratewise.core"
 local gcra = require "ratewise.gcra"
 local runtime = require "ratewise.runtime"
 
-local step = gcra.step
+local step, count = gcra.step, gcra.count
 local now = core.now
-local format, floor, huge = string.format, math.floor, math.huge
+local format, floor = string.format, math.floor
 local type, tostring, pairs, error, setmetatable, pcall = type, tostring, pairs, error, setmetatable, pcall
 
 local shared_bucket = {}
@@ -55,31 +55,11 @@ local function run(self, op, n, arg, arg2)
   return wait, granted, tokens
 end
 
-local function check_n(self, n, method)
-  if n == nil then return 1 end
-  if type(n) ~= "number" or n ~= n or n <= 0 or n == huge then
-    error(format("bad argument #1 to '%s' (token count must be a positive number, got %s)", method,
-      tostring(n)), 3)
-  end
-  if n > self.capacity_n then
-    error(format("bad argument #1 to '%s' (%s tokens asked of a bucket whose capacity is %s: "
-      .. "it could never be served)", method, tostring(n), tostring(self.capacity_n)), 3)
-  end
-  return n
-end
-
 --- true | false, wait = b:acquire([n [, sleep [, max_wait]]]): the tokens
 -- are reserved at once in the dict, and waited for here.
 function SharedBucket:acquire(n, sleep, max_wait)
-  n = check_n(self, n, "acquire")
-  if sleep ~= nil and type(sleep) ~= "function" then
-    error(format("bad argument #2 to 'acquire' (sleep must be a function, got %s)", type(sleep)), 2)
-  end
-  if max_wait ~= nil and (type(max_wait) ~= "number" or max_wait ~= max_wait or max_wait < 0) then
-    error(format("bad argument #3 to 'acquire' (max_wait must be a non-negative number of seconds, got %s)",
-      tostring(max_wait)), 2)
-  end
-  local wait, granted = run(self, "reserve", n, max_wait and max_wait < huge and floor(max_wait * 1e6) or -1)
+  n = count(self, n, "acquire")
+  local wait, granted = run(self, "reserve", n, gcra.max_wait(sleep, max_wait))
   wait = wait / 1e6
   if granted ~= 1 then return false, wait end
   if wait > 0 then runtime.sleep(wait, sleep) end
@@ -87,13 +67,13 @@ function SharedBucket:acquire(n, sleep, max_wait)
 end
 
 function SharedBucket:take(n)
-  local wait, granted = run(self, "take", check_n(self, n, "take"))
+  local wait, granted = run(self, "take", count(self, n, "take"))
   if granted == 1 then return true end
   return false, wait / 1e6
 end
 
 function SharedBucket:wait_time(n)
-  return (run(self, "peek", check_n(self, n, "wait_time"))) / 1e6
+  return (run(self, "peek", count(self, n, "wait_time"))) / 1e6
 end
 
 function SharedBucket:tokens()
@@ -102,17 +82,12 @@ function SharedBucket:tokens()
 end
 
 function SharedBucket:refund(n)
-  run(self, "refund", check_n(self, n, "refund"))
+  run(self, "refund", count(self, n, "refund"))
 end
 
 function SharedBucket:sync(remaining, reset_in)
-  if type(remaining) ~= "number" or remaining ~= remaining then return end
-  if remaining < 0 then remaining = 0 end
-  if remaining > self.capacity_n then remaining = self.capacity_n end
-  reset_in = type(reset_in) == "number" and reset_in == reset_in and reset_in or 0
-  if reset_in < 0 then reset_in = 0 end
-  if reset_in > self.horizon then reset_in = self.horizon end
-  run(self, "sync", 1, floor(remaining * 1e6), floor(reset_in * 1e6))
+  local left, reset_micros = gcra.sync_args(self, remaining, reset_in)
+  if left then run(self, "sync", 1, left, reset_micros) end
 end
 
 function SharedBucket:capacity() return self.capacity_n end
@@ -124,18 +99,6 @@ SharedBucket.__tostring = function(b)
 end
 
 local known_options = { dict = true, key = true, capacity = true, rate = true, sync_horizon = true }
-
-local function positive(opts, name, default)
-  local v = opts[name]
-  if v == nil then
-    if default == nil then error(format("shared_bucket: option '%s' is required", name), 3) end
-    return default
-  end
-  if type(v) ~= "number" or v ~= v or v <= 0 or v == huge then
-    error(format("shared_bucket: option '%s' must be a positive number (got %s)", name, tostring(v)), 3)
-  end
-  return v
-end
 
 --- b = rw.shared_bucket{dict = name, [key = name,] capacity = C, rate = R [, sync_horizon = s]}
 function shared_bucket.new(opts)
@@ -162,17 +125,12 @@ function shared_bucket.new(opts)
   if type(key) ~= "string" or key == "" then
     error(format("shared_bucket: option 'key' must be a non-empty string (got %s)", tostring(key)), 2)
   end
-  local capacity, rate = positive(opts, "capacity"), positive(opts, "rate")
-  if capacity > 1e9 then error("shared_bucket: option 'capacity' is too large (at most 1e9)", 2) end
-  if rate > 1e6 then error("shared_bucket: option 'rate' is too large (at most 1e6 a second)", 2) end
-  if capacity * 1e6 / rate > 1e15 then
-    error("shared_bucket: option 'rate' is too small for that capacity", 2)
-  end
+  local capacity, rate = gcra.limits("shared_bucket", opts)
   return setmetatable({
     dict = dict, dict_name = name, name = key,
     key = "ratewise:" .. key, lock = "ratewise:" .. key .. ":lock",
     capacity_n = capacity, rate_n = rate, interval = 1e6 / rate,
-    horizon = positive(opts, "sync_horizon", 86400),
+    horizon = gcra.positive("shared_bucket", opts, "sync_horizon", 86400),
   }, SharedBucket)
 end
 
