@@ -64,9 +64,7 @@ local function workers(n, s_url, r_url, seconds, on_error, rate, during)
   return results
 end
 
-local function escape(s)
-  return (s:gsub("[^%w%-%._~]", function(c) return string.format("%%%02X", c:byte()) end))
-end
+local escape = require("spec.support.nginx").escape
 
 -- In OpenResty: the bucket through a cosocket client (Debian's
 -- lua-nginx-redis, resty.redis packaged as nginx.redis), or a URL.

@@ -5,9 +5,7 @@ local rw = require "ratewise"
 local server = require "spec.support.server"
 local nginx = require "spec.support.nginx"
 
-local function escape(s)
-  return (s:gsub("[^%w%-%._~]", function(c) return string.format("%%%02X", c:byte()) end))
-end
+local escape = nginx.escape
 
 local SERVER = [[
     location = /go {

@@ -202,6 +202,19 @@ static int redis_l_send(lua_State *L)
     return 0;
 }
 
+/* After a send or recv that failed (errno): false when the socket would
+ * block (wait for it), nil and the error otherwise. Returns the count. */
+static int redis_push_io_error(lua_State *L)
+{
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        lua_pushboolean(L, 0);
+        return 1;
+    }
+    lua_pushnil(L);
+    lua_pushstring(L, strerror(errno));
+    return 2;
+}
+
 /* conn:flush() -> true when every queued command is written, false when
  * the socket takes no more for now (wait until it is writable), nil and an
  * error when the connection failed. */
@@ -212,13 +225,7 @@ static int redis_l_flush(lua_State *L)
         ssize_t n = send(c->fd, c->out + c->outpos, c->outlen - c->outpos, MSG_NOSIGNAL);
         if (n < 0) {
             if (errno == EINTR) continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                lua_pushboolean(L, 0);
-                return 1;
-            }
-            lua_pushnil(L);
-            lua_pushstring(L, strerror(errno));
-            return 2;
+            return redis_push_io_error(L);
         }
         c->outpos += (size_t)n;
     }
@@ -315,13 +322,7 @@ static int redis_l_read(lua_State *L)
             return 2;
         }
         if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            lua_pushboolean(L, 0);
-            return 1;
-        }
-        lua_pushnil(L);
-        lua_pushstring(L, strerror(errno));
-        return 2;
+        return redis_push_io_error(L);
     }
 }
 

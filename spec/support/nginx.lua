@@ -110,6 +110,12 @@ function M.start(opts)
   return n
 end
 
+--- A string percent-encoded for a query parameter (a URL handed to a
+-- location that fetches it).
+function M.escape(s)
+  return (s:gsub("[^%w%-%._~]", function(c) return string.format("%%%02X", c:byte()) end))
+end
+
 function Nginx:url(path)
   return self.base .. path
 end
