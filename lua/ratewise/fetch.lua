@@ -453,6 +453,8 @@ local function new_state(started, method, shown_url, max_elapsed, on_event)
 end
 
 -- Every field the engine reads, so that assigning one never grows the table.
+-- Whether scratch_request holds transport options from the call before.
+local scratch_has_transport = false
 local scratch_request = { url = false, method = false, headers = false, follow_redirects = false,
   timeout = false, body = false, empty_body = false, max_body = false, verify_tls = false,
   fresh_connect = false, secret_headers = false }
@@ -528,6 +530,9 @@ function fetch.fetch(url, opts)
   local hint_jitter = opts.hint_jitter or HINT_JITTER
   local follow, max_body, verify_tls = opts.follow_redirects ~= false, opts.max_body, opts.verify_tls
   if verify_tls == false then warn_insecure() end
+  local transport = opts.ca_file ~= nil or opts.ca_path ~= nil or opts.client_cert ~= nil or opts.client_key ~= nil
+    or opts.client_key_password ~= nil or opts.pinned_public_key ~= nil or opts.tls_min_version ~= nil
+    or opts.proxy ~= nil or opts.decompress ~= nil
   local fresh_connect = not safe or nil
   if opts.cost and limiter then
     -- A cost no limiter could ever serve would wait forever (or fail deep inside).
@@ -620,9 +625,14 @@ function fetch.fetch(url, opts)
     request.verify_tls, request.fresh_connect = verify_tls, fresh_connect
     -- More names whose lines the engine keeps from another origin.
     request.secret_headers = opts.secret_headers
-    for i = 1, #transport_options do
-      local name = transport_options[i]
-      request[name] = opts[name]
+    -- The transport options are rare: copied (or cleared after a call that
+    -- had them) only when there is something to copy or clear.
+    if transport or scratch_has_transport then
+      for i = 1, #transport_options do
+        local name = transport_options[i]
+        if transport then request[name] = opts[name] else request[name] = nil end
+      end
+      scratch_has_transport = transport
     end
     local res, terr
     if opts.sleep then
