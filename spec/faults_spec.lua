@@ -70,12 +70,7 @@ local function assert_carries_nothing(v, limit, needle, seen)
   end
 end
 
-local function closed_port()
-  local probe = assert(socket.bind("127.0.0.1", 0))
-  local _, port = probe:getsockname()
-  probe:close()
-  return tonumber(port)
-end
+local closed_port = server.free_port -- nothing listens there
 
 local function http_date(format, at)
   return os.date(format, at)

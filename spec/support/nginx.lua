@@ -14,20 +14,8 @@ local M = {}
 
 M.MODULES = "/usr/lib/nginx/modules"
 
-local function read_file(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local data = f:read("*a")
-  f:close()
-  return data
-end
-
-local function free_port()
-  local s = assert(socket.bind("127.0.0.1", 0))
-  local _, port = s:getsockname()
-  s:close()
-  return tonumber(port)
-end
+local server = require "spec.support.server"
+local read_file, free_port = server.read_file, server.free_port
 
 local function cwd()
   local p = assert(io.popen("pwd"))

@@ -13,12 +13,7 @@ local M = {}
 local Redis = {}
 Redis.__index = Redis
 
-local function free_port()
-  local s = assert(socket.bind("127.0.0.1", 0))
-  local _, port = s:getsockname()
-  s:close()
-  return tonumber(port)
-end
+local free_port = require("spec.support.server").free_port
 
 local function shell_quote(s)
   return "'" .. tostring(s):gsub("'", "'\\''") .. "'"

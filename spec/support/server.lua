@@ -46,6 +46,15 @@ local function read_file(path)
   f:close()
   return data
 end
+M.read_file = read_file
+
+--- A port of 127.0.0.1 free a moment ago (nothing listens on it now).
+function M.free_port()
+  local s = assert(socket.bind("127.0.0.1", 0))
+  local _, port = s:getsockname()
+  s:close()
+  return tonumber(port)
+end
 
 -- True while the process exists and is not a zombie (Linux /proc).
 local function alive(pid)
