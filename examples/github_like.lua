@@ -44,7 +44,7 @@ local t0 = rw.now()
 local function show(label, res, err)
   if res then
     print(string.format("%-28s %d after %d attempt(s), at %.2f s: %s", label, res.status, res.attempts,
-      rw.now() - t0, res.json and (res.json.full_name or res.json.total_count) or ""))
+      rw.now() - t0, res:json() and (res:json().full_name or res:json().total_count) or ""))
   else
     print(label .. ": " .. tostring(err))
   end

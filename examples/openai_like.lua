@@ -46,11 +46,12 @@ for i, prompt in ipairs { "Say hello", "Say something else", "Break the API" } d
     cost = 500, -- the tokens this request may use
   })
   if res then
-    local answer = res.json and res.json.choices[1].message.content or res.body
+    local reply = res:json()
+    local answer = reply and reply.choices[1].message.content or res.body
     print(string.format("request %d: %s (%d attempts, %.2f s)", i, answer,
       res.attempts, rw.now() - started))
   else
-    print(string.format("request %d: %s: %s", i, err.kind, err.response and err.response.json.error.message))
+    print(string.format("request %d: %s: %s", i, err.kind, err.response and err.response:json().error.message))
   end
 end
 local st = openai:stats()

@@ -30,31 +30,33 @@ describe("rw.client", function()
       assert.equal("1", seen.headers["x-client"])
     end)
 
-    it("sends json = table as JSON and decodes a JSON response into res.json", function()
+    it("sends json = table as JSON and decodes the response with res:json()", function()
       local c = new()
       local res = assert(c:post("/echo", { json = { name = "widget", tags = { "a", "b" } } }))
       local seen = s:log("/echo")[1]
       assert.equal("application/json", seen.headers["content-type"])
+      assert.equal("application/json", seen.headers.accept)
       assert.same({ name = "widget", tags = { "a", "b" } }, require("cjson").decode(seen.body))
-      assert.equal("POST", res.json.method)
-      assert.equal(seen.body, res.json.body)
+      assert.equal("POST", res:json().method)
+      assert.equal(seen.body, res:json().body)
     end)
 
-    it("keeps a body that is not JSON, and says so", function()
+    it("keeps a body that is not JSON, and res:json() says so", function()
       s:script("/bad", { { status = 200, body = "{nope", headers = { ["Content-Type"] = "application/json" } } })
       local res = assert(new():get("/bad"))
-      assert.is_nil(res.json)
-      assert.matches("not valid JSON", res.json_error)
+      local value, err = res:json()
+      assert.is_nil(value)
+      assert.matches("response body is not valid JSON", err)
       assert.equal("{nope", res.body)
     end)
 
-    it("decodes the JSON of a failed response into err.response.json", function()
+    it("decodes the JSON of a failed response with err.response:json()", function()
       s:script("/nf", { { status = 404, body = '{"error":"no such thing"}',
         headers = { ["Content-Type"] = "application/json" } } })
       local res, err = new():get("/nf")
       assert.is_nil(res)
       assert.equal("terminal", err.kind)
-      assert.equal("no such thing", err.response.json.error)
+      assert.equal("no such thing", err.response:json().error)
     end)
 
     it("lets per-call options override the client's", function()
@@ -86,7 +88,7 @@ describe("rw.client", function()
         "unknown provider 'nosuch'")
       assert.error_matches(function() rw.client { base_url = s.base, cache = { ttl = 0 } } end, "'cache'")
       local c = new()
-      assert.error_matches(function() c:get("echo") end, "path must be a string starting with /")
+      assert.error_matches(function() c:get("echo") end, "path must start with / or be an http:// or https:// URL")
       assert.error_matches(function() c:post("/echo", { json = { f = print } }) end, "'json' cannot be encoded")
       assert.error_matches(function() c:get("/echo", { timeout = -1 }) end, "'timeout'")
       assert.equal(0, #s:log("/echo"))
@@ -245,7 +247,7 @@ end)
 
 -- lua-cjson is needed by the JSON features only: without it, require
 -- "ratewise", rw.fetch and the client work; the json option raises and a
--- JSON response carries json_error, both naming the package to install.
+-- JSON response's res:json() answers why, both naming the package to install.
 describe("rw.client without lua-cjson", function()
   local s
 
@@ -274,7 +276,7 @@ describe("rw.client without lua-cjson", function()
       res = assert(c:get("/plain"))
       print("client", res.status, res.body)
       res = assert(c:get("/json"))
-      print("json", res.status, res.body, tostring(res.json), res.json_error)
+      print("json", res.status, res.body, res:json())
       local ok, err = pcall(c.post, c, "/plain", { json = { a = 1 } })
       print("encode", ok, err)
     ]])
@@ -283,7 +285,7 @@ describe("rw.client without lua-cjson", function()
     assert.matches("client\t200\tok\n", out, 1, true)
     local json_line = out:match("json\t200\t{\"a\":1}\tnil\t([^\n]*)")
     assert.is_truthy(json_line, out)
-    assert.matches("response body not decoded: lua-cjson cannot be loaded (module 'cjson' not found)",
+    assert.matches("response body is not decoded: lua-cjson cannot be loaded (module 'cjson' not found)",
       json_line, 1, true)
     local encode_line = out:match("encode\tfalse\t([^\n]*)")
     assert.is_truthy(encode_line, out)

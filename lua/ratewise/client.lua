@@ -3,42 +3,17 @@
 local compat = require "ratewise.compat"
 local fetch = require "ratewise.fetch"
 local headers_mod = require "ratewise.headers"
+local json = require "ratewise.json"
 local policy_mod = require "ratewise.policy"
 local scheduler = require "ratewise.scheduler"
 local core = require "ratewise.core"
 
-local format, lower, upper, find, gsub = string.format, string.lower, string.upper, string.find, string.gsub
+local format, lower, upper, find = string.format, string.lower, string.upper, string.find
 local concat, sort = table.concat, table.sort
 local type, tostring, pairs, ipairs, setmetatable, pcall = type, tostring, pairs, ipairs, setmetatable, pcall
 local now = core.now
 
 local client = {}
-
--- lua-cjson is loaded on first use, by the JSON features only (the `json`
--- option, decoding a JSON response): require "ratewise" and everything else
--- work without it.
-local cjson, cjson_safe, cjson_missing
-
---- cjson, cjson_safe | nil, nil, why: the modules, or why they cannot be
--- loaded and how to install them.
-local function json_modules()
-  if cjson then return cjson, cjson_safe end
-  if not cjson_missing then
-    local ok, m = pcall(require, "cjson")
-    local ok_safe, m_safe = false, nil
-    if ok then ok_safe, m_safe = pcall(require, "cjson.safe") end
-    if ok and ok_safe then
-      cjson, cjson_safe = m, m_safe
-      return cjson, cjson_safe
-    end
-    -- The first line of require's message ("module 'cjson' not found:"),
-    -- not the list of every path it tried.
-    local why = tostring(ok and m_safe or m):match("^[^\n]*"):gsub(":$", "")
-    cjson_missing = format("(%s): install the Debian package lua-cjson "
-      .. "(apt-get install lua-cjson) or the rock lua-cjson (luarocks install lua-cjson)", why)
-  end
-  return nil, nil, cjson_missing
-end
 
 local Client = {}
 Client.__index = Client
@@ -54,11 +29,12 @@ local fetch_defaults = {
 local client_options = {
   base_url = true, headers = true, provider = true, limiter = true, concurrency = true, circuit = true,
   budget = true, routes = true, dedupe = true, cache = true, on_event = true, secret_headers = true,
+  cross_origin = true,
 }
 for k in pairs(fetch_defaults) do client_options[k] = true end
 
 -- Per-call options that are the client's own, not fetch's.
-local call_only = { json = true, query = true, cost = true }
+local call_only = { json = true, query = true, cost = true, cross_origin = true }
 
 -- Only these are shared between identical requests in flight: replaying a
 -- response to a POST would swallow a side effect.
@@ -170,12 +146,16 @@ function client.new(opts)
       error("client: option 'cache' must be {ttl = seconds [, max_entries = n]}", 2)
     end
   end
-  if opts.dedupe ~= nil and type(opts.dedupe) ~= "boolean" then
-    error(format("client: option 'dedupe' must be a boolean (got %s)", type(opts.dedupe)), 2)
+  for _, name in ipairs { "dedupe", "cross_origin" } do
+    if opts[name] ~= nil and type(opts[name]) ~= "boolean" then
+      error(format("client: option '%s' must be a boolean (got %s)", name, type(opts[name])), 2)
+    end
   end
   local rw = require "ratewise" -- the constructors of circuits and budgets
   local c = setmetatable({
     base_url = (base:gsub("/+$", "")),
+    origin = headers_mod.origin(base),
+    cross_origin = opts.cross_origin == true,
     headers = opts.headers or {},
     policy = resolve_provider(opts.provider),
     limiter = opts.limiter,
@@ -251,30 +231,6 @@ end
 
 ---------------------------------------------------------------------------
 -- Requests
-
-local function url_encode(s)
-  return (gsub(tostring(s), "[^%w%-%._~]", function(ch) return format("%%%02X", ch:byte()) end))
-end
-
-local function query_string(q)
-  if type(q) ~= "table" then
-    error(format("client: option 'query' must be a table (got %s)", type(q)), 3)
-  end
-  local keys = {}
-  for k in pairs(q) do keys[#keys + 1] = tostring(k) end
-  sort(keys)
-  local parts = {}
-  for _, k in ipairs(keys) do
-    local v = q[k]
-    if v == nil then v = q[tonumber(k)] end
-    if type(v) == "table" then
-      for _, item in ipairs(v) do parts[#parts + 1] = url_encode(k) .. "=" .. url_encode(item) end
-    elseif v ~= false then
-      parts[#parts + 1] = url_encode(k) .. (v == true and "" or "=" .. url_encode(v))
-    end
-  end
-  return concat(parts, "&")
-end
 
 -- The client's headers, then the call's, names compared case-insensitively.
 local function merged_headers(base, extra)
@@ -397,36 +353,64 @@ end
 local function copy_response(res)
   local r = {}
   for k, v in pairs(res) do r[k] = v end
-  return r
-end
-
-local function decode_json(res)
-  local ct = res.headers and res.headers["content-type"]
-  if ct and find(lower(ct), "json", 1, true) and res.body ~= "" then
-    local _, decoder, missing = json_modules()
-    if not decoder then
-      res.json_error = "response body not decoded: lua-cjson cannot be loaded " .. missing
-      return
-    end
-    local value, err = decoder.decode(res.body)
-    if value == nil then res.json_error = "response body is not valid JSON: " .. tostring(err) end
-    res.json = value
-  end
+  return setmetatable(r, getmetatable(res))
 end
 
 --- res | nil, err = client:request(method, path [, opts])
+-- The URL a call names, the path its route is matched on, and whether it
+-- is on another origin than the client's. A path is joined to base_url;
+-- an absolute URL on the client's own origin (a pagination Link, say) is
+-- taken as it is; one on another origin only when the call or the client
+-- says cross_origin = true.
+function Client:_target(path, cross_origin)
+  if type(path) ~= "string" then
+    error(format("client:request: path must be a string (got %s)", type(path)), 3)
+  end
+  if path:sub(1, 1) == "/" then return self.base_url .. path, path, false end
+  if not lower(path):find("^https?://") then
+    error(format("client:request: path must start with / or be an http:// or https:// URL (got %q)", path), 3)
+  end
+  local origin = headers_mod.origin(path)
+  if origin == self.origin then
+    local base = self.base_url
+    local rest = path:sub(#base + 1)
+    if path:sub(1, #base) == base and (rest == "" or rest:find("^[/?#]")) then
+      return path, rest:sub(1, 1) == "/" and rest or "/" .. rest, false
+    end
+    return path, path:match("^%a[%w+.-]*://[^/?#]*(/?[^?#]*)"), false
+  end
+  if cross_origin == nil then cross_origin = self.cross_origin end
+  if not cross_origin then
+    error(format("client:request: %s is on another origin than the client's (%s); pass cross_origin = true "
+      .. "to send it (the client's secret headers and limiters stay behind)", headers_mod.redact_url(path),
+      self.origin), 3)
+  end
+  return path, nil, true
+end
+
+-- The client's headers without its secret ones (Authorization, API keys,
+-- cookies and its own secret_headers): what another origin may see.
+local function public_headers(t, secret_names)
+  local extra = secret_names and headers_mod.secret_set(secret_names, "client") or nil
+  local out = {}
+  for k, v in pairs(t) do
+    if not headers_mod.is_secret(k, extra) then out[k] = v end
+  end
+  return out
+end
+
 function Client:request(method, path, opts)
   if type(method) ~= "string" then
     error(format("client:request: method must be a string (got %s)", type(method)), 2)
-  end
-  if type(path) ~= "string" or path:sub(1, 1) ~= "/" then
-    error(format("client:request: path must be a string starting with / (got %s)",
-      type(path) == "string" and format("%q", path) or type(path)), 2)
   end
   if opts ~= nil and type(opts) ~= "table" then
     error(format("client:request: options must be a table (got %s)", type(opts)), 2)
   end
   opts = opts or {}
+  if opts.cross_origin ~= nil and type(opts.cross_origin) ~= "boolean" then
+    error(format("client:request: option 'cross_origin' must be a boolean (got %s)", type(opts.cross_origin)), 2)
+  end
+  local url, route_path, foreign = self:_target(path, opts.cross_origin)
   method = upper(method)
   if (opts.json ~= nil or opts.body ~= nil) and (method == "GET" or method == "HEAD") then
     error(format("client:%s: a %s request cannot carry a body (option '%s'); use client:post or the method "
@@ -454,27 +438,27 @@ function Client:request(method, path, opts)
   call.budget = opts.budget or self.budget
   call.cost = opts.cost
   call.on_event = self.on_event
-  call.limiter = self:_limiter_for(path, opts.limiter)
-  local h = merged_headers(self.headers, opts.headers)
+  -- Another origin gets neither the client's secrets nor its limits, which
+  -- are the client's API's.
+  if foreign then
+    call.limiter = opts.limiter
+  else
+    call.limiter = self:_limiter_for(route_path, opts.limiter)
+  end
+  local h = merged_headers(foreign and public_headers(self.headers, self.secret_headers) or self.headers,
+    opts.headers)
   if opts.json ~= nil then
-    local encoder, _, missing = json_modules()
-    if not encoder then
-      error("client:request: option 'json' needs lua-cjson, which cannot be loaded " .. missing, 2)
-    end
-    local ok, body = pcall(encoder.encode, opts.json)
-    if not ok then error("client:request: option 'json' cannot be encoded: " .. tostring(body), 2) end
-    call.body = body
-    local has_type = false
-    for k in pairs(h) do if lower(k) == "content-type" then has_type = true end end
-    if not has_type then h["Content-Type"] = "application/json" end
+    if opts.body ~= nil then error("client:request: options 'body' and 'json' are both given; give one", 2) end
+    call.body = json.encode(opts.json, "client:request: option 'json'", 2)
+    -- As fetch does for its json option: labelled as JSON, asking for JSON.
+    local given = {}
+    for k in pairs(h) do given[lower(k)] = true end
+    if not given["content-type"] then h["Content-Type"] = "application/json" end
+    if not given.accept then h.Accept = "application/json" end
   end
   call.headers = h
 
-  local url = self.base_url .. path
-  if opts.query ~= nil then
-    local q = query_string(opts.query)
-    if q ~= "" then url = url .. (find(path, "?", 1, true) and "&" or "?") .. q end
-  end
+  if opts.query ~= nil then url = headers_mod.with_query(url, opts.query, "client:request", 2) end
 
   fetch.check(url, call)
   local counters = self.counters
@@ -554,11 +538,9 @@ function Client:_send(url, call)
   if not ok then error(res, 0) end
   if res then
     counters.successes = counters.successes + 1
-    decode_json(res)
   else
     counters.failures = counters.failures + 1
     bump(counters.errors, err.kind)
-    if err.response then decode_json(err.response) end
   end
   return res, err
 end

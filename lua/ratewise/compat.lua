@@ -16,6 +16,9 @@ local isyieldable = coroutine.isyieldable
 --- compat.close_coroutine(co) | nil: Lua 5.4's coroutine.close, which
 -- closes a dead coroutine's to-be-closed variables.
 compat.close_coroutine = coroutine.close
+--- compat.math_type(x), compat.tointeger(x) | nil: Lua 5.3's integer
+-- functions, nil where numbers are all floats (5.1, LuaJIT).
+compat.math_type, compat.tointeger = math.type, math.tointeger
 -- luacheck: pop
 
 -- Whether a coroutine may yield from inside pcall: Lua 5.2 and later, and

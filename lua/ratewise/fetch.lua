@@ -2,6 +2,8 @@
 local compat = require "ratewise.compat"
 local core = require "ratewise.core"
 local headers = require "ratewise.headers"
+local json = require "ratewise.json"
+local response = require "ratewise.response"
 local retry = require "ratewise.retry"
 local runtime = require "ratewise.runtime"
 local policy_module = require "ratewise.policy"
@@ -98,7 +100,7 @@ local option_checks = {
   retry_after = "retry_after", retry_after_max = "positive", hint_jitter = "finite",
   ca_file = "string", ca_path = "string", client_cert = "string", client_key = "string",
   client_key_password = "string", pinned_public_key = "string", tls_min_version = "tls_version",
-  proxy = "string", decompress = "boolean",
+  proxy = "string", decompress = "boolean", json = "table", query = "table",
 }
 
 -- The transport options that go to the engine as they are (src/request.c).
@@ -222,6 +224,10 @@ local common_methods = { GET = true, HEAD = true, POST = true, PUT = true, DELET
 -- GET. `level` is the caller's frame for errors.
 local function request_method(opts, level)
   local method, body = opts.method, opts.body
+  if opts.json ~= nil then
+    if body ~= nil then error("fetch: options 'body' and 'json' are both given; give one", level) end
+    body = opts.json
+  end
   if method == nil then return body ~= nil and "POST" or "GET" end
   if not common_methods[method] then
     method = upper(method)
@@ -230,8 +236,8 @@ local function request_method(opts, level)
     end
   end
   if body ~= nil and (method == "GET" or method == "HEAD") then
-    error(format("fetch: a %s request cannot carry a body (option 'body'); give the method the API expects, "
-      .. "such as method = \"POST\"", method), level)
+    error(format("fetch: a %s request cannot carry a body (option '%s'); give the method the API expects, "
+      .. "such as method = \"POST\"", method, opts.body ~= nil and "body" or "json"), level)
   end
   return method
 end
@@ -393,13 +399,13 @@ end
 
 -- What the caller's hooks may change before the first attempt: a policy's
 -- prepare sees (and may add to) the headers and the idempotency key.
-local function prepared(opts, method, url)
+local function prepared(opts, method, url, body)
   local prepare = opts.policy and opts.policy.prepare
   if not prepare then return opts.headers, opts.idempotency_key end
   local h = {}
   for k, v in pairs(opts.headers or {}) do h[k] = v end
   local request = { method = method, url = url, headers = h, idempotency_key = opts.idempotency_key,
-    body = opts.body }
+    body = body }
   call_hook("prepare", prepare, request)
   if type(request.headers) ~= "table" then
     error(format("fetch: the policy's prepare left request.headers that is not a table (got %s)",
@@ -470,25 +476,42 @@ function fetch.check(url, opts, depth)
   end
   for k, v in pairs(opts) do check_option(k, v, depth + 1) end
   request_method(opts, 4 + depth)
+  if opts.query ~= nil then headers.with_query(url, opts.query, "fetch", 3 + depth) end
 end
 
 --- res | nil, err = fetch.fetch(url [, opts])
 function fetch.fetch(url, opts)
-  local shown_url, url_secrets, origin = url_facts(url)
   if opts == nil then
     opts = {}
   elseif type(opts) ~= "table" then
+    url_facts(url)
     error(format("fetch: options must be a table (got %s)", type(opts)), 2)
   end
   for k, v in pairs(opts) do check_option(k, v) end
+  local query, json_value = opts.query, opts.json
+  if query ~= nil then
+    url_facts(url)
+    url = headers.with_query(url, query, "fetch", 2)
+  end
+  local shown_url, url_secrets, origin = url_facts(url)
 
   local method = request_method(opts, 3)
+  local body = opts.body
+  if json_value ~= nil then
+    body = json.encode(json_value, "fetch: option 'json'", 2)
+  end
   local policy = opts.policy
-  local header_table, key = prepared(opts, method, url)
+  local header_table, key = prepared(opts, method, url, body)
   local lines, given, header_secrets = default_lines, headers.no_names, nil
   local extra_secrets = opts.secret_headers and headers.secret_set(opts.secret_headers, "fetch")
-  if header_table ~= nil or key ~= nil then
+  if header_table ~= nil or key ~= nil or json_value ~= nil then
     lines, given, header_secrets = headers.request_lines(header_table, extra_secrets)
+    if json_value ~= nil then
+      -- JSON goes out labelled as JSON, and asks for JSON back, unless the
+      -- caller said otherwise (a vendor type such as application/vnd.api+json).
+      if not given["content-type"] then lines[#lines + 1] = "Content-Type: application/json" end
+      if not given.accept then lines[#lines + 1] = "Accept: application/json" end
+    end
     local header_key = given["idempotency-key"]
     if header_key ~= nil then
       if key ~= nil then
@@ -543,7 +566,7 @@ function fetch.fetch(url, opts)
     end
   end
 
-  local body, empty_body = opts.body, opts.body == nil and has_body[method] or nil
+  local empty_body = body == nil and has_body[method] or nil
   local started = now()
   local deadline = started + max_elapsed
   -- What the error messages and the backoff need, made at the first attempt
@@ -645,6 +668,7 @@ function fetch.fetch(url, opts)
 
     local why, class, hint, hint_source
     if res then
+      response.new(res)
       res.headers = headers.wrap(res.headers)
       if res.trailers then res.trailers = headers.wrap(res.trailers) end
       res.url = (res.url == url or not res.url) and shown_url or headers.redact_url(res.url)

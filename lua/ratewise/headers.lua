@@ -260,4 +260,66 @@ function headers.scrub(message, secrets)
   return message
 end
 
+-- Query parameters: unreserved bytes (RFC 3986 2.3) stay, the rest are
+-- percent-encoded, spaces too (as %20, which every server reads).
+local function url_encode(s)
+  return (gsub(s, "[^%w%-%._~]", function(ch) return format("%%%02X", ch:byte()) end))
+end
+
+local function query_value(v, who, key, level)
+  local t = type(v)
+  if t == "string" then return v end
+  if t == "number" then
+    if v ~= v or v == math.huge or v == -math.huge then
+      error(format("%s: query parameter '%s' is not a finite number (%s)", who, key, tostring(v)), level)
+    end
+    return tostring(v)
+  end
+  error(format("%s: query parameter '%s' must be a string, a number, a boolean or an array of strings and "
+    .. "numbers (got %s)", who, key, t), level)
+end
+
+--- url = headers.with_query(url, query, who [, level]): the URL with the
+-- parameters of `query` appended (after its own, if it has any), names in
+-- sorted order so that the same table always makes the same URL. A value
+-- may be a string or a number, true (the name alone), false (left out) or
+-- an array of strings and numbers (the name repeated for each). Raises,
+-- naming `who`, for anything else.
+function headers.with_query(url, query, who, level)
+  level = (level or 1) + 1
+  if type(query) ~= "table" then
+    error(format("%s: option 'query' must be a table (got %s)", who, type(query)), level)
+  end
+  local names = {}
+  for k in pairs(query) do
+    if type(k) ~= "string" then
+      error(format("%s: option 'query' has a key that is not a string (%s)", who, tostring(k)), level)
+    end
+    names[#names + 1] = k
+  end
+  table.sort(names)
+  local parts = {}
+  for _, k in ipairs(names) do
+    local v, name = query[k], url_encode(k)
+    if type(v) == "table" then
+      local n = 0
+      for _ in pairs(v) do n = n + 1 end
+      if n ~= #v then
+        error(format("%s: query parameter '%s' must be an array (its keys are not 1..n)", who, k), level)
+      end
+      for i = 1, n do parts[#parts + 1] = name .. "=" .. url_encode(query_value(v[i], who, k, level + 1)) end
+    elseif v == true then
+      parts[#parts + 1] = name
+    elseif v ~= false then
+      parts[#parts + 1] = name .. "=" .. url_encode(query_value(v, who, k, level + 1))
+    end
+  end
+  if #parts == 0 then return url end
+  local fragment = find(url, "#", 1, true)
+  local base, tail = url, ""
+  if fragment then base, tail = sub(url, 1, fragment - 1), sub(url, fragment) end
+  local sep = find(base, "?", 1, true) and (find(base, "[?&]$") and "" or "&") or "?"
+  return base .. sep .. table.concat(parts, "&") .. tail
+end
+
 return headers

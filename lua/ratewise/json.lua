@@ -1,0 +1,85 @@
+-- JSON for requests and responses: lua-cjson, loaded on first use by the
+-- features that need it (the `json` option, res:json()), so that
+-- require "ratewise" and everything else work without it.
+local compat = require "ratewise.compat"
+
+local format, tostring, type, pairs, pcall = string.format, tostring, type, pairs, pcall
+local math_type, tointeger = compat.math_type, compat.tointeger -- nil before Lua 5.3
+
+local json = {}
+
+local cjson, cjson_safe, missing
+
+--- cjson, cjson_safe | nil, nil, why: the modules, or why they cannot be
+-- loaded and how to install them.
+local function modules()
+  if cjson then return cjson, cjson_safe end
+  if not missing then
+    local ok, m = pcall(require, "cjson")
+    local ok_safe, m_safe = false, nil
+    if ok then ok_safe, m_safe = pcall(require, "cjson.safe") end
+    if ok and ok_safe then
+      cjson, cjson_safe = m, m_safe
+      return cjson, cjson_safe
+    end
+    -- The first line of require's message ("module 'cjson' not found:"),
+    -- not the list of every path it tried.
+    local why = tostring(ok and m_safe or m):match("^[^\n]*"):gsub(":$", "")
+    missing = format("(%s): install the Debian package lua-cjson "
+      .. "(apt-get install lua-cjson) or the rock lua-cjson (luarocks install lua-cjson)", why)
+  end
+  return nil, nil, missing
+end
+
+--- text = json.encode(value, who [, level]): raises, naming `who` (for
+-- example "fetch: option 'json'"), when lua-cjson is missing or the value
+-- cannot be written as JSON (a function, a sparse array, a cycle).
+function json.encode(value, who, level)
+  level = (level or 1) + 1
+  local encoder, _, why = modules()
+  if not encoder then error(format("%s needs lua-cjson, which cannot be loaded %s", who, why), level) end
+  local ok, text = pcall(encoder.encode, value)
+  if not ok then
+    error(format("%s cannot be encoded as JSON: %s", who, tostring(text):gsub("^.-:%d+: ", "")), level)
+  end
+  return text
+end
+
+-- Numbers no larger than this are exact in a double, so that a whole one
+-- was an integer in the text (or written as 3.0, which JSON does not tell
+-- apart from 3).
+local EXACT = 2 ^ 53
+
+-- lua-cjson 2.1 reads every number as a float: on Lua 5.3 and later the
+-- whole ones within ±2^53 become integers again, so that an id or a count
+-- prints as 3, not 3.0, and indexes a table as 3 does.
+local function integers(value)
+  for k, v in pairs(value) do
+    local t = type(v)
+    if t == "table" then
+      integers(v)
+    elseif t == "number" and math_type(v) == "float" and v % 1 == 0 and v >= -EXACT and v <= EXACT then
+      value[k] = tointeger(v)
+    end
+  end
+end
+
+--- value | nil, err = json.decode(text): a body that is not JSON is a
+-- runtime failure (the server's doing), answered, not raised.
+function json.decode(text)
+  local _, decoder, why = modules()
+  if not decoder then return nil, "not decoded: lua-cjson cannot be loaded " .. why end
+  local value, err = decoder.decode(text)
+  if value == nil then return nil, "not valid JSON: " .. tostring(err) end
+  if math_type then
+    local t = type(value)
+    if t == "table" then
+      integers(value)
+    elseif t == "number" and value % 1 == 0 and value >= -EXACT and value <= EXACT then
+      value = tointeger(value)
+    end
+  end
+  return value
+end
+
+return json
