@@ -102,6 +102,30 @@ describe("the waiting seam", function()
       return value, resumes
     end
 
+    it("yields the scheduler's own next deadline with the pollable, not naps", function()
+      s:script("/slow", { { status = 200, delay = 0.5 } })
+      local co = coroutine.create(function()
+        local res = assert(rw.fetch(s:url("/slow"), quiet))
+        return res.status
+      end)
+      local yields, longest, value = 0, 0, nil
+      while coroutine.status(co) ~= "dead" do
+        local ok, what, seconds, pollable = coroutine.resume(co)
+        assert(ok, what)
+        if what == "ratewise.sleep" then
+          yields = yields + 1
+          longest = math.max(longest, seconds)
+          socket.select({ pollable }, nil, seconds) -- the yield's own seconds, with the descriptor
+        else
+          value = what
+        end
+      end
+      assert.equal(200, value)
+      -- naps of 1 to 10 ms would have made some 50 yields, none over 0.01 s
+      assert.is_true(yields < 15, yields .. " yields for one 0.5 s transfer")
+      assert.is_true(longest > 0.05, "the longest yield asked for " .. longest .. " s")
+    end)
+
     it("yields the scheduler's pollable, so that a resumer can wait on its descriptor", function()
       s:script("/slow", { { status = 200, delay = 0.5 } })
       local co = coroutine.create(function()

@@ -130,6 +130,10 @@ describe("ratewise in OpenResty", function()
   it("refuses to wait in a phase that cannot yield, with a clear error, sending nothing", function()
     assert.equal("ok\n", get("/log_phase?url=" .. escape(s:url("/never"))))
     assert.matches("^false ratewise: cannot wait in nginx's log phase", result_of("log_phase"))
+    -- nor later: the refused call left no transfer behind for the next
+    -- turn of the worker's engine to send
+    assert.matches("^200 ", get("/fetch?url=" .. escape(s:url("/after"))))
+    assert.equal(1, #s:log("/after"))
     assert.equal(0, #s:log("/never"))
   end)
 end)

@@ -74,11 +74,12 @@ local main_host = {
   await = scheduler.drive_until,
 }
 
--- Rule 5. The seconds suit a resumer that can only count time (a frame
--- loop): while transfers are in flight they are short naps. A resumer that
--- can wait on a descriptor does better with the pollable: until
--- pollable:pollfd() is readable, at most pollable:timeout() seconds (the
--- scheduler's own next deadline).
+-- Rule 5. The seconds are the scheduler's own next deadline (libcurl's
+-- timer, a task's wake-up), not naps: the resumer waits until
+-- pollable:pollfd() is readable or the seconds have passed. A resumer that
+-- can only count time resumes the coroutine on each of its turns (a
+-- frame): resumed early, a wait looks at what it waits for and yields
+-- again with what is left.
 local function yield_for(seconds)
   yield("ratewise.sleep", seconds, scheduler.pollable)
 end
@@ -92,7 +93,7 @@ local coroutine_host = {
       yield("ratewise.sleep", deadline - now())
     until now() >= deadline
   end,
-  await = function(done, deadline) return await_with(yield_for, true, done, deadline) end,
+  await = function(done, deadline) return await_with(yield_for, false, done, deadline) end,
 }
 
 -- A host made of a sleep function (and a wait(pollable, seconds), if it
@@ -235,17 +236,21 @@ end
 -- Runs one request to completion. A wait that is interrupted (a cancelled
 -- task, a host sleep that raised) aborts the transfer before the error goes on.
 function runtime.transfer(request, per_call)
+  -- The host first: where no wait is possible (a phase of nginx that
+  -- cannot yield) it raises, and nothing may have been started that the
+  -- next turn of the engine would send.
+  local in_task = scheduler.current() ~= nil
+  local host = not in_task and runtime.host(per_call)
   local transfer, err = scheduler.engine():start(request)
   if not transfer then
     return nil, { message = err, retryable = false, sent = false }
   end
-  if scheduler.current() then
+  if in_task then
     -- Rule 1, whatever sleep the call gave (the scheduler wakes the task
     -- when its transfer ends): a cancellation closes the transfer from
     -- inside the scheduler, with no pcall frame per request.
     scheduler.await_transfer(transfer)
   else
-    local host = runtime.host(per_call)
     local ok, werr = pcall(host.await, function() return transfer:done() end)
     if not ok then
       transfer:close()
