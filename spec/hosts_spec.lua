@@ -201,6 +201,22 @@ describe("the waiting seam", function()
       assert.is_true(waits > 0 and waits < 20, waits .. " waits")
       assert.error_matches(function() rw.configure { sleep = false, wait = print } end, "'wait' needs a 'sleep'")
     end)
+
+    it("leaves no descriptor watched when the host's wait fails", function()
+      local scheduler = require "ratewise.scheduler"
+      local listener = assert(socket.bind("127.0.0.1", 0))
+      local ip, port = listener:getsockname()
+      local conn = assert(socket.connect(ip, port))
+      rw.configure { sleep = function() error("this host cannot wait here") end }
+      local ok, err = pcall(scheduler.await_fd, conn:getfd(), "r", rw.now() + 1)
+      rw.configure { sleep = false }
+      conn:close()
+      listener:close()
+      assert.is_false(ok)
+      assert.matches("this host cannot wait here", err)
+      -- an armed watch would count as work in flight for ever
+      assert.equal(0, scheduler.engine():running())
+    end)
   end)
 
   describe("in a frame loop", function()

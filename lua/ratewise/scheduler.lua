@@ -527,7 +527,13 @@ function scheduler.await_fd(fd, mode, deadline)
     wait_here(task, unwatch, fd, task)
     transfer_waiter[fd] = nil
   else
-    outside_wait(function() return fd_ready[fd] end, deadline)
+    -- A host that cannot wait here raises (a phase of nginx that cannot
+    -- yield): the descriptor is watched no more.
+    local ok, err = compat.pcall(outside_wait, function() return fd_ready[fd] end, deadline)
+    if not ok then
+      unwatch(fd)
+      error(err, 0)
+    end
   end
   local became_ready = fd_ready[fd] == true
   if not became_ready then engine:unwatch(fd) end
