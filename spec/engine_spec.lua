@@ -555,7 +555,7 @@ describe("ratewise.core built with -DRW_STACK_CHECK", function()
       e:poll(); e:poll(0)
       local out = {}
       while not t:done() do e:poll(1, out) end
-      e:poll(0, out, "extra")
+      e:poll(0, out, 0.001); e:poll(0, out, 0, "extra")
       e:running(); t:done(); tostring(t)
       assert(t:result()).status = nil
       t:close(); t:close() -- after poll reported it: holds no reference

@@ -227,6 +227,49 @@ describe("the scheduler", function()
       assert.equal(0, rw.step(1))
       assert.error_matches(function() rw.step(-1) end, "timeout")
     end)
+
+    it("step's budget bounds the work of one call; what is left runs next, in order", function()
+      local order = {}
+      for id = 1, 5 do
+        rw.spawn(function()
+          order[#order + 1] = id
+          rw.sleep(0)
+          order[#order + 1] = id
+        end)
+      end
+      -- a budget spent by the first task: one task a call, none skipped
+      assert.equal(5, rw.step(0, 1e-9))
+      assert.same({ 1 }, order)
+      assert.equal(0, rw.pollable.timeout()) -- the rest is due at once
+      while #order < 5 do rw.step(0, 1e-9) end
+      assert.same({ 1, 2, 3, 4, 5 }, order)
+      -- false: no budget, everything that is ready
+      rw.step(0, false)
+      assert.same({ 1, 2, 3, 4, 5, 1, 2, 3, 4, 5 }, order)
+      assert.equal(0, rw.step(0))
+      assert.error_matches(function() rw.step(0, 0) end, "budget must be a positive number of seconds or false")
+      assert.error_matches(function() rw.step(0, 0 / 0) end, "budget")
+      assert.error_matches(function() rw.step(0, math.huge) end, "budget")
+      assert.error_matches(function() rw.step(0, "1") end, "budget")
+    end)
+
+    it("step(0) leaves a task made ready during the call for after those it did not reach", function()
+      local order = {}
+      local waker = rw.semaphore(1)
+      assert(waker:acquire())
+      local sleeper = rw.spawn(function()
+        waker:acquire()
+        order[#order + 1] = "woken"
+      end)
+      rw.step(0, false) -- the sleeper waits on the semaphore
+      assert.equal("waiting", sleeper:status())
+      rw.spawn(function() order[#order + 1] = "a"; waker:release() end)
+      rw.spawn(function() order[#order + 1] = "b" end)
+      rw.step(0, 1e-9) -- "a" runs and wakes the sleeper; "b" was not reached
+      assert.same({ "a" }, order)
+      rw.step(0, false)
+      assert.same({ "a", "b", "woken" }, order)
+    end)
   end)
 
   describe("task:cancel", function()

@@ -649,14 +649,20 @@ static int engine_wait(engine *e, struct epoll_event *ev, int max, double second
 
 /* Waits at most `seconds` (0: not at all) for a socket libcurl watches, lets
  * libcurl act on the sockets that are ready and on its timer if it is due,
- * then gathers what finished. A failure of the multi handle (or of epoll)
- * ends every running transfer with it. */
-static void engine_drive(engine *e, double seconds)
+ * then gathers what finished. With a `budget` (seconds; 0: none), libcurl
+ * is given no more sockets once that much time has passed after the wait:
+ * the sockets left stay ready in the epoll set (level-triggered) and its
+ * timer stays due, so the next drive takes them up, and a frame loop's step
+ * stays short however many transfers move at once. A failure of the multi
+ * handle (or of epoll) ends every running transfer with it. */
+static void engine_drive(engine *e, double seconds, double budget)
 {
     struct epoll_event ev[ENGINE_EVENTS];
     CURLMcode mc = CURLM_OK;
     int n, i, running;
+    double until;
     n = engine_wait(e, ev, ENGINE_EVENTS, seconds);
+    until = budget > 0 ? rw_clock_monotonic() + budget : 0;
     if (n < 0) {
         n = 0;
         if (errno != EINTR) mc = CURLM_UNRECOVERABLE_POLL;
@@ -675,9 +681,10 @@ static void engine_drive(engine *e, double seconds)
             e->watch[fd] = 0;
             continue;
         }
+        if (until > 0 && rw_clock_monotonic() >= until) continue; /* watched descriptors still fire */
         mc = curl_multi_socket_action(e->multi, fd, flags, &running);
     }
-    if (mc == CURLM_OK && rw_clock_monotonic() >= e->timer_at) {
+    if (mc == CURLM_OK && rw_clock_monotonic() >= e->timer_at && !(until > 0 && rw_clock_monotonic() >= until)) {
         e->timer_at = HUGE_VAL; /* libcurl sets the next one */
         mc = curl_multi_socket_action(e->multi, CURL_SOCKET_TIMEOUT, 0, &running);
     }
@@ -905,9 +912,10 @@ static int engine_report(lua_State *L, engine *e, int out)
     return n;
 }
 
-/* engine:poll([timeout [, out]]) -> out, n. Drives every running transfer;
- * when none has finished, waits at most timeout seconds (default 0) for
- * socket activity or a libcurl timer. The transfers that finished are
+/* engine:poll([timeout [, out [, budget]]]) -> out, n. Drives every running
+ * transfer (with a budget, for about that many seconds of libcurl's work:
+ * see engine_drive); when none has finished, waits at most timeout seconds
+ * (default 0) for socket activity or a libcurl timer. The transfers that finished are
  * out[1..n]: out is the caller's table to fill, or a new one. Entries past
  * n are left as they were. When libcurl's multi handle fails, every
  * running transfer ends with that error (error.multi), and is reported
@@ -916,8 +924,11 @@ static int engine_l_poll(lua_State *L)
 {
     engine *e = engine_check(L);
     lua_Number timeout = luaL_optnumber(L, 2, 0);
+    lua_Number budget = luaL_optnumber(L, 4, 0);
     int out, n;
     luaL_argcheck(L, timeout >= 0, 2, "timeout must be a non-negative number of seconds");
+    luaL_argcheck(L, budget >= 0 && budget <= RW_MAX_SECONDS, 4,
+                  "budget must be a non-negative number of seconds (0: none)");
     if (lua_isnoneornil(L, 3)) {
         lua_newtable(L);
     } else {
@@ -925,11 +936,11 @@ static int engine_l_poll(lua_State *L)
         lua_pushvalue(L, 3);
     }
     out = lua_gettop(L);
-    engine_drive(e, 0);
+    engine_drive(e, 0, budget);
     if (!e->finished.head && !e->nfired && timeout > 0) {
         double until = engine_deadline(e);
         if (until >= 0 && until < timeout) timeout = until > 0 ? until : 0;
-        engine_drive(e, timeout);
+        engine_drive(e, timeout, budget);
     }
     n = engine_report(L, e, out);
     lua_pushinteger(L, n);

@@ -52,7 +52,7 @@ local ratewise = {
   run = scheduler.run,
   --- task = rw.spawn(fn, ...)
   spawn = scheduler.spawn,
-  --- live_tasks = rw.step([timeout])
+  --- live_tasks = rw.step([timeout [, budget]])
   step = scheduler.step,
   --- rw.pollable:pollfd(), :events(), :timeout(): what an event loop waits on before rw.step(0)
   pollable = scheduler.pollable,

@@ -49,7 +49,7 @@ local NAP_FIRST, NAP_MAX, EVENT_POLL = 0.001, 0.01, 0.05
 local function await_with(block, sleep_only, done, deadline)
   local nap = NAP_FIRST
   while true do
-    scheduler.step(0)
+    scheduler.step(0, false) -- all that is ready: done() is looked at next
     if done() then return true end
     local left = deadline and deadline - now()
     if left and left <= 0 then return false end

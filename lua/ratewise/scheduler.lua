@@ -292,11 +292,19 @@ local finished = {}
 -- Descriptors of scheduler.await_fd that the engine found ready.
 local fd_ready = {}
 
---- scheduler.poll(timeout): lets libcurl work, waiting at most timeout
--- seconds for a socket or one of its timers, and wakes the tasks whose
--- transfers finished.
-function scheduler.poll(timeout)
-  local _, n = scheduler.engine():poll(timeout, finished)
+-- A step with a budget (scheduler.step): the monotonic time its work is
+-- to end by, from when the work began; nil otherwise.
+local work_until
+
+--- scheduler.poll(timeout [, budget]): lets libcurl work, waiting at most
+-- timeout seconds for a socket or one of its timers, and wakes the tasks
+-- whose transfers finished. With a step's budget, libcurl acts on sockets
+-- for no longer than what is left of it (all of it, counted from the end
+-- of the wait, when the step's work has not begun).
+function scheduler.poll(timeout, budget)
+  local left = budget and (work_until and max(work_until - now(), 1e-6) or budget) or nil
+  local _, n = scheduler.engine():poll(timeout, finished, left)
+  if budget and not work_until then work_until = now() + budget end
   if n > 0 then progress = progress + 1 end
   for i = 1, n do
     local transfer = finished[i]
@@ -312,16 +320,36 @@ function scheduler.poll(timeout)
 end
 
 -- Resumes the tasks that are ready now; tasks made ready meanwhile wait for
--- the next pass, so one busy task cannot starve a poll.
+-- the next pass, so one busy task cannot starve a poll. A step's budget
+-- spent, the pass stops: the tasks it did not reach go first next time,
+-- before those made ready meanwhile.
 local function run_ready()
   local tasks, values, n = ready, ready_value, ready_n
   -- Nothing to do; or a pass is under way (its spare is in use as `ready`).
   if n == 0 or tasks == spare then return end
   ready, ready_value, ready_n = spare, spare_value, 0
-  for i = 1, n do
+  local i = 1
+  while i <= n do
     local task, value = tasks[i], values[i]
     tasks[i], values[i] = nil, nil
     if task.state == "ready" then step_task(task, value) end
+    i = i + 1
+    if work_until and i <= n and now() >= work_until then break end
+  end
+  if i <= n then
+    local k = 0
+    for j = i, n do
+      k = k + 1
+      tasks[k], values[k], tasks[j], values[j] = tasks[j], values[j], nil, nil
+    end
+    local made, made_values = ready, ready_value
+    for j = 1, ready_n do
+      k = k + 1
+      tasks[k], values[k], made[j], made_values[j] = made[j], made_values[j], nil, nil
+    end
+    ready, ready_value, ready_n = tasks, values, k
+    spare, spare_value = made, made_values
+    return
   end
   spare, spare_value = tasks, values
 end
@@ -343,15 +371,16 @@ end
 -- due sooner) until a socket is ready or the time is up. Running tasks and
 -- blocking are never in the same turn, so that the caller can look at what
 -- the tasks did before waiting again.
-local function turn(max_wait)
+local function turn(max_wait, budget)
   fire_timers()
   if ready_n > 0 then
+    if budget and not work_until then work_until = now() + budget end
     run_ready()
-    if transfers_running() then scheduler.poll(0) end
+    if transfers_running() then scheduler.poll(0, budget) end
   else
     if heap_n > 0 then max_wait = min(max_wait, max(0, heap_at[1] - now())) end
     if max_wait == huge and not transfers_running() then return end -- nothing could happen
-    scheduler.poll(max_wait)
+    scheduler.poll(max_wait, budget)
   end
   fire_timers()
 end
@@ -362,25 +391,45 @@ local function trim()
   if engine and live == 0 then engine:trim() end
 end
 
---- live = scheduler.step([timeout]): runs the tasks for at most timeout
--- seconds (0: what is ready now). math.huge runs them until none is left,
--- or until none could ever make progress (each waits for another, or for
--- the caller), when it returns at once instead of spinning.
-function scheduler.step(timeout)
+-- The work rw.step(0) does at most, so that a frame loop's frame stays
+-- short whatever moves at once (100 responses arriving together take some
+-- 5 ms to turn into results).
+local STEP_BUDGET = 0.0005
+
+--- live = scheduler.step([timeout [, budget]]): runs the tasks for at
+-- most timeout seconds (0: what is ready now). math.huge runs them until
+-- none is left, or until none could ever make progress (each waits for
+-- another, or for the caller), when it returns at once instead of
+-- spinning. With a budget (seconds; by default STEP_BUDGET for a timeout
+-- of 0, none otherwise; false: none), the work of the call (resuming
+-- tasks, letting libcurl act on sockets) stops once about that much time
+-- is spent, waiting aside; what is left is done by the next call, and
+-- scheduler.timeout() says 0 meanwhile.
+function scheduler.step(timeout, budget)
   timeout = timeout or 0
   if type(timeout) ~= "number" or timeout ~= timeout or timeout < 0 then
     error(format("step: timeout must be a non-negative number of seconds (got %s)", tostring(timeout)), 2)
   end
+  if budget == nil then
+    budget = timeout == 0 and STEP_BUDGET or nil
+  elseif budget == false then
+    budget = nil
+  elseif type(budget) ~= "number" or budget ~= budget or budget <= 0 or budget == huge then
+    error(format("step: budget must be a positive number of seconds or false (got %s)", tostring(budget)), 2)
+  end
   if scheduler.current() then error("step: called from inside a task; a task waits with rw.sleep instead", 2) end
   local deadline = now() + timeout
+  work_until = nil
   repeat
     -- With a finite timeout, turn blocks in the poll; with none, a turn
     -- that has nothing to wait for would return at once, again and again.
     if deadline == huge and not has_work() then break end
-    turn(max(0, deadline - now()))
-  until live == 0 or now() >= deadline
-  -- What the last turn's I/O and timers made ready runs now, not a frame later.
-  if ready_n > 0 then turn(0) end
+    turn(max(0, deadline - now()), budget)
+  until live == 0 or now() >= deadline or (work_until and now() >= work_until)
+  -- What the last turn's I/O and timers made ready runs now, not a frame
+  -- later, unless the budget is spent.
+  if ready_n > 0 and not (work_until and now() >= work_until) then turn(0, budget) end
+  work_until = nil
   trim()
   return live
 end
@@ -529,10 +578,10 @@ function scheduler.await_fd(fd, mode, deadline)
   else
     -- A host that cannot wait here raises (a phase of nginx that cannot
     -- yield): the descriptor is watched no more.
-    local ok, err = compat.pcall(outside_wait, function() return fd_ready[fd] end, deadline)
-    if not ok then
+    local waited, why = compat.pcall(outside_wait, function() return fd_ready[fd] end, deadline)
+    if not waited then
       unwatch(fd)
-      error(err, 0)
+      error(why, 0)
     end
   end
   local became_ready = fd_ready[fd] == true
