@@ -475,7 +475,9 @@ describe("ratewise's promises", function()
 
   describe("no secret is printed", function()
     it("keeps a URL password holding /, ? or # out of errors, events and retry lines", function()
-      for _, password in ipairs { "pa/ss-word", "pa?ss-word", "pa#ss-word", "p@ss/wo?rd" } do
+      -- "12/34-ss-word" and "/ss-word" begin like a port, "9?ss-word" too
+      for _, password in ipairs { "pa/ss-word", "pa?ss-word", "pa#ss-word", "p@ss/wo?rd", "12/34-ss-word",
+        "/ss-word", "9?ss-word", "1#ss-word" } do
         local url = "http://user:" .. password .. "@127.0.0.1:1/x?key=v"
         local printed = {}
         local res, err = rw.fetch(url, {
@@ -502,7 +504,24 @@ describe("ratewise's promises", function()
       assert.equal("http://127.0.0.1:1/x", headers.redact_url("http://u:p@127.0.0.1:1/x"))
       assert.equal("http://[::1]:8080/@me", headers.redact_url("http://[::1]:8080/@me"))
       assert.equal("http://host.example/x", headers.redact_url("http://u:ab/cd@host.example/x"))
-      assert.equal("http://host.example:8080", headers.origin("http://u:ab#cd@host.example:8080/x"))
+    end)
+
+    it("makes an origin of where the request goes, as libcurl reads the URL", function()
+      local headers = require "ratewise.headers"
+      -- a pagination link from a hostile server cannot pass for the API's origin
+      assert.equal("https://evil.example:443", headers.origin("https://evil.example:443/x@api.example.com/next"))
+      assert.equal("https://evil.example:443", headers.origin("https://evil.example/x@api.example.com/next"))
+      assert.equal("http://host.example:8080", headers.origin("http://u:p@host.example:8080/x"))
+      -- and a client keeps its secrets from it
+      local s = server.start()
+      local ok, err = pcall(function()
+        local c = rw.client { base_url = "http://127.0.0.1:1", on_retry = false,
+          headers = { Authorization = "Bearer secret" } }
+        assert.error_matches(function() c:get(s.base .. "/x@127.0.0.1:1/next") end, "another origin")
+        assert.equal(0, #s:log())
+      end)
+      s:stop()
+      assert(ok, err)
     end)
   end)
 end)

@@ -176,23 +176,31 @@ function headers.request_lines(t, extra_secrets)
   return lines, seen, secrets
 end
 
--- Where the userinfo of a URL ends. RFC 3986 ends the authority at the
--- first "/", "?" or "#", which a password may hold too (base64 tokens hold
--- "/"): "user:ab/cd@host" would then read as host "user", port "ab". A
--- host[:port] has a port of digits only, so when the authority by the RFC
--- has a ":" that is not followed by a port and an "@" comes later, the
--- userinfo runs to the last "@" before the "/", "?" or "#" that follows
--- the first of those. Returns the index in `rest` (what follows "://") of
--- the "@" ending the userinfo, or nil.
-local function userinfo_end(rest)
+-- Where the userinfo of a URL ends: the index in `rest` (what follows
+-- "://") of the "@" ending it, or nil.
+--
+-- strict: as RFC 3986 and libcurl read it, the authority ending at the
+-- first "/", "?" or "#". This is where a request goes, so it is what an
+-- origin is made of: "https://evil.example:443/x@api.example.com/" goes to
+-- evil.example, whatever follows.
+--
+-- Otherwise, for what is printed: a password may hold "/", "?" or "#"
+-- (base64 tokens hold "/"), and "user:ab/cd@host" would then print its
+-- password as a host, a port and a path. When the strict authority has a
+-- ":" and an "@" comes later, the userinfo runs to the last "@" before the
+-- "/", "?" or "#" that follows the first "@" -- unless that "@" starts a
+-- path segment ("/@scope/pkg", "/users/@me"), which a password would not
+-- end with. This hides more than it must in a URL with a port and an "@"
+-- in its path or query ("http://h:8080/q?mail=a@b" prints as "http://b"):
+-- a garbled line, never a printed password.
+local function userinfo_end(rest, strict)
   local authority_end = find(rest, "[/?#]") or (#rest + 1)
   local authority = sub(rest, 1, authority_end - 1)
   local at = authority:match("^.*()@")
-  if at then return at end
+  if at or strict then return at end
   if authority_end > #rest or not find(authority, ":", 1, true) then return nil end
-  if authority:find("^[^:]*:%d*$") or authority:find("^%[[^%]]*%]:?%d*$") then return nil end -- host:port
   local first_at = find(rest, "@", authority_end, true)
-  if not first_at then return nil end
+  if not first_at or sub(rest, first_at - 1, first_at - 1) == "/" then return nil end
   local stop = find(rest, "[/?#]", first_at) or (#rest + 1)
   return sub(rest, 1, stop - 1):match("^.*()@")
 end
@@ -217,7 +225,7 @@ end
 function headers.origin(url)
   local scheme, rest = string.match(url, "^(%a[%w+.-]*)://(.*)$")
   if not scheme then return nil end
-  local at = userinfo_end(rest)
+  local at = userinfo_end(rest, true)
   if at then rest = sub(rest, at + 1) end
   scheme = lower(scheme)
   local authority = lower(string.match(rest, "^[^/?#]*"))
