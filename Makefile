@@ -195,7 +195,7 @@ install: deps
 # `make fuzz FUZZ_SECONDS=600` for a long run; each target prints one line.
 CLANG        ?= clang
 FUZZ_SECONDS ?= 30
-FUZZ_TARGETS := retry_after http_date seconds duration rfc3339 backoff headers redis_reply
+FUZZ_TARGETS := retry_after http_date seconds duration rfc3339 backoff headers sse redis_reply
 FUZZ_BUILD   := build-fuzz
 FUZZ_BINS    := $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz_%)
 FUZZ_CFLAGS   = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
@@ -205,6 +205,11 @@ FUZZ_CFLAGS   = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover
 $(FUZZ_BUILD)/fuzz_%: fuzz/fuzz_%.c fuzz/fuzz.h fuzz/fuzz_nows.h src/parse.c src/ratewise.h Makefile | deps-check
 	@mkdir -p $(dir $@)
 	$(CLANG) $(FUZZ_CFLAGS) -o $@ $< src/parse.c -lm
+
+# sse.c is plain C too (its binding is in lparse.c).
+$(FUZZ_BUILD)/fuzz_sse: fuzz/fuzz_sse.c fuzz/fuzz.h src/sse.c src/ratewise.h Makefile | deps-check
+	@mkdir -p $(dir $@)
+	$(CLANG) $(FUZZ_CFLAGS) -o $@ $< src/sse.c -lm
 
 # What src/redis.c reads goes through hiredis's reader: the target fuzzes
 # that, as redis.c uses it.

@@ -5,6 +5,7 @@
  * what the fuzz targets in fuzz/ need.
  */
 #include <math.h>
+#include <stdio.h>
 
 #include "compat.h"
 #include "ratewise.h"
@@ -109,8 +110,98 @@ static int lparse_l_backoff(lua_State *L)
     return 1;
 }
 
+/* ---- server-sent events (sse.c) ---- */
+
+#define LPARSE_SSE_MT "ratewise.SSEParser"
+#define LPARSE_SSE_DEFAULT_MAX (1024 * 1024)
+
+typedef struct lparse_sse {
+    rwp_sse parser;
+    int closed;
+} lparse_sse;
+
+/* core.sse_parser([max]) -> parser: a line or an event's data may hold at
+ * most max bytes (default 1 MiB). */
+static int lparse_l_sse_new(lua_State *L)
+{
+    lua_Number max = luaL_optnumber(L, 1, LPARSE_SSE_DEFAULT_MAX);
+    lparse_sse *s;
+    luaL_argcheck(L, max >= 1 && max <= (lua_Number)(1u << 30) && max == floor(max), 1,
+                  "max must be a whole number of bytes from 1 to 2^30");
+    s = (lparse_sse *)lua_newuserdatauv(L, sizeof *s, 0);
+    rwp_sse_init(&s->parser, (size_t)max);
+    s->closed = 0;
+    luaL_setmetatable(L, LPARSE_SSE_MT);
+    return 1;
+}
+
+static int lparse_sse_push(void *ctx, const rwp_sse_event *ev)
+{
+    lua_State *L = (lua_State *)ctx;
+    lua_createtable(L, 0, 4);
+    lua_pushlstring(L, ev->event, ev->event_len);
+    lua_setfield(L, -2, "event");
+    lua_pushlstring(L, ev->data, ev->data_len);
+    lua_setfield(L, -2, "data");
+    if (ev->id) {
+        lua_pushlstring(L, ev->id, ev->id_len);
+        lua_setfield(L, -2, "id");
+    }
+    if (ev->has_retry) {
+        lua_pushinteger(L, (lua_Integer)ev->retry);
+        lua_setfield(L, -2, "retry");
+    }
+    lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
+    return 0;
+}
+
+/* parser:feed(chunk) -> {event, ...} (the events the chunk completed, in
+ * order; often none) | nil, err when a line or an event is over max. */
+static int lparse_l_sse_feed(lua_State *L)
+{
+    lparse_sse *s = (lparse_sse *)luaL_checkudata(L, 1, LPARSE_SSE_MT);
+    size_t n;
+    const char *chunk = luaL_checklstring(L, 2, &n);
+    int rc;
+    if (s->closed) return luaL_argerror(L, 1, "parser is closed");
+    lua_settop(L, 2);
+    lua_newtable(L);
+    rc = rwp_sse_feed(&s->parser, chunk, n, lparse_sse_push, L);
+    if (rc == 0) return 1;
+    lua_pushnil(L);
+    if (rc == RWP_SSE_TOO_LARGE) {
+        char limit[32];
+        (void)snprintf(limit, sizeof limit, "%zu", s->parser.max);
+        lua_pushfstring(L, "an event-stream line or event over %s bytes", limit);
+    } else {
+        lua_pushliteral(L, "out of memory parsing the event stream");
+    }
+    return 2;
+}
+
+/* Idempotent; __gc, __close and parser:close() all come here. */
+static int lparse_l_sse_close(lua_State *L)
+{
+    lparse_sse *s = (lparse_sse *)luaL_checkudata(L, 1, LPARSE_SSE_MT);
+    if (!s->closed) {
+        s->closed = 1;
+        rwp_sse_free(&s->parser);
+    }
+    return 0;
+}
+
 void rw_parse_register(lua_State *L)
 {
+    static const luaL_Reg sse_methods[] = {
+        { "feed", lparse_l_sse_feed },
+        { "close", lparse_l_sse_close },
+        { NULL, NULL }
+    };
+    static const luaL_Reg sse_meta[] = {
+        { "__gc", lparse_l_sse_close },
+        { "__close", lparse_l_sse_close },
+        { NULL, NULL }
+    };
     static const luaL_Reg funcs[] = {
         { "classify", lparse_l_classify },
         { "parse_http_date", lparse_l_http_date },
@@ -119,7 +210,13 @@ void rw_parse_register(lua_State *L)
         { "parse_duration", lparse_l_duration },
         { "parse_rfc3339", lparse_l_rfc3339 },
         { "backoff", lparse_l_backoff },
+        { "sse_parser", lparse_l_sse_new },
         { NULL, NULL }
     };
+    luaL_newmetatable(L, LPARSE_SSE_MT);
+    luaL_setfuncs(L, sse_meta, 0);
+    luaL_newlib(L, sse_methods);
+    lua_setfield(L, -2, "__index");
+    lua_pop(L, 1);
     luaL_setfuncs(L, funcs, 0);
 }
