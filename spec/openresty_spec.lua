@@ -25,6 +25,13 @@ local SERVER = [[
           string.format("%.3f", ngx.now() - started))
       }
     }
+    location = /stream {
+      content_by_lua_block {
+        local rw = require "ratewise"
+        local res = assert(rw.fetch(ngx.unescape_uri(ngx.var.arg_url), { stream = true, on_retry = false }))
+        for ev in res:events() do ngx.say(ev.event, " ", ev.data) ngx.flush(true) end
+      }
+    }
     location = /timer {
       content_by_lua_block {
         local ok, err = ngx.timer.at(0, function(premature, url)
@@ -120,6 +127,22 @@ describe("ratewise in OpenResty", function()
     end
     return got
   end
+
+  it("reads a streamed response's events as they arrive, the worker serving others meanwhile", function()
+    s:script("/events", { { action = "stream", headers = { ["Content-Type"] = "text/event-stream" },
+      chunks = { { 0.2, "data: one\n\n" }, { 0.4, "event: end\ndata: two\n\n" } } } })
+    local body
+    rw.run(function()
+      local reader = rw.spawn(function() body = get("/stream?url=" .. escape(s:url("/events"))) end)
+      rw.sleep(0.3)
+      local t0 = rw.now()
+      assert.equal("pong", get("/_ping"))
+      assert.is_true(rw.now() - t0 < 0.1)
+      local _, err = reader:join()
+      assert.is_nil(err)
+    end)
+    assert.equal("message one\nend two\n", body)
+  end)
 
   it("fetches from an ngx.timer.at callback", function()
     assert.equal("started\n", get("/timer?url=" .. escape(s:url("/from-timer"))))

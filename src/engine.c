@@ -84,6 +84,7 @@ typedef struct engine {
     CURLM *multi;
     engine_list running;  /* on the multi handle (running or queued by libcurl) */
     engine_list finished; /* finished, and not yet reported by poll */
+    transfer *news;       /* streamed transfers with news for a waiting reader (news_next) */
     transfer *pool[ENGINE_POOL_MAX];
     int npool;
     double response_bytes; /* moving average of a response's size */
@@ -182,8 +183,23 @@ static void engine_destroy(transfer *t)
 
 /* Back to the pool of engine e (NULL, or closed: freed instead), with what
  * the last request left behind let go of. */
+static void engine_news_drop(engine *e, transfer *t)
+{
+    transfer **p;
+    if (!e || !t->in_news) return;
+    for (p = &e->news; *p; p = &(*p)->news_next) {
+        if (*p == t) {
+            *p = t->news_next;
+            break;
+        }
+    }
+    t->in_news = 0;
+    t->news_next = NULL;
+}
+
 static void engine_give(engine *e, transfer *t)
 {
+    engine_news_drop(e, t);
     rw_request_free_headers(t);
     free(t->effective_url);
     free(t->origin);
@@ -201,6 +217,9 @@ static void engine_give(engine *e, transfer *t)
     t->multi_code = CURLM_OK;
     t->errbuf[0] = '\0';
     t->timeout = t->started = t->expires = 0;
+    t->head_ready = t->stream = t->paused = t->notify = 0;
+    t->delivered = 0;
+    t->first_byte_timeout = t->idle_timeout = t->last_byte = 0;
     t->status = t->request_size = t->redirects = t->http_version = 0;
     t->total_time = 0;
     t->state = TRANSFER_CLOSED;
@@ -440,8 +459,50 @@ static void engine_fail_all(engine *e, CURLMcode mc)
     }
 }
 
-/* Ends the transfers whose timeout has passed while libcurl kept them
- * queued for a connection (it has no timer for those). Scans the running
+/* What the engine ends a transfer for, libcurl having no timer for it. */
+enum engine_expiry_kind { EXPIRY_NONE, EXPIRY_TIMEOUT, EXPIRY_FIRST_BYTE, EXPIRY_IDLE };
+
+/* When the engine ends a running transfer if libcurl has not: its timeout
+ * (libcurl's own, but not for a transfer queued for a connection: see
+ * ENGINE_EXPIRY_GRACE); until its final headers are in, its
+ * first_byte_timeout; then, while the reader keeps up (not paused), its
+ * idle_timeout after the last body bytes. HUGE_VAL: never. */
+static double engine_expiry(const transfer *t, enum engine_expiry_kind *kind)
+{
+    double at = HUGE_VAL;
+    *kind = EXPIRY_NONE;
+    if (t->expires > 0) {
+        at = t->expires;
+        *kind = EXPIRY_TIMEOUT;
+    }
+    if (t->first_byte_timeout > 0 && !t->head_ready && t->started + t->first_byte_timeout < at) {
+        at = t->started + t->first_byte_timeout;
+        *kind = EXPIRY_FIRST_BYTE;
+    }
+    if (t->idle_timeout > 0 && t->head_ready && !t->paused && t->last_byte + t->idle_timeout < at) {
+        at = t->last_byte + t->idle_timeout;
+        *kind = EXPIRY_IDLE;
+    }
+    return at;
+}
+
+void rw_engine_progress(transfer *t)
+{
+    engine *e = t->engine;
+    enum engine_expiry_kind kind;
+    double at;
+    if (!e || t->state != TRANSFER_RUNNING) return;
+    if (t->notify && !t->in_news) {
+        t->notify = 0;
+        t->in_news = 1;
+        t->news_next = e->news;
+        e->news = t;
+    }
+    at = engine_expiry(t, &kind);
+    if (at < e->next_expiry) e->next_expiry = at;
+}
+
+/* Ends the transfers whose time is up by engine_expiry. Scans the running
  * list only once the earliest expiry is due. */
 static void engine_expire(engine *e)
 {
@@ -454,14 +515,22 @@ static void engine_expire(engine *e)
     now = rw_clock_monotonic();
     if (now < e->next_expiry) return;
     for (t = e->running.head; t; t = after) {
+        enum engine_expiry_kind kind;
+        double at = engine_expiry(t, &kind);
         after = t->next;
-        if (t->expires <= 0) continue;
-        if (now < t->expires) {
-            if (t->expires < next) next = t->expires;
+        if (now < at) {
+            if (at < next) next = at;
             continue;
         }
         engine_finish(t, CURLE_OPERATION_TIMEDOUT, ABORT_NONE);
-        if (t->request_size == 0)
+        if (kind == EXPIRY_FIRST_BYTE)
+            (void)snprintf(t->errbuf, sizeof t->errbuf,
+                           "no response headers within %.0f milliseconds (first_byte_timeout)",
+                           t->first_byte_timeout * 1000);
+        else if (kind == EXPIRY_IDLE)
+            (void)snprintf(t->errbuf, sizeof t->errbuf,
+                           "no body bytes for %.0f milliseconds (idle_timeout)", t->idle_timeout * 1000);
+        else if (t->request_size == 0)
             (void)snprintf(t->errbuf, sizeof t->errbuf,
                            "Operation timed out after %.0f milliseconds waiting for a connection "
                            "(all %ld in use: max_connections)", (now - t->started) * 1000, e->max_connections);
@@ -709,7 +778,7 @@ static void engine_drive(engine *e, double seconds, double budget)
 static double engine_deadline(const engine *e)
 {
     double at = e->timer_at < e->next_expiry ? e->timer_at : e->next_expiry, left;
-    if (e->finished.head || e->nfired) return 0;
+    if (e->finished.head || e->nfired || e->news) return 0;
     if (at == HUGE_VAL) return -1;
     left = at - rw_clock_monotonic();
     return left > 0 ? left : 0;
@@ -875,9 +944,11 @@ static int engine_l_start(lua_State *L)
     engine_list_add(&e->running, t);
     engine_size_cache(e);
     t->started = rw_clock_monotonic();
-    if (t->timeout > 0) {
-        t->expires = t->started + t->timeout + ENGINE_EXPIRY_GRACE;
-        if (t->expires < e->next_expiry) e->next_expiry = t->expires;
+    if (t->timeout > 0) t->expires = t->started + t->timeout + ENGINE_EXPIRY_GRACE;
+    {
+        enum engine_expiry_kind kind;
+        double at = engine_expiry(t, &kind);
+        if (at < e->next_expiry) e->next_expiry = at;
     }
     return 1;
 }
@@ -891,6 +962,19 @@ static int engine_report(lua_State *L, engine *e, int out)
     RW_STACK_MARK(L, mark);
     int n = 0;
     lua_getiuservalue(L, 1, 1);
+    /* Streamed transfers with news first: a finished one's reference goes
+     * below. They stay running (their references stay). */
+    while (e->news) {
+        transfer *t = e->news;
+        if (t->ref != LUA_NOREF) {
+            lua_rawgeti(L, -1, t->ref);
+            lua_rawseti(L, out, n + 1); /* may raise: out of memory */
+            n++;
+        }
+        e->news = t->news_next;
+        t->news_next = NULL;
+        t->in_news = 0;
+    }
     while (e->finished.head) {
         transfer *t = e->finished.head;
         lua_rawgeti(L, -1, t->ref);
@@ -937,7 +1021,7 @@ static int engine_l_poll(lua_State *L)
     }
     out = lua_gettop(L);
     engine_drive(e, 0, budget);
-    if (!e->finished.head && !e->nfired && timeout > 0) {
+    if (!e->finished.head && !e->nfired && !e->news && timeout > 0) {
         double until = engine_deadline(e);
         if (until >= 0 && until < timeout) timeout = until > 0 ? until : 0;
         engine_drive(e, timeout, budget);
@@ -1074,6 +1158,12 @@ static int engine_l_close(lua_State *L)
 {
     engine *e = (engine *)luaL_checkudata(L, 1, ENGINE_MT);
     if (!e->multi) return 0;
+    while (e->news) {
+        transfer *t = e->news;
+        e->news = t->news_next;
+        t->news_next = NULL;
+        t->in_news = 0;
+    }
     while (e->running.head) engine_finish(e->running.head, CURLE_ABORTED_BY_CALLBACK, ABORT_ENGINE_CLOSED);
     while (e->finished.head) engine_unqueue(e->finished.head);
     while (e->npool > 0) engine_destroy(e->pool[--e->npool]);
@@ -1152,6 +1242,59 @@ static int transfer_l_close(lua_State *L)
     return 0;
 }
 
+/* transfer:head() -> the final response's status and headers (a table like
+ * result()'s, without body) once they are in, while the transfer runs; nil
+ * before (the engine's poll then reports the transfer when they come) and
+ * once it has finished (result() says how). */
+static int transfer_l_head(lua_State *L)
+{
+    transfer *t = transfer_check(L);
+    if (t->state == TRANSFER_RUNNING && t->head_ready) {
+        rw_response_head(L, t);
+        return 1;
+    }
+    if (t->state == TRANSFER_RUNNING) t->notify = 1;
+    lua_pushnil(L);
+    return 1;
+}
+
+/* transfer:read() -> the body bytes that arrived since the last read, as
+ * one string | nil when none has come yet (the engine's poll reports the
+ * transfer when some do) | false once the transfer has finished and every
+ * byte was read (result() then says whether it ended well). For a request
+ * made with stream = true, whose headers are in. A transfer paused because
+ * its buffer filled up resumes as its buffer is taken. */
+static int transfer_l_read(lua_State *L)
+{
+    transfer *t = transfer_check(L);
+    if (!t->stream) return luaL_argerror(L, 1, "the transfer was not started with stream = true");
+    if (t->body.len > 0 && (t->head_ready || t->state == TRANSFER_DONE)) {
+        lua_pushlstring(L, t->body.data, t->body.len);
+        t->delivered += t->body.len;
+        t->body.len = 0;
+        if (t->paused && t->state == TRANSFER_RUNNING) {
+            engine *e = t->engine;
+            enum engine_expiry_kind kind;
+            double at;
+            t->paused = 0;
+            t->last_byte = rw_clock_monotonic(); /* the server was not idle: the reader was behind */
+            /* libcurl hands the chunk it kept to the write callback (which
+             * only buffers it) and asks its timer to run the transfer on. */
+            (void)curl_easy_pause(t->easy, CURLPAUSE_CONT);
+            at = engine_expiry(t, &kind);
+            if (e && at < e->next_expiry) e->next_expiry = at;
+        }
+        return 1;
+    }
+    if (t->state == TRANSFER_DONE) {
+        lua_pushboolean(L, 0);
+        return 1;
+    }
+    t->notify = 1;
+    lua_pushnil(L);
+    return 1;
+}
+
 /* transfer:result() -> response table | nil, error table (response.c) */
 static int transfer_l_result(lua_State *L)
 {
@@ -1193,6 +1336,8 @@ void rw_engine_register(lua_State *L)
     static const luaL_Reg transfer_methods[] = {
         { "done", transfer_l_done },
         { "result", transfer_l_result },
+        { "head", transfer_l_head },
+        { "read", transfer_l_read },
         { "cancel", transfer_l_cancel },
         { "close", transfer_l_close },
         { NULL, NULL }

@@ -94,6 +94,55 @@ typedef struct rwp_header_field {
  * is returned. Returns 1 and fills *out, or 0 at the end of the block. */
 int rwp_header_next(const char *block, size_t len, size_t *pos, rwp_header_field *out);
 
+/* ---- server-sent events (sse.c) ---- */
+
+/* What rwp_sse_feed answers besides 0, or what an emit callback answered. */
+#define RWP_SSE_TOO_LARGE 1 /* a line, or an event's data, over the parser's max */
+#define RWP_SSE_NO_MEMORY 2
+/* A retry field is capped at this many milliseconds (a day). */
+#define RWP_SSE_MAX_RETRY 86400000L
+
+typedef struct rwp_sse_buf {
+    char *data; /* NUL-terminated when not NULL */
+    size_t len, cap;
+} rwp_sse_buf;
+
+/* An event as the stream dispatched it. event is "message" when the stream
+ * named none; data is the event's data lines joined with LF (no CR in it);
+ * id is the stream's last event id so far (NULL when it has set none; it
+ * holds no NUL); retry is the event's own retry field in milliseconds, when
+ * has_retry. The spans live until the next call of rwp_sse_feed. */
+typedef struct rwp_sse_event {
+    const char *event, *data, *id;
+    size_t event_len, data_len, id_len;
+    long retry;
+    int has_retry;
+} rwp_sse_event;
+
+typedef int (*rwp_sse_emit)(void *ctx, const rwp_sse_event *ev);
+
+/* A parser's state between chunks; rwp_sse_init before use, rwp_sse_free
+ * after (then it may be used again, as new). */
+typedef struct rwp_sse {
+    rwp_sse_buf line, data, event, id;
+    int has_id, has_retry, after_cr, past_bom;
+    long retry;
+    size_t max;
+} rwp_sse;
+
+void rwp_sse_init(rwp_sse *p, size_t max);
+void rwp_sse_free(rwp_sse *p);
+/* Reads s[0..n), the next bytes of the stream, and calls emit for each
+ * event a blank line completes (an event with no data is not dispatched,
+ * as the standard says). Lines end at CRLF, LF or CR (a CRLF split between
+ * two chunks counts once); a UTF-8 BOM at the very start is skipped;
+ * comments (":...") and unknown fields are ignored. A line or an event's
+ * data longer than max bytes answers RWP_SSE_TOO_LARGE. Returns 0, an
+ * RWP_SSE_* code, or the first non-zero answer of emit (the rest of s is
+ * then not read). An event not yet ended by a blank line when the stream
+ * ends is never dispatched: the standard discards it. */
+int rwp_sse_feed(rwp_sse *p, const char *s, size_t n, rwp_sse_emit emit, void *ctx);
+
 enum rwp_jitter { RWP_JITTER_NONE, RWP_JITTER_FULL, RWP_JITTER_EQUAL, RWP_JITTER_DECORRELATED };
 
 /* Capped exponential backoff. u is a uniform random number in [0,1);

@@ -222,7 +222,10 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fres
             curl_easy_setopt(easy, CURLOPT_HTTPGET, 1L);
             curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, (char *)NULL);
         }
-        if (t->dirty & DIRTY_TIMEOUT) curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, 0L);
+        if (t->dirty & DIRTY_TIMEOUT) {
+            curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, 0L);
+            curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, 0L);
+        }
         if (t->dirty & DIRTY_FRESH) curl_easy_setopt(easy, CURLOPT_FRESH_CONNECT, 0L);
         if (t->dirty & DIRTY_NOVERIFY) {
             curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 1L);
@@ -356,6 +359,22 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fres
         t->timeout = seconds;
         curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, transfer_ms(seconds));
     }
+    if ((seconds = request_opt_seconds(L, req, "connect_timeout")) > 0) {
+        t->dirty |= DIRTY_TIMEOUT;
+        curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, transfer_ms(seconds));
+    }
+    /* libcurl has no timer for these: the engine ends the transfer itself
+     * (engine_expiry). */
+    t->first_byte_timeout = (seconds = request_opt_seconds(L, req, "first_byte_timeout")) > 0 ? seconds : 0;
+    t->idle_timeout = (seconds = request_opt_seconds(L, req, "idle_timeout")) > 0 ? seconds : 0;
+
+    /* The body is handed to Lua as it arrives (transfer:read), the
+     * transfer pausing when the reader falls behind. */
+    t->stream = 0;
+    if (request_opt_field(L, req, "stream", LUA_TBOOLEAN, "a boolean")) {
+        t->stream = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+    }
 
     t->follow = 1;
     if (request_opt_field(L, req, "follow_redirects", LUA_TBOOLEAN, "a boolean")) {
@@ -363,7 +382,9 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fres
         lua_pop(L, 1);
     }
 
-    t->max_body = (size_t)ENGINE_DEFAULT_MAX_BODY;
+    /* A stream is read as it comes, and may go on for hours: no limit but
+     * the one the request names. */
+    t->max_body = t->stream ? (size_t)-1 : (size_t)ENGINE_DEFAULT_MAX_BODY;
     if (request_opt_field(L, req, "max_body", LUA_TNUMBER, "a number of bytes")) {
         lua_Number mb = lua_tonumber(L, -1);
         /* The integer half of SIZE_MAX, then as a float: meant. */

@@ -32,15 +32,40 @@ size_t rw_response_on_body(char *ptr, size_t size, size_t nmemb, void *ud)
 {
     transfer *t = (transfer *)ud;
     size_t n = size * nmemb;
-    if (n > t->max_body || t->body.len > t->max_body - n) {
+    /* A stream's limit counts what Lua has read too. */
+    size_t have = t->body.len + (t->stream && t->head_ready ? t->delivered : 0);
+    if (have < t->body.len || n > t->max_body || have > t->max_body - n) {
         t->body_too_large = 1;
         return 0; /* aborts the transfer: nothing is buffered past the limit */
+    }
+    if (t->stream && t->head_ready && t->body.len >= ENGINE_STREAM_BUFFER) {
+        /* The reader is behind: libcurl keeps this chunk and hands it over
+         * again once transfer:read() has taken the buffer and resumed. */
+        t->paused = 1;
+        return CURL_WRITEFUNC_PAUSE;
     }
     if (!response_buf_append(&t->body, ptr, n)) {
         t->out_of_memory = 1;
         return 0;
     }
+    if (t->idle_timeout > 0) t->last_byte = rw_clock_monotonic();
+    if (t->stream) rw_engine_progress(t);
     return n;
+}
+
+/* Whether the header block just ended is the final response's: not a 1xx,
+ * and not a redirect that the engine will follow (engine_follow). */
+static int response_is_final(transfer *t)
+{
+    long status = 0;
+    curl_easy_getinfo(t->easy, CURLINFO_RESPONSE_CODE, &status);
+    if (status < 200) return 0;
+    if (t->follow && (status == 301 || status == 302 || status == 303 || status == 307 || status == 308)) {
+        char *location = NULL;
+        curl_easy_getinfo(t->easy, CURLINFO_REDIRECT_URL, &location);
+        return location == NULL;
+    }
+    return 1;
 }
 
 size_t rw_response_on_header(char *ptr, size_t size, size_t nmemb, void *ud)
@@ -66,7 +91,14 @@ size_t rw_response_on_header(char *ptr, size_t size, size_t nmemb, void *ud)
      * more header lines: what follows the blank line is kept apart, so that
      * a trailer cannot pass for a header (a Retry-After steering a wait). */
     if ((n == 2 && ptr[0] == '\r') || (n == 1 && ptr[0] == '\n')) {
-        if (!t->headers_done) t->head_end = t->head.len;
+        if (!t->headers_done) {
+            t->head_end = t->head.len;
+            if (!t->head_ready && response_is_final(t)) {
+                t->head_ready = 1;
+                t->last_byte = rw_clock_monotonic();
+                if (t->stream || t->idle_timeout > 0) rw_engine_progress(t);
+            }
+        }
         t->headers_done = 1;
     }
     return n;
@@ -266,6 +298,35 @@ static void response_setfield_bool(lua_State *L, const char *k, int v)
     lua_setfield(L, -2, k);
 }
 
+/* Pushes the version of the final response, as fetch reports it. */
+static void response_push_version(lua_State *L, long version)
+{
+    lua_pushstring(L, version == CURL_HTTP_VERSION_2_0 ? "2"
+                      : version == CURL_HTTP_VERSION_1_0 ? "1.0"
+                      : version == 30 /* CURL_HTTP_VERSION_3 */ ? "3" : "1.1");
+}
+
+/* transfer:head() of a streamed response whose headers are in: a table
+ * like transfer:result()'s, without the body and its time. */
+void rw_response_head(lua_State *L, transfer *t)
+{
+    long status = 0, version = 0;
+    curl_easy_getinfo(t->easy, CURLINFO_RESPONSE_CODE, &status);
+    curl_easy_getinfo(t->easy, CURLINFO_HTTP_VERSION, &version);
+    lua_createtable(L, 0, 10);
+    lua_pushinteger(L, status);
+    lua_setfield(L, -2, "status");
+    response_set_headers(L, t);
+    if (t->effective_url) {
+        lua_pushstring(L, t->effective_url);
+        lua_setfield(L, -2, "url");
+    }
+    lua_pushinteger(L, t->redirects);
+    lua_setfield(L, -2, "redirects");
+    response_push_version(L, version);
+    lua_setfield(L, -2, "http_version");
+}
+
 /* transfer:result() -> response table | nil, error table */
 int rw_response_result(lua_State *L, transfer *t)
 {
@@ -293,9 +354,7 @@ int rw_response_result(lua_State *L, transfer *t)
         }
         lua_pushinteger(L, t->redirects);
         lua_setfield(L, -2, "redirects");
-        lua_pushstring(L, t->http_version == CURL_HTTP_VERSION_2_0 ? "2"
-                          : t->http_version == CURL_HTTP_VERSION_1_0 ? "1.0"
-                          : t->http_version == 30 /* CURL_HTTP_VERSION_3 */ ? "3" : "1.1");
+        response_push_version(L, t->http_version);
         lua_setfield(L, -2, "http_version");
         lua_pushnumber(L, t->total_time);
         lua_setfield(L, -2, "time");

@@ -19,6 +19,11 @@
 #define ENGINE_MAX_HEADER_BYTES (256 * 1024) /* under libcurl's own 300 KiB */
 #define ENGINE_DEFAULT_MAX_BODY (64.0 * 1024 * 1024)
 
+/* A streamed response's body waits in the transfer's buffer until Lua reads
+ * it; past this much, the transfer pauses (CURL_WRITEFUNC_PAUSE) until the
+ * reader has taken it, instead of buffering without bound. */
+#define ENGINE_STREAM_BUFFER (256 * 1024)
+
 /* libcurl refuses a request line and headers over 1 MiB, and servers answer
  * 431 long before that: a request's header lines are capped at this. */
 #define ENGINE_MAX_REQUEST_HEADER_BYTES (256 * 1024)
@@ -87,6 +92,19 @@ typedef struct transfer {
     long http_version; /* CURLINFO_HTTP_VERSION of the last response */
     double total_time;
     char *effective_url;
+    /* The final response's headers are in (not a 1xx's, not a redirect's
+     * that is followed): what a streamed response waits for. */
+    int head_ready;
+    /* stream: the body is handed to Lua as it arrives (transfer:read) */
+    int stream, paused; /* paused: the write callback paused it, the buffer being full */
+    int notify;         /* stream: Lua waits for news of it (rw_engine_progress) */
+    int in_news;        /* on its engine's list of transfers with news */
+    size_t delivered;   /* stream: body bytes transfer:read() has handed over */
+    struct transfer *news_next;
+    /* 0: none. Until the final headers are in, from the start; between body
+     * bytes, while the reader keeps up. */
+    double first_byte_timeout, idle_timeout;
+    double last_byte; /* monotonic: when body bytes last came (idle_timeout) */
     struct transfer *prev, *next; /* in its engine's running or finished list */
 } transfer;
 
@@ -107,11 +125,19 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fres
 void rw_request_free_headers(transfer *t);
 void rw_request_register(lua_State *L);
 
+/* engine.c: what response.c's callbacks tell the engine when a transfer's
+ * final headers or body bytes arrive: a reader waiting on the transfer is
+ * told (the engine's next poll reports it), and the engine's next expiry
+ * comes no later than the transfer's own (an idle timeout that starts). */
+void rw_engine_progress(transfer *t);
+
 /* response.c: libcurl's write and header callbacks (C only, no Lua), and
  * transfer:result() */
 size_t rw_response_on_body(char *ptr, size_t size, size_t nmemb, void *ud);
 size_t rw_response_on_header(char *ptr, size_t size, size_t nmemb, void *ud);
 int rw_response_result(lua_State *L, transfer *t);
+/* transfer:head(): a streamed response's status and headers */
+void rw_response_head(lua_State *L, transfer *t);
 
 #pragma GCC visibility pop
 

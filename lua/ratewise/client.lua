@@ -25,6 +25,7 @@ local fetch_defaults = {
   max_body = true, verify_tls = true, retry_after = true, retry_after_max = true, hint_jitter = true,
   ca_file = true, ca_path = true, client_cert = true, client_key = true, client_key_password = true,
   pinned_public_key = true, tls_min_version = true, proxy = true, decompress = true,
+  connect_timeout = true, first_byte_timeout = true, idle_timeout = true,
 }
 local client_options = {
   base_url = true, headers = true, provider = true, limiter = true, concurrency = true, circuit = true,
@@ -463,9 +464,11 @@ function Client:request(method, path, opts)
   fetch.check(url, call)
   local counters = self.counters
   counters.requests = counters.requests + 1
-  local share = self.dedupe and shareable[method]
-  local key = (share or self.cache_ttl) and request_key(method, url, h, call.body) or nil
-  if self.cache_ttl and shareable[method] then
+  -- A stream has one reader: it is neither shared nor cached.
+  local share = self.dedupe and shareable[method] and not call.stream
+  local cacheable = self.cache_ttl and shareable[method] and not call.stream
+  local key = (share or cacheable) and request_key(method, url, h, call.body) or nil
+  if cacheable then
     local hit = self:_cache_get(key)
     if hit then
       counters.cache_hits = counters.cache_hits + 1
@@ -494,7 +497,7 @@ function Client:request(method, path, opts)
   -- An error raised in the shared transfer (a bad option, a failing hook) is
   -- raised here too, as it would be without sharing.
   if res == nil and type(err) ~= "table" then error(err, 0) end
-  if res and self.cache_ttl and shareable[method] and res.status >= 200 and res.status < 300 then
+  if res and cacheable and res.status >= 200 and res.status < 300 then
     self:_cache_put(key, res)
   end
   return res, err

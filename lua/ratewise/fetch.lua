@@ -1,6 +1,7 @@
 -- fetch: one HTTP request, retried the way the server asks.
 local compat = require "ratewise.compat"
 local core = require "ratewise.core"
+local errors = require "ratewise.errors"
 local headers = require "ratewise.headers"
 local json = require "ratewise.json"
 local response = require "ratewise.response"
@@ -27,11 +28,7 @@ local has_body = { POST = true, PUT = true, PATCH = true }
 
 local call_hook -- defined with the other callback helpers below
 
-local error_mt = {}
-error_mt.__index = error_mt
-error_mt.__tostring = function(e)
-  return "ratewise: " .. e.kind .. ": " .. e.message
-end
+local error_mt = errors.mt
 
 local function fetch_error(kind, message, state, res, transport)
   local err = setmetatable({
@@ -101,11 +98,19 @@ local option_checks = {
   ca_file = "string", ca_path = "string", client_cert = "string", client_key = "string",
   client_key_password = "string", pinned_public_key = "string", tls_min_version = "tls_version",
   proxy = "string", decompress = "boolean", json = "table", query = "table",
+  stream = "boolean", connect_timeout = "positive", first_byte_timeout = "positive", idle_timeout = "positive",
 }
 
 -- The transport options that go to the engine as they are (src/request.c).
 local transport_options = { "ca_file", "ca_path", "client_cert", "client_key", "client_key_password",
-  "pinned_public_key", "tls_min_version", "proxy", "decompress" }
+  "pinned_public_key", "tls_min_version", "proxy", "decompress", "connect_timeout", "first_byte_timeout",
+  "idle_timeout", "stream" }
+
+-- A streamed response may go on for as long as the server sends: it has
+-- no total timeout. The time to its headers is bounded (first_byte_timeout,
+-- by default the call's timeout) and so is a silence between its body
+-- bytes (idle_timeout).
+local STREAM_IDLE_TIMEOUT = 60
 
 -- What a call does with a wait the server asked for (docs/limits.md).
 local retry_after_modes = { honor = true, clamp = true, fail_fast = true, defer = true }
@@ -553,9 +558,14 @@ function fetch.fetch(url, opts)
   local hint_jitter = opts.hint_jitter or HINT_JITTER
   local follow, max_body, verify_tls = opts.follow_redirects ~= false, opts.max_body, opts.verify_tls
   if verify_tls == false then warn_insecure() end
+  local stream = opts.stream == true
   local transport = opts.ca_file ~= nil or opts.ca_path ~= nil or opts.client_cert ~= nil or opts.client_key ~= nil
     or opts.client_key_password ~= nil or opts.pinned_public_key ~= nil or opts.tls_min_version ~= nil
-    or opts.proxy ~= nil or opts.decompress ~= nil
+    or opts.proxy ~= nil or opts.decompress ~= nil or opts.connect_timeout ~= nil
+    or opts.first_byte_timeout ~= nil or opts.idle_timeout ~= nil or stream
+  -- a stream: the bound on the time to its headers, and on a silence in its body
+  local first_byte = stream and (opts.first_byte_timeout or timeout)
+  local idle = stream and (opts.idle_timeout or STREAM_IDLE_TIMEOUT)
   local fresh_connect = not safe or nil
   if opts.cost and limiter then
     -- A cost no limiter could ever serve would wait forever (or fail deep inside).
@@ -635,6 +645,8 @@ function fetch.fetch(url, opts)
       return budget_error(state, "no time left for another attempt", state.last_response)
     end
     local attempt_timeout = min(timeout, left)
+    -- what a time budget too short for the call's own timeouts cut
+    local budget_cut = attempt_timeout < timeout
     -- The engine copies what it needs from the request as it starts the
     -- transfer, so one table serves every attempt of every call. Every
     -- field is assigned; those the call does not use are nil, and the
@@ -657,8 +669,19 @@ function fetch.fetch(url, opts)
       end
       scratch_has_transport = transport
     end
-    local res, terr
-    if opts.sleep then
+    local res, terr, streaming
+    if stream then
+      -- No total timeout: `timeout` bounds the time to the headers (unless
+      -- first_byte_timeout does), which fits what is left of max_elapsed.
+      request.timeout = nil
+      request.first_byte_timeout, request.idle_timeout = min(first_byte, left), idle
+      budget_cut = left < first_byte
+      if opts.sleep then
+        res, terr, streaming = guarded("sleep", "a wait for the transfer", runtime.open_stream, request, opts.sleep)
+      else
+        res, terr, streaming = runtime.open_stream(request)
+      end
+    elseif opts.sleep then
       res, terr = guarded("sleep", "a wait for the transfer", runtime.transfer, request, opts.sleep)
     else
       res, terr = runtime.transfer(request)
@@ -696,6 +719,16 @@ function fetch.fetch(url, opts)
         guarded("circuit", "record", circuit.record, circuit, origin, class == "success" and "success"
           or (class == "retryable" or res.status >= 500) and "failure" or "neutral")
       end
+      if streaming then
+        if class == "success" then
+          response.stream(res, streaming, opts.sleep, method .. " " .. shown_url)
+          return res
+        end
+        -- A policy that does not take this 2xx for an answer sees it whole.
+        response.stream(res, streaming, opts.sleep, method .. " " .. shown_url)
+        local _, derr = response.drain(res)
+        if derr then res.body = "" end
+      end
       if class == "success" then return res end
       state = state or new_state(started, method, shown_url, max_elapsed, on_event)
       state.attempts, state.last_response, state.last_transport, state.hint = attempts, res, nil, hint
@@ -715,7 +748,7 @@ function fetch.fetch(url, opts)
         emit(on_event, { type = "response", error = message, class = "retryable", attempt = attempts })
       end
       if circuit and not terr.tls then guarded("circuit", "record", circuit.record, circuit, origin, "failure") end
-      if terr.timeout and attempt_timeout < timeout then
+      if terr.timeout and budget_cut then
         return budget_error(state, "the attempt was cut short by the time budget", nil, terr)
       end
       if not terr.retryable then

@@ -7,6 +7,7 @@
 -- answers how long to wait, and the wait is done here, through the seam.
 local bucket = require "ratewise.bucket"
 local gcra = require "ratewise.gcra"
+local errors = require "ratewise.errors"
 local redis = require "ratewise.redis"
 local runtime = require "ratewise.runtime"
 
@@ -54,16 +55,9 @@ RedisBucket.__name = "ratewise.RedisBucket"
 -- nothing first: one round trip per attempt.
 RedisBucket.honors_max_wait = true
 
-local error_mt = {
-  __tostring = function(e) return "ratewise: " .. e.kind .. ": " .. e.message end,
-}
-
 -- The error an acquire ends with when Redis fails and on_error is "closed".
 local function unavailable(self, err)
-  return setmetatable({
-    kind = "limiter_unavailable",
-    message = format("redis_bucket '%s': %s", self.name, tostring(err)),
-  }, error_mt)
+  return errors.new("limiter_unavailable", format("redis_bucket '%s': %s", self.name, tostring(err)))
 end
 
 -- Runs the script through a client of our own (a redis:// URL).

@@ -1,27 +1,159 @@
 -- What a response can do besides carry its fields (status, headers, body):
 -- the methods of every response fetch returns, res:json() and, for a
--- response read as it arrives (the stream option), res:chunks() and
--- res:events().
+-- response read as it arrives (the stream option), res:read(),
+-- res:chunks(), res:events() and res:close().
+local core = require "ratewise.core"
+local errors = require "ratewise.errors"
 local json = require "ratewise.json"
+local runtime = require "ratewise.runtime"
+
+local format, concat = string.format, table.concat
+local error, setmetatable = error, setmetatable
 
 local response = {}
 
 local methods = {}
 response.mt = { __index = methods }
 
---- value | nil, err = res:json(): the body decoded as JSON, integers kept
--- as integers. A body that is not JSON answers nil and why.
-function methods:json()
-  local body = self.body
-  if type(body) ~= "string" then return nil, "the response has no body to decode" end
-  local value, err = json.decode(body)
-  if value == nil then return nil, "response body is " .. err end
-  return value
-end
+-- res -> what reading its stream needs: { transfer, per_call, what (the
+-- "GET url" of messages), delivered (bytes handed over), ended, err }.
+-- Weak keys: a response dropped unread takes its stream with it (the
+-- transfer's own __gc closes it).
+local streams = setmetatable({}, { __mode = "k" })
+-- Responses not streamed whose body res:read() has given.
+local read_whole = setmetatable({}, { __mode = "k" })
 
 --- res = response.new(res): gives a response table its methods.
 function response.new(res)
   return setmetatable(res, response.mt)
+end
+
+--- response.stream(res, transfer, per_call_sleep, what): makes res the
+-- reader of a streamed transfer whose headers are in.
+function response.stream(res, transfer, per_call, what)
+  streams[res] = { transfer = transfer, per_call = per_call, what = what, delivered = 0 }
+end
+
+local function finish(st, err)
+  st.ended, st.err = true, err
+  if st.transfer then
+    st.transfer:close()
+    st.transfer = nil
+  end
+  if st.parser then st.parser:close() end
+  return nil, err
+end
+
+--- chunk | nil | nil, err = res:read(): the body bytes that arrived since
+-- the last read (waiting for some, the way the host waits); nil at the
+-- end; nil, err when the stream broke off (kind "stream", with
+-- err.delivered bytes handed over before). A response that was not
+-- streamed gives its whole body once.
+function methods:read()
+  local st = streams[self]
+  if not st then
+    if read_whole[self] then return nil end
+    read_whole[self] = true
+    return self.body ~= "" and self.body or nil
+  end
+  if st.ended then return nil, st.err end
+  local transfer, chunk = st.transfer, nil
+  -- A host may look again after the answer was yes: the chunk taken stays.
+  runtime.await_news(transfer, function()
+    if chunk == nil then chunk = transfer:read() end
+    return chunk ~= nil
+  end, st.per_call)
+  if chunk then
+    st.delivered = st.delivered + #chunk
+    return chunk
+  end
+  local res, terr = transfer:result()
+  if res then return finish(st, nil) end
+  return finish(st, errors.new("stream", format("%s: the stream broke off after %d bytes of its body: %s",
+    st.what, st.delivered, tostring(terr.message)), { delivered = st.delivered, transport = terr,
+    status = self.status, response = self }))
+end
+
+--- for chunk in res:chunks() do ... end: the body as it arrives. A
+-- stream that breaks off raises its error (kind "stream"): the chunks
+-- before it were the server's, the rest will not come.
+function methods:chunks()
+  return function()
+    local chunk, err = self:read()
+    if err then error(err, 2) end
+    return chunk
+  end
+end
+
+--- for event in res:events() do ... end: the body read as server-sent
+-- events, each { event = name ("message" unless named), data = its data
+-- lines joined with "\n", id = the stream's last event id (nil until one
+-- came), retry = milliseconds, when the event said }. Raises as chunks()
+-- does, and for an event-stream line or event over 1 MiB.
+function methods:events()
+  local st = streams[self]
+  local parser = core.sse_parser()
+  if st then st.parser = parser end
+  local queue, head = {}, 1
+  return function()
+    while true do
+      local ev = queue[head]
+      if ev then
+        queue[head], head = nil, head + 1
+        return ev
+      end
+      local chunk, err = self:read()
+      if err then error(err, 2) end
+      if not chunk then
+        parser:close()
+        return nil
+      end
+      local got, perr = parser:feed(chunk)
+      if not got then
+        local e = errors.new("stream", format("%s: %s", st and st.what or "the response", perr),
+          { delivered = st and st.delivered, response = self })
+        if st then finish(st, e) end
+        error(e, 2)
+      end
+      queue, head = got, 1
+    end
+  end
+end
+
+--- res:close(): stops reading a streamed response; the transfer ends and
+-- its connection closes (it cannot be reused mid-body). Idempotent.
+function methods:close()
+  local st = streams[self]
+  if st and not st.ended then finish(st, nil) end
+end
+
+--- body | nil, err = response.drain(res): the rest of a streamed body,
+-- read whole into res.body.
+function response.drain(res)
+  local st = streams[res]
+  if not st then return res.body end
+  local parts = {}
+  while true do
+    local chunk, err = res:read()
+    if err then return nil, err end
+    if not chunk then break end
+    parts[#parts + 1] = chunk
+  end
+  res.body = concat(parts)
+  streams[res] = nil
+  return res.body
+end
+
+--- value | nil, err = res:json(): the body decoded as JSON, integers kept
+-- as integers. A body that is not JSON answers nil and why. A streamed
+-- response is read to its end first.
+function methods:json()
+  local body, err = self.body, nil
+  if body == nil and streams[self] then body, err = response.drain(self) end
+  if body == nil then return nil, err or "the response has no body to decode" end
+  local value, why = json.decode(body)
+  if value == nil then return nil, "response body is " .. why end
+  return value
 end
 
 return response

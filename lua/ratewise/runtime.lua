@@ -262,6 +262,63 @@ function runtime.transfer(request, per_call)
   return res, terr
 end
 
+--- true = runtime.await_news(transfer, ready [, per_call_sleep]): waits
+-- until ready() is true, ready being a look at a streamed transfer that
+-- asks its engine for news when it finds none (transfer:head() or
+-- transfer:read() answering nil), and that answers yes again when asked
+-- again (a host may look twice): the engine's poll then reports the
+-- transfer, which wakes a task waiting on it. A wait that is interrupted
+-- (a cancelled task, a host sleep that raised) aborts the transfer.
+function runtime.await_news(transfer, ready, per_call)
+  if scheduler.current() then
+    while not ready() do scheduler.await_transfer(transfer) end
+    return true
+  end
+  local host = runtime.host(per_call)
+  local ok, werr = pcall(host.await, ready)
+  if not ok then
+    transfer:close()
+    error(werr, 0)
+  end
+  return true
+end
+
+--- res | nil, transport_err [, transfer] = runtime.open_stream(request [, per_call_sleep])
+-- Runs a request made with stream = true until its final headers are in.
+-- A 2xx answers them (status, headers; no body) and the transfer still
+-- running, whose body the caller reads as it arrives. Anything else is
+-- answered as runtime.transfer would, whole: a transfer that ended before
+-- its headers came, and an answer that is not 2xx (read to its end, so
+-- that retries and errors see its body).
+function runtime.open_stream(request, per_call)
+  local in_task = scheduler.current() ~= nil
+  if not in_task then runtime.host(per_call) end -- raises where no wait is possible, before anything starts
+  local transfer, err = scheduler.engine():start(request)
+  if not transfer then
+    return nil, { message = err, retryable = false, sent = false }
+  end
+  local head
+  runtime.await_news(transfer, function()
+    head = transfer:head()
+    return head ~= nil or transfer:done()
+  end, per_call)
+  if head and head.status >= 200 and head.status < 300 then return head, nil, transfer end
+  -- Not a stream to hand over: its body read whole (a stream pauses when
+  -- nobody reads it).
+  local chunks, chunk = {}, nil
+  runtime.await_news(transfer, function()
+    while true do
+      chunk = transfer:read()
+      if not chunk then return chunk == false end
+      chunks[#chunks + 1] = chunk
+    end
+  end, per_call)
+  local res, terr = transfer:result()
+  transfer:close()
+  if res and #chunks > 0 then res.body = table.concat(chunks) .. res.body end
+  return res, terr
+end
+
 --- runtime.log(line): a line for the operator (the default retry line):
 -- nginx's error log inside OpenResty, standard error elsewhere.
 function runtime.log(line)

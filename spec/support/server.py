@@ -15,7 +15,10 @@ What it offers (see spec/support/server.lua for the Lua driver):
   byte by byte, every ``interval`` s), truncate (Content-Length 1000 bytes
   over the body), chunked_forever, redirect (to ``location``), reset_body
   (headers and the first ``sent`` bytes of the body, default half, then
-  RST) or raw (``body`` is the whole answer, status line included).
+  RST), raw (``body`` is the whole answer, status line included) or
+  stream (a chunked body sent as ``chunks``, each ``[seconds, text]``: a
+  pause, then the text; then the body ends, or with ``end`` "reset" the
+  connection is reset, with "hang" it stays silent).
   A step's ``encoding`` (gzip or deflate) sends the body compressed, with
   its Content-Encoding.
 * A request in absolute form (``GET http://host:port/x``, as a client sends
@@ -53,7 +56,7 @@ from urllib.parse import parse_qs
 
 ACTIONS = (
     "respond", "drop", "reset", "garbage", "hang", "slow", "truncate",
-    "chunked_forever", "redirect", "reset_body", "raw",
+    "chunked_forever", "redirect", "reset_body", "raw", "stream",
 )
 
 # Errors that only mean "the client went away"; never worth a traceback.
@@ -426,6 +429,24 @@ class Handler(BaseHTTPRequestHandler):
             self.head(status, headers + [("Content-Length", str(len(body) + 1000))])
             self.write(body)
             self.close_now()
+        elif action == "stream":
+            self.head(status, headers + [("Transfer-Encoding", "chunked")])
+            self.wfile.flush()
+            for pause, text in step.get("chunks", []):
+                if pause > 0 and not self.wait(float(pause)):
+                    return
+                data = step_bytes(text)
+                self.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
+            end = step.get("end", "finish")
+            if end == "reset":
+                time.sleep(0.05)
+                self.close_now(rst=True)
+            elif end == "hang":
+                self.wait(3600)
+                self.close_now()
+            else:
+                self.write(b"0\r\n\r\n")
         elif action == "chunked_forever":
             interval = float(step.get("interval", 0.2))
             self.head(status, headers + [("Transfer-Encoding", "chunked")])

@@ -1,0 +1,245 @@
+-- Streamed responses (stream = true): the body read as it arrives, as
+-- chunks or server-sent events, against the loopback test server's
+-- chunked answers, in a task, in the main thread and in a plain coroutine.
+local rw = require "ratewise"
+local server = require "spec.support.server"
+
+local quiet = { on_retry = false }
+local function opts(extra)
+  local o = { on_retry = false, stream = true }
+  for k, v in pairs(extra or {}) do o[k] = v end
+  return o
+end
+
+local SSE = { ["Content-Type"] = "text/event-stream" }
+
+describe("streamed responses", function()
+  local s
+
+  setup(function() s = server.start() end)
+  teardown(function() s:stop() end)
+  before_each(function() s:reset() end)
+
+  it("returns as soon as the headers are in, then hands the body over as it arrives", function()
+    s:script("/s", { { action = "stream", headers = SSE, chunks = { { 0, "one " }, { 0.3, "two " }, { 0.3, "three" } } } })
+    local t0 = rw.now()
+    local res = assert(rw.fetch(s:url("/s"), opts()))
+    local opened = rw.now() - t0
+    assert.equal(200, res.status)
+    assert.equal("text/event-stream", res.headers["Content-Type"])
+    assert.is_nil(res.body)
+    assert.is_true(opened < 0.25, ("fetch returned after %.2f s"):format(opened))
+    local parts, at = {}, {}
+    for chunk in res:chunks() do
+      parts[#parts + 1] = chunk
+      at[#at + 1] = rw.now() - t0
+    end
+    assert.equal("one two three", table.concat(parts))
+    assert.is_true(#parts >= 3, #parts .. " chunks")
+    assert.is_true(at[1] < 0.25 and at[#at] > 0.5, ("first at %.2f s, last at %.2f s"):format(at[1], at[#at]))
+    assert.is_nil(res:read()) -- the end, again
+  end)
+
+  it("parses server-sent events: names, multi-line data, ids, retry, comments and CRLF", function()
+    local body = ": a comment\r\nevent: delta\r\ndata: {\"t\":\"he\"}\r\nid: 1\r\n\r\n"
+      .. "data: line one\ndata: line two\n\n"
+      .. "retry: 2500\nevent: done\ndata: [DONE]\n\n"
+      .. "data: never dispatched"
+    s:script("/sse", { { action = "stream", headers = SSE, chunks = {
+      { 0, body:sub(1, 17) }, { 0.05, body:sub(18, 40) }, { 0.05, body:sub(41) } } } })
+    local res = assert(rw.fetch(s:url("/sse"), opts()))
+    local events = {}
+    for ev in res:events() do events[#events + 1] = ev end
+    assert.equal(3, #events)
+    assert.same({ event = "delta", data = '{"t":"he"}', id = "1" }, events[1])
+    assert.same({ event = "message", data = "line one\nline two", id = "1" }, events[2])
+    assert.same({ event = "done", data = "[DONE]", id = "1", retry = 2500 }, events[3])
+    if math.type then assert.equal("integer", math.type(events[3].retry)) end
+  end)
+
+  it("works the same in a task, with other tasks going on, and in a plain coroutine", function()
+    s:script("/s", { { action = "stream", headers = SSE, chunks = { { 0.1, "data: a\n\n" }, { 0.2, "data: b\n\n" } } } })
+    local seen, ticks = {}, 0
+    rw.run(function()
+      local ticker = rw.spawn(function()
+        for _ = 1, 20 do
+          rw.sleep(0.02)
+          ticks = ticks + 1
+        end
+      end)
+      local res = assert(rw.fetch(s:url("/s"), opts()))
+      for ev in res:events() do seen[#seen + 1] = ev.data end
+      ticker:join()
+    end)
+    assert.same({ "a", "b" }, seen)
+    assert.equal(20, ticks)
+
+    local co = coroutine.create(function()
+      local res = assert(rw.fetch(s:url("/s"), opts()))
+      local got = {}
+      for ev in res:events() do got[#got + 1] = ev.data end
+      return table.concat(got, ",")
+    end)
+    local result
+    while coroutine.status(co) ~= "dead" do
+      local ok, what, seconds, pollable = coroutine.resume(co)
+      assert(ok, what)
+      if what == "ratewise.sleep" then
+        require("socket").select({ pollable }, nil, seconds)
+      else
+        result = what
+      end
+    end
+    assert.equal("a,b", result)
+  end)
+
+  it("retries before the first byte, and not after it: a break ends with what was delivered", function()
+    s:script("/flaky", {
+      { status = 503, headers = { ["Retry-After"] = "0" } },
+      { action = "stream", headers = SSE, chunks = { { 0, "data: 1\n\n" }, { 0.1, "data: 2\n\n" } }, ["end"] = "reset" },
+    })
+    local res = assert(rw.fetch(s:url("/flaky"), opts { hint_jitter = 0 }))
+    assert.equal(2, res.attempts)
+    local got = {}
+    local ok, err = pcall(function()
+      for ev in res:events() do got[#got + 1] = ev.data end
+    end)
+    assert.is_false(ok)
+    assert.same({ "1", "2" }, got)
+    assert.equal("stream", err.kind)
+    assert.equal(#"data: 1\n\ndata: 2\n\n", err.delivered)
+    assert.matches("broke off after 18 bytes of its body", tostring(err))
+    assert.equal(2, #s:log("/flaky")) -- not sent again
+    -- read() says the same without raising
+    s:script("/cut", { { action = "stream", chunks = { { 0, "abc" } }, ["end"] = "reset" } })
+    res = assert(rw.fetch(s:url("/cut"), opts()))
+    assert.equal("abc", res:read())
+    local chunk, rerr = res:read()
+    assert.is_nil(chunk)
+    assert.equal("stream", rerr.kind)
+    assert.equal(3, rerr.delivered)
+  end)
+
+  it("ends a stream that falls silent for idle_timeout, and not one that keeps talking", function()
+    s:script("/quiet", { { action = "stream", chunks = { { 0, "data: x\n\n" } }, ["end"] = "hang" } })
+    local res = assert(rw.fetch(s:url("/quiet"), opts { idle_timeout = 0.3 }))
+    local t0 = rw.now()
+    assert.equal("data: x\n\n", res:read())
+    local chunk, err = res:read()
+    assert.is_nil(chunk)
+    assert.equal("stream", err.kind)
+    assert.matches("no body bytes for 300 milliseconds %(idle_timeout%)", err.message)
+    local waited = rw.now() - t0
+    assert.is_true(waited > 0.25 and waited < 1.5, ("ended after %.2f s"):format(waited))
+    -- a stream longer than its timeout would allow a whole response, talking all along
+    local chunks = {}
+    for i = 1, 8 do chunks[i] = { 0.1, "tick\n" } end
+    s:script("/long", { { action = "stream", chunks = chunks } })
+    res = assert(rw.fetch(s:url("/long"), opts { timeout = 0.3, idle_timeout = 0.3 }))
+    local parts = {}
+    for c in res:chunks() do parts[#parts + 1] = c end
+    assert.equal(string.rep("tick\n", 8), table.concat(parts))
+  end)
+
+  it("bounds the time to the headers with first_byte_timeout, then retries", function()
+    s:script("/slow", { { status = 200, delay = 1 }, { action = "stream", chunks = { { 0, "ok" } } } })
+    local t0 = rw.now()
+    local res = assert(rw.fetch(s:url("/slow"), opts { first_byte_timeout = 0.2, base = 0.01 }))
+    assert.equal(2, res.attempts)
+    assert.is_true(rw.now() - t0 < 0.9)
+    assert.equal("ok", res:read())
+  end)
+
+  it("pauses a stream whose reader falls behind instead of buffering without bound", function()
+    local big = string.rep("0123456789abcdef", 256 * 1024) -- 4 MiB
+    s:script("/big", { { action = "stream", chunks = { { 0, big } } } })
+    local res = assert(rw.fetch(s:url("/big"), opts()))
+    local t0 = rw.now()
+    rw.run(function() rw.sleep(0.3) end) -- the engine runs, nobody reads
+    assert.is_true(rw.now() - t0 >= 0.3)
+    local first = res:read()
+    assert.is_true(#first <= 256 * 1024 + 16 * 1024, #first .. " bytes were buffered while nobody read")
+    local total = #first
+    for c in res:chunks() do total = total + #c end
+    assert.equal(#big, total)
+  end)
+
+  it("answers a non-2xx whole, as without stream, and decodes JSON with res:json()", function()
+    s:script("/nf", { { status = 404, body = '{"error":"missing"}' } })
+    local res, err = rw.fetch(s:url("/nf"), opts())
+    assert.is_nil(res)
+    assert.equal("terminal", err.kind)
+    assert.equal('{"error":"missing"}', err.response.body)
+    assert.equal("missing", err.response:json().error)
+    s:script("/j", { { action = "stream", chunks = { { 0, '{"n":' }, { 0.05, "42}" } } } })
+    res = assert(rw.fetch(s:url("/j"), opts()))
+    assert.equal(42, res:json().n)
+    assert.equal('{"n":42}', res.body)
+  end)
+
+  it("closes a stream the caller stops reading, and refuses bad options", function()
+    s:script("/forever", { { action = "chunked_forever", interval = 0.05 } })
+    local res = assert(rw.fetch(s:url("/forever"), opts()))
+    assert.is_string(res:read())
+    res:close()
+    res:close()
+    assert.is_nil(res:read())
+    assert.error_matches(function() rw.fetch(s:url("/x"), opts { stream = "yes" }) end, "option 'stream' must be a boolean")
+    assert.error_matches(function() rw.fetch(s:url("/x"), opts { idle_timeout = 0 }) end,
+      "option 'idle_timeout' must be a positive number")
+    assert.error_matches(function() rw.fetch(s:url("/x"), opts { first_byte_timeout = -1 }) end,
+      "option 'first_byte_timeout'")
+    assert.error_matches(function() rw.fetch(s:url("/x"), opts { connect_timeout = 0 / 0 }) end,
+      "option 'connect_timeout'")
+    -- a response not streamed reads as one chunk
+    res = assert(rw.fetch(s:url("/plain"), quiet))
+    assert.equal("ok", res:read())
+    assert.is_nil(res:read())
+  end)
+
+  it("refuses an event over the parser's bound, naming it", function()
+    s:script("/huge", { { action = "stream", chunks = { { 0, "data: " .. string.rep("x", 1100 * 1024) .. "\n\n" } } } })
+    local res = assert(rw.fetch(s:url("/huge"), opts()))
+    local ok, err = pcall(function() for _ in res:events() do end end)
+    assert.is_false(ok)
+    assert.equal("stream", err.kind)
+    assert.matches("an event%-stream line or event over 1048576 bytes", err.message)
+  end)
+end)
+
+describe("streamed responses through a client", function()
+  local s
+
+  setup(function() s = server.start() end)
+  teardown(function() s:stop() end)
+
+  it("streams a POST's events, one reader each, never shared or cached", function()
+    s:script("/v1/chat", { { action = "stream", headers = SSE,
+      chunks = { { 0, "data: {\"delta\":\"Hel\"}\n\n" }, { 0.05, "data: {\"delta\":\"lo\"}\n\ndata: [DONE]\n\n" } } } })
+    local c = rw.client { base_url = s.base .. "/v1", on_retry = false, idle_timeout = 5,
+      cache = { ttl = 60 } }
+    local function complete()
+      local res = assert(c:post("/chat", { json = { stream = true }, stream = true }))
+      local text = {}
+      for ev in res:events() do
+        if ev.data == "[DONE]" then break end
+        text[#text + 1] = require("cjson").decode(ev.data).delta
+      end
+      res:close()
+      return table.concat(text)
+    end
+    assert.equal("Hello", complete())
+    assert.equal("Hello", complete())
+    assert.equal(2, #s:log("/v1/chat"))
+    s:script("/v1/get", { { action = "stream", chunks = { { 0.05, "x" } } } })
+    local results = {}
+    rw.run(function()
+      rw.map({ 1, 2 }, function(i)
+        local res = assert(c:get("/get", { stream = true }))
+        results[i] = res:read()
+      end)
+    end)
+    assert.same({ "x", "x" }, results)
+    assert.equal(2, #s:log("/v1/get")) -- not deduplicated
+  end)
+end)
