@@ -87,6 +87,12 @@ local function fixtures(s)
     status = 200,
     headers = { ["Set-Cookie"] = { "session=abc; Expires=Wed, 09 Jun 2027 10:18:14 GMT", "theme=dark" } },
   } })
+  -- A chat completion streamed as server-sent events, as OpenAI's is.
+  s:script("/v1/chat/completions", { {
+    action = "stream", headers = { ["Content-Type"] = "text/event-stream" },
+    chunks = { { 0, 'data: {"choices":[{"delta":{"content":"Hel"}}]}\n\n' },
+      { 0.05, 'data: {"choices":[{"delta":{"content":"lo"}}]}\n\n' }, { 0.05, "data: [DONE]\n\n" } },
+  } })
   -- A busy endpoint: one 429 with a short Retry-After, then the answer.
   s:script("/busy", { { status = 429, headers = { ["Retry-After"] = "0.2" } }, { status = 200, body = "done" } })
 end
