@@ -69,7 +69,7 @@ local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" e
 -- exited with status 0.
 local function run_cmd(cmd)
   local p = assert(io.popen(cmd, "r"))
-  local out = p:read("a")
+  local out = p:read("*a")
   local ok, how, code = p:close()
   return (out:gsub("%s+$", "")), ok, how, code
 end
@@ -122,7 +122,7 @@ end
 local function minor_faults()
   local f = io.open("/proc/self/stat", "r")
   if not f then return nil end
-  local stat = f:read("a")
+  local stat = f:read("*a")
   f:close()
   local rest = stat:match("%) (.*)$") or ""
   local i = 2 -- the fields after the command's name start at field 3

@@ -23,7 +23,7 @@ local BATCH = math.min(1000, math.floor(N / 4))
 
 local function rss_kib()
   local f = io.open("/proc/self/status")
-  local status = f:read("a")
+  local status = f:read("*a")
   f:close()
   return tonumber(status:match("VmRSS:%s+(%d+)"))
 end

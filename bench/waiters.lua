@@ -22,7 +22,7 @@ local WAIT = tonumber(arg[2] or "") or 2
 -- The resident set, in bytes.
 local function rss()
   local f = assert(io.open("/proc/self/status", "r"))
-  local status = f:read("a")
+  local status = f:read("*a")
   f:close()
   local kb = assert(tonumber(status:match("VmRSS:%s*(%d+)%s*kB")), "no VmRSS in /proc/self/status")
   return kb * 1024

@@ -14,8 +14,8 @@ keeps a client-side token bucket. A C core on libcurl; the waiting is in Lua.
 ]],
    license = "MIT",
 }
--- lua-cjson is needed by the client's JSON features only (the json option,
--- res.json); ratewise loads it on first use. Debian's lua-cjson package is
+-- lua-cjson is needed by the JSON features only (the json option,
+-- res:json()); ratewise loads it on first use. Debian's lua-cjson package is
 -- not a rock luarocks can see, so an offline install from this tree passes
 -- --deps-mode=none (as `make install` does) and relies on that package.
 dependencies = {
@@ -26,6 +26,7 @@ external_dependencies = {
    -- Debian keeps curl.h in /usr/include/x86_64-linux-gnu, which luarocks does
    -- not search, so only the library is looked up.
    CURL = { library = "curl" },
+   HIREDIS = { header = "hiredis/hiredis.h", library = "hiredis" },
 }
 build = {
    type = "builtin",
@@ -35,12 +36,13 @@ build = {
    modules = {
       ["ratewise.core"] = {
          sources = { "src/bucket.c", "src/core.c", "src/engine.c", "src/lparse.c", "src/parse.c", "src/request.c",
-                     "src/response.c", "src/redis.c", "src/redis_reader.c" },
+                     "src/response.c", "src/redis.c", "src/redis_reader.c", "src/sse.c" },
          libraries = { "curl", "hiredis" },
          -- On Lua 5.1 and LuaJIT the C core needs lua-compat-5.3's header
          -- (Debian's lua-compat53-dev keeps it beside Lua 5.1's own).
-         incdirs = { "$(CURL_INCDIR)", "/usr/include/x86_64-linux-gnu", "$(LUA_INCDIR)", "/usr/include/lua5.1" },
-         libdirs = { "$(CURL_LIBDIR)" },
+         incdirs = { "$(CURL_INCDIR)", "/usr/include/x86_64-linux-gnu", "$(HIREDIS_INCDIR)", "$(LUA_INCDIR)",
+                     "/usr/include/lua5.1" },
+         libdirs = { "$(CURL_LIBDIR)", "$(HIREDIS_LIBDIR)" },
          defines = { "_POSIX_C_SOURCE=200809L" },
       },
    },

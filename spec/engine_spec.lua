@@ -494,6 +494,20 @@ describe("ratewise.core as a shared object", function()
     os.execute("rm -rf " .. dir)
     assert.same({ "luaopen_ratewise_core" }, exported)
   end)
+
+  it("is built by the rockspec from every source of src/", function()
+    local f = assert(io.open("rockspec/ratewise-scm-1.rockspec"))
+    local rockspec = f:read("*a")
+    f:close()
+    local listed = {}
+    for name in rockspec:match("sources = (%b{})"):gmatch('"(src/[^"]+%.c)"') do listed[#listed + 1] = name end
+    local p = assert(io.popen("ls src/*.c"))
+    local present = {}
+    for line in p:lines() do present[#present + 1] = line end
+    p:close()
+    table.sort(listed)
+    assert.same(present, listed)
+  end)
 end)
 
 -- make test-asan builds the module with -DRW_STACK_CHECK and runs the whole

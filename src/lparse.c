@@ -35,6 +35,15 @@ static double lparse_now(lua_State *L, int arg)
     return now;
 }
 
+/* A parsed value: an integer where it is whole (on the Luas that have
+ * integers), so that "120" seconds reads back as 120, not 120.0. */
+static void lparse_push_value(lua_State *L, double v)
+{
+    lua_Integer whole;
+    if (v == floor(v) && lua_numbertointeger(v, &whole)) lua_pushinteger(L, whole);
+    else lua_pushnumber(L, v);
+}
+
 typedef int (*lparse_clock_fn)(const char *s, size_t len, double now, double *out);
 
 /* The bindings of the parsers read against a clock (argument 2, or the wall
@@ -44,7 +53,7 @@ static int lparse_apply_now(lua_State *L, lparse_clock_fn fn)
     size_t len;
     const char *s = luaL_checklstring(L, 1, &len);
     double out;
-    if (fn(s, len, lparse_now(L, 2), &out)) lua_pushnumber(L, out);
+    if (fn(s, len, lparse_now(L, 2), &out)) lparse_push_value(L, out);
     else lua_pushnil(L);
     return 1;
 }
@@ -56,10 +65,8 @@ static int lparse_l_http_date(lua_State *L)
     size_t len;
     const char *s = luaL_checklstring(L, 1, &len);
     double out;
-    lua_Integer whole;
-    if (!rwp_parse_http_date(s, len, lparse_now(L, 2), &out)) lua_pushnil(L);
-    else if (lua_numbertointeger(out, &whole)) lua_pushinteger(L, whole);
-    else lua_pushnumber(L, out);
+    if (rwp_parse_http_date(s, len, lparse_now(L, 2), &out)) lparse_push_value(L, out);
+    else lua_pushnil(L);
     return 1;
 }
 
@@ -74,7 +81,7 @@ static int lparse_apply(lua_State *L, lparse_fn fn)
     size_t len;
     const char *s = luaL_checklstring(L, 1, &len);
     double out;
-    if (fn(s, len, &out)) lua_pushnumber(L, out);
+    if (fn(s, len, &out)) lparse_push_value(L, out);
     else lua_pushnil(L);
     return 1;
 }
