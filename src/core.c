@@ -2,6 +2,7 @@
  * ratewise.core: the module entry point, the clocks and random bytes.
  */
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <math.h>
 #include <string.h>
@@ -154,6 +155,16 @@ static int core_l_random(lua_State *L)
     return 1;
 }
 
+/* core.isatty(fd) -> whether the descriptor is a terminal: what the
+ * command-line tool asks before it draws a progress bar. */
+static int core_l_isatty(lua_State *L)
+{
+    lua_Integer fd = luaL_checkinteger(L, 1);
+    luaL_argcheck(L, fd >= 0 && fd <= INT_MAX, 1, "descriptor must be a non-negative integer");
+    lua_pushboolean(L, isatty((int)fd) == 1);
+    return 1;
+}
+
 #ifdef RW_STACK_CHECK
 /* The stack checks of RW_STACK_CHECK builds (see ratewise.h). */
 #include <stdio.h>
@@ -246,6 +257,7 @@ int luaopen_ratewise_core(lua_State *L)
         { "malloc_in_use", core_l_malloc_in_use },
         { "random_bytes", core_l_random_bytes },
         { "random", core_l_random },
+        { "isatty", core_l_isatty },
         { NULL, NULL }
     };
     luaL_checkversion(L);
