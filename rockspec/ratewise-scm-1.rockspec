@@ -30,6 +30,8 @@ external_dependencies = {
 }
 build = {
    type = "builtin",
+   -- the command-line tool (lua/ratewise/cli.lua does the work)
+   install = { bin = { ratewise = "bin/ratewise" } },
    -- The Lua modules need no list: builtin copies the top-level lua/ folder,
    -- whose paths mirror the module names (ratewise/init.lua, ratewise/*.lua,
    -- ratewise/providers/*.lua).
