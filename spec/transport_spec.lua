@@ -177,6 +177,29 @@ describe("proxies", function()
     assert.is_nil(tostring(err):find("s3cret", 1, true))
   end)
 
+  it("tunnels HTTPS through the proxy with CONNECT, the TLS checks end to end", function()
+    local tls = server.start_tls_ca()
+    local ok, err = pcall(function()
+      local proxy_url = "http://user:s3cret@127.0.0.1:" .. proxy.port
+      local res = assert(rw.fetch(tls:url("/secure"), opts { proxy = proxy_url, ca_file = tls.ca_file }))
+      assert.equal(200, res.status)
+      local tunnels = proxy:log("CONNECT")
+      assert.equal(1, #tunnels)
+      assert.equal("127.0.0.1:" .. tls.port, tunnels[1].query)
+      assert.is_true(tunnels[1].proxy_auth)
+      assert.equal(1, #tls:log("/secure")) -- the origin saw the request, through the tunnel
+      assert.is_nil(tls:log("/secure")[1].headers["proxy-authorization"]) -- the proxy's credentials stay with it
+      -- the certificate is still the origin's to prove: without its CA, no tunnel makes it trusted
+      local res2, err2 = rw.fetch(tls:url("/secure"), opts { proxy = proxy_url, max_retries = 0 })
+      assert.is_nil(res2)
+      assert.equal("network", err2.kind)
+      assert.matches("TLS verification failed", err2.message)
+      assert.is_nil(tostring(err2):find("s3cret", 1, true))
+    end)
+    tls:stop()
+    assert(ok, err)
+  end)
+
   it("honours http_proxy and no_proxy as libcurl reads them", function()
     local code = [[
       local rw = require "ratewise"

@@ -176,6 +176,50 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, format, *args):  # noqa: A002 - stdlib signature
         pass  # no per-request noise on stderr
 
+    def do_CONNECT(self):
+        """A tunnel, as an HTTPS proxy makes one: logged (path "CONNECT",
+        the target in "query"), then bytes relayed both ways until either
+        side closes. Only to 127.0.0.1: this is a test server."""
+        state = self.server.state
+        host, _, port = self.path.rpartition(":")
+        with state.lock:
+            state.active += 1
+        try:
+            state.record({
+                "seq": None, "path": "CONNECT", "query": self.path, "method": "CONNECT",
+                "headers": {k.lower(): v for k, v in self.headers.items()}, "body": "",
+                "conn": self.conn_id, "conn_seq": self.conn_seq, "t": self.t_start,
+                "wall": self.wall_start, "active": 0, "proxied": True,
+                "proxy_auth": "proxy-authorization" in {k.lower() for k in self.headers.keys()},
+            })
+            if host not in ("127.0.0.1", "localhost") or not port.isdigit():
+                self.respond(403, b"only loopback tunnels", (), "text/plain")
+                return
+            try:
+                upstream = socket.create_connection((host, int(port)), timeout=5)
+            except OSError:
+                self.respond(502, b"cannot connect", (), "text/plain")
+                return
+            self.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            self.wfile.flush()
+            self.close_connection = True
+            sockets = [self.connection, upstream]
+            try:
+                while True:
+                    readable, _, _ = select.select(sockets, [], [], 30)
+                    if not readable:
+                        break
+                    for sock in readable:
+                        data = sock.recv(65536)
+                        if not data:
+                            return
+                        (upstream if sock is self.connection else self.connection).sendall(data)
+            finally:
+                upstream.close()
+        finally:
+            with state.lock:
+                state.active -= 1
+
     def __getattr__(self, name):
         # handle_one_request looks up do_<METHOD>; accept every method.
         if name.startswith("do_"):
