@@ -57,7 +57,7 @@ DEB_BUILD := gcc make pkg-config $(DEB_LUA) libcurl4-openssl-dev libhiredis-dev
 # module, whose LuaJIT is luajit2's), cqueues and luv.
 DEB_HOSTS := nginx libnginx-mod-http-lua lua-resty-core luajit2 libluajit2-5.1-dev lua-compat53-dev \
              lua-cqueues lua-luv lua-nginx-redis
-DEB_TEST  := lua-busted lua-socket lua-cjson python3 openssl redis-server $(DEB_HOSTS)
+DEB_TEST  := lua-busted lua-socket lua-cjson python3 openssl redis-server brotli zstd $(DEB_HOSTS)
 DEB_TOOLS := lua-check luarocks
 # For lint, fuzz, test-asan and test-valgrind (`make deps-check`);
 # libclang-rt-14-dev has libFuzzer and the sanitizer runtimes.

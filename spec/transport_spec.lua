@@ -224,7 +224,7 @@ describe("decompression", function()
   teardown(function() s:stop() end)
   before_each(function() s:reset() end)
 
-  for _, encoding in ipairs { "gzip", "deflate" } do
+  for _, encoding in ipairs { "gzip", "deflate", "br", "zstd" } do
     it("decodes a " .. encoding .. " body, asked for or not", function()
       local body = string.rep("ratewise ", 1000)
       s:script("/z", { { encoding = encoding, body = body, headers = { ["Content-Type"] = "text/plain" } } })
@@ -238,11 +238,13 @@ describe("decompression", function()
   end
 
   it("counts max_body on the decoded body: a compression bomb ends as too large", function()
-    s:script("/bomb", { { encoding = "gzip", body = string.rep("\0", 8 * 1024 * 1024) } })
-    local res, err = rw.fetch(s:url("/bomb"), opts { max_body = 1024 * 1024 })
-    assert.is_nil(res)
-    assert.equal("network", err.kind)
-    assert.matches("body too large %(limit 1048576 bytes%)", err.message)
+    for _, encoding in ipairs { "gzip", "br", "zstd" } do
+      s:script("/bomb", { { encoding = encoding, body = string.rep("\0", 8 * 1024 * 1024) } })
+      local res, err = rw.fetch(s:url("/bomb"), opts { max_body = 1024 * 1024 })
+      assert.is_nil(res, encoding)
+      assert.equal("network", err.kind)
+      assert.matches("body too large %(limit 1048576 bytes%)", err.message)
+    end
   end)
 
   it("leaves the body as sent with decompress = false", function()

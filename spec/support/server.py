@@ -19,8 +19,8 @@ What it offers (see spec/support/server.lua for the Lua driver):
   stream (a chunked body sent as ``chunks``, each ``[seconds, text]``: a
   pause, then the text; then the body ends, or with ``end`` "reset" the
   connection is reset, with "hang" it stays silent).
-  A step's ``encoding`` (gzip or deflate) sends the body compressed, with
-  its Content-Encoding.
+  A step's ``encoding`` (gzip, deflate, br or zstd) sends the body
+  compressed, with its Content-Encoding.
 * A request in absolute form (``GET http://host:port/x``, as a client sends
   it to a proxy) is answered as its path would be, and logged with
   ``proxied`` true and whether it carried Proxy-Authorization.
@@ -431,6 +431,13 @@ class Handler(BaseHTTPRequestHandler):
             import zlib
             body = zlib.compress(body)
             headers.append(("Content-Encoding", "deflate"))
+        elif encoding in ("br", "zstd"):
+            # Python's standard library has neither: Debian's brotli and
+            # zstd commands (make deps installs them).
+            import subprocess
+            command = ["brotli", "-c"] if encoding == "br" else ["zstd", "-c", "-q"]
+            body = subprocess.run(command, input=body, stdout=subprocess.PIPE, check=True).stdout
+            headers.append(("Content-Encoding", encoding))
 
         if action == "hang":
             self.wait(float(step.get("delay", 3600)))
