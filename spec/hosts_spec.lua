@@ -30,6 +30,24 @@ describe("the waiting seam", function()
       return count, function() cqueues.poll = real end
     end
 
+    it("reads a streamed response's events as they arrive", function()
+      s:script("/events", { { action = "stream", chunks = { { 0.1, "data: a\n\n" }, { 0.2, "data: b\n\n" } } } })
+      local cq = cqueues.new()
+      local got, at = {}, {}
+      local started = rw.now()
+      cq:wrap(function()
+        local res = assert(rw.fetch(s:url("/events"), { on_retry = false, stream = true }))
+        for ev in res:events() do
+          got[#got + 1] = ev.data
+          at[#at + 1] = rw.now() - started
+        end
+      end)
+      local ok, err = cq:loop()
+      assert(ok, err)
+      assert.same({ "a", "b" }, got)
+      assert.is_true(at[1] < 0.25 and at[2] >= 0.25, ("events at %.2f and %.2f s"):format(at[1], at[2]))
+    end)
+
     it("waits on the engine's descriptor, not on naps, while the controller runs its other coroutines", function()
       s:script("/slow", { { status = 200, delay = 0.5 } })
       local polls, restore = counting_polls()
