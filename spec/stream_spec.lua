@@ -13,6 +13,21 @@ end
 
 local SSE = { ["Content-Type"] = "text/event-stream" }
 
+-- PUC Lua 5.1 cannot yield from inside a for-in loop's iterator (5.2 and
+-- LuaJIT can): where a wait yields (a task, a coroutine), 5.1 calls the
+-- iterator itself. README "Every Lua".
+local for_in_yields = _VERSION ~= "Lua 5.1" or rawget(_G, "jit") ~= nil
+
+-- the events' data, read the way that works on every Lua
+local function event_data(res)
+  local next_event, got = res:events(), {}
+  while true do
+    local ev = next_event()
+    if not ev then return got end
+    got[#got + 1] = ev.data
+  end
+end
+
 describe("streamed responses", function()
   local s
 
@@ -68,7 +83,12 @@ describe("streamed responses", function()
         end
       end)
       local res = assert(rw.fetch(s:url("/s"), opts()))
-      for ev in res:events() do seen[#seen + 1] = ev.data end
+      seen = event_data(res)
+      if for_in_yields then
+        local again = {}
+        for ev in assert(rw.fetch(s:url("/s"), opts())):events() do again[#again + 1] = ev.data end
+        assert.same(seen, again)
+      end
       ticker:join()
     end)
     assert.same({ "a", "b" }, seen)
@@ -76,9 +96,7 @@ describe("streamed responses", function()
 
     local co = coroutine.create(function()
       local res = assert(rw.fetch(s:url("/s"), opts()))
-      local got = {}
-      for ev in res:events() do got[#got + 1] = ev.data end
-      return table.concat(got, ",")
+      return table.concat(event_data(res), ",")
     end)
     local result
     while coroutine.status(co) ~= "dead" do

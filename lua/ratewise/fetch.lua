@@ -681,6 +681,9 @@ function fetch.fetch(url, opts)
       else
         res, terr, streaming = runtime.open_stream(request)
       end
+      -- The response reads its body from here on (and a hook that raises
+      -- below drops both, the transfer closing as it is collected).
+      if streaming then response.stream(res, streaming, opts.sleep, method .. " " .. shown_url) end
     elseif opts.sleep then
       res, terr = guarded("sleep", "a wait for the transfer", runtime.transfer, request, opts.sleep)
     else
@@ -719,13 +722,8 @@ function fetch.fetch(url, opts)
         guarded("circuit", "record", circuit.record, circuit, origin, class == "success" and "success"
           or (class == "retryable" or res.status >= 500) and "failure" or "neutral")
       end
-      if streaming then
-        if class == "success" then
-          response.stream(res, streaming, opts.sleep, method .. " " .. shown_url)
-          return res
-        end
+      if streaming and class ~= "success" then
         -- A policy that does not take this 2xx for an answer sees it whole.
-        response.stream(res, streaming, opts.sleep, method .. " " .. shown_url)
         local _, derr = response.drain(res)
         if derr then res.body = "" end
       end

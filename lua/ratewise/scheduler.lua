@@ -322,8 +322,8 @@ end
 -- Resumes the tasks that are ready now; tasks made ready meanwhile wait for
 -- the next pass, so one busy task cannot starve a poll. A step's budget
 -- spent, the pass stops: the tasks it did not reach go first next time,
--- before those made ready meanwhile.
-local function run_ready()
+-- before those made ready meanwhile. until_t: the step's work_until, or nil.
+local function run_ready(until_t)
   local tasks, values, n = ready, ready_value, ready_n
   -- Nothing to do; or a pass is under way (its spare is in use as `ready`).
   if n == 0 or tasks == spare then return end
@@ -334,7 +334,7 @@ local function run_ready()
     tasks[i], values[i] = nil, nil
     if task.state == "ready" then step_task(task, value) end
     i = i + 1
-    if work_until and i <= n and now() >= work_until then break end
+    if until_t and i <= n and now() >= until_t then break end
   end
   if i <= n then
     local k = 0
@@ -375,7 +375,7 @@ local function turn(max_wait, budget)
   fire_timers()
   if ready_n > 0 then
     if budget and not work_until then work_until = now() + budget end
-    run_ready()
+    run_ready(budget and work_until)
     if transfers_running() then scheduler.poll(0, budget) end
   else
     if heap_n > 0 then max_wait = min(max_wait, max(0, heap_at[1] - now())) end
