@@ -91,7 +91,8 @@ describe("rw.parse_http_date", function()
     local whole = { rw.parse_retry_after("120"), rw.parse_retry_after("Sun, 06 Nov 1994 08:49:47 GMT", 784111777),
       rw.parse_duration("1m30s"), rw.parse_rfc3339("2025-01-01T00:00:00Z"), rw.parse_retry_after("0") }
     assert.same({ 120, 10, 90, 1735689600, 0 }, whole)
-    local fractions = { rw.parse_retry_after("1.5"), rw.parse_duration("1.5s"), rw.parse_rfc3339("2025-01-01T00:00:00.25Z") }
+    local fractions = { rw.parse_retry_after("1.5"), rw.parse_duration("1.5s"),
+      rw.parse_rfc3339("2025-01-01T00:00:00.25Z") }
     assert.same({ 1.5, 1.5, 1735689600.25 }, fractions)
     if math.type then
       for _, v in ipairs(whole) do assert.equal("integer", math.type(v)) end

@@ -513,14 +513,14 @@ describe("ratewise's promises", function()
       assert.equal("https://evil.example:443", headers.origin("https://evil.example/x@api.example.com/next"))
       assert.equal("http://host.example:8080", headers.origin("http://u:p@host.example:8080/x"))
       -- and a client keeps its secrets from it
-      local s = server.start()
+      local other = server.start()
       local ok, err = pcall(function()
         local c = rw.client { base_url = "http://127.0.0.1:1", on_retry = false,
           headers = { Authorization = "Bearer secret" } }
-        assert.error_matches(function() c:get(s.base .. "/x@127.0.0.1:1/next") end, "another origin")
-        assert.equal(0, #s:log())
+        assert.error_matches(function() c:get(other.base .. "/x@127.0.0.1:1/next") end, "another origin")
+        assert.equal(0, #other:log())
       end)
-      s:stop()
+      other:stop()
       assert(ok, err)
     end)
   end)

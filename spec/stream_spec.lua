@@ -36,7 +36,8 @@ describe("streamed responses", function()
   before_each(function() s:reset() end)
 
   it("returns as soon as the headers are in, then hands the body over as it arrives", function()
-    s:script("/s", { { action = "stream", headers = SSE, chunks = { { 0, "one " }, { 0.3, "two " }, { 0.3, "three" } } } })
+    s:script("/s", { { action = "stream", headers = SSE,
+      chunks = { { 0, "one " }, { 0.3, "two " }, { 0.3, "three" } } } })
     local t0 = rw.now()
     local res = assert(rw.fetch(s:url("/s"), opts()))
     local opened = rw.now() - t0
@@ -73,7 +74,8 @@ describe("streamed responses", function()
   end)
 
   it("works the same in a task, with other tasks going on, and in a plain coroutine", function()
-    s:script("/s", { { action = "stream", headers = SSE, chunks = { { 0.1, "data: a\n\n" }, { 0.2, "data: b\n\n" } } } })
+    s:script("/s", { { action = "stream", headers = SSE,
+      chunks = { { 0.1, "data: a\n\n" }, { 0.2, "data: b\n\n" } } } })
     local seen, ticks = {}, 0
     rw.run(function()
       local ticker = rw.spawn(function()
@@ -114,7 +116,8 @@ describe("streamed responses", function()
   it("retries before the first byte, and not after it: a break ends with what was delivered", function()
     s:script("/flaky", {
       { status = 503, headers = { ["Retry-After"] = "0" } },
-      { action = "stream", headers = SSE, chunks = { { 0, "data: 1\n\n" }, { 0.1, "data: 2\n\n" } }, ["end"] = "reset" },
+      { action = "stream", headers = SSE, chunks = { { 0, "data: 1\n\n" }, { 0.1, "data: 2\n\n" } },
+        ["end"] = "reset" },
     })
     local res = assert(rw.fetch(s:url("/flaky"), opts { hint_jitter = 0 }))
     assert.equal(2, res.attempts)
@@ -202,7 +205,8 @@ describe("streamed responses", function()
     res:close()
     res:close()
     assert.is_nil(res:read())
-    assert.error_matches(function() rw.fetch(s:url("/x"), opts { stream = "yes" }) end, "option 'stream' must be a boolean")
+    assert.error_matches(function() rw.fetch(s:url("/x"), opts { stream = "yes" }) end,
+      "option 'stream' must be a boolean")
     assert.error_matches(function() rw.fetch(s:url("/x"), opts { idle_timeout = 0 }) end,
       "option 'idle_timeout' must be a positive number")
     assert.error_matches(function() rw.fetch(s:url("/x"), opts { first_byte_timeout = -1 }) end,
