@@ -59,20 +59,20 @@ describe("HTTP/2", function()
     assert.equal(1, connections)
   end)
 
+  it("multiplexes later bursts on the connection the first one left idle", function()
+    -- (the spec before left it idle; the HTTP/1.1 spec after this one
+    -- leaves 64 connections idle, which would push it out of the cache:
+    -- docs/http.md)
+    local _, second = burst(h2:url("/who"), dir .. "/cert.pem")
+    local _, third = burst(h2:url("/who"), dir .. "/cert.pem")
+    assert.equal(1, second)
+    assert.equal(1, third)
+  end)
+
   it("falls back to HTTP/1.1 where it is not offered, a connection per request in flight", function()
     local protocols, connections, versions = burst(h1:url("/who"), dir .. "/cert.pem")
     assert.same({ ["HTTP/1.1"] = true }, protocols)
     assert.same({ ["1.1"] = true }, versions)
     assert.is_true(connections > 1 and connections <= 64, connections .. " connections")
-  end)
-
-  it("multiplexes later bursts on the connection the first one left idle", function()
-    -- (after the HTTP/1.1 spec's 64 idle connections pushed the HTTP/2 one
-    -- out of the cache, this first burst opens its own: docs/http.md)
-    burst(h2:url("/who"), dir .. "/cert.pem")
-    local _, second = burst(h2:url("/who"), dir .. "/cert.pem")
-    local _, third = burst(h2:url("/who"), dir .. "/cert.pem")
-    assert.equal(1, second)
-    assert.equal(1, third)
   end)
 end)

@@ -175,6 +175,7 @@ static int lparse_l_sse_feed(lua_State *L)
     lua_newtable(L);
     rc = rwp_sse_feed(&s->parser, chunk, n, lparse_sse_push, L);
     if (rc == 0) return 1;
+    lua_pop(L, 1); /* the events so far: the error is the answer */
     lua_pushnil(L);
     if (rc == RWP_SSE_TOO_LARGE) {
         char limit[32];

@@ -174,7 +174,7 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fres
     const char *method;
     size_t len;
     double seconds;
-    int post = 0, get = 0, extra_secrets = 0;
+    int post = 0, get = 0, extra_secrets = 0, transport = 1;
     size_t header_bytes = 0;
     const char *url;
 
@@ -359,21 +359,30 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fres
         t->timeout = seconds;
         curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, transfer_ms(seconds));
     }
-    if ((seconds = request_opt_seconds(L, req, "connect_timeout")) > 0) {
-        t->dirty |= DIRTY_TIMEOUT;
-        curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, transfer_ms(seconds));
-    }
-    /* libcurl has no timer for these: the engine ends the transfer itself
-     * (engine_expiry). */
-    t->first_byte_timeout = (seconds = request_opt_seconds(L, req, "first_byte_timeout")) > 0 ? seconds : 0;
-    t->idle_timeout = (seconds = request_opt_seconds(L, req, "idle_timeout")) > 0 ? seconds : 0;
-
-    /* The body is handed to Lua as it arrives (transfer:read), the
-     * transfer pausing when the reader falls behind. */
-    t->stream = 0;
-    if (request_opt_field(L, req, "stream", LUA_TBOOLEAN, "a boolean")) {
-        t->stream = lua_toboolean(L, -1);
+    /* transport = false: the request names none of the rarer options
+     * below (TLS files, a proxy, the stream and its timeouts), which are
+     * then not looked up one by one: fetch says so for most calls. */
+    if (request_opt_field(L, req, "transport", LUA_TBOOLEAN, "a boolean")) {
+        transport = lua_toboolean(L, -1);
         lua_pop(L, 1);
+    }
+    t->first_byte_timeout = t->idle_timeout = 0;
+    t->stream = 0;
+    if (transport) {
+        if ((seconds = request_opt_seconds(L, req, "connect_timeout")) > 0) {
+            t->dirty |= DIRTY_TIMEOUT;
+            curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, transfer_ms(seconds));
+        }
+        /* libcurl has no timer for these: the engine ends the transfer
+         * itself (engine_expiry). */
+        if ((seconds = request_opt_seconds(L, req, "first_byte_timeout")) > 0) t->first_byte_timeout = seconds;
+        if ((seconds = request_opt_seconds(L, req, "idle_timeout")) > 0) t->idle_timeout = seconds;
+        /* The body is handed to Lua as it arrives (transfer:read), the
+         * transfer pausing when the reader falls behind. */
+        if (request_opt_field(L, req, "stream", LUA_TBOOLEAN, "a boolean")) {
+            t->stream = lua_toboolean(L, -1);
+            lua_pop(L, 1);
+        }
     }
 
     t->follow = 1;
@@ -405,7 +414,7 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fres
         lua_pop(L, 1);
     }
 
-    request_tls_options(L, req, t);
+    if (transport) request_tls_options(L, req, t);
 
     if (request_opt_field(L, req, "verify_tls", LUA_TBOOLEAN, "a boolean")) {
         if (!lua_toboolean(L, -1)) {

@@ -468,7 +468,7 @@ end
 local scratch_has_transport = false
 local scratch_request = { url = false, method = false, headers = false, follow_redirects = false,
   timeout = false, body = false, empty_body = false, max_body = false, verify_tls = false,
-  fresh_connect = false, secret_headers = false }
+  fresh_connect = false, secret_headers = false, transport = false }
 
 --- fetch.check(url, opts): raises, as fetch would, for a bad URL or option.
 -- For callers that run the fetch elsewhere (a shared task) and want misuse
@@ -662,6 +662,8 @@ function fetch.fetch(url, opts)
     request.secret_headers = opts.secret_headers
     -- The transport options are rare: copied (or cleared after a call that
     -- had them) only when there is something to copy or clear.
+    -- false: the engine need not look for any of them
+    request.transport = transport
     if transport or scratch_has_transport then
       for i = 1, #transport_options do
         local name = transport_options[i]
