@@ -219,6 +219,24 @@ describe("streamed responses", function()
     assert.is_nil(res:read())
   end)
 
+  it("ends a stream past max_body, counting what was read too", function()
+    s:script("/long", { { action = "stream", chunks = { { 0, string.rep("a", 600) }, { 0.05, string.rep("b", 600) } } } })
+    local res = assert(rw.fetch(s:url("/long"), opts { max_body = 1000 }))
+    local got, err = {}, nil
+    while true do
+      local chunk, rerr = res:read()
+      if not chunk then
+        err = rerr
+        break
+      end
+      got[#got + 1] = chunk
+    end
+    assert.equal(string.rep("a", 600), table.concat(got))
+    assert.equal("stream", err.kind)
+    assert.matches("response body too large %(limit 1000 bytes%)", err.message)
+    assert.equal(600, err.delivered)
+  end)
+
   it("refuses an event over the parser's bound, naming it", function()
     s:script("/huge", { { action = "stream", chunks = { { 0, "data: " .. string.rep("x", 1100 * 1024) .. "\n\n" } } } })
     local res = assert(rw.fetch(s:url("/huge"), opts()))
