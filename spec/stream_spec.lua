@@ -220,9 +220,10 @@ describe("streamed responses", function()
   end)
 
   it("ends a stream past max_body, counting what was read too", function()
-    s:script("/long", { { action = "stream", chunks = { { 0, string.rep("a", 600) }, { 0.05, string.rep("b", 600) } } } })
+    s:script("/long", { { action = "stream",
+      chunks = { { 0, string.rep("a", 600) }, { 0.05, string.rep("b", 600) } } } })
     local res = assert(rw.fetch(s:url("/long"), opts { max_body = 1000 }))
-    local got, err = {}, nil
+    local got, err = {}
     while true do
       local chunk, rerr = res:read()
       if not chunk then
