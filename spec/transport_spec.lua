@@ -200,6 +200,29 @@ describe("proxies", function()
     assert(ok, err)
   end)
 
+  it("reaches an https:// proxy over TLS, trusting it by proxy_ca_file, and tunnels through it", function()
+    local tls_proxy = server.start_tls_ca()
+    local tls = server.start_tls_ca()
+    local ok, err = pcall(function()
+      local proxy_url = "https://user:s3cret@127.0.0.1:" .. tls_proxy.port
+      local res = assert(rw.fetch(tls:url("/far"), opts { proxy = proxy_url, proxy_ca_file = tls_proxy.ca_file,
+        ca_file = tls.ca_file }))
+      assert.equal(200, res.status)
+      assert.equal(1, #tls_proxy:log("CONNECT"))
+      assert.is_true(tls_proxy:log("CONNECT")[1].proxy_auth)
+      assert.equal(1, #tls:log("/far"))
+      -- the proxy's certificate is checked too: without its CA, nothing goes through
+      local res2, err2 = rw.fetch(tls:url("/far"), opts { proxy = proxy_url, ca_file = tls.ca_file })
+      assert.is_nil(res2)
+      assert.equal("network", err2.kind)
+      assert.is_nil(tostring(err2):find("s3cret", 1, true))
+      assert.equal(1, #tls_proxy:log("CONNECT"))
+    end)
+    tls_proxy:stop()
+    tls:stop()
+    assert(ok, err)
+  end)
+
   it("honours http_proxy and no_proxy as libcurl reads them", function()
     local code = [[
       local rw = require "ratewise"

@@ -440,6 +440,7 @@ static const struct request_string_option {
     { "client_key_password", CURLOPT_KEYPASSWD },
     { "pinned_public_key", CURLOPT_PINNEDPUBLICKEY },
     { "proxy", CURLOPT_PROXY },
+    { "proxy_ca_file", CURLOPT_PROXY_CAINFO }, /* an https:// proxy's own CA */
 };
 
 /* TLS, proxy and decompression options: each one set marks the handle for

@@ -24,7 +24,7 @@ local fetch_defaults = {
   retry_non_idempotent = true, on_retry = true, delay = true, sleep = true, follow_redirects = true,
   max_body = true, verify_tls = true, retry_after = true, retry_after_max = true, hint_jitter = true,
   ca_file = true, ca_path = true, client_cert = true, client_key = true, client_key_password = true,
-  pinned_public_key = true, tls_min_version = true, proxy = true, decompress = true,
+  pinned_public_key = true, tls_min_version = true, proxy = true, proxy_ca_file = true, decompress = true,
   connect_timeout = true, first_byte_timeout = true, idle_timeout = true,
 }
 local client_options = {

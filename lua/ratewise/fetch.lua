@@ -97,14 +97,14 @@ local option_checks = {
   retry_after = "retry_after", retry_after_max = "positive", hint_jitter = "finite",
   ca_file = "string", ca_path = "string", client_cert = "string", client_key = "string",
   client_key_password = "string", pinned_public_key = "string", tls_min_version = "tls_version",
-  proxy = "string", decompress = "boolean", json = "table", query = "table",
+  proxy = "string", proxy_ca_file = "string", decompress = "boolean", json = "table", query = "table",
   stream = "boolean", connect_timeout = "positive", first_byte_timeout = "positive", idle_timeout = "positive",
 }
 
 -- The transport options that go to the engine as they are (src/request.c).
 local transport_options = { "ca_file", "ca_path", "client_cert", "client_key", "client_key_password",
-  "pinned_public_key", "tls_min_version", "proxy", "decompress", "connect_timeout", "first_byte_timeout",
-  "idle_timeout", "stream" }
+  "pinned_public_key", "tls_min_version", "proxy", "proxy_ca_file", "decompress", "connect_timeout",
+  "first_byte_timeout", "idle_timeout", "stream" }
 
 -- A streamed response may go on for as long as the server sends: it has
 -- no total timeout. The time to its headers is bounded (first_byte_timeout,
@@ -561,7 +561,7 @@ function fetch.fetch(url, opts)
   local stream = opts.stream == true
   local transport = opts.ca_file ~= nil or opts.ca_path ~= nil or opts.client_cert ~= nil or opts.client_key ~= nil
     or opts.client_key_password ~= nil or opts.pinned_public_key ~= nil or opts.tls_min_version ~= nil
-    or opts.proxy ~= nil or opts.decompress ~= nil or opts.connect_timeout ~= nil
+    or opts.proxy ~= nil or opts.proxy_ca_file ~= nil or opts.decompress ~= nil or opts.connect_timeout ~= nil
     or opts.first_byte_timeout ~= nil or opts.idle_timeout ~= nil or stream
   -- a stream: the bound on the time to its headers, and on a silence in its body
   local first_byte = stream and (opts.first_byte_timeout or timeout)
