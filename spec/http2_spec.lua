@@ -52,17 +52,18 @@ describe("HTTP/2", function()
     os.execute("rm -rf " .. dir)
   end)
 
-  it("is spoken over HTTPS where the server offers it, 256 requests of 64 tasks on one connection", function()
+  it("is spoken over HTTPS where the server offers it", function()
+    -- the first burst to an origin: nothing is known of it yet, and each
+    -- request in flight may open a connection (docs/http.md)
     local protocols, connections, versions = burst(h2:url("/who"), dir .. "/cert.pem")
     assert.same({ ["HTTP/2.0"] = true }, protocols)
     assert.same({ ["2"] = true }, versions)
-    assert.equal(1, connections)
+    assert.is_true(connections >= 1 and connections <= 64, connections .. " connections")
   end)
 
-  it("multiplexes later bursts on the connection the first one left idle", function()
-    -- (the spec before left it idle; the HTTP/1.1 spec after this one
-    -- leaves 64 connections idle, which would push it out of the cache:
-    -- docs/http.md)
+  it("multiplexes every later burst, 256 requests of 64 tasks, on one connection", function()
+    -- (before the HTTP/1.1 spec, whose 64 idle connections would push the
+    -- HTTP/2 ones out of the cache: docs/http.md)
     local _, second = burst(h2:url("/who"), dir .. "/cert.pem")
     local _, third = burst(h2:url("/who"), dir .. "/cert.pem")
     assert.equal(1, second)

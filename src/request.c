@@ -242,12 +242,15 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fres
     }
     if (request_has_ctl(url, len)) luaL_error(L, "request url contains a space or a control character");
     curl_easy_setopt(easy, CURLOPT_URL, url); /* copied by libcurl */
-    /* HTTPS speaks HTTP/2 where the server offers it (libcurl's default),
-     * and concurrent requests to one origin wait for the first connection's
-     * TLS handshake to say whether it multiplexes, rather than each opening
-     * one of its own. Not over plain HTTP: there libcurl learns it only
-     * from the first response, and the others would wait for all of it. */
-    curl_easy_setopt(easy, CURLOPT_PIPEWAIT, (long)(len > 6 && strncasecmp(url, "https:", 6) == 0));
+    /* HTTPS speaks HTTP/2 where the server offers it (libcurl's default);
+     * a request multiplexes onto a connection that has said it can. Never
+     * CURLOPT_PIPEWAIT: with it, concurrent requests to an origin not yet
+     * known wait for the first connection, and libcurl 7.88 lets the waiting
+     * ones go one at a time as transfers end, so on an HTTP/1.1 server a
+     * burst can end up sent one after another on a single connection (seen
+     * in the suite on a loaded machine: 256 requests of 64 tasks, one
+     * connection). The first burst to an HTTP/2 origin opens a connection
+     * per request instead; the ones after share one (docs/http.md). */
     lua_pop(L, 1);
 
     /* No method: GET, or POST when there is a body (libcurl's way). */
