@@ -1295,10 +1295,11 @@ static int transfer_l_read(lua_State *L)
     return 1;
 }
 
-/* transfer:result() -> response table | nil, error table (response.c) */
+/* transfer:result([lazy]) -> response table | nil, error table (response.c) */
 static int transfer_l_result(lua_State *L)
 {
-    return rw_response_result(L, transfer_check(L));
+    transfer *t = transfer_check(L);
+    return rw_response_result(L, t, lua_toboolean(L, 2));
 }
 
 static int transfer_l_tostring(lua_State *L)
@@ -1360,5 +1361,7 @@ void rw_engine_register(lua_State *L)
     lua_pop(L, 1);
     lua_pushcfunction(L, engine_l_new);
     lua_setfield(L, -2, "engine");
+    lua_pushcfunction(L, rw_response_l_headers);
+    lua_setfield(L, -2, "response_headers");
     rw_request_register(L);
 }

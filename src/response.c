@@ -225,16 +225,19 @@ static void response_push_fields(lua_State *L, const char *block, size_t len, si
 /* Sets res.headers (and res.header_lists, when a name repeats) from the
  * final response's header block, and res.trailers from the lines that came
  * after it, if any is a field, in the table at the top of the stack. */
-static void response_set_headers(lua_State *L, const transfer *t)
+/* Sets headers, header_lists and trailers in the table at the top from a
+ * stored header block block[0..len) whose header section ends at head_end
+ * (0: all of it). */
+static void response_set_headers_of(lua_State *L, const char *block, size_t len, size_t head_end)
 {
-    size_t head = t->head_end ? t->head_end : t->head.len;
-    response_push_fields(L, t->head.data, head, 2); /* less the status line and the blank line */
+    size_t head = head_end ? head_end : len;
+    response_push_fields(L, block, head, 2); /* less the status line and the blank line */
     if (lua_isnil(L, -1)) lua_pop(L, 1);
     else lua_setfield(L, -3, "header_lists");
     lua_setfield(L, -2, "headers");
-    if (t->head.len > head) {
+    if (len > head) {
         /* Less their blank line. A trailer's repeats are only joined. */
-        response_push_fields(L, t->head.data + head, t->head.len - head, 1);
+        response_push_fields(L, block + head, len - head, 1);
         lua_pop(L, 1);
         lua_pushnil(L);
         if (lua_next(L, -2)) {
@@ -244,6 +247,41 @@ static void response_set_headers(lua_State *L, const transfer *t)
             lua_pop(L, 1);
         }
     }
+}
+
+static void response_set_headers(lua_State *L, const transfer *t)
+{
+    response_set_headers_of(L, t->head.data, t->head.len, t->head_end);
+}
+
+/* core.response_headers(res): the header fields of a response that
+ * transfer:result(true) left as its raw block (res._head, res._head_end),
+ * made into res.headers, res.header_lists and res.trailers, the raw block
+ * dropped. Responses whose headers nobody reads never pay for the tables. */
+int rw_response_l_headers(lua_State *L)
+{
+    size_t len;
+    const char *block;
+    lua_Integer head_end;
+    luaL_checktype(L, 1, LUA_TTABLE);
+    lua_settop(L, 1);
+    lua_getfield(L, 1, "_head");
+    block = lua_tolstring(L, 2, &len);
+    if (!block) {
+        lua_pop(L, 1);
+        return 0;
+    }
+    lua_getfield(L, 1, "_head_end");
+    head_end = lua_tointeger(L, 3);
+    if (head_end < 0 || (size_t)head_end > len) return luaL_argerror(L, 1, "_head_end is not within _head");
+    lua_pushvalue(L, 1);
+    response_set_headers_of(L, block, len, (size_t)head_end);
+    lua_pushnil(L);
+    lua_setfield(L, -2, "_head");
+    lua_pushnil(L);
+    lua_setfield(L, -2, "_head_end");
+    lua_settop(L, 1);
+    return 0;
 }
 
 static int response_retryable(const transfer *t)
@@ -327,8 +365,10 @@ void rw_response_head(lua_State *L, transfer *t)
     lua_setfield(L, -2, "http_version");
 }
 
-/* transfer:result() -> response table | nil, error table */
-int rw_response_result(lua_State *L, transfer *t)
+/* transfer:result([lazy]) -> response table | nil, error table. lazy: the
+ * header block is kept raw (res._head, res._head_end) for
+ * core.response_headers to make into tables when they are first read. */
+int rw_response_result(lua_State *L, transfer *t, int lazy)
 {
     int line_too_long, request_too_large;
     if (t->state != TRANSFER_DONE) return luaL_argerror(L, 1, "transfer is still running");
@@ -345,7 +385,14 @@ int rw_response_result(lua_State *L, transfer *t)
         lua_createtable(L, 0, 10); /* room for the two fields fetch adds */
         lua_pushinteger(L, t->status);
         lua_setfield(L, -2, "status");
-        response_set_headers(L, t);
+        if (lazy) {
+            lua_pushlstring(L, t->head.data ? t->head.data : "", t->head.len);
+            lua_setfield(L, -2, "_head");
+            lua_pushinteger(L, (lua_Integer)t->head_end);
+            lua_setfield(L, -2, "_head_end");
+        } else {
+            response_set_headers(L, t);
+        }
         lua_pushlstring(L, t->body.data ? t->body.data : "", t->body.len);
         lua_setfield(L, -2, "body");
         if (t->effective_url) {

@@ -135,7 +135,8 @@ void rw_engine_progress(transfer *t);
  * transfer:result() */
 size_t rw_response_on_body(char *ptr, size_t size, size_t nmemb, void *ud);
 size_t rw_response_on_header(char *ptr, size_t size, size_t nmemb, void *ud);
-int rw_response_result(lua_State *L, transfer *t);
+int rw_response_result(lua_State *L, transfer *t, int lazy);
+int rw_response_l_headers(lua_State *L);
 /* transfer:head(): a streamed response's status and headers */
 void rw_response_head(lua_State *L, transfer *t);
 

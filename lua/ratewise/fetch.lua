@@ -697,8 +697,6 @@ function fetch.fetch(url, opts)
     local why, class, hint, hint_source
     if res then
       response.new(res)
-      res.headers = headers.wrap(res.headers)
-      if res.trailers then res.trailers = headers.wrap(res.trailers) end
       res.url = (res.url == url or not res.url) and shown_url or headers.redact_url(res.url)
       res.attempts = attempts
       res.elapsed = now() - started

@@ -4,16 +4,41 @@
 -- res:chunks(), res:events() and res:close().
 local core = require "ratewise.core"
 local errors = require "ratewise.errors"
+local headers = require "ratewise.headers"
 local json = require "ratewise.json"
 local runtime = require "ratewise.runtime"
 
 local format, concat = string.format, table.concat
-local error, setmetatable = error, setmetatable
+local error, setmetatable, rawget = error, setmetatable, rawget
+local response_headers = core.response_headers
 
 local response = {}
 
 local methods = {}
-response.mt = { __index = methods }
+
+-- The fields made from the raw header block (res._head, kept by the
+-- engine's transfer:result(true)) when one of them is first read: most
+-- responses' headers are never looked at, and building their tables was a
+-- tenth of a request's cost.
+local from_head = { headers = true, header_lists = true, trailers = true }
+
+local function wrap_headers(res)
+  local h, t = rawget(res, "headers"), rawget(res, "trailers")
+  if h then res.headers = headers.wrap(h) end
+  if t then res.trailers = headers.wrap(t) end
+end
+
+response.mt = {
+  __index = function(res, key)
+    if from_head[key] then
+      if rawget(res, "_head") == nil then return nil end
+      response_headers(res)
+      wrap_headers(res)
+      return rawget(res, key)
+    end
+    return methods[key]
+  end,
+}
 
 -- res -> what reading its stream needs: { transfer, per_call, what (the
 -- "GET url" of messages), delivered (bytes handed over), ended, err }.
@@ -23,8 +48,10 @@ local streams = setmetatable({}, { __mode = "k" })
 -- Responses not streamed whose body res:read() has given.
 local read_whole = setmetatable({}, { __mode = "k" })
 
---- res = response.new(res): gives a response table its methods.
+--- res = response.new(res): gives a response table its methods, and its
+-- header tables their case-insensitive lookup (now, or when first read).
 function response.new(res)
+  if rawget(res, "headers") then wrap_headers(res) end
   return setmetatable(res, response.mt)
 end
 

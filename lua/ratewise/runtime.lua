@@ -257,7 +257,8 @@ function runtime.transfer(request, per_call)
       error(werr, 0)
     end
   end
-  local res, terr = transfer:result()
+  -- lazy: the header tables are made when first read (response.lua)
+  local res, terr = transfer:result(true)
   transfer:close()
   return res, terr
 end
@@ -313,7 +314,7 @@ function runtime.open_stream(request, per_call)
       chunks[#chunks + 1] = chunk
     end
   end, per_call)
-  local res, terr = transfer:result()
+  local res, terr = transfer:result(true)
   transfer:close()
   if res and #chunks > 0 then res.body = table.concat(chunks) .. res.body end
   return res, terr
