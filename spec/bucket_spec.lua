@@ -179,3 +179,42 @@ describe("rw.bucket's limits", function()
     end
   end)
 end)
+
+-- Inside a task, the scheduler claims a waiting task's place when its time
+-- comes (scheduler.claim_wait): the task's stack holds no frame of the
+-- bucket's code while it waits.
+describe("rw.bucket's waiters in tasks", function()
+  it("serve waiters in order, each once its tokens are its own", function()
+    local b = rw.bucket { capacity = 1, rate = 20 }
+    assert(b:acquire())
+    local order, t0 = {}, rw.now()
+    rw.run(function()
+      for i = 1, 5 do
+        rw.spawn(function()
+          assert.is_true(b:acquire())
+          order[#order + 1] = { i, rw.now() - t0 }
+        end)
+      end
+    end)
+    assert.equal(5, #order)
+    for k, entry in ipairs(order) do
+      assert.equal(k, entry[1])
+      assert.is_true(entry[2] >= k * 0.05 - 0.005, ("waiter %d served at %.3f s"):format(k, entry[2]))
+    end
+    assert.is_true(b:tokens() < 0.5)
+  end)
+
+  it("end a waiter with the bucket's error when the bucket is closed under it", function()
+    local b = rw.bucket { capacity = 1, rate = 0.5 }
+    assert(b:acquire())
+    local err
+    rw.run(function()
+      local waiter = rw.spawn(function() return b:acquire() end)
+      rw.sleep(0.01)
+      b:close()
+      local _, why = waiter:join()
+      err = why
+    end)
+    assert.matches("bucket is closed", tostring(err))
+  end)
+end)

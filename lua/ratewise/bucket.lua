@@ -70,16 +70,13 @@ local function queue(self, n, host_sleep, max_wait, pace)
     self:cancel(place)
     return false, wait
   end
+  if not pace then return runtime.claim(self, place, wait, host_sleep) end
   -- A waiter that is gone (a cancelled task, a host sleep that raised)
   -- gives its place up. A claim can come early when a waiter before this
   -- one woke late: it then waits for what is left.
   repeat
-    if pace then
-      runtime.sleep(pace:nap(wait), host_sleep, cancel, self, place)
-      pace:follow()
-    else
-      runtime.sleep(wait, host_sleep, cancel, self, place)
-    end
+    runtime.sleep(pace:nap(wait), host_sleep, cancel, self, place)
+    pace:follow()
     wait = self:claim(place)
   until wait <= 0
   return true

@@ -207,6 +207,10 @@ end
 -- calls on_cancel(a, b) before the error goes on. Inside a task this is a
 -- tail call to the scheduler: thousands of tasks may wait at once, and a
 -- frame apiece would make each cost more.
+local function give_up(bucket, place)
+  bucket:cancel(place)
+end
+
 function runtime.sleep(seconds, per_call, on_cancel, a, b)
   check_seconds(seconds)
   if not per_call and scheduler.current() then
@@ -222,6 +226,24 @@ function runtime.sleep(seconds, per_call, on_cancel, a, b)
     on_cancel(a, b)
     error(err, 0)
   end
+  return true
+end
+
+--- true = runtime.claim(bucket, place, wait [, per_call_sleep]): waits for
+-- a place in a bucket's queue (bucket:reserve), due in wait seconds, until
+-- its tokens are claimed; a claim can come early when a waiter before it
+-- woke late, and it then waits for what is left. A wait that is
+-- interrupted gives the place up. Inside a task the scheduler does the
+-- claiming (a tail call: no frame stays on the waiting task).
+function runtime.claim(bucket, place, wait, per_call)
+  if not per_call and scheduler.current() then
+    check_seconds(wait)
+    return scheduler.claim_wait(wait, bucket, place)
+  end
+  repeat
+    runtime.sleep(wait, per_call, give_up, bucket, place)
+    wait = bucket:claim(place)
+  until wait <= 0
   return true
 end
 

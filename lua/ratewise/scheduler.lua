@@ -142,10 +142,19 @@ end
 -- with CANCELLED when it has been cancelled meanwhile. on_cancel(a, b), if
 -- given, undoes what the wait held before the cancellation goes on (it sits
 -- on the waiting coroutine's stack, which costs less than a pcall frame).
+-- A task resumed with WAIT_FAILED raises task.wait_error: what the
+-- scheduler met while finishing the task's wait for it (claim_wait).
+local WAIT_FAILED = setmetatable({}, { __tostring = function() return "ratewise: wait failed" end })
+
 local function wait_here(task, on_cancel, a, b)
   if not task.cancel_requested then
     task.state = "waiting"
     local value = yield(task)
+    if value == WAIT_FAILED then
+      local err = task.wait_error
+      task.wait_error = nil
+      error(err, 0)
+    end
     if value ~= CANCELLED and not task.cancel_requested then return true end
   end
   if on_cancel then on_cancel(a, b) end
@@ -155,7 +164,24 @@ end
 -- Wakes a task if it is still in the wait numbered id (a task that was
 -- cancelled out of a wait has moved on, and must not be woken for it).
 local function wake(task, id)
-  if task.state == "waiting" and task.wait_id == id then make_ready(task) end
+  if task.state ~= "waiting" or task.wait_id ~= id then return end
+  local bucket = task.claim_bucket
+  if bucket then
+    -- A bucket's place (claim_wait): the tokens are claimed here, and the
+    -- task waits on for what is left, resumed only once they are its own.
+    local ok, wait = pcall(bucket.claim, bucket, task.claim_place)
+    if ok and wait > 0 then
+      heap_push(now() + wait, task, id)
+      return
+    end
+    task.claim_bucket, task.claim_place = nil, nil
+    if not ok then
+      task.wait_error = wait
+      make_ready(task, WAIT_FAILED)
+      return
+    end
+  end
+  make_ready(task)
 end
 
 local function finish(task, ok, ...)
@@ -550,6 +576,27 @@ function scheduler.await_transfer(transfer)
     return
   end
   while not transfer:done() do turn(huge) end
+end
+
+-- A task cancelled while it waits for a bucket's place gives the place up.
+local function give_up_claim(task)
+  local bucket, place = task.claim_bucket, task.claim_place
+  task.claim_bucket, task.claim_place = nil, nil
+  if bucket then bucket:cancel(place) end
+end
+
+--- true = scheduler.claim_wait(seconds, bucket, place): inside a task,
+-- waits for a place in a bucket's queue (bucket:reserve), due in seconds.
+-- The scheduler claims it when the time comes (bucket:claim) and waits on
+-- for what is left, resuming the task once the tokens are its own. So no
+-- frame of the bucket's code stays on a waiting task's stack: with it, the
+-- stack passed Lua's first 40 slots and doubled, 640 bytes more a waiter.
+function scheduler.claim_wait(seconds, bucket, place)
+  local task = scheduler.current()
+  task.wait_id = task.wait_id + 1
+  task.claim_bucket, task.claim_place = bucket, place
+  heap_push(now() + seconds, task, task.wait_id)
+  return wait_here(task, give_up_claim, task)
 end
 
 -- A wait on a descriptor ends: it is watched no more.
