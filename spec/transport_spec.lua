@@ -279,3 +279,78 @@ describe("decompression", function()
     assert.equal("hello", res.body)
   end)
 end)
+
+-- The engine's gate (src/engine.c): the first burst to an https origin
+-- waits for one answer before the rest go. Each spec has an origin of its
+-- own: once an origin has answered, the engine knows it, and holds nothing.
+describe("the first burst to an https origin", function()
+  local function with_origin(fn)
+    local s = server.start_tls_ca()
+    local ok, err = pcall(fn, s)
+    s:stop()
+    assert(ok, err)
+  end
+
+  it("holds the rest until the first answer, then lets them all go at once", function()
+    with_origin(function(s)
+      s:script("/first", { { status = 200, delay = 0.3, body = "first" }, { status = 200, body = "next" } })
+      local ends = {}
+      local t0 = rw.now()
+      rw.run(function()
+        for i = 1, 8 do
+          rw.spawn(function()
+            assert(rw.fetch(s:url("/first"), opts { ca_file = s.ca_file }))
+            ends[i] = rw.now() - t0
+          end)
+        end
+      end)
+      local log = s:log("/first")
+      assert.equal(8, #log)
+      -- the other seven reached the server once the first was answered, and
+      -- together on connections of their own, not one after another on one
+      table.sort(ends)
+      assert.is_true(ends[1] >= 0.29, ("first answer at %.2f s"):format(ends[1]))
+      assert.is_true(ends[8] - ends[2] < 0.25, ("the rest took %.2f s"):format(ends[8] - ends[2]))
+      local connections, n = {}, 0
+      for _, rec in ipairs(log) do
+        if not connections[rec.conn] then n = n + 1 end
+        connections[rec.conn] = true
+      end
+      assert.is_true(n >= 4, n .. " connections for 8 requests")
+    end)
+  end)
+
+  it("ends every request of a burst whose origin cannot be reached, none left waiting", function()
+    local results = {}
+    local t0 = rw.now()
+    rw.run(function()
+      for i = 1, 6 do
+        rw.spawn(function()
+          local res, err = rw.fetch("https://127.0.0.1:1/x", opts { max_elapsed = 5 })
+          results[i] = res and res.status or err.kind
+        end)
+      end
+    end)
+    assert.same({ "exhausted", "exhausted", "exhausted", "exhausted", "exhausted", "exhausted" }, results)
+    assert.is_true(rw.now() - t0 < 3)
+  end)
+
+  it("lets a held request that is cancelled leave the line, sending nothing", function()
+    with_origin(function(s)
+      s:script("/slow", { { status = 200, delay = 0.3 }, { status = 200 } })
+      local kept
+      rw.run(function()
+        local first = rw.spawn(function() return rw.fetch(s:url("/slow"), opts { ca_file = s.ca_file }) end)
+        rw.sleep(0.05)
+        local held = rw.spawn(function() return rw.fetch(s:url("/slow"), opts { ca_file = s.ca_file }) end)
+        local other = rw.spawn(function() return rw.fetch(s:url("/slow"), opts { ca_file = s.ca_file }) end)
+        rw.sleep(0.05)
+        held:cancel()
+        assert(first:join())
+        kept = assert(other:join())
+      end)
+      assert.equal(200, kept.status)
+      assert.equal(2, #s:log("/slow"))
+    end)
+  end)
+end)

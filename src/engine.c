@@ -80,11 +80,26 @@ typedef struct engine_list {
     int n;
 } engine_list;
 
+/* What the engine knows of an https origin's protocol (engine_gate_hold).
+ * Not libcurl's CURLOPT_PIPEWAIT: libcurl 7.88 lets the transfers that
+ * wait for a first connection go one at a time as transfers end, and a
+ * burst to an HTTP/1.1 server went out one request after another on one
+ * connection. */
+#define ENGINE_GATES 64
+enum gate_state { GATE_FREE, GATE_PROBING, GATE_KNOWN };
+typedef struct engine_gate {
+    unsigned long long key;
+    enum gate_state state;
+    transfer *held, *held_tail; /* waiting for the probe's answer, in order */
+} engine_gate;
+
 typedef struct engine {
     CURLM *multi;
     engine_list running;  /* on the multi handle (running or queued by libcurl) */
     engine_list finished; /* finished, and not yet reported by poll */
     transfer *news;       /* streamed transfers with news for a waiting reader (news_next) */
+    engine_gate gates[ENGINE_GATES];
+    int gates_answered;   /* a probe's headers came: held transfers go on (engine_gates_release) */
     transfer *pool[ENGINE_POOL_MAX];
     int npool;
     double response_bytes; /* moving average of a response's size */
@@ -218,6 +233,9 @@ static void engine_give(engine *e, transfer *t)
     t->errbuf[0] = '\0';
     t->timeout = t->started = t->expires = 0;
     t->head_ready = t->stream = t->paused = t->notify = 0;
+    t->gate_key = 0;
+    t->gate_slot = t->gate_probe = t->held = 0;
+    t->held_next = NULL;
     t->delivered = 0;
     t->first_byte_timeout = t->idle_timeout = t->last_byte = 0;
     t->status = t->request_size = t->redirects = t->http_version = 0;
@@ -403,6 +421,119 @@ static long engine_sent(transfer *t)
     return sent;
 }
 
+static void engine_finish(transfer *t, CURLcode code, enum transfer_abort aborted);
+static void engine_queue(engine *e, transfer *t);
+
+/* ---- the gate: one probe per https origin not yet known ---- */
+
+/* Whether t is to wait for its origin's first answer. The first transfer
+ * to an https origin the engine knows nothing of is its probe and goes on;
+ * those that come while it has not answered are held (not yet on the multi
+ * handle) until its final headers say whether the connection multiplexes:
+ * then they all go at once, and share that connection if it is HTTP/2, or
+ * open their own if not. Answers 1 when t is held. */
+static int engine_gate_hold(engine *e, transfer *t)
+{
+    int i, free_slot = -1;
+    engine_gate *g;
+    t->gate_slot = t->gate_probe = t->held = 0;
+    t->held_next = NULL;
+    if (!t->gate_key) return 0;
+    for (i = 0; i < ENGINE_GATES; i++) {
+        g = &e->gates[i];
+        if (g->state != GATE_FREE && g->key == t->gate_key) {
+            if (g->state == GATE_KNOWN) return 0;
+            t->gate_slot = i + 1;
+            t->held = 1;
+            if (g->held_tail) g->held_tail->held_next = t;
+            else g->held = t;
+            g->held_tail = t;
+            return 1;
+        }
+        if (g->state == GATE_FREE && free_slot < 0) free_slot = i;
+    }
+    if (free_slot < 0) return 0; /* every gate in use: no gate */
+    g = &e->gates[free_slot];
+    g->key = t->gate_key;
+    g->state = GATE_PROBING;
+    g->held = g->held_tail = NULL;
+    t->gate_slot = free_slot + 1;
+    t->gate_probe = 1;
+    return 0;
+}
+
+/* The transfers a gate held go on, in order. Not from a libcurl callback:
+ * curl_multi_add_handle refuses to run inside one. */
+static void engine_gate_open(engine *e, engine_gate *g)
+{
+    transfer *t = g->held;
+    g->held = g->held_tail = NULL;
+    while (t) {
+        transfer *next = t->held_next;
+        CURLMcode mc;
+        t->held = 0;
+        t->gate_slot = 0;
+        t->held_next = NULL;
+        mc = curl_multi_add_handle(e->multi, t->easy);
+        if (mc != CURLM_OK) {
+            engine_finish(t, CURLE_OUT_OF_MEMORY, ABORT_NONE);
+            (void)snprintf(t->errbuf, sizeof t->errbuf, "libcurl could not start the transfer (%s)",
+                           curl_multi_strerror(mc));
+            engine_queue(e, t);
+        }
+        t = next;
+    }
+}
+
+void rw_engine_answered(transfer *t)
+{
+    engine *e = t->engine;
+    if (!e || !t->gate_probe || !t->gate_slot) return;
+    e->gates[t->gate_slot - 1].state = GATE_KNOWN;
+    t->gate_probe = 0;
+    t->gate_slot = 0;
+    e->gates_answered = 1;
+}
+
+/* After libcurl returns: the gates whose probe answered let their
+ * transfers go. */
+static void engine_gates_release(engine *e)
+{
+    int i;
+    if (!e->gates_answered) return;
+    e->gates_answered = 0;
+    for (i = 0; i < ENGINE_GATES; i++)
+        if (e->gates[i].state == GATE_KNOWN && e->gates[i].held) engine_gate_open(e, &e->gates[i]);
+}
+
+/* A transfer that ends while its gate still counts on it: a held one
+ * leaves the line; a probe that ends before an answer leaves its origin
+ * unknown, and those it held go on without a gate. */
+static void engine_gate_leave(engine *e, transfer *t)
+{
+    engine_gate *g = &e->gates[t->gate_slot - 1];
+    if (t->held) {
+        transfer **p, *prev = NULL;
+        for (p = &g->held; *p; prev = *p, p = &(*p)->held_next) {
+            if (*p == t) {
+                *p = t->held_next;
+                if (g->held_tail == t) g->held_tail = prev;
+                break;
+            }
+        }
+        t->held = 0;
+    } else if (t->gate_probe) {
+        t->gate_probe = 0;
+        if (g->state == GATE_PROBING) {
+            g->state = GATE_FREE;
+            t->gate_slot = 0;
+            engine_gate_open(e, g);
+        }
+    }
+    t->gate_slot = 0;
+    t->held_next = NULL;
+}
+
 /* Takes a running transfer off the multi handle, keeping what libcurl knows
  * about its outcome. Its engine forgets it: see engine_queue. */
 static void engine_finish(transfer *t, CURLcode code, enum transfer_abort aborted)
@@ -410,7 +541,10 @@ static void engine_finish(transfer *t, CURLcode code, enum transfer_abort aborte
     engine *e = t->engine;
     CURL *easy = t->easy;
     double hop_time = 0;
+    int held;
     if (!e) return;
+    held = t->held;
+    if (t->gate_slot) engine_gate_leave(e, t);
     t->code = code;
     t->aborted = aborted;
     /* Only whole responses say what size the responses are. */
@@ -421,8 +555,9 @@ static void engine_finish(transfer *t, CURLcode code, enum transfer_abort aborte
     t->request_size += engine_sent(t);
     if (curl_easy_getinfo(easy, CURLINFO_TOTAL_TIME, &hop_time) == CURLE_OK) t->total_time += hop_time;
     /* Removing a transfer that has not completed closes its connection
-     * instead of returning it to the cache, which is what an abort needs. */
-    curl_multi_remove_handle(e->multi, easy);
+     * instead of returning it to the cache, which is what an abort needs.
+     * A held one was never added. */
+    if (!held) curl_multi_remove_handle(e->multi, easy);
     engine_list_remove(&e->running, t);
     t->engine = NULL;
     t->state = TRANSFER_DONE;
@@ -763,6 +898,7 @@ static void engine_drive(engine *e, double seconds, double budget)
         e->fail_next = CURLM_OK;
     }
 #endif
+    if (mc == CURLM_OK) engine_gates_release(e);
     engine_drain(e);
     if (mc != CURLM_OK) {
         engine_fail_all(e, mc);
@@ -927,8 +1063,14 @@ static int engine_l_start(lua_State *L)
     lua_getiuservalue(L, 1, 1);
     lua_pushvalue(L, tidx);
     t->ref = luaL_ref(L, -2);
-    mc = curl_multi_add_handle(e->multi, t->easy);
+    t->engine = e; /* for the gate's lists */
+    mc = engine_gate_hold(e, t) ? CURLM_OK : curl_multi_add_handle(e->multi, t->easy);
     if (mc != CURLM_OK) {
+        if (t->gate_probe) { /* no probe after all: the origin stays unknown */
+            e->gates[t->gate_slot - 1].state = GATE_FREE;
+            t->gate_probe = t->gate_slot = 0;
+        }
+        t->engine = NULL;
         luaL_unref(L, -1, t->ref);
         t->ref = LUA_NOREF;
         box->t = NULL;

@@ -242,6 +242,15 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fres
     }
     if (request_has_ctl(url, len)) luaL_error(L, "request url contains a space or a control character");
     curl_easy_setopt(easy, CURLOPT_URL, url); /* copied by libcurl */
+    t->gate_key = 0;
+    if (len > 8 && strncasecmp(url, "https://", 8) == 0) {
+        /* FNV-1a of the authority, lower-cased: the gate's key */
+        unsigned long long h = 1469598103934665603ULL;
+        size_t i;
+        for (i = 8; i < len && url[i] != '/' && url[i] != '?' && url[i] != '#'; i++)
+            h = (h ^ (unsigned char)transfer_lower((unsigned char)url[i])) * 1099511628211ULL;
+        t->gate_key = h ? h : 1;
+    }
     /* HTTPS speaks HTTP/2 where the server offers it (libcurl's default);
      * a request multiplexes onto a connection that has said it can. Never
      * CURLOPT_PIPEWAIT: with it, concurrent requests to an origin not yet
@@ -249,8 +258,8 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fres
      * ones go one at a time as transfers end, so on an HTTP/1.1 server a
      * burst can end up sent one after another on a single connection (seen
      * in the suite on a loaded machine: 256 requests of 64 tasks, one
-     * connection). The first burst to an HTTP/2 origin opens a connection
-     * per request instead; the ones after share one (docs/http.md). */
+     * connection). The engine's gate holds them instead (engine_gate_hold),
+     * keyed by this hash of the origin. */
     lua_pop(L, 1);
 
     /* No method: GET, or POST when there is a body (libcurl's way). */

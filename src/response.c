@@ -95,6 +95,7 @@ size_t rw_response_on_header(char *ptr, size_t size, size_t nmemb, void *ud)
             t->head_end = t->head.len;
             if (!t->head_ready && response_is_final(t)) {
                 t->head_ready = 1;
+                if (t->gate_probe) rw_engine_answered(t);
                 if (t->idle_timeout > 0) t->last_byte = rw_clock_monotonic();
                 if (t->stream || t->idle_timeout > 0) rw_engine_progress(t);
             }

@@ -100,6 +100,14 @@ typedef struct transfer {
     int notify;         /* stream: Lua waits for news of it (rw_engine_progress) */
     int in_news;        /* on its engine's list of transfers with news */
     size_t delivered;   /* stream: body bytes transfer:read() has handed over */
+    /* https: a hash of the URL's "host:port" (0: none), by which the engine
+     * holds a burst to an origin it knows nothing of until the first
+     * answer says whether it multiplexes (engine_gate_hold) */
+    unsigned long long gate_key;
+    int gate_slot;  /* 1 + the engine's gate it probes for or is held by; 0: none */
+    int gate_probe; /* it is that gate's probe */
+    int held;       /* held by that gate: not on the multi handle yet */
+    struct transfer *held_next;
     struct transfer *news_next;
     /* 0: none. Until the final headers are in, from the start; between body
      * bytes, while the reader keeps up. */
@@ -130,6 +138,10 @@ void rw_request_register(lua_State *L);
  * told (the engine's next poll reports it), and the engine's next expiry
  * comes no later than the transfer's own (an idle timeout that starts). */
 void rw_engine_progress(transfer *t);
+/* engine.c: the final headers of a transfer are in (response.c's header
+ * callback): if it probes an origin for the engine's gate, the transfers
+ * held for that origin go on (after libcurl returns). */
+void rw_engine_answered(transfer *t);
 
 /* response.c: libcurl's write and header callbacks (C only, no Lua), and
  * transfer:result() */
