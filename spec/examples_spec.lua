@@ -18,9 +18,11 @@ describe("examples", function()
 
   it("luv_loop.lua drives ratewise from a libuv loop through the pollable", function()
     local out = run("luv_loop.lua")
-    assert.matches("request 1: 200 after 2 attempts", out)
-    assert.matches("request 2: 200 after 1 attempts", out)
-    assert.matches("request 3: 200 after 1 attempts", out)
+    -- whichever of the three reaches the server first meets its 429
+    local _, twice = out:gsub("request %d: 200 after 2 attempts", "")
+    local _, once = out:gsub("request %d: 200 after 1 attempts", "")
+    assert.equal(1, twice, out)
+    assert.equal(2, once, out)
     local seconds, ticks = out:match("done in ([%d.]+) s; the luv timer ticked (%d+) times")
     assert.is_true(tonumber(seconds) >= 1 and tonumber(seconds) < 3, out)
     assert.is_true(tonumber(ticks) >= 8, out) -- the loop ran its own timer during the Retry-After

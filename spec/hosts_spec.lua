@@ -249,27 +249,30 @@ describe("the waiting seam", function()
           if rw.fetch(s:url("/frame"), quiet) then answered = answered + 1 end
         end)
       end
-      -- the frames in which all 100 wait: not the first (which starts
-      -- them), nor those in which responses arrive (which build them)
+      -- the frames in which all 100 wait: not those that start them and
+      -- connect them (the step's budget spreads that over the first few
+      -- frames, and libcurl connects a frame's new transfers in one call),
+      -- nor those in which responses arrive (which build them). The server
+      -- answers after 0.5 s: from 0.2 s on, all are connected and waiting.
       local worst_waiting, waiting_frames, live = 0, 0, 100
-      local deadline = rw.now() + 10
-      local first = true
+      local t0 = rw.now()
+      local deadline = t0 + 10
       repeat
         local started = rw.now()
         local after = rw.step(0)
         local took = rw.now() - started
-        if not first and after == live and after == 100 then
+        if started - t0 > 0.2 and after == live and after == 100 then
           worst_waiting = math.max(worst_waiting, took)
           waiting_frames = waiting_frames + 1
         end
-        first, live = false, after
+        live = after
         socket.sleep(1 / 60)
       until live == 0 or rw.now() > deadline
       assert.equal(100, answered)
       -- bench/hosts.lua measures it (a millisecond or so at most); a shared
       -- machine, and ASan's build, get room here
       assert.is_true(worst_waiting < 0.02, "the slowest step took " .. worst_waiting .. " s")
-      assert.is_true(waiting_frames > 10, waiting_frames .. " frames")
+      assert.is_true(waiting_frames > 5, waiting_frames .. " frames")
     end)
   end)
 end)
