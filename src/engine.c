@@ -407,6 +407,9 @@ static void engine_shed(engine *e)
     curl_multi_cleanup(e->multi);
     e->multi = fresh;
     e->renew = 0;
+    /* Its connections are gone: what the gates knew of each origin goes
+     * with them (nothing runs, so nothing is held). */
+    memset(e->gates, 0, sizeof e->gates);
     e->timer_at = HUGE_VAL;
     engine_apply_limits(e);
 }
@@ -545,15 +548,20 @@ static void engine_finish(transfer *t, CURLcode code, enum transfer_abort aborte
     if (!e) return;
     held = t->held;
     if (t->gate_slot) engine_gate_leave(e, t);
+    engine_news_drop(e, t); /* finished, it is reported once, as such */
     t->code = code;
     t->aborted = aborted;
     /* Only whole responses say what size the responses are. */
     if (code == CURLE_OK && aborted == ABORT_NONE)
         e->response_bytes += ((double)(t->head.len + t->body.len) - e->response_bytes) / 8;
-    curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &t->status);
-    curl_easy_getinfo(easy, CURLINFO_HTTP_VERSION, &t->http_version);
-    t->request_size += engine_sent(t);
-    if (curl_easy_getinfo(easy, CURLINFO_TOTAL_TIME, &hop_time) == CURLE_OK) t->total_time += hop_time;
+    /* A held transfer never ran: what the handle knows is its last
+     * request's (a status, bytes sent), not this one's. */
+    if (!held) {
+        curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &t->status);
+        curl_easy_getinfo(easy, CURLINFO_HTTP_VERSION, &t->http_version);
+        t->request_size += engine_sent(t);
+        if (curl_easy_getinfo(easy, CURLINFO_TOTAL_TIME, &hop_time) == CURLE_OK) t->total_time += hop_time;
+    }
     /* Removing a transfer that has not completed closes its connection
      * instead of returning it to the cache, which is what an abort needs.
      * A held one was never added. */
@@ -1418,11 +1426,19 @@ static int transfer_l_read(lua_State *L)
             engine *e = t->engine;
             enum engine_expiry_kind kind;
             double at;
+            CURLcode rc;
             t->paused = 0;
             t->last_byte = rw_clock_monotonic(); /* the server was not idle: the reader was behind */
             /* libcurl hands the chunk it kept to the write callback (which
              * only buffers it) and asks its timer to run the transfer on. */
-            (void)curl_easy_pause(t->easy, CURLPAUSE_CONT);
+            rc = curl_easy_pause(t->easy, CURLPAUSE_CONT);
+            if (rc != CURLE_OK && e) {
+                /* the chunk libcurl kept was refused (max_body, out of
+                 * memory): the transfer ends with why, not without it */
+                engine_finish(t, rc, ABORT_NONE);
+                engine_queue(e, t);
+                return 1;
+            }
             at = engine_expiry(t, &kind);
             if (e && at < e->next_expiry) e->next_expiry = at;
         }

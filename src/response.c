@@ -38,6 +38,9 @@ size_t rw_response_on_body(char *ptr, size_t size, size_t nmemb, void *ud)
         t->body_too_large = 1;
         return 0; /* aborts the transfer: nothing is buffered past the limit */
     }
+    /* A redirect's body, which engine_follow drops: a stream has no limit
+     * of its own, so it is not kept at all. */
+    if (t->stream && !t->head_ready) return n;
     if (t->stream && t->head_ready && t->body.len >= ENGINE_STREAM_BUFFER) {
         /* The reader is behind: libcurl keeps this chunk and hands it over
          * again once transfer:read() has taken the buffer and resumed. */
