@@ -204,6 +204,21 @@ describe("rw.bucket's waiters in tasks", function()
     assert.is_true(b:tokens() < 0.5)
   end)
 
+  it("give the tokens back when a waiter is cancelled after its claim, before it ran", function()
+    local scheduler = require "ratewise.scheduler"
+    local b = rw.bucket { capacity = 1, rate = 20 }
+    assert(b:acquire())
+    local waiter = rw.spawn(function() return b:acquire() end)
+    rw.step(0, false) -- it waits for the next token, 0.05 s away
+    socket.sleep(0.08)
+    scheduler.timeout() -- fires the due timer: the claim makes the waiter ready, not run
+    assert.equal("ready", waiter:status())
+    waiter:cancel()
+    rw.step(0, false)
+    assert.equal("done", waiter:status())
+    assert.is_true(b:tokens() > 0.9, "the claimed token was lost: " .. b:tokens())
+  end)
+
   it("end a waiter with the bucket's error when the bucket is closed under it", function()
     local b = rw.bucket { capacity = 1, rate = 0.5 }
     assert(b:acquire())

@@ -56,6 +56,14 @@ describe("the ratewise command", function()
       assert.equal(2, #s:log("/busy"))
     end)
 
+    it("says nothing of retries with -s", function()
+      s:script("/busy", { { status = 503, headers = { ["Retry-After"] = "0" } }, { status = 200, body = "ok" } })
+      local out, err, code = ratewise("get -s " .. s:url("/busy"))
+      assert.equal(0, code, err)
+      assert.equal("ok", out)
+      assert.equal("", err)
+    end)
+
     it("sends headers, a method and a body, and prints the head with -i", function()
       local out, err, code = ratewise("get -s -i -X PUT -H 'X-One: 1' --header='X-Two: two words' -d payload "
         .. s:url("/echo"))

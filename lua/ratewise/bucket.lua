@@ -70,7 +70,7 @@ local function queue(self, n, host_sleep, max_wait, pace)
     self:cancel(place)
     return false, wait
   end
-  if not pace then return runtime.claim(self, place, wait, host_sleep) end
+  if not pace then return runtime.claim(self, place, wait, host_sleep, n) end
   -- A waiter that is gone (a cancelled task, a host sleep that raised)
   -- gives its place up. A claim can come early when a waiter before this
   -- one woke late: it then waits for what is left.

@@ -148,10 +148,11 @@ local function fetch_options(o, events)
   local opts = {
     max_retries = o.retries, max_elapsed = o.max_elapsed, timeout = o.timeout,
     policy = o.provider and rw.providers[o.provider] or nil,
-    verify_tls = o.insecure and false or nil,
-    on_retry = (o.silent or events) and false or nil,
     on_event = events,
   }
+  -- (not `x and false or nil`: that is always nil)
+  if o.insecure then opts.verify_tls = false end
+  if o.silent or events then opts.on_retry = false end
   if o.rate then opts.limiter = rw.bucket { capacity = o.burst or 1, rate = o.rate } end
   if o.insecure then rw.configure { tls_warning = false } end
   return opts
@@ -190,7 +191,9 @@ local function run_get(url, o, err_out)
     local value, why = json.decode(o.json)
     if value == nil then usage_error("--json is not JSON: %s", why) end
     opts.body = o.json
-    if not h["Content-Type"] then h["Content-Type"] = "application/json" end
+    local typed = false
+    for name in pairs(h) do typed = typed or name:lower() == "content-type" end
+    if not typed then h["Content-Type"] = "application/json" end
   end
   opts.stream = o.stream or nil
   local out = open_output(o.output)
@@ -227,6 +230,9 @@ local function parse_line(line, n)
     local t, why = json.decode(line)
     if type(t) ~= "table" then return nil, "line " .. n .. " is not a JSON object: " .. tostring(why) end
     if type(t.url) ~= "string" then return nil, "line " .. n .. " has no \"url\" string" end
+    if t.method ~= nil and type(t.method) ~= "string" then
+      return nil, "line " .. n .. " has a \"method\" that is not a string"
+    end
     return t
   end
   if line:find("%s") then return nil, "line " .. n .. " is neither a URL nor a JSON object" end

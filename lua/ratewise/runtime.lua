@@ -229,16 +229,16 @@ function runtime.sleep(seconds, per_call, on_cancel, a, b)
   return true
 end
 
---- true = runtime.claim(bucket, place, wait [, per_call_sleep]): waits for
+--- true = runtime.claim(bucket, place, wait [, per_call_sleep [, n]]): waits for
 -- a place in a bucket's queue (bucket:reserve), due in wait seconds, until
 -- its tokens are claimed; a claim can come early when a waiter before it
 -- woke late, and it then waits for what is left. A wait that is
 -- interrupted gives the place up. Inside a task the scheduler does the
 -- claiming (a tail call: no frame stays on the waiting task).
-function runtime.claim(bucket, place, wait, per_call)
+function runtime.claim(bucket, place, wait, per_call, n)
   if not per_call and scheduler.current() then
     check_seconds(wait)
-    return scheduler.claim_wait(wait, bucket, place)
+    return scheduler.claim_wait(wait, bucket, place, n)
   end
   repeat
     runtime.sleep(wait, per_call, give_up, bucket, place)

@@ -155,7 +155,10 @@ local function wait_here(task, on_cancel, a, b)
       task.wait_error = nil
       error(err, 0)
     end
-    if value ~= CANCELLED and not task.cancel_requested then return true end
+    if value ~= CANCELLED and not task.cancel_requested then
+      if task.claim_bucket then task.claim_bucket, task.claim_refund = nil, nil end -- its claim is its own now
+      return true
+    end
   end
   if on_cancel then on_cancel(a, b) end
   error(CANCELLED, 0)
@@ -174,8 +177,10 @@ local function wake(task, id)
       heap_push(now() + wait, task, id)
       return
     end
-    task.claim_bucket, task.claim_place = nil, nil
+    -- claimed: the tokens go back if the task is cancelled before it runs
+    task.claim_place, task.claim_refund = nil, ok and task.claim_count or nil
     if not ok then
+      task.claim_bucket = nil
       task.wait_error = wait
       make_ready(task, WAIT_FAILED)
       return
@@ -580,9 +585,13 @@ end
 
 -- A task cancelled while it waits for a bucket's place gives the place up.
 local function give_up_claim(task)
-  local bucket, place = task.claim_bucket, task.claim_place
-  task.claim_bucket, task.claim_place = nil, nil
-  if bucket then bucket:cancel(place) end
+  local bucket, place, refund = task.claim_bucket, task.claim_place, task.claim_refund
+  task.claim_bucket, task.claim_place, task.claim_refund = nil, nil, nil
+  if place then
+    bucket:cancel(place)
+  elseif refund then
+    bucket:refund(refund)
+  end
 end
 
 --- true = scheduler.claim_wait(seconds, bucket, place): inside a task,
@@ -591,10 +600,10 @@ end
 -- for what is left, resuming the task once the tokens are its own. So no
 -- frame of the bucket's code stays on a waiting task's stack: with it, the
 -- stack passed Lua's first 40 slots and doubled, 640 bytes more a waiter.
-function scheduler.claim_wait(seconds, bucket, place)
+function scheduler.claim_wait(seconds, bucket, place, n)
   local task = scheduler.current()
   task.wait_id = task.wait_id + 1
-  task.claim_bucket, task.claim_place = bucket, place
+  task.claim_bucket, task.claim_place, task.claim_count = bucket, place, n or 1
   heap_push(now() + seconds, task, task.wait_id)
   return wait_here(task, give_up_claim, task)
 end
