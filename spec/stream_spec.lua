@@ -284,3 +284,22 @@ describe("streamed responses through a client", function()
     assert.equal(2, #s:log("/v1/get")) -- not deduplicated
   end)
 end)
+
+describe("a streamed response dropped unread", function()
+  local s
+
+  setup(function() s = server.start() end)
+  teardown(function() s:stop() end)
+
+  it("ends its transfer when it is collected", function()
+    local scheduler = require "ratewise.scheduler"
+    s:script("/endless", { { action = "chunked_forever", interval = 0.02 } })
+    do
+      local res = assert(rw.fetch(s:url("/endless"), opts()))
+      assert.is_string(res:read())
+    end
+    for _ = 1, 3 do collectgarbage("collect") end
+    rw.step(0.1, false)
+    assert.equal(0, scheduler.engine():running())
+  end)
+end)

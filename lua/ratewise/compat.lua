@@ -19,6 +19,19 @@ compat.close_coroutine = coroutine.close
 --- compat.math_type(x), compat.tointeger(x) | nil: Lua 5.3's integer
 -- functions, nil where numbers are all floats (5.1, LuaJIT).
 compat.math_type, compat.tointeger = math.type, math.tointeger
+
+--- guard = compat.on_collect(fn): an object whose collection calls fn():
+-- a table's __gc from Lua 5.2 on; on 5.1 and LuaJIT, where tables have
+-- none, a userdata of newproxy.
+local newproxy = rawget(_G, "newproxy")
+function compat.on_collect(fn)
+  if newproxy then
+    local guard = newproxy(true)
+    getmetatable(guard).__gc = function() fn() end
+    return guard
+  end
+  return setmetatable({}, { __gc = function() fn() end })
+end
 -- luacheck: pop
 
 -- Whether a coroutine may yield from inside pcall: Lua 5.2 and later, and

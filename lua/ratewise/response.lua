@@ -2,6 +2,7 @@
 -- the methods of every response fetch returns, res:json() and, for a
 -- response read as it arrives (the stream option), res:read(),
 -- res:chunks(), res:events() and res:close().
+local compat = require "ratewise.compat"
 local core = require "ratewise.core"
 local errors = require "ratewise.errors"
 local headers = require "ratewise.headers"
@@ -41,9 +42,10 @@ response.mt = {
 }
 
 -- res -> what reading its stream needs: { transfer, per_call, what (the
--- "GET url" of messages), delivered (bytes handed over), ended, err }.
--- Weak keys: a response dropped unread takes its stream with it (the
--- transfer's own __gc closes it).
+-- "GET url" of messages), delivered (bytes handed over), ended, err,
+-- guard }. Weak keys: a response dropped unread takes its stream with it;
+-- the guard closes the transfer then (the engine holds every running
+-- transfer, and a paused one would never end on its own).
 local streams = setmetatable({}, { __mode = "k" })
 -- Responses not streamed whose body res:read() has given.
 local read_whole = setmetatable({}, { __mode = "k" })
@@ -58,7 +60,8 @@ end
 --- response.stream(res, transfer, per_call_sleep, what): makes res the
 -- reader of a streamed transfer whose headers are in.
 function response.stream(res, transfer, per_call, what)
-  streams[res] = { transfer = transfer, per_call = per_call, what = what, delivered = 0 }
+  streams[res] = { transfer = transfer, per_call = per_call, what = what, delivered = 0,
+    guard = compat.on_collect(function() transfer:close() end) }
 end
 
 local function finish(st, err)
