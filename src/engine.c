@@ -554,18 +554,18 @@ static void engine_finish(transfer *t, CURLcode code, enum transfer_abort aborte
     /* Only whole responses say what size the responses are. */
     if (code == CURLE_OK && aborted == ABORT_NONE)
         e->response_bytes += ((double)(t->head.len + t->body.len) - e->response_bytes) / 8;
-    /* A held transfer never ran: what the handle knows is its last
-     * request's (a status, bytes sent), not this one's. */
+    /* A held transfer never ran, and was never added: what the handle
+     * knows is its last request's (a status, bytes sent), not this one's. */
     if (!held) {
         curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &t->status);
         curl_easy_getinfo(easy, CURLINFO_HTTP_VERSION, &t->http_version);
         t->request_size += engine_sent(t);
         if (curl_easy_getinfo(easy, CURLINFO_TOTAL_TIME, &hop_time) == CURLE_OK) t->total_time += hop_time;
+        /* Removing a transfer that has not completed closes its
+         * connection instead of returning it to the cache, which is what
+         * an abort needs. */
+        curl_multi_remove_handle(e->multi, easy);
     }
-    /* Removing a transfer that has not completed closes its connection
-     * instead of returning it to the cache, which is what an abort needs.
-     * A held one was never added. */
-    if (!held) curl_multi_remove_handle(e->multi, easy);
     engine_list_remove(&e->running, t);
     t->engine = NULL;
     t->state = TRANSFER_DONE;
