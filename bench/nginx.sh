@@ -3,9 +3,16 @@
 #
 #   bench/nginx.sh install          installs Debian's nginx if it is missing,
 #                                   without leaving the system service running
-#   bench/nginx.sh start DIR [PORT] writes DIR/nginx.conf, starts nginx (daemon)
-#                                   on 127.0.0.1:PORT (a free one when PORT is
+#   bench/nginx.sh start DIR [PORT] writes DIR/nginx.conf and the bodies of
+#                                   DIR/body/, starts nginx (daemon) on
+#                                   127.0.0.1:PORT (a free one when PORT is
 #                                   not given) and prints the port
+#
+# It answers / with "ok" (2 bytes, from the configuration), and
+# /body/64k and /body/1m with exactly 65,536 and 1,048,576 bytes: static
+# files, read from the page cache and sent with sendfile, with no gzip
+# (nothing here turns it on), so that nginx spends as little of its core
+# as it can on the large-body shapes of run.lua.
 #   bench/nginx.sh stop DIR         stops that nginx by the pid in DIR/nginx.pid
 set -euo pipefail
 
@@ -44,6 +51,16 @@ install_nginx() {
 
 port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
+# The bodies /body/64k and /body/1m: printable bytes of the exact sizes.
+write_bodies() { # DIR
+    local dir=$1/body
+    mkdir -p "$dir"
+    head -c 65536 /dev/zero | tr '\0' 'x' > "$dir/64k"
+    head -c 1048576 /dev/zero | tr '\0' 'x' > "$dir/1m"
+    chmod 755 "$dir"
+    chmod 644 "$dir/64k" "$dir/1m"
+}
+
 write_conf() { # DIR PORT
     local dir=$1 port=$2
     cat > "$dir/nginx.conf" <<CONF
@@ -62,9 +79,15 @@ http {
     scgi_temp_path $dir/scgi;
     keepalive_requests 1000000;
     keepalive_timeout 60s;
+    # For the bodies: sendfile from the page cache, and the files kept open
+    # (no open and stat a request).
+    sendfile on;
+    tcp_nopush on;
+    open_file_cache max=16 inactive=600s;
     server {
         listen 127.0.0.1:$port;
         location / { return 200 "ok"; }
+        location /body/ { root $dir; default_type application/octet-stream; }
     }
 }
 CONF
@@ -76,6 +99,7 @@ start() { # DIR [PORT]
     mkdir -p "$dir"
     dir=$(cd "$dir" && pwd)
     chmod 755 "$dir"
+    write_bodies "$dir"
     for _ in 1 2 3 4 5 6 7 8 9 10; do
         if [ -n "$want" ]; then port=$want; else port=$((20000 + RANDOM % 40000)); fi
         if [ -z "$want" ] && port_in_use "$port"; then continue; fi
