@@ -1,7 +1,8 @@
 -- waiters.lua [TASKS [SECONDS]]: what tasks cost while they wait on a bucket.
--- Run by bench/run.lua in a fresh lua5.4 process, so that nothing else the
--- benchmark allocated muddies the memory figure. Run from the repository
--- root with LUA_PATH/LUA_CPATH pointing at ./lua and ./build.
+-- Run by bench/run.lua in a fresh process of its own interpreter (lua5.4 or
+-- luajit), so that nothing else the benchmark allocated muddies the memory
+-- figure. Run from the repository root with LUA_PATH/LUA_CPATH pointing at
+-- ./lua and ./build (./build-luajit for luajit).
 --
 --   1. TASKS tasks (default 10000) each call b:acquire() on a bucket that
 --      will not serve them for a long time (capacity 1, rate 0.001, its one
@@ -16,7 +17,7 @@
 local rw = require "ratewise"
 
 local format = string.format
-local N = math.tointeger(tonumber(arg[1] or "")) or 10000
+local N = math.floor(tonumber(arg[1] or "") or 10000)
 local WAIT = tonumber(arg[2] or "") or 2
 
 -- The resident set, in bytes.
