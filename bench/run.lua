@@ -1,36 +1,63 @@
--- `make bench`: keep-alive GETs on loopback against one private nginx.
+-- `make bench`: keep-alive GETs on loopback against one private nginx
+-- (bench/nginx.sh), in the shapes users write (issue 15), each against a
+-- plain C libcurl contender doing the same work, in alternating rounds
+-- (bench/rounds.lua); ratewise's side of each is in bench/shapes.lua.
 --
--- 1. Sequential: ratewise's rw.fetch against the same loop in plain C with
---    libcurl (bench/plain_curl), in alternating rounds.
--- 2. Concurrent: 64 ratewise tasks of rw.fetch (under rw.run) against one
---    libcurl multi handle keeping 64 transfers in flight (bench/multi_curl64),
---    in alternating rounds; then wrk with as many connections, the limit of
---    the machine, to put the figure in scale.
--- 3. 10,000 tasks waiting on a bucket, in a fresh process (bench/waiters.lua):
---    resident memory per waiting task, CPU used while they wait, cancel.
+-- 0. The wire: one request of each contender, captured by a socket server
+--    (bench/capture_request.py), must be the same bytes.
+-- 1. sequential: rw.fetch in a loop vs the same loop on one reused libcurl
+--    easy handle (bench/plain_curl). Target 0.95.
+-- 2. loop64: 64 tasks under rw.run looping rw.fetch with one options table
+--    vs one libcurl multi handle keeping 64 transfers in flight
+--    (bench/multi_curl64); then wrk with as many connections, the limit of
+--    the machine, to put the figure in scale. Target 0.90.
+-- 3. map_shared: rw.map(urls, function(u) return rw.fetch(u, opts) end,
+--    {concurrency = 64}) with one shared opts, vs the same multi. Target 0.90.
+-- 4. map_fresh, map_inherit: the same with a per-call options table, fresh
+--    ({ max_elapsed = left, on_retry = false }) or inheriting from a base
+--    (setmetatable({ max_elapsed = left }, { __index = base })). Target 0.90.
+-- 5. body_64k, body_1m: 64 tasks looping rw.fetch on a 64 KiB (1 MiB) body,
+--    each body's length read in Lua, vs the multi keeping each body in
+--    memory (its bytes are counted and checked). Target 0.90.
+-- 6. waiters: 10,000 tasks waiting on a bucket, in a fresh process
+--    (bench/waiters.lua): resident memory per waiting task, CPU used while
+--    they wait, cancel.
+-- Then the table of every shape's ratio (the median of the rounds' ratios,
+-- and their range) against its target, "target met" or "NOT met".
 -- A benchmark, not a test: it fails only when a request fails (or a check of
--- part 3 does), not when a ratio misses its target.
+-- part 6 does), not when a ratio misses its target.
 --
 -- Run from the repository root (the Makefile does), with LUA_PATH/LUA_CPATH
--- pointing at ./lua and ./build. Knobs (environment):
+-- pointing at ./lua and ./build. Runs under Lua 5.4 and LuaJIT
+-- (`make bench LUA=luajit`, which builds build-luajit/). Knobs (environment):
 --   BENCH_REQUESTS       sequential: requests per round and contender (default 20000)
 --   BENCH_ROUNDS         sequential: rounds (default 5)
 --   BENCH_WARMUP         sequential: warm-up requests per contender (default 2000)
---   BENCH_CONC_REQUESTS  concurrent: requests per round and contender (default 40000)
---   BENCH_CONC_ROUNDS    concurrent: rounds (default 5)
---   BENCH_CONC_WARMUP    concurrent: warm-up requests per contender (default 5000)
---   BENCH_CONCURRENCY    concurrent: transfers in flight, tasks (default 64)
+--   BENCH_CONC_REQUESTS  loop64: requests per round and contender (default 40000)
+--   BENCH_CONC_ROUNDS    loop64: rounds (default 5)
+--   BENCH_CONC_WARMUP    loop64: warm-up requests per contender (default 5000)
+--   BENCH_CONCURRENCY    every concurrent shape: transfers in flight, tasks (default 64)
+--   BENCH_MAP_REQUESTS   map_*: requests (the list's length) per round and contender (default 40000)
+--   BENCH_MAP_ROUNDS     map_*: rounds (default 5)
+--   BENCH_MAP_WARMUP     map_*: warm-up requests per contender (default 5000)
+--   BENCH_64K_REQUESTS   body_64k: requests per round and contender (default 20000)
+--   BENCH_1M_REQUESTS    body_1m: requests per round and contender (default 4000)
+--   BENCH_BODY_ROUNDS    body_*: rounds (default 5)
+--   BENCH_BODY_WARMUP    body_*: warm-up requests per contender (default: a tenth of a round)
 --   BENCH_WRK_SECONDS    wrk's duration (default 3); BENCH_WRK_THREADS its threads (default 1)
 --   BENCH_WAITERS        tasks waiting on the bucket (default 10000)
 --   BENCH_WAIT_SECONDS   how long they wait while CPU is measured (default 2)
+--   BENCH_ONLY           the parts to run, by the names above, comma-separated
+--                        (default: all; the wire check always runs)
 local rw = require "ratewise"
+local rounds = require "bench.rounds"
+local shapes = require "bench.shapes"
 
-local TARGET = 0.90      -- sequential ratio ratewise / plain libcurl
-local CONC_TARGET = 0.85 -- concurrent ratio ratewise / plain libcurl multi (the seam issue's target)
-local WAITER_TARGET = 2048 -- bytes of resident memory per waiting task
+local format, floor = string.format, math.floor
+
 local function env_int(name, default)
   local v = tonumber(os.getenv(name) or "")
-  if v and v >= 1 and v % 1 == 0 then return math.tointeger(v) end
+  if v and v >= 1 and v % 1 == 0 then return floor(v) end
   return default
 end
 local N = env_int("BENCH_REQUESTS", 20000)
@@ -40,18 +67,33 @@ local CONC_N = env_int("BENCH_CONC_REQUESTS", 40000)
 local CONC_ROUNDS = env_int("BENCH_CONC_ROUNDS", 5)
 local CONC_WARMUP = env_int("BENCH_CONC_WARMUP", 5000)
 local CONC = env_int("BENCH_CONCURRENCY", 64)
+local MAP_N = env_int("BENCH_MAP_REQUESTS", 40000)
+local MAP_ROUNDS = env_int("BENCH_MAP_ROUNDS", 5)
+local MAP_WARMUP = env_int("BENCH_MAP_WARMUP", 5000)
+local N_64K = env_int("BENCH_64K_REQUESTS", 20000)
+local N_1M = env_int("BENCH_1M_REQUESTS", 4000)
+local BODY_ROUNDS = env_int("BENCH_BODY_ROUNDS", 5)
+local BODY_WARMUP = env_int("BENCH_BODY_WARMUP", nil)
 local WRK_SECONDS = env_int("BENCH_WRK_SECONDS", 3)
 local WRK_THREADS = env_int("BENCH_WRK_THREADS", 1)
 local WAITERS = env_int("BENCH_WAITERS", 10000)
 local WAIT_SECONDS = env_int("BENCH_WAIT_SECONDS", 2)
 
+local ONLY
+if (os.getenv("BENCH_ONLY") or "") ~= "" then
+  ONLY = {}
+  for name in os.getenv("BENCH_ONLY"):gmatch("[^,%s]+") do ONLY[name] = true end
+end
+local function wanted(name) return ONLY == nil or ONLY[name] == true end
+
 local here = (arg and arg[0] or "bench/run.lua"):match("^(.*)/[^/]*$") or "."
 local NGINX_SH = here .. "/nginx.sh"
 local PLAIN = here .. "/plain_curl"
 local MULTI = here .. "/multi_curl64"
+local CAPTURE = here .. "/capture_request.py"
 local WAITERS_LUA = here .. "/waiters.lua"
 -- The interpreter running this script (the lowest index of arg), for the
--- fresh process of part 3.
+-- fresh process of the waiters part.
 local LUA = "lua5.4"
 if arg then
   local i = -1
@@ -61,141 +103,128 @@ if arg then
   end
 end
 
-local format = string.format
+-- The bodies nginx.sh serves, and their sizes.
+local BODY_64K, BODY_1M = 65536, 1048576
 
 local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
--- Runs a command, returns its standard output (trimmed), and whether it
--- exited with status 0.
+-- Runs a command; returns its standard output (trimmed) and whether it
+-- exited with status 0. The status is read from a line the shell prints
+-- after it: LuaJIT's (and Lua 5.1's) popen:close() does not report it.
 local function run_cmd(cmd)
-  local p = assert(io.popen(cmd, "r"))
+  local p = assert(io.popen("{ " .. cmd .. "\n}; printf '\\n#exit=%d' $?", "r"))
   local out = p:read("*a")
-  local ok, how, code = p:close()
-  return (out:gsub("%s+$", "")), ok, how, code
+  p:close()
+  local status = tonumber(out:match("#exit=(%d+)$"))
+  out = out:gsub("\n?#exit=%d+$", "")
+  return (out:gsub("%s+$", "")), status == 0
 end
 
 -- Runs a command, returns its standard output (trimmed) or raises.
 local function capture(cmd)
-  local out, ok, how, code = run_cmd(cmd)
-  if not ok then
-    error(format("command failed (%s %s): %s", tostring(how), tostring(code), cmd), 0)
-  end
+  local out, ok = run_cmd(cmd)
+  if not ok then error(format("command failed: %s", cmd), 0) end
   return out
 end
 
-local function median(t)
-  local s = {}
-  for i, v in ipairs(t) do s[i] = v end
-  table.sort(s)
-  local n = #s
-  if n % 2 == 1 then return s[(n + 1) // 2] end
-  return (s[n // 2] + s[n // 2 + 1]) / 2
+-- os.execute's success, as 5.1/LuaJIT (a status number) and 5.2+ (true) say it.
+local function succeeded(a)
+  return a == true or a == 0
 end
 
 ---------------------------------------------------------------------------
--- The contenders
+-- The plain C contenders
 
 local agent = "ratewise/" .. rw._VERSION -- what rw.fetch sends as User-Agent
 
+-- A failure of a plain contender counts as a failed request (and fails the
+-- run); it is not raised, so that the run goes on to report it.
 local function run_plain(url, n)
-  local out = capture(format("%s %s %d %s", sh_quote(PLAIN), sh_quote(url), n, sh_quote(agent)))
+  local out, ok = run_cmd(format("%s %s %d %s", sh_quote(PLAIN), sh_quote(url), n, sh_quote(agent)))
   local rate = tonumber(out:match("rate=([%d.]+)"))
-  if not rate then error("plain_curl printed no rate: " .. out, 0) end
-  return rate
+  if not ok or not rate then
+    io.stderr:write("plain_curl failed: ", out, "\n")
+    return { rate = 0, failed = 1 }
+  end
+  return { rate = rate, failed = 0, cpu_us = tonumber(out:match("cpu_us=([%d.]+)")) }
 end
 
 -- One libcurl multi handle, `conc` transfers in flight. It counts the
--- transfers that did not end in a 200 (and then exits 1): those are added
--- to plain_failures, not raised, so that the run goes on to report them.
--- Returns the rate, the failures and the CPU microseconds per request.
-local plain_failures = 0
-local function run_multi(url, n, conc)
+-- transfers that did not end in a 200 (and then exits 1), and sums the body
+-- bytes it kept: with `size`, they must come to n bodies of that size.
+local function run_multi(url, n, conc, size)
   local out = run_cmd(format("%s %s %d %d %s", sh_quote(MULTI), sh_quote(url), n, conc, sh_quote(agent)))
   local rate = tonumber(out:match("rate=([%d.]+)"))
   local failed = tonumber(out:match("failures=(%d+)"))
+  local bytes = tonumber(out:match("body_bytes=(%d+)"))
   if not rate or not failed then error("multi_curl64 printed no rate: " .. out, 0) end
-  plain_failures = plain_failures + failed
-  return rate, failed, tonumber(out:match("cpu_us=([%d.]+)"))
-end
-
--- Minor page faults of this process so far (/proc/self/stat, field 10).
-local function minor_faults()
-  local f = io.open("/proc/self/stat", "r")
-  if not f then return nil end
-  local stat = f:read("*a")
-  f:close()
-  local rest = stat:match("%) (.*)$") or ""
-  local i = 2 -- the fields after the command's name start at field 3
-  for field in rest:gmatch("%S+") do
-    i = i + 1
-    if i == 10 then return tonumber(field) end
+  if size and bytes ~= n * size then
+    io.stderr:write(format("multi_curl64: %s body bytes for %d bodies of %d\n", tostring(bytes), n, size))
+    if failed == 0 then failed = 1 end
   end
-  return nil
+  return { rate = rate, failed = failed, cpu_us = tonumber(out:match("cpu_us=([%d.]+)")) }
 end
 
-local failures, shown = 0, {}
-local function note_failure(res, err)
-  local why = res and ("status " .. tostring(res.status)) or tostring(err)
-  if not shown[why] then
-    shown[why] = true
-    io.stderr:write("rw.fetch failed: ", why, "\n")
+-- A full collection before each of ratewise's runs (see rounds.compare).
+local function collect()
+  collectgarbage("collect")
+  collectgarbage("collect")
+end
+
+---------------------------------------------------------------------------
+-- 0. The wire
+
+-- One request of each contender to capture_request.py, which answers each
+-- and prints its request head. They must be the same bytes, or the ratios
+-- compare unlike work. A difference is reported, loudly, but does not fail
+-- the run (no request failed).
+local function check_wire()
+  local p = io.popen(format("python3 %s 3 2>&1", sh_quote(CAPTURE)), "r")
+  local port = p and tonumber(p:read("*l") or "")
+  if not port then
+    if p then p:close() end
+    io.write("request heads: not checked (bench/capture_request.py did not start; is python3 installed?)\n")
+    return
   end
-end
-
--- `count` keep-alive GETs through rw.fetch; returns how many failed.
-local function fetch_loop(url, count)
-  local fetch, opts, failed = rw.fetch, { on_retry = false }, 0
-  for _ = 1, count do
-    local res, err = fetch(url, opts)
-    if not res or res.status ~= 200 then
-      failed = failed + 1
-      note_failure(res, err)
+  local url = format("http://127.0.0.1:%d/", port)
+  -- In this order, one after the other: the server sees them so.
+  run_cmd(format("%s %s 1 %s", sh_quote(PLAIN), sh_quote(url), sh_quote(agent)))
+  run_cmd(format("%s %s 1 1 %s", sh_quote(MULTI), sh_quote(url), sh_quote(agent)))
+  rw.fetch(url, { on_retry = false })
+  local out = p:read("*a")
+  p:close()
+  local heads = {}
+  for head in out:gmatch("(.-)\n%-%-%-%-\n") do heads[#heads + 1] = head end
+  if #heads ~= 3 then
+    io.write("request heads: not checked (the capture got ", #heads, " of 3)\n", out, "\n")
+    return
+  end
+  if heads[1] == heads[2] and heads[2] == heads[3] then
+    io.write(format("request heads: plain_curl, multi_curl64 and rw.fetch send the same %d bytes:\n", #heads[1]))
+    for l in heads[1]:gmatch("[^\n]+") do io.write("    ", l, "\n") end
+  else
+    io.write("request heads DIFFER, the ratios below compare unlike requests:\n")
+    for i, who in ipairs { "plain_curl", "multi_curl64", "rw.fetch" } do
+      io.write("  ", who, ":\n")
+      for l in heads[i]:gmatch("[^\n]+") do io.write("    ", l, "\n") end
     end
   end
-  return failed
+  io.flush()
 end
 
-local function run_ratewise(url, n)
-  local now = rw.now
-  local t0 = now()
-  local failed = fetch_loop(url, n)
-  local secs = now() - t0
-  failures = failures + failed
-  return n / secs, failed
-end
-
--- `conc` tasks under rw.run, each looping over its share of the n fetches;
--- their transfers share the scheduler's one libcurl multi handle. Returns
--- the rate, the failures, CPU microseconds and minor page faults per request.
-local conc_failures = 0
-local function run_ratewise_concurrent(url, n, conc)
-  local now, spawn = rw.now, rw.spawn
-  local failed = 0
-  local function worker(count)
-    failed = failed + fetch_loop(url, count)
-  end
-  local f0, c0, t0 = minor_faults(), os.clock(), now()
-  rw.run(function()
-    for w = 1, conc do
-      local count = n // conc + (w <= n % conc and 1 or 0)
-      if count > 0 then spawn(worker, count) end
-    end
-  end)
-  local secs, cpu, f1 = now() - t0, os.clock() - c0, minor_faults()
-  conc_failures = conc_failures + failed
-  return n / secs, failed, cpu * 1e6 / n, f0 and f1 and (f1 - f0) / n
-end
+---------------------------------------------------------------------------
+-- wrk, to put the 64-task figure in scale
 
 -- wrk, installed from Debian when missing (as root). Returns its rate and
 -- a note on errors, or nil and why there is no figure.
 local function ensure_wrk()
-  if os.execute("command -v wrk >/dev/null 2>&1") then return true end
+  if succeeded(os.execute("command -v wrk >/dev/null 2>&1")) then return true end
   if capture("id -u") ~= "0" then return nil, "wrk is not installed and installing it needs root" end
   io.write("installing wrk (apt-get install -y wrk)\n")
   io.flush()
   os.execute("{ export DEBIAN_FRONTEND=noninteractive; apt-get install -y -qq wrk"
     .. " || { apt-get update -qq && apt-get install -y -qq wrk; }; } >/dev/null 2>&1")
-  if os.execute("command -v wrk >/dev/null 2>&1") then return true end
+  if succeeded(os.execute("command -v wrk >/dev/null 2>&1")) then return true end
   return nil, "apt-get install wrk failed"
 end
 
@@ -214,7 +243,11 @@ local function run_wrk(url, conc)
   return rate, #errors > 0 and table.concat(errors, "; ") or nil
 end
 
--- Part 3, in a fresh interpreter; returns its key=value pairs.
+---------------------------------------------------------------------------
+-- 6. Waiting tasks, in a fresh interpreter; returns its key=value pairs.
+
+local WAITER_TARGET = 2048 -- bytes of resident memory per waiting task
+
 local function run_waiters()
   local out, ok = run_cmd(format("%s %s %d %d", sh_quote(LUA), sh_quote(WAITERS_LUA), WAITERS, WAIT_SECONDS))
   local r = {}
@@ -224,131 +257,98 @@ local function run_waiters()
   return r
 end
 
----------------------------------------------------------------------------
--- The run
-
-local function sequential(url)
-  -- Warm-up: connection, caches, CPU frequency; results thrown away.
-  run_plain(url, WARMUP)
-  run_ratewise(url, WARMUP)
-
-  local plain, ours = {}, {}
-  for r = 1, ROUNDS do
-    -- Alternate which contender goes first, so drift hits both alike.
-    if r % 2 == 1 then
-      plain[r] = run_plain(url, N)
-      ours[r] = run_ratewise(url, N)
-    else
-      ours[r] = run_ratewise(url, N)
-      plain[r] = run_plain(url, N)
-    end
-    io.write(format("  round %d: plain libcurl %8.0f req/s, ratewise %8.0f req/s, ratio %.3f\n",
-      r, plain[r], ours[r], ours[r] / plain[r]))
-    io.flush()
-  end
-
-  local mp, mo = median(plain), median(ours)
-  local ratio = mo / mp
-  io.write(format("sequential keep-alive GET, loopback nginx, %d requests x %d rounds\n", N, ROUNDS))
-  io.write(format("  plain libcurl (easy handle reused)   %6.0f req/s\n", mp))
-  io.write(format("  ratewise rw.fetch                    %6.0f req/s\n", mo))
-  io.write(format("  ratio ratewise / libcurl             %.2f   (target >= %.2f%s)\n",
-    ratio, TARGET, ratio >= TARGET and "" or ", NOT met"))
-  local ratios = {}
-  for r = 1, ROUNDS do ratios[r] = ours[r] / plain[r] end
-  -- Each round's two runs are back to back, so this one shrugs off the
-  -- machine's drift better than the ratio of the medians above.
-  io.write(format("  ratio, median of the per-round ones  %.2f\n", median(ratios)))
-  io.write(format("  rw.fetch failures                    %d of %d\n",
-    failures, (ROUNDS * N) + WARMUP))
-  io.flush()
-end
-
-local function concurrent(url)
-  io.write(format("concurrent keep-alive GET, %d in flight: rounds\n", CONC))
-  run_multi(url, CONC_WARMUP, CONC)
-  run_ratewise_concurrent(url, CONC_WARMUP, CONC)
-  local plain, ours, ratios, plain_cpus, our_cpus, our_faults = {}, {}, {}, {}, {}, {}
-  for r = 1, CONC_ROUNDS do
-    local plain_cpu, our_cpu, faults, _
-    if r % 2 == 1 then
-      plain[r], _, plain_cpu = run_multi(url, CONC_N, CONC)
-      ours[r], _, our_cpu, faults = run_ratewise_concurrent(url, CONC_N, CONC)
-    else
-      ours[r], _, our_cpu, faults = run_ratewise_concurrent(url, CONC_N, CONC)
-      plain[r], _, plain_cpu = run_multi(url, CONC_N, CONC)
-    end
-    ratios[r] = ours[r] / plain[r]
-    -- CPU per request tells the contenders' own cost from the machine's
-    -- noise; page faults show glibc trimming the heap's top and growing it
-    -- again (what libcurl's 16 KiB receive buffer per transfer caused
-    -- before the engine sized it to the responses, see src/engine.c).
-    plain_cpus[r], our_cpus[r], our_faults[r] = plain_cpu or 0 / 0, our_cpu, faults or 0 / 0
-    io.write(format("  round %d: libcurl multi %6.0f req/s, %4.1f us CPU/req | ratewise %6.0f req/s, "
-      .. "%4.1f us CPU/req, %.2f page faults/req | ratio %.3f\n",
-      r, plain[r], plain_cpus[r], ours[r], our_cpus[r], our_faults[r], ratios[r]))
-    io.flush()
-  end
-  local wrk_rate, wrk_note = run_wrk(url, CONC)
-  return { plain = median(plain), ours = median(ours), ratio_rounds = median(ratios),
-    plain_cpu = median(plain_cpus), our_cpu = median(our_cpus), our_faults = median(our_faults),
-    wrk = wrk_rate, wrk_note = wrk_note }
-end
-
--- 10000 -> "10,000"
-local function thousands(n)
-  local s = tostring(n)
-  repeat
-    local k
-    s, k = s:gsub("^(%d+)(%d%d%d)", "%1,%2")
-  until k == 0
-  return s
-end
-
 local function line(label, fmt, ...)
-  io.write(format("  %-40s " .. fmt .. "\n", label, ...))
+  io.write(format("  %-48s " .. fmt .. "\n", label, ...))
 end
 
-local function report(c, w)
-  local ratio = c.ours / c.plain
-  io.write(format("concurrent keep-alive GET, %d in flight, loopback nginx, %d requests x %d rounds\n",
-    CONC, CONC_N, CONC_ROUNDS))
-  line(format("plain libcurl multi (%d easy handles)", CONC), "%6.0f req/s", c.plain)
-  line(format("ratewise, %d tasks of rw.fetch", CONC), "%6.0f req/s", c.ours)
-  line("ratio ratewise / libcurl multi", "%.2f   (target >= %.2f%s)",
-    ratio, CONC_TARGET, ratio >= CONC_TARGET and "" or ", NOT met")
-  line("ratio, median of the per-round ones", "%.2f", c.ratio_rounds)
-  line("CPU per request, libcurl multi / rw", "%.1f us / %.1f us (ratewise: %.2f page faults/req)",
-    c.plain_cpu, c.our_cpu, c.our_faults)
-  local wrk_label = format("wrk -t%d -c%d -d%ds", math.min(WRK_THREADS, CONC), CONC, WRK_SECONDS)
-  if c.wrk then
-    line(wrk_label, "%6.0f req/s; ratewise at %.2f of it%s", c.wrk, c.ours / c.wrk,
-      c.wrk_note and (" (wrk: " .. c.wrk_note .. ")") or "")
-  else
-    line(wrk_label, "no figure: %s", tostring(c.wrk_note))
-  end
-  local total = CONC_ROUNDS * CONC_N + CONC_WARMUP
-  line("failures (status not 200, or errors)", "rw.fetch %d of %d, libcurl multi %d of %d",
-    conc_failures, total, plain_failures, total)
-  io.write(format("%s tasks waiting on a bucket\n", thousands(WAITERS)))
-  line("resident memory per waiting task", "%4.0f B (target < %d%s); Lua heap %.0f B",
-    w.rss_per_task, WAITER_TARGET, w.rss_per_task < WAITER_TARGET and "" or ", NOT met", w.heap_per_task)
+local function report_waiters(w)
+  io.write(format("%s tasks waiting on a bucket\n", rounds.thousands(WAITERS)))
+  line("resident memory per waiting task", "%4.0f B (target < %d: %s); Lua heap %.0f B",
+    w.rss_per_task, WAITER_TARGET, w.rss_per_task < WAITER_TARGET and "target met" or "NOT met",
+    w.heap_per_task)
   line(format("CPU while they wait %d s", WAIT_SECONDS), "%.3f s (%.1f %%)",
     w.wait_cpu_s, 100 * w.wait_cpu_s / w.wait_s)
   line("start them waiting / cancel them all", "%.3f s / %.3f s; live tasks after cancel: %d",
     w.start_s, w.cancel_s, w.live_after_cancel)
 end
 
+---------------------------------------------------------------------------
+-- The shapes
+
+local function shape_list(base)
+  local root, url_64k, url_1m = base .. "/", base .. "/body/64k", base .. "/body/1m"
+  local function multi(url, size)
+    return function(n) return run_multi(url, n, CONC, size) end
+  end
+  local function map_shape(key, name, fn)
+    return { key = key, name = name, n = MAP_N, rounds = MAP_ROUNDS, warmup = MAP_WARMUP, target = 0.90,
+      plain = multi(root), ours = function(n) return fn(root, n, CONC) end }
+  end
+  local function body_shape(key, name, url, n, size)
+    return { key = key, name = name, n = n, rounds = BODY_ROUNDS, warmup = BODY_WARMUP or math.ceil(n / 10),
+      target = 0.90, plain = multi(url, size), ours = function(k) return shapes.loop(url, k, CONC, size) end }
+  end
+  return {
+    { key = "sequential", name = "sequential: rw.fetch / one easy handle", n = N, rounds = ROUNDS,
+      warmup = WARMUP, target = 0.95,
+      plain = function(n) return run_plain(root, n) end,
+      ours = function(n) return shapes.sequential(root, n) end },
+    { key = "loop64", name = format("%d tasks looping rw.fetch / multi", CONC), n = CONC_N,
+      rounds = CONC_ROUNDS, warmup = CONC_WARMUP, target = 0.90,
+      plain = multi(root), ours = function(n) return shapes.loop(root, n, CONC) end },
+    map_shape("map_shared", "rw.map, shared opts / multi", shapes.map_shared),
+    map_shape("map_fresh", "rw.map, fresh opts per call / multi", shapes.map_fresh),
+    map_shape("map_inherit", "rw.map, opts per call via __index / multi", shapes.map_inherit),
+    body_shape("body_64k", format("%d tasks, 64 KiB bodies / multi", CONC), url_64k, N_64K, BODY_64K),
+    body_shape("body_1m", format("%d tasks, 1 MiB bodies / multi", CONC), url_1m, N_1M, BODY_1M),
+  }
+end
+
+local rows, failed_requests = {}, 0
 local waiters_ok = true
+
 local function bench(port)
-  local url = format("http://127.0.0.1:%d/", port)
-  io.write(format("nginx on 127.0.0.1:%d; ratewise %s; %s\n", port, rw._VERSION,
-    require("ratewise.core").curl_version or "libcurl"))
-  sequential(url)
-  local c = concurrent(url)
-  local w = run_waiters()
-  waiters_ok = w.ok
-  report(c, w)
+  local base = format("http://127.0.0.1:%d", port)
+  local jit = rawget(_G, "jit")
+  io.write(format("nginx on 127.0.0.1:%d; ratewise %s on %s; %s; %d in flight\n", port, rw._VERSION,
+    jit and jit.version or _VERSION, require("ratewise.core").curl_version or "libcurl", CONC))
+  check_wire()
+  local wrk_rate, wrk_note
+  for _, shape in ipairs(shape_list(base)) do
+    if wanted(shape.key) then
+      local row = rounds.compare(shape, collect)
+      rows[#rows + 1] = row
+      failed_requests = failed_requests + row.plain_failed + row.our_failed
+      if shape.key == "loop64" then
+        wrk_rate, wrk_note = run_wrk(base .. "/", CONC)
+        row.wrk = wrk_rate
+      end
+    end
+  end
+  local w
+  if wanted("waiters") then
+    w = run_waiters()
+    waiters_ok = w.ok
+  end
+
+  io.write("\n")
+  rounds.report(rows)
+  for _, row in ipairs(rows) do
+    if row.shape.key == "loop64" then
+      local wrk_label = format("wrk -t%d -c%d -d%ds", math.min(WRK_THREADS, CONC), CONC, WRK_SECONDS)
+      if wrk_rate then
+        line(wrk_label, "%6.0f req/s; ratewise's 64 tasks at %.2f of it%s", wrk_rate, row.ours / wrk_rate,
+          wrk_note and (" (wrk: " .. wrk_note .. ")") or "")
+      else
+        line(wrk_label, "no figure: %s", tostring(wrk_note))
+      end
+    end
+  end
+  for _, row in ipairs(rows) do
+    line(format("failures, %s", row.shape.key), "rw.fetch %d of %d, plain %d of %d",
+      row.our_failed, row.requests, row.plain_failed, row.requests)
+  end
+  if w then report_waiters(w) end
 end
 
 local dir = capture("mktemp -d -t ratewise-bench.XXXXXX")
@@ -366,13 +366,9 @@ if not ok then
   os.exit(1)
 end
 local bad = false
-if failures > 0 then
-  io.stderr:write(format("bench: %d sequential rw.fetch call(s) did not return status 200\n", failures))
-  bad = true
-end
-if conc_failures > 0 or plain_failures > 0 then
-  io.stderr:write(format("bench: concurrent requests that did not return status 200: rw.fetch %d, libcurl multi %d\n",
-    conc_failures, plain_failures))
+if failed_requests > 0 then
+  io.stderr:write(format("bench: %d request(s) failed (status not 200, an error, or a short body)\n",
+    failed_requests))
   bad = true
 end
 if not waiters_ok then

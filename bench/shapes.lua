@@ -1,0 +1,176 @@
+-- bench/shapes.lua: ratewise's side of each shape `make bench` measures,
+-- written the way users write it (issue 15). run.lua pairs each with its
+-- plain C contender (bench/plain_curl, bench/multi_curl64) in
+-- bench/rounds.lua's alternating rounds.
+--
+--   sequential      rw.fetch in a loop, one options table made once
+--   loop            `conc` tasks under rw.run, each looping rw.fetch with one
+--                   options table made once (the best case); with `size`,
+--                   each body must be that long (`#res.body` is read, so the
+--                   body really reached Lua, as the C contender keeps each)
+--   map_shared      rw.map(urls, function(u) return rw.fetch(u, opts) end,
+--                   {concurrency = conc}) with one shared opts
+--   map_fresh       the same, with a fresh options table per call
+--                   ({ max_elapsed = left, on_retry = false }): how a
+--                   deadline is passed down
+--   map_inherit     the same, with a per-call table inheriting from a base
+--                   one (setmetatable({ max_elapsed = left }, { __index = base }))
+--
+-- Each returns a measure for rounds.lua: { rate, failed, cpu_us, faults }
+-- (CPU microseconds and minor page faults per request, of this process).
+-- Portable to Lua 5.1 and LuaJIT.
+local rw = require "ratewise"
+
+local shapes = {}
+
+local format, floor = string.format, math.floor
+local fetch, now, spawn, map = rw.fetch, rw.now, rw.spawn, rw.map
+
+-- The options every shape's calls have: no on_retry hook (its default
+-- writes to stderr on a retry; the plain contenders retry nothing).
+local BASE = { on_retry = false }
+
+-- How far off the deadline of the per-call shapes is: far enough that no
+-- call runs out of it, so `left` only costs what computing it costs.
+local DEADLINE_SECONDS = 3600
+
+-- Minor page faults of this process so far (/proc/self/stat, field 10).
+local function minor_faults()
+  local f = io.open("/proc/self/stat", "r")
+  if not f then return nil end
+  local stat = f:read("*a")
+  f:close()
+  local rest = stat:match("%) (.*)$") or ""
+  local i = 2 -- the fields after the command's name start at field 3
+  for field in rest:gmatch("%S+") do
+    i = i + 1
+    if i == 10 then return tonumber(field) end
+  end
+  return nil
+end
+
+-- The first failure of each kind goes to stderr, once.
+local shown = {}
+local function note_failure(res, err, size)
+  local why
+  if not res then
+    why = tostring(err)
+  elseif res.status ~= 200 then
+    why = "status " .. tostring(res.status)
+  else
+    why = format("a body of %d bytes, not %d", #res.body, size)
+  end
+  if not shown[why] then
+    shown[why] = true
+    io.stderr:write("rw.fetch failed: ", why, "\n")
+  end
+end
+
+-- Whether a call's result is what the plain contender counts as success:
+-- status 200 and, when the shape has one, a body of exactly `size` bytes.
+local function good(res, size)
+  return res ~= nil and res.status == 200 and (size == nil or #res.body == size)
+end
+
+-- Times `work()` (which returns how many of its n calls failed). CPU per
+-- request tells the contenders' own cost from the machine's noise; minor
+-- page faults show the heap's top trimmed and grown again, or large blocks
+-- mapped and unmapped (bench/README.md, "Where the time goes").
+local function measure(n, work)
+  local f0, c0, t0 = minor_faults(), os.clock(), now()
+  local failed = work()
+  local secs, cpu, f1 = now() - t0, os.clock() - c0, minor_faults()
+  return { rate = n / secs, failed = failed, cpu_us = cpu * 1e6 / n, faults = f0 and f1 and (f1 - f0) / n }
+end
+
+-- `count` calls of rw.fetch(url, BASE); returns how many failed.
+local function fetch_loop(url, count, size)
+  local opts, failed = BASE, 0
+  for _ = 1, count do
+    local res, err = fetch(url, opts)
+    if not good(res, size) then
+      failed = failed + 1
+      note_failure(res, err, size)
+    end
+  end
+  return failed
+end
+
+function shapes.sequential(url, n)
+  return measure(n, function() return fetch_loop(url, n) end)
+end
+
+-- `conc` tasks under rw.run, each looping over its share of the n fetches;
+-- their transfers share the scheduler's one libcurl multi handle.
+function shapes.loop(url, n, conc, size)
+  return measure(n, function()
+    local failed = 0
+    local function worker(count)
+      -- Not `failed = failed + fetch_loop(...)`: that reads `failed` before
+      -- the loop yields, and would lose the other tasks' counts.
+      local mine = fetch_loop(url, count, size)
+      failed = failed + mine
+    end
+    rw.run(function()
+      for w = 1, conc do
+        local count = floor(n / conc) + (w <= n % conc and 1 or 0)
+        if count > 0 then spawn(worker, count) end
+      end
+    end)
+    return failed
+  end)
+end
+
+-- The list rw.map is given: the caller's, made before the clock starts.
+local lists = {}
+local function url_list(url, n)
+  local key = url .. " " .. n
+  local list = lists[key]
+  if not list then
+    list = {}
+    for i = 1, n do list[i] = url end
+    lists = { [key] = list } -- one list kept at a time
+  end
+  return list
+end
+
+-- rw.map over n copies of url with `fn`; the results are counted after the
+-- clock stops (a user reads them after map returns too).
+local function run_map(url, n, conc, fn)
+  local list = url_list(url, n)
+  local results, errors
+  local m = measure(n, function()
+    results, errors = map(list, fn, { concurrency = conc })
+    return 0
+  end)
+  for i = 1, n do
+    if not good(results[i]) then
+      m.failed = m.failed + 1
+      note_failure(results[i], errors[i])
+    end
+  end
+  return m
+end
+
+function shapes.map_shared(url, n, conc)
+  local opts = BASE
+  return run_map(url, n, conc, function(u) return fetch(u, opts) end)
+end
+
+function shapes.map_fresh(url, n, conc)
+  local deadline = now() + DEADLINE_SECONDS
+  return run_map(url, n, conc, function(u)
+    return fetch(u, { max_elapsed = deadline - now(), on_retry = false })
+  end)
+end
+
+-- A fresh metatable per call too, as the issue writes it (and as such code
+-- is usually written inline).
+function shapes.map_inherit(url, n, conc)
+  local deadline, base = now() + DEADLINE_SECONDS, BASE
+  return run_map(url, n, conc, function(u)
+    return fetch(u, setmetatable({ max_elapsed = deadline - now() }, { __index = base }))
+  end)
+end
+
+return shapes
