@@ -74,6 +74,62 @@ describe("ratewise.core engine", function()
     end)
   end)
 
+  describe("bodies", function()
+    -- One record, reused: its body buffer is kept from one response to the
+    -- next (and made at the announced size), and no byte of a longer body
+    -- shows through a shorter one.
+    local function fetch_one(e, url)
+      local t = assert(e:start { url = url })
+      while not t:done() do e:poll(1) end
+      local res, err = t:result()
+      t:close()
+      return res, err
+    end
+
+    it("gives each response its own whole body through a reused buffer", function()
+      local big = string.rep("0123456789abcdef", 65536) -- 1 MiB
+      local gz = string.rep("compressible ", 20000)
+      s:script("/body", {
+        { body = big },
+        { body = "short" },
+        { body = big:sub(1, 65536) },
+        { body = gz, encoding = "gzip" }, -- Content-Length is the compressed size
+        { body = "" },
+        { body = big .. "x" }, -- over the largest buffer a record keeps
+        { body = "again" },
+      })
+      local e = core.engine()
+      local want = { big, "short", big:sub(1, 65536), gz, "", big .. "x", "again" }
+      for i, body in ipairs(want) do
+        local res, err = fetch_one(e, s:url("/body"))
+        assert.is_nil(err, err and err.message)
+        assert.equal(200, res.status)
+        assert.equal(#body, #res.body, "response " .. i)
+        assert.is_true(res.body == body, "response " .. i)
+      end
+      e:trim() -- lets go of the large kept buffer; the engine goes on
+      local res = fetch_one(e, s:url("/echo"))
+      assert.equal(200, res.status)
+      e:close()
+    end)
+
+    it("does not take a Content-Length past max_body for the size to buffer", function()
+      s:script("/truncated", { { action = "truncate", body = "partial" } }) -- announces 1,007 bytes
+      s:script("/huge", { { body = string.rep("z", 4096) } })
+      local e = core.engine()
+      local res, err = fetch_one(e, s:url("/truncated"))
+      assert.is_nil(res)
+      assert.is_truthy(err.message:find("transfer closed with 1000 bytes remaining", 1, true), err.message)
+      local t = assert(e:start { url = s:url("/huge"), max_body = 100 })
+      while not t:done() do e:poll(1) end
+      res, err = t:result()
+      t:close()
+      assert.is_nil(res)
+      assert.is_truthy(err.message:find("response body too large", 1, true), err.message)
+      e:close()
+    end)
+  end)
+
   describe("connections", function()
     -- Each started transfer's outcome, once all have finished.
     local function run_all(e, transfers)

@@ -71,8 +71,15 @@
 #define ENGINE_RECV_MAX 16384L
 #define ENGINE_RECV_MIN 1024L
 
-/* Buffers above this are not kept with a pooled record. */
-#define ENGINE_KEEP_BUFFER (64 * 1024)
+/* A pooled record keeps its body buffer for the next response, so that a
+ * steady stream of large responses does not allocate (and, past glibc's
+ * thresholds, map and fault in) a fresh buffer for each one: a buffer up to
+ * ENGINE_KEEP_BUFFER (a 1 MiB body and the byte after it), while the
+ * engine's kept buffers stay under ENGINE_KEEP_TOTAL. engine:trim (at the
+ * end of rw.run) lets go of all but the small ones. */
+#define ENGINE_KEEP_BUFFER (1024 * 1024 + 1)
+#define ENGINE_KEEP_TOTAL (32 * 1024 * 1024)
+#define ENGINE_KEEP_SMALL (16 * 1024)
 
 
 typedef struct engine_list {
@@ -102,6 +109,7 @@ typedef struct engine {
     int gates_answered;   /* a probe's headers came: held transfers go on (engine_gates_release) */
     transfer *pool[ENGINE_POOL_MAX];
     int npool;
+    size_t kept; /* bytes of body buffer the pooled records keep */
     double response_bytes; /* moving average of a response's size */
     double next_expiry;    /* no running transfer expires before this (HUGE_VAL: none) */
     long max_connections, max_idle;
@@ -141,6 +149,7 @@ static transfer *engine_take(engine *e, int *fresh)
     *fresh = e->npool == 0;
     if (e->npool > 0) {
         t = e->pool[--e->npool];
+        e->kept -= t->body.cap;
         if (t->dirty & DIRTY_RESET) {
             /* Its last request set options libcurl cannot put back one by
              * one (TLS files, a pin, a proxy): every option is forgotten
@@ -223,8 +232,9 @@ static void engine_give(engine *e, transfer *t)
         engine_destroy(t);
         return;
     }
-    if (t->body.cap > ENGINE_KEEP_BUFFER) engine_buf_free(&t->body);
-    if (t->head.cap > ENGINE_KEEP_BUFFER) engine_buf_free(&t->head);
+    if (t->body.cap > ENGINE_KEEP_BUFFER || e->kept + t->body.cap > ENGINE_KEEP_TOTAL) engine_buf_free(&t->body);
+    e->kept += t->body.cap;
+    if (t->head.cap > ENGINE_KEEP_SMALL * 4) engine_buf_free(&t->head);
     t->body.len = t->head.len = t->head_end = 0;
     t->headers_done = t->body_too_large = t->headers_too_large = t->out_of_memory = 0;
     t->aborted = ABORT_NONE;
@@ -1284,10 +1294,20 @@ static int engine_l_fail_next(lua_State *L)
 #endif
 
 /* engine:trim(): once nothing runs, closes the connections kept from a
- * burst of more than max_idle_connections transfers (see engine_shed). */
+ * burst of more than max_idle_connections transfers (see engine_shed), and
+ * lets go of the large body buffers the pooled records keep. */
 static int engine_l_trim(lua_State *L)
 {
-    engine_shed(engine_check(L));
+    engine *e = engine_check(L);
+    int i;
+    engine_shed(e);
+    for (i = 0; i < e->npool; i++) {
+        transfer *t = e->pool[i];
+        if (t->body.cap > ENGINE_KEEP_SMALL) {
+            e->kept -= t->body.cap;
+            engine_buf_free(&t->body);
+        }
+    }
     return 0;
 }
 

@@ -28,6 +28,32 @@ static int response_buf_append(engine_buf *b, const char *p, size_t n)
     return 1;
 }
 
+/* The largest body buffer made at once from a Content-Length: a server
+ * that announces more and sends less gets no more memory than that; a body
+ * that is larger grows the buffer as it comes. */
+#define RESPONSE_RESERVE_MAX ((curl_off_t)8 * 1024 * 1024)
+
+/* The first bytes of a body whose length the server announced: the
+ * buffer is made that size (and the byte after it) at once, instead of
+ * doubling its way there with a copy each time. A body that decodes to
+ * more (Content-Encoding) grows from there. */
+static void response_reserve(transfer *t)
+{
+    curl_off_t length = -1;
+    size_t want;
+    char *data;
+    if (curl_easy_getinfo(t->easy, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length) != CURLE_OK || length <= 0)
+        return;
+    if (length > RESPONSE_RESERVE_MAX) length = RESPONSE_RESERVE_MAX;
+    want = (size_t)length + 1;
+    if (want > t->max_body) want = t->max_body + 1;
+    if (want <= t->body.cap) return;
+    data = (char *)realloc(t->body.data, want);
+    if (!data) return; /* the append below grows it, or says out of memory */
+    t->body.data = data;
+    t->body.cap = want;
+}
+
 size_t rw_response_on_body(char *ptr, size_t size, size_t nmemb, void *ud)
 {
     transfer *t = (transfer *)ud;
@@ -47,6 +73,7 @@ size_t rw_response_on_body(char *ptr, size_t size, size_t nmemb, void *ud)
         t->paused = 1;
         return CURL_WRITEFUNC_PAUSE;
     }
+    if (t->body.len == 0 && !t->stream) response_reserve(t);
     if (!response_buf_append(&t->body, ptr, n)) {
         t->out_of_memory = 1;
         return 0;
