@@ -9,6 +9,9 @@
 --   transfer  IN_FLIGHT tasks under rw.run, each looping runtime.transfer
 --             (+ scheduler and runtime glue)
 --   fetch     IN_FLIGHT tasks under rw.run, each looping rw.fetch (the bench)
+--   map_shared, map_fresh, map_inherit  rw.map over COUNT URLs with
+--             concurrency IN_FLIGHT, the fetch options one shared table, a
+--             fresh table per call, or a per-call table over a base (__index)
 -- MODE "stats" prints the rate, CPU per request, and how often the engine
 -- was polled (engine:poll calls, and how many transfers each call returned),
 -- to set against multi_curl64's performs= and polls=. MODE "alloc" stops the
@@ -94,6 +97,31 @@ function ops.fetch()
       assert(res and res.status == 200)
     end
   end)
+end
+
+-- rw.map over count URLs, 64 at a time: one options table for every call,
+-- a fresh one per call, or one per call inheriting from a base (__index).
+local function map_with(options_for)
+  local urls = {}
+  for i = 1, count do urls[i] = url end
+  local results = rw.map(urls, function(u, i)
+    local res = rw.fetch(u, options_for(i))
+    assert(res and res.status == 200)
+    return true
+  end, { concurrency = conc })
+  assert(#results == count)
+end
+function ops.map_shared()
+  local opts = { on_retry = false }
+  map_with(function() return opts end)
+end
+function ops.map_fresh()
+  map_with(function() return { on_retry = false, max_elapsed = 60 } end)
+end
+function ops.map_inherit()
+  local base = { on_retry = false, timeout = 30 }
+  local mt = { __index = base }
+  map_with(function() return setmetatable({ max_elapsed = 60 }, mt) end)
 end
 
 local f = ops[op] or error("unknown op " .. tostring(op))
