@@ -72,6 +72,65 @@ describe("ratewise.core engine", function()
       assert.equal("0", log[1].headers["content-length"])
       assert.is_nil(log[1].headers["transfer-encoding"])
     end)
+
+    -- One record, reused: its header lists serve a request with the same
+    -- lines again, and only such a request.
+    local function run(e, request)
+      local t = assert(e:start(request))
+      while not t:done() do e:poll(1) end
+      local res, err = t:result()
+      t:close()
+      assert.is_nil(err, err and err.message)
+      return res
+    end
+
+    it("sends each request's own header lines through a reused record", function()
+      local e = core.engine()
+      local url = s:url("/h")
+      local shared = { "X-A: 1" }
+      local sent = {
+        { headers = shared }, { headers = shared }, { headers = { "X-A: 2" } }, { headers = { "X-A: 2" } },
+        { headers = { "X-A: 2", "X-B: 3" } }, {}, { headers = { "X-A: 2" }, method = "POST", body = "b" },
+        { headers = { "X-A: 2" } }, { headers = { "Accept-Encoding: identity" } }, { headers = shared, decompress = false },
+        { headers = shared },
+      }
+      for _, r in ipairs(sent) do
+        r.url = url
+        run(e, r)
+      end
+      local log = s:log("/h")
+      assert.equal(#sent, #log)
+      local function seen(i, name) return log[i].headers[name] end
+      assert.same({ "1", "1", "2", "2", "2" }, { seen(1, "x-a"), seen(2, "x-a"), seen(3, "x-a"), seen(4, "x-a"), seen(5, "x-a") })
+      assert.equal("3", seen(5, "x-b"))
+      assert.is_nil(seen(4, "x-b"))
+      assert.is_nil(seen(6, "x-a"))
+      assert.is_nil(seen(6, "x-b"))
+      assert.equal("POST", log[7].method)
+      assert.equal("b", log[7].body)
+      assert.equal("GET", log[8].method)
+      assert.is_nil(seen(8, "expect"))
+      -- the engine offers every encoding libcurl decodes, unless the
+      -- caller names its own or turns decompression off
+      assert.truthy(seen(1, "accept-encoding"):find("gzip", 1, true))
+      assert.equal("identity", seen(9, "accept-encoding"))
+      assert.is_nil(seen(10, "accept-encoding"))
+      assert.truthy(seen(11, "accept-encoding"):find("gzip", 1, true))
+      e:close()
+    end)
+
+    it("sends a secret line again after a redirect to another origin left it out", function()
+      local e = core.engine()
+      local lines = { "Authorization: Bearer sekret", "X-A: 1" }
+      s:script("/hop", { { action = "redirect", location = "http://localhost:" .. s.port .. "/landing" } })
+      run(e, { url = s:url("/hop"), headers = lines })
+      run(e, { url = s:url("/same"), headers = lines })
+      local landing, same = s:log("/landing"), s:log("/same")
+      assert.is_nil(landing[1].headers.authorization)
+      assert.equal("1", landing[1].headers["x-a"])
+      assert.equal("Bearer sekret", same[1].headers.authorization)
+      e:close()
+    end)
   end)
 
   describe("bodies", function()

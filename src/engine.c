@@ -200,6 +200,8 @@ static long engine_buffer_size(const engine *e)
 static void engine_destroy(transfer *t)
 {
     curl_easy_cleanup(t->easy);
+    rw_request_free_headers(t);
+    engine_buf_free(&t->lines);
     engine_buf_free(&t->body);
     engine_buf_free(&t->head);
     free(t);
@@ -224,7 +226,8 @@ static void engine_news_drop(engine *e, transfer *t)
 static void engine_give(engine *e, transfer *t)
 {
     engine_news_drop(e, t);
-    rw_request_free_headers(t);
+    /* Its header lists stay with it, for a next request with the same
+     * lines (rw_request_configure). */
     free(t->effective_url);
     free(t->origin);
     t->effective_url = t->origin = NULL;
@@ -793,6 +796,7 @@ static int engine_follow(engine *e, transfer *t, CURLcode *code)
         t->dirty |= DIRTY_BODY | DIRTY_METHOD;
         t->method = METHOD_GET;
     }
+    t->lines_ok = 0; /* the lists below may be cut: built afresh for the next request */
     if (t->secret_headers) {
         if (t->public_tail) t->public_tail->next = same_origin ? t->secret_headers : NULL;
         curl_easy_setopt(t->easy, CURLOPT_HTTPHEADER, same_origin || t->public_tail ? t->headers : NULL);

@@ -61,6 +61,83 @@ void rw_request_free_headers(transfer *t)
     curl_slist_free_all(t->secret_headers);
     curl_slist_free_all(t->proxy_headers);
     t->headers = t->secret_headers = t->public_tail = t->proxy_headers = NULL;
+    t->lines_ok = 0;
+    t->lines.len = 0;
+    t->nlines = 0;
+}
+
+/* What goes into a request's header lists besides the caller's lines. */
+#define REQUEST_LINES_EXPECT 1u /* "Expect:" (a body) */
+#define REQUEST_LINES_ENCODING 2u /* the engine's Accept-Encoding line */
+
+/* The Accept-Encoding line libcurl would print for CURLOPT_ACCEPT_ENCODING
+ * "" (every encoding it decodes, in its order), given as one of the
+ * request's own lines instead: libcurl formats its line afresh for every
+ * request, a character at a time, which cost a twentieth of a small
+ * request; a line of the list is reused with it (rw_request_configure).
+ * libcurl still decodes what comes back, CURLOPT_ACCEPT_ENCODING being set. */
+static const char *request_accept_encoding(void)
+{
+    const curl_version_info_data *v = curl_version_info(CURLVERSION_NOW);
+    int z = (v->features & CURL_VERSION_LIBZ) != 0;
+#ifdef CURL_VERSION_BROTLI
+    int br = (v->features & CURL_VERSION_BROTLI) != 0;
+#else
+    int br = 0;
+#endif
+#ifdef CURL_VERSION_ZSTD
+    int zstd = (v->features & CURL_VERSION_ZSTD) != 0;
+#else
+    int zstd = 0;
+#endif
+    if (!z) return br ? (zstd ? "Accept-Encoding: br, zstd" : "Accept-Encoding: br")
+                      : (zstd ? "Accept-Encoding: zstd" : NULL);
+    return br ? (zstd ? "Accept-Encoding: deflate, gzip, br, zstd" : "Accept-Encoding: deflate, gzip, br")
+              : (zstd ? "Accept-Encoding: deflate, gzip, zstd" : "Accept-Encoding: deflate, gzip");
+}
+
+/* Whether the n lines of the array at index idx are those t's lists were
+ * built from, with the same extras: then the lists serve as they are. */
+static int request_same_lines(lua_State *L, int idx, lua_Integer n, transfer *t, unsigned flags)
+{
+    size_t pos = 0;
+    lua_Integer i;
+    if (!t->lines_ok || t->lines_flags != flags || t->nlines != (size_t)n) return 0;
+    for (i = 1; i <= n; i++) {
+        size_t len;
+        const char *line;
+        int same;
+        if (lua_geti(L, idx, i) != LUA_TSTRING) {
+            lua_pop(L, 1);
+            return 0; /* the build says what is wrong with it */
+        }
+        line = lua_tolstring(L, -1, &len);
+        same = len < t->lines.len - pos && memcmp(t->lines.data + pos, line, len) == 0
+               && t->lines.data[pos + len] == '\n';
+        lua_pop(L, 1);
+        if (!same) return 0;
+        pos += len + 1;
+    }
+    return pos == t->lines.len;
+}
+
+/* Keeps line[0..len) and a '\n' in t->lines; 0 when out of memory (the
+ * lists are then not reused). */
+static int request_keep_line(transfer *t, const char *line, size_t len)
+{
+    if (len + 1 > t->lines.cap - t->lines.len) {
+        size_t cap = t->lines.cap ? t->lines.cap : 256;
+        char *data;
+        while (cap < t->lines.len + len + 1) cap *= 2;
+        data = (char *)realloc(t->lines.data, cap);
+        if (!data) return 0;
+        t->lines.data = data;
+        t->lines.cap = cap;
+    }
+    memcpy(t->lines.data + t->lines.len, line, len);
+    t->lines.data[t->lines.len + len] = '\n';
+    t->lines.len += len + 1;
+    return 1;
 }
 
 /* Pushes request option `name` and returns 1, or pushes nothing and
@@ -174,7 +251,9 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fres
     const char *method;
     size_t len;
     double seconds;
-    int post = 0, get = 0, extra_secrets = 0, transport = 1;
+    int post = 0, get = 0, extra_secrets = 0, transport = 1, decompress = 1, hidx = 0;
+    lua_Integer nlines = 0;
+    unsigned flags;
     size_t header_bytes = 0;
     const char *url;
 
@@ -314,23 +393,48 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fres
         curl_easy_setopt(easy, CURLOPT_POSTFIELDS, "");
     }
 
+    /* transport = false: the request names none of the rarer options
+     * below (TLS files, a proxy, decompression, the stream and its
+     * timeouts), which are then not looked up one by one: fetch says so for
+     * most calls. */
+    if (request_opt_field(L, req, "transport", LUA_TBOOLEAN, "a boolean")) {
+        transport = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+    }
+    if (transport && request_opt_field(L, req, "decompress", LUA_TBOOLEAN, "a boolean")) {
+        decompress = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+    }
     if (request_opt_field(L, req, "secret_headers", LUA_TTABLE, "a table of header names")) {
         extra_secrets = lua_gettop(L);
         request_check_names(L, extra_secrets);
     }
+    flags = ((t->dirty & DIRTY_BODY) ? REQUEST_LINES_EXPECT : 0) | (decompress ? REQUEST_LINES_ENCODING : 0);
     if (request_opt_field(L, req, "headers", LUA_TTABLE, "a table")) {
-        lua_Integer i, n = luaL_len(L, -1);
-        for (i = 1; i <= n; i++) {
+        hidx = lua_gettop(L);
+        nlines = luaL_len(L, hidx);
+    }
+    /* The same lines as the last request on this handle (most programs
+     * send the same few on every call): its lists serve again. Never with
+     * secret_headers, whose names sort the lines differently. */
+    if (!extra_secrets && request_same_lines(L, hidx, nlines, t, flags)) {
+        if (hidx) lua_pop(L, 1);
+    } else {
+        lua_Integer i;
+        int keep = !extra_secrets, given_encoding = 0;
+        rw_request_free_headers(t);
+        for (i = 1; i <= nlines; i++) {
             struct curl_slist **list, *next;
             const char *line;
             size_t name_len;
-            if (lua_geti(L, -1, i) != LUA_TSTRING)
+            if (lua_geti(L, hidx, i) != LUA_TSTRING)
                 luaL_error(L, "request header %d must be a string", (int)i);
             line = lua_tolstring(L, -1, &len);
             name_len = request_check_line(L, line, len, (int)i);
             header_bytes += len + 2;
             if (header_bytes > ENGINE_MAX_REQUEST_HEADER_BYTES)
                 luaL_error(L, "request headers too large (over %d KiB)", ENGINE_MAX_REQUEST_HEADER_BYTES / 1024);
+            if (name_len == 15 && strncasecmp(line, "accept-encoding", 15) == 0) given_encoding = 1;
             /* Proxy-Authorization goes to a proxy only, never to an origin
              * (libcurl would hand it to every host a redirect leads to). */
             if (name_len == 19 && strncasecmp(line, "proxy-authorization", 19) == 0)
@@ -343,25 +447,37 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fres
             next = curl_slist_append(*list, line); /* copied */
             if (!next) luaL_error(L, "out of memory building request headers");
             *list = next;
+            if (keep && !request_keep_line(t, line, len)) keep = 0;
             lua_pop(L, 1);
         }
-        lua_pop(L, 1);
+        if (hidx) lua_pop(L, 1);
+        if (flags & REQUEST_LINES_EXPECT) {
+            /* Without this, libcurl waits up to a second for "100 Continue"
+             * before sending a large body. */
+            struct curl_slist *next = curl_slist_append(t->headers, "Expect:");
+            if (!next) luaL_error(L, "out of memory building request headers");
+            t->headers = next;
+        }
+        if ((flags & REQUEST_LINES_ENCODING) && !given_encoding) {
+            const char *encoding = request_accept_encoding();
+            if (encoding) {
+                struct curl_slist *next = curl_slist_append(t->headers, encoding);
+                if (!next) luaL_error(L, "out of memory building request headers");
+                t->headers = next;
+            }
+        }
+        if (t->secret_headers) { /* the secret lines after the others: see transfer */
+            struct curl_slist *tail = t->headers;
+            while (tail && tail->next) tail = tail->next;
+            t->public_tail = tail;
+            if (tail) tail->next = t->secret_headers;
+            else t->headers = t->secret_headers;
+        }
+        t->nlines = (size_t)nlines;
+        t->lines_flags = flags;
+        t->lines_ok = keep;
     }
     if (extra_secrets) lua_pop(L, 1);
-    if (t->dirty & DIRTY_BODY) {
-        /* Without this, libcurl waits up to a second for "100 Continue"
-         * before sending a large body. */
-        struct curl_slist *next = curl_slist_append(t->headers, "Expect:");
-        if (!next) luaL_error(L, "out of memory building request headers");
-        t->headers = next;
-    }
-    if (t->secret_headers) { /* the secret lines after the others: see transfer */
-        struct curl_slist *tail = t->headers;
-        while (tail && tail->next) tail = tail->next;
-        t->public_tail = tail;
-        if (tail) tail->next = t->secret_headers;
-        else t->headers = t->secret_headers;
-    }
     curl_easy_setopt(easy, CURLOPT_HTTPHEADER, t->headers);
     curl_easy_setopt(easy, CURLOPT_PROXYHEADER, t->proxy_headers);
 
@@ -370,13 +486,6 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fres
         t->dirty |= DIRTY_TIMEOUT;
         t->timeout = seconds;
         curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, transfer_ms(seconds));
-    }
-    /* transport = false: the request names none of the rarer options
-     * below (TLS files, a proxy, the stream and its timeouts), which are
-     * then not looked up one by one: fetch says so for most calls. */
-    if (request_opt_field(L, req, "transport", LUA_TBOOLEAN, "a boolean")) {
-        transport = lua_toboolean(L, -1);
-        lua_pop(L, 1);
     }
     t->first_byte_timeout = t->idle_timeout = 0;
     t->stream = 0;
@@ -427,6 +536,10 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fres
     }
 
     if (transport) request_tls_options(L, req, t);
+    if (!decompress) {
+        t->dirty |= DIRTY_RESET;
+        curl_easy_setopt(easy, CURLOPT_ACCEPT_ENCODING, (char *)NULL);
+    }
 
     if (request_opt_field(L, req, "verify_tls", LUA_TBOOLEAN, "a boolean")) {
         if (!lua_toboolean(L, -1)) {
@@ -455,8 +568,8 @@ static const struct request_string_option {
     { "proxy_ca_file", CURLOPT_PROXY_CAINFO }, /* an https:// proxy's own CA */
 };
 
-/* TLS, proxy and decompression options: each one set marks the handle for
- * a reset before its next request (DIRTY_RESET). */
+/* TLS and proxy options: each one set marks the handle for a reset before
+ * its next request (DIRTY_RESET). */
 static void request_tls_options(lua_State *L, int req, transfer *t)
 {
     RW_STACK_MARK(L, mark);
@@ -481,13 +594,6 @@ static void request_tls_options(lua_State *L, int req, transfer *t)
         if (version < 0) luaL_error(L, "request option 'tls_min_version' must be \"1.2\" or \"1.3\"");
         t->dirty |= DIRTY_RESET;
         curl_easy_setopt(easy, CURLOPT_SSLVERSION, version);
-        lua_pop(L, 1);
-    }
-    if (request_opt_field(L, req, "decompress", LUA_TBOOLEAN, "a boolean")) {
-        if (!lua_toboolean(L, -1)) {
-            t->dirty |= DIRTY_RESET;
-            curl_easy_setopt(easy, CURLOPT_ACCEPT_ENCODING, (char *)NULL);
-        }
         lua_pop(L, 1);
     }
     RW_STACK_EXPECT(L, mark, 0);

@@ -70,6 +70,15 @@ typedef struct transfer {
      * public_tail leaves the lines another origin may see. public_tail is
      * NULL when no line comes before the secret ones. */
     struct curl_slist *headers, *secret_headers, *public_tail, *proxy_headers;
+    /* The header lines those lists were built from, each followed by '\n',
+     * and what else went into them (REQUEST_LINES_*): a request with the
+     * same lines reuses the lists (rw_request_configure). lines_ok is 0
+     * when they cannot be reused (never built, built with secret_headers,
+     * cut by a redirect). */
+    engine_buf lines;
+    size_t nlines;
+    unsigned lines_flags;
+    int lines_ok;
     int follow;                  /* follow redirects (the engine does: engine_follow) */
     enum transfer_method method; /* as sent on the last hop */
     char *origin;                /* the first URL's origin, from the first redirect on */
