@@ -91,7 +91,8 @@ describe("ratewise.core engine", function()
       local sent = {
         { headers = shared }, { headers = shared }, { headers = { "X-A: 2" } }, { headers = { "X-A: 2" } },
         { headers = { "X-A: 2", "X-B: 3" } }, {}, { headers = { "X-A: 2" }, method = "POST", body = "b" },
-        { headers = { "X-A: 2" } }, { headers = { "Accept-Encoding: identity" } }, { headers = shared, decompress = false },
+        { headers = { "X-A: 2" } }, { headers = { "Accept-Encoding: identity" } },
+        { headers = shared, decompress = false },
         { headers = shared },
       }
       for _, r in ipairs(sent) do
@@ -101,7 +102,8 @@ describe("ratewise.core engine", function()
       local log = s:log("/h")
       assert.equal(#sent, #log)
       local function seen(i, name) return log[i].headers[name] end
-      assert.same({ "1", "1", "2", "2", "2" }, { seen(1, "x-a"), seen(2, "x-a"), seen(3, "x-a"), seen(4, "x-a"), seen(5, "x-a") })
+      assert.same({ "1", "1", "2", "2", "2" },
+        { seen(1, "x-a"), seen(2, "x-a"), seen(3, "x-a"), seen(4, "x-a"), seen(5, "x-a") })
       assert.equal("3", seen(5, "x-b"))
       assert.is_nil(seen(4, "x-b"))
       assert.is_nil(seen(6, "x-a"))
