@@ -459,11 +459,13 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fres
             t->headers = next;
         }
         if ((flags & REQUEST_LINES_ENCODING) && !given_encoding) {
+            /* first, where libcurl itself prints it */
             const char *encoding = request_accept_encoding();
-            if (encoding) {
-                struct curl_slist *next = curl_slist_append(t->headers, encoding);
-                if (!next) luaL_error(L, "out of memory building request headers");
-                t->headers = next;
+            struct curl_slist *line = encoding ? curl_slist_append(NULL, encoding) : NULL;
+            if (encoding && !line) luaL_error(L, "out of memory building request headers");
+            if (line) {
+                line->next = t->headers;
+                t->headers = line;
             }
         }
         if (t->secret_headers) { /* the secret lines after the others: see transfer */
