@@ -550,6 +550,48 @@ describe("rw.fetch", function()
     end)
   end)
 
+  describe("options a call inherits", function()
+    -- setmetatable({ max_elapsed = left }, { __index = base }): how a
+    -- per-call deadline or header is written over shared options.
+    it("uses and checks the options of an __index table as the call's own", function()
+      local base = { on_retry = false, headers = { ["X-From-Base"] = "yes" }, decompress = false }
+      local res = assert(rw.fetch(s:url("/inherit"), setmetatable({ max_elapsed = 5 }, { __index = base })))
+      assert.equal(200, res.status)
+      local seen = s:log("/inherit")[1].headers
+      assert.equal("yes", seen["x-from-base"])
+      assert.is_nil(seen["accept-encoding"]) -- decompress = false, from the base
+      -- a grandparent's too, and the call's own win
+      local grand = setmetatable({ headers = { ["X-Level"] = "base" } },
+        { __index = { timeout = 7, on_retry = false } })
+      assert(rw.fetch(s:url("/grand"), setmetatable({ headers = { ["X-Level"] = "own" } }, { __index = grand })))
+      assert.equal("own", s:log("/grand")[1].headers["x-level"])
+      -- a bad inherited option is refused by name, before anything is sent
+      assert.error_matches(function()
+        rw.fetch(s:url("/bad"), setmetatable({}, { __index = { timeout = -1 } }))
+      end, "option 'timeout' must be a positive number")
+      assert.error_matches(function()
+        rw.fetch(s:url("/bad"), setmetatable({}, { __index = { retries = 3 } }))
+      end, "unknown option 'retries'")
+      assert.equal(0, #s:log("/bad"))
+      -- the caller's tables are left as they were
+      assert.is_nil(rawget(base, "max_elapsed"))
+    end)
+
+    it("reads options through an __index function; a loop of __index tables raises", function()
+      local base = { on_retry = false, decompress = false }
+      local proxy = setmetatable({}, { __index = function(_, k) return base[k] end })
+      assert(rw.fetch(s:url("/fn"), proxy))
+      assert.is_nil(s:log("/fn")[1].headers["accept-encoding"])
+      local a, b = { on_retry = false }, { timeout = 5 }
+      setmetatable(a, { __index = b })
+      setmetatable(b, { __index = a })
+      -- Lua itself refuses to read a missing field through such a loop
+      assert.error_matches(function() rw.fetch(s:url("/loop"), setmetatable({}, { __index = a })) end,
+        "__index' chain too long")
+      assert.equal(0, #s:log("/loop"))
+    end)
+  end)
+
   describe("bad input", function()
     it("refuses a URL that is not http(s)", function()
       for _, url in ipairs { "file:///etc/passwd", "ftp://example.com/", "gopher://x", "example.com", "" } do

@@ -13,7 +13,7 @@ local CANCELLED = require("ratewise.scheduler").CANCELLED
 local classify, now = core.classify, core.now
 local format, lower, upper = string.format, string.lower, string.upper
 local min, huge = math.min, math.huge
-local type, tostring, pcall = type, tostring, pcall
+local type, tostring, pcall, pairs, getmetatable = type, tostring, pcall, pairs, getmetatable
 
 local fetch = {}
 
@@ -105,6 +105,8 @@ local option_checks = {
 local transport_options = { "ca_file", "ca_path", "client_cert", "client_key", "client_key_password",
   "pinned_public_key", "tls_min_version", "proxy", "proxy_ca_file", "decompress", "connect_timeout",
   "first_byte_timeout", "idle_timeout", "stream" }
+local is_transport_option = {}
+for _, name in ipairs(transport_options) do is_transport_option[name] = true end
 
 -- A streamed response may go on for as long as the server sends: it has
 -- no total timeout. The time to its headers is bounded (first_byte_timeout,
@@ -132,56 +134,54 @@ local function bad_option(name, expected, v, depth)
     type(v) == "string" and format("%q", v) or tostring(v)), 4 + depth)
 end
 
+-- What each kind of option must be: a check of value v (of type t), and
+-- the words for what it must be. A kind without one here is a Lua type.
+local checkers = {
+  positive = function(v, t) return t == "number" and v == v and v > 0 and v ~= huge, "a positive number" end,
+  nonnegative = function(v, t) return t == "number" and v == v and v >= 0, "a non-negative number" end,
+  finite = function(v, t) return t == "number" and v == v and v >= 0 and v ~= huge, "a finite non-negative number" end,
+  tls_version = function(v) return v == "1.2" or v == "1.3", '"1.2" or "1.3"' end,
+  retry_after = function(v) return retry_after_modes[v] ~= nil, "one of honor, clamp, fail_fast, defer" end,
+  jitter = function(v)
+    return v == "none" or v == "full" or v == "equal" or v == "decorrelated", "one of none, full, equal, decorrelated"
+  end,
+  count = function(v, t) return t == "number" and v >= 0 and v % 1 == 0, "a non-negative integer" end,
+  key = function(v) return v == true or clean_key(v), "true or a non-blank string without control characters" end,
+  names = function(v, t)
+    if t ~= "table" then return false, "an array of header names" end
+    for k, field in pairs(v) do
+      if type(k) ~= "number" or type(field) ~= "string" or not headers.is_token(field) then
+        return false, "an array of header names"
+      end
+    end
+    return true
+  end,
+  policy = function(v) return policy_module.is_policy(v), "a policy made by rw.policy" end,
+  callback_or_false = function(v, t) return v == false or t == "function", "a function or false" end,
+}
+for kind, methods in pairs(required_methods) do
+  local expected = "an object with the methods " .. table.concat(methods, ", ")
+  checkers[kind] = function(v)
+    for _, m in ipairs(methods) do
+      local ok, fn = pcall(function() return v[m] end)
+      if not ok or type(fn) ~= "function" then return false, expected end
+    end
+    return true
+  end
+end
+
 local function check_option(name, v, depth)
-  depth = depth or 0
   local check = option_checks[name]
   if not check then
-    error(format("fetch: unknown option '%s'", tostring(name)), 3 + depth)
+    error(format("fetch: unknown option '%s'", tostring(name)), 3 + (depth or 0))
   end
   local t = type(v)
-  if check == "positive" then
-    if t ~= "number" or v ~= v or v <= 0 or v == huge then bad_option(name, "a positive number", v, depth) end
-  elseif check == "nonnegative" then
-    if t ~= "number" or v ~= v or v < 0 then bad_option(name, "a non-negative number", v, depth) end
-  elseif check == "finite" then
-    if t ~= "number" or v ~= v or v < 0 or v == huge then bad_option(name, "a finite non-negative number", v, depth) end
-  elseif check == "tls_version" then
-    if v ~= "1.2" and v ~= "1.3" then bad_option(name, '"1.2" or "1.3"', v, depth) end
-  elseif check == "retry_after" then
-    if not retry_after_modes[v] then bad_option(name, "one of honor, clamp, fail_fast, defer", v, depth) end
-  elseif check == "jitter" then
-    if v ~= "none" and v ~= "full" and v ~= "equal" and v ~= "decorrelated" then
-      bad_option(name, "one of none, full, equal, decorrelated", v, depth)
-    end
-  elseif check == "count" then
-    if t ~= "number" or v < 0 or v % 1 ~= 0 then bad_option(name, "a non-negative integer", v, depth) end
-  elseif check == "key" then
-    if v ~= true and not clean_key(v) then
-      bad_option(name, "true or a non-blank string without control characters", v, depth)
-    end
-  elseif check == "names" then
-    local ok = t == "table"
-    if ok then
-      for k, field in pairs(v) do
-        if type(k) ~= "number" or type(field) ~= "string" or not headers.is_token(field) then
-          ok = false
-        end
-      end
-    end
-    if not ok then bad_option(name, "an array of header names", v, depth) end
-  elseif required_methods[check] then
-    for _, m in ipairs(required_methods[check]) do
-      local ok, fn = pcall(function() return v[m] end)
-      if not ok or type(fn) ~= "function" then
-        bad_option(name, "an object with the methods " .. table.concat(required_methods[check], ", "), v, depth)
-      end
-    end
-  elseif check == "policy" then
-    if not policy_module.is_policy(v) then bad_option(name, "a policy made by rw.policy", v, depth) end
-  elseif check == "callback_or_false" then
-    if v ~= false and t ~= "function" then bad_option(name, "a function or false", v, depth) end
+  local checker = checkers[check]
+  if checker then
+    local ok, expected = checker(v, t)
+    if not ok then bad_option(name, expected, v, depth or 0) end
   elseif t ~= check then
-    bad_option(name, "a " .. check, v, depth)
+    bad_option(name, "a " .. check, v, depth or 0)
   end
 end
 
@@ -369,6 +369,31 @@ local function spread_hint(delay, spread, left, cap)
   return wait
 end
 
+-- Checks the options a call gives, its table's own and those it inherits
+-- through __index tables (a per-call table over a base), and returns
+-- whether any is a transport option, and whether they could all be listed:
+-- an __index that is a function cannot be, and the options behind it go
+-- unchecked. `depth` is check_option's.
+local function check_options(opts, depth)
+  local transport = false
+  local t = opts
+  for _ = 1, 16 do -- a loop of __index tables ends here too
+    for k, v in pairs(t) do
+      if t == opts or rawget(opts, k) == nil then -- an own option hides an inherited one
+        check_option(k, v, depth)
+        if is_transport_option[k] then transport = true end
+      end
+    end
+    local mt = getmetatable(t)
+    if mt == nil then return transport, true end
+    local index = type(mt) == "table" and rawget(mt, "__index")
+    if index == nil then return transport, true end
+    if type(index) ~= "table" then return transport, false end
+    t = index
+  end
+  return transport, false
+end
+
 -- The policy's verdict on a response, checked, or the built-in one. A 413
 -- that says when to come back (RFC 9110 15.5.14: the condition is
 -- temporary) is retryable, as in urllib3 and got.
@@ -385,6 +410,7 @@ local function verdict(policy, res)
     end
   end
   local status = res.status
+  if status >= 200 and status < 300 then return "success" end -- core.classify's answer, without the call
   if status == 413 and retry.retry_after(res.headers) then return "retryable" end
   return classify(status)
 end
@@ -479,7 +505,7 @@ function fetch.check(url, opts, depth)
   if type(opts) ~= "table" then
     error(format("fetch: options must be a table (got %s)", type(opts)), 3 + depth)
   end
-  for k, v in pairs(opts) do check_option(k, v, depth + 1) end
+  check_options(opts, depth + 2)
   request_method(opts, 4 + depth)
   if opts.query ~= nil then headers.with_query(url, opts.query, "fetch", 3 + depth) end
 end
@@ -492,7 +518,9 @@ function fetch.fetch(url, opts)
     url_facts(url)
     error(format("fetch: options must be a table (got %s)", type(opts)), 2)
   end
-  for k, v in pairs(opts) do check_option(k, v) end
+  -- whether the call names a transport option: one pass over what it
+  -- gives, instead of a look for each of them
+  local transport, listed = check_options(opts, 1)
   local query, json_value = opts.query, opts.json
   if query ~= nil then
     url_facts(url)
@@ -559,10 +587,11 @@ function fetch.fetch(url, opts)
   local follow, max_body, verify_tls = opts.follow_redirects ~= false, opts.max_body, opts.verify_tls
   if verify_tls == false then warn_insecure() end
   local stream = opts.stream == true
-  local transport = opts.ca_file ~= nil or opts.ca_path ~= nil or opts.client_cert ~= nil or opts.client_key ~= nil
-    or opts.client_key_password ~= nil or opts.pinned_public_key ~= nil or opts.tls_min_version ~= nil
-    or opts.proxy ~= nil or opts.proxy_ca_file ~= nil or opts.decompress ~= nil or opts.connect_timeout ~= nil
-    or opts.first_byte_timeout ~= nil or opts.idle_timeout ~= nil or stream
+  if not listed then -- options behind an __index function: looked for one by one
+    for i = 1, #transport_options do
+      if opts[transport_options[i]] ~= nil then transport = true end
+    end
+  end
   -- a stream: the bound on the time to its headers, and on a silence in its body
   local first_byte = stream and (opts.first_byte_timeout or timeout)
   local idle = stream and (opts.idle_timeout or STREAM_IDLE_TIMEOUT)
@@ -697,7 +726,8 @@ function fetch.fetch(url, opts)
     local why, class, hint, hint_source
     if res then
       response.new(res)
-      res.url = (res.url == url or not res.url) and shown_url or headers.redact_url(res.url)
+      local final_url = res.url -- set when a redirect was followed
+      if final_url == nil or final_url == url then res.url = shown_url else res.url = headers.redact_url(final_url) end
       res.attempts = attempts
       res.elapsed = now() - started
       if policy and policy.observe then call_hook("observe", policy.observe, res, limiter) end
