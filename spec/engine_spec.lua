@@ -121,6 +121,17 @@ describe("ratewise.core engine", function()
       e:close()
     end)
 
+    it("sends each request to its own URL through a reused record, after a redirect too", function()
+      local e = core.engine()
+      s:script("/hop", { { action = "redirect", location = "/landing" } })
+      for _, path in ipairs { "/a", "/a", "/b", "/hop", "/hop", "/a" } do run(e, { url = s:url(path) }) end
+      assert.equal(3, #s:log("/a"))
+      assert.equal(1, #s:log("/b"))
+      assert.equal(2, #s:log("/hop"))
+      assert.equal(2, #s:log("/landing"))
+      e:close()
+    end)
+
     it("sends a secret line again after a redirect to another origin left it out", function()
       local e = core.engine()
       local lines = { "Authorization: Bearer sekret", "X-A: 1" }

@@ -157,6 +157,7 @@ static transfer *engine_take(engine *e, int *fresh)
              * the engine's own callback on closed sockets included. */
             curl_easy_reset(t->easy);
             t->dirty = 0;
+            t->url_ok = t->lists_set = 0; /* the handle has neither any more */
             t->recv_buffer = ENGINE_RECV_MAX; /* libcurl's default, which reset restores */
             curl_easy_setopt(t->easy, CURLOPT_CLOSESOCKETFUNCTION, engine_on_close);
             curl_easy_setopt(t->easy, CURLOPT_CLOSESOCKETDATA, e);
@@ -202,6 +203,7 @@ static void engine_destroy(transfer *t)
     curl_easy_cleanup(t->easy);
     rw_request_free_headers(t);
     engine_buf_free(&t->lines);
+    engine_buf_free(&t->url);
     engine_buf_free(&t->body);
     engine_buf_free(&t->head);
     free(t);
@@ -797,6 +799,7 @@ static int engine_follow(engine *e, transfer *t, CURLcode *code)
         t->method = METHOD_GET;
     }
     t->lines_ok = 0; /* the lists below may be cut: built afresh for the next request */
+    t->url_ok = 0;   /* the handle goes elsewhere */
     if (t->secret_headers) {
         if (t->public_tail) t->public_tail->next = same_origin ? t->secret_headers : NULL;
         curl_easy_setopt(t->easy, CURLOPT_HTTPHEADER, same_origin || t->public_tail ? t->headers : NULL);

@@ -62,6 +62,7 @@ void rw_request_free_headers(transfer *t)
     curl_slist_free_all(t->proxy_headers);
     t->headers = t->secret_headers = t->public_tail = t->proxy_headers = NULL;
     t->lines_ok = 0;
+    t->lists_set = 0;
     t->lines.len = 0;
     t->nlines = 0;
 }
@@ -121,19 +122,26 @@ static int request_same_lines(lua_State *L, int idx, lua_Integer n, transfer *t,
     return pos == t->lines.len;
 }
 
+/* Makes room for `need` bytes in b (keeping what it holds); 0 when out of
+ * memory. */
+static int request_grow(engine_buf *b, size_t need)
+{
+    size_t cap = b->cap ? b->cap : 256;
+    char *data;
+    if (need <= b->cap) return 1;
+    while (cap < need) cap *= 2;
+    data = (char *)realloc(b->data, cap);
+    if (!data) return 0;
+    b->data = data;
+    b->cap = cap;
+    return 1;
+}
+
 /* Keeps line[0..len) and a '\n' in t->lines; 0 when out of memory (the
  * lists are then not reused). */
 static int request_keep_line(transfer *t, const char *line, size_t len)
 {
-    if (len + 1 > t->lines.cap - t->lines.len) {
-        size_t cap = t->lines.cap ? t->lines.cap : 256;
-        char *data;
-        while (cap < t->lines.len + len + 1) cap *= 2;
-        data = (char *)realloc(t->lines.data, cap);
-        if (!data) return 0;
-        t->lines.data = data;
-        t->lines.cap = cap;
-    }
+    if (!request_grow(&t->lines, t->lines.len + len + 1)) return 0;
     memcpy(t->lines.data + t->lines.len, line, len);
     t->lines.data[t->lines.len + len] = '\n';
     t->lines.len += len + 1;
@@ -320,7 +328,15 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fres
         return; /* not reached; lauxlib.h does not tell the analyzer so */
     }
     if (request_has_ctl(url, len)) luaL_error(L, "request url contains a space or a control character");
-    curl_easy_setopt(easy, CURLOPT_URL, url); /* copied by libcurl */
+    if (!(t->url_ok && t->url.len == len && memcmp(t->url.data, url, len) == 0)) {
+        t->url_ok = 0;
+        curl_easy_setopt(easy, CURLOPT_URL, url); /* copied by libcurl */
+        if (len + 1 <= t->url.cap || request_grow(&t->url, len + 1)) {
+            memcpy(t->url.data, url, len);
+            t->url.len = len;
+            t->url_ok = 1;
+        }
+    }
     t->gate_key = 0;
     if (len > 8 && strncasecmp(url, "https://", 8) == 0) {
         /* FNV-1a of the authority, lower-cased: the gate's key */
@@ -480,8 +496,11 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fres
         t->lines_ok = keep;
     }
     if (extra_secrets) lua_pop(L, 1);
-    curl_easy_setopt(easy, CURLOPT_HTTPHEADER, t->headers);
-    curl_easy_setopt(easy, CURLOPT_PROXYHEADER, t->proxy_headers);
+    if (!t->lists_set) {
+        curl_easy_setopt(easy, CURLOPT_HTTPHEADER, t->headers);
+        curl_easy_setopt(easy, CURLOPT_PROXYHEADER, t->proxy_headers);
+        t->lists_set = 1;
+    }
 
     t->timeout = 0;
     if ((seconds = request_opt_seconds(L, req, "timeout")) > 0) {
