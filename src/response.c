@@ -303,7 +303,7 @@ int rw_response_l_headers(lua_State *L)
         return 0;
     }
     lua_getfield(L, 1, "_head_end");
-    head_end = lua_tointeger(L, 3);
+    head_end = lua_isnil(L, 3) ? (lua_Integer)len : lua_tointeger(L, 3); /* nil: no trailers */
     if (head_end < 0 || (size_t)head_end > len) return luaL_argerror(L, 1, "_head_end is not within _head");
     lua_pushvalue(L, 1);
     response_set_headers_of(L, block, len, (size_t)head_end);
@@ -413,14 +413,21 @@ int rw_response_result(lua_State *L, transfer *t, int lazy)
     request_too_large = t->code == CURLE_OUT_OF_MEMORY && !t->out_of_memory && t->request_size == 0;
     line_too_long = t->code == CURLE_OUT_OF_MEMORY && !t->out_of_memory && !t->headers_done && !request_too_large;
     if (t->code == CURLE_OK && !t->aborted) {
-        lua_createtable(L, 0, 10); /* room for the two fields fetch adds */
+        /* lazy (for fetch, which adds four fields of its own): what most
+         * responses have (no redirect, HTTP/1.1, no trailers) is left out,
+         * for response.lua to answer, and the table has 8 slots, not 16. */
+        int plain_version = t->http_version != CURL_HTTP_VERSION_2_0 && t->http_version != CURL_HTTP_VERSION_1_0
+                            && t->http_version != 30;
+        lua_createtable(L, 0, lazy ? 8 : 10);
         lua_pushinteger(L, t->status);
         lua_setfield(L, -2, "status");
         if (lazy) {
             lua_pushlstring(L, t->head.data ? t->head.data : "", t->head.len);
             lua_setfield(L, -2, "_head");
-            lua_pushinteger(L, (lua_Integer)t->head_end);
-            lua_setfield(L, -2, "_head_end");
+            if (t->head_end != 0 && t->head_end != t->head.len) { /* trailers follow (nil: none) */
+                lua_pushinteger(L, (lua_Integer)t->head_end);
+                lua_setfield(L, -2, "_head_end");
+            }
         } else {
             response_set_headers(L, t);
         }
@@ -430,10 +437,14 @@ int rw_response_result(lua_State *L, transfer *t, int lazy)
             lua_pushstring(L, t->effective_url);
             lua_setfield(L, -2, "url");
         }
-        lua_pushinteger(L, t->redirects);
-        lua_setfield(L, -2, "redirects");
-        response_push_version(L, t->http_version);
-        lua_setfield(L, -2, "http_version");
+        if (!lazy || t->redirects) {
+            lua_pushinteger(L, t->redirects);
+            lua_setfield(L, -2, "redirects");
+        }
+        if (!lazy || !plain_version) {
+            response_push_version(L, t->http_version);
+            lua_setfield(L, -2, "http_version");
+        }
         lua_pushnumber(L, t->total_time);
         lua_setfield(L, -2, "time");
         return 1;

@@ -29,6 +29,10 @@ local function wrap_headers(res)
   if t then res.trailers = headers.wrap(t) end
 end
 
+-- What transfer:result(true) leaves out when a response has it (no
+-- redirect followed, HTTP/1.1): a smaller table for most responses.
+local usual = { redirects = 0, http_version = "1.1" }
+
 response.mt = {
   __index = function(res, key)
     if from_head[key] then
@@ -37,7 +41,9 @@ response.mt = {
       wrap_headers(res)
       return rawget(res, key)
     end
-    return methods[key]
+    local method = methods[key]
+    if method == nil then return usual[key] end
+    return method
   end,
 }
 
