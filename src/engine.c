@@ -41,6 +41,9 @@
 #define ENGINE_MT "ratewise.Engine"
 #define TRANSFER_MT "ratewise.Transfer"
 #define ENGINE_POOL_MAX 64
+/* Engine user values: 1, the boxes of transfers until poll reports them;
+ * ENGINE_UV_KEYS, the request fields' names (rw_request_push_keys). */
+#define ENGINE_UV_KEYS 2
 
 /* Connections (core.engine's options, engine:configure). At most
  * max_connections are open at once; transfers beyond that wait in
@@ -1000,7 +1003,7 @@ static int engine_l_new(lua_State *L)
         luaL_checktype(L, 1, LUA_TTABLE);
         engine_read_limits(L, 1, &conns, &idle);
     }
-    e = (engine *)lua_newuserdatauv(L, sizeof(engine), 1);
+    e = (engine *)lua_newuserdatauv(L, sizeof(engine), 2);
     memset(e, 0, sizeof *e); /* closed until the multi handle exists */
     e->epfd = -1;
     e->response_bytes = (double)ENGINE_RECV_MAX * 2; /* libcurl's default until responses are seen */
@@ -1013,6 +1016,8 @@ static int engine_l_new(lua_State *L)
      * keeps them alive. */
     lua_createtable(L, ENGINE_POOL_MAX, 0);
     lua_setiuservalue(L, -2, 1);
+    rw_request_push_keys(L); /* the request fields' names, made once */
+    lua_setiuservalue(L, -2, ENGINE_UV_KEYS);
     e->epfd = epoll_create1(EPOLL_CLOEXEC);
     if (e->epfd < 0) {
         int err = errno;
@@ -1077,7 +1082,9 @@ static int engine_l_start(lua_State *L)
     }
     box->t = t; /* from here on __gc gives the record back, whatever happens */
     t->state = TRANSFER_DONE;
-    rw_request_configure(L, t, 2, tidx, fresh); /* may raise */
+    lua_getiuservalue(L, 1, ENGINE_UV_KEYS);
+    rw_request_configure(L, t, 2, lua_gettop(L), tidx, fresh); /* may raise */
+    lua_pop(L, 1);
     recv_buffer = engine_buffer_size(e);
     if (t->recv_buffer != recv_buffer) {
         t->recv_buffer = recv_buffer;

@@ -148,12 +148,44 @@ static int request_keep_line(transfer *t, const char *line, size_t len)
     return 1;
 }
 
-/* Pushes request option `name` and returns 1, or pushes nothing and
+/* The fields of a request table. Their names are made Lua strings once per
+ * engine (rw_request_push_keys), and each field is looked up with its
+ * string: lua_getfield would make the string again from the C name for
+ * every lookup, a fifth of what configuring a request cost. */
+static const char *const request_field_names[] = {
+#define REQUEST_FIELD(id, name) name,
+    REQUEST_FIELDS
+#undef REQUEST_FIELD
+};
+
+/* Pushes an array of the request fields' names, in REQUEST_FIELDS order:
+ * engine.c keeps it with the engine, and gives its index to
+ * rw_request_configure. */
+void rw_request_push_keys(lua_State *L)
+{
+    int i, n = (int)(sizeof request_field_names / sizeof request_field_names[0]);
+    lua_createtable(L, n, 0);
+    for (i = 0; i < n; i++) {
+        lua_pushstring(L, request_field_names[i]);
+        lua_rawseti(L, -2, i + 1);
+    }
+}
+
+/* Pushes request field `field` of the table at index req (its name in the
+ * array at index keys). */
+static int request_get(lua_State *L, int req, int keys, enum request_field field)
+{
+    lua_rawgeti(L, keys, (lua_Integer)field + 1);
+    return lua_gettable(L, req);
+}
+
+/* Pushes request option `field` and returns 1, or pushes nothing and
  * returns 0 when it is nil. */
-static int request_opt_field(lua_State *L, int req, const char *name, int type, const char *what)
+static int request_opt_field(lua_State *L, int req, int keys, enum request_field field, int type, const char *what)
 {
     RW_STACK_MARK(L, mark);
-    int t = lua_getfield(L, req, name);
+    const char *name = request_field_names[field];
+    int t = request_get(L, req, keys, field);
     if (t == LUA_TNIL) {
         lua_pop(L, 1);
         RW_STACK_EXPECT(L, mark, 0);
@@ -165,14 +197,14 @@ static int request_opt_field(lua_State *L, int req, const char *name, int type, 
     return 1;
 }
 
-static double request_opt_seconds(lua_State *L, int req, const char *name)
+static double request_opt_seconds(lua_State *L, int req, int keys, enum request_field field)
 {
     RW_STACK_MARK(L, mark);
     double v;
-    if (!request_opt_field(L, req, name, LUA_TNUMBER, "a number of seconds")) return -1;
+    if (!request_opt_field(L, req, keys, field, LUA_TNUMBER, "a number of seconds")) return -1;
     v = lua_tonumber(L, -1);
     lua_pop(L, 1);
-    if (!(v > 0) || isnan(v)) luaL_error(L, "request option '%s' must be positive", name);
+    if (!(v > 0) || isnan(v)) luaL_error(L, "request option '%s' must be positive", request_field_names[field]);
     RW_STACK_EXPECT(L, mark, 0);
     return v;
 }
@@ -187,10 +219,10 @@ static int request_has_ctl(const char *s, size_t n)
     return 0;
 }
 
-/* Whether the request table at index req has a non-nil field name. */
-static int request_has_field(lua_State *L, int req, const char *name)
+/* Whether the request table at index req has a non-nil field. */
+static int request_has_field(lua_State *L, int req, int keys, enum request_field field)
 {
-    int present = lua_getfield(L, req, name) != LUA_TNIL;
+    int present = request_get(L, req, keys, field) != LUA_TNIL;
     lua_pop(L, 1);
     return present;
 }
@@ -250,9 +282,9 @@ static size_t request_check_line(lua_State *L, const char *line, size_t len, int
 }
 
 /* Sets up t->easy from the request table at index req. Misuse raises. */
-static void request_tls_options(lua_State *L, int req, transfer *t);
+static void request_tls_options(lua_State *L, int req, int keys, transfer *t);
 
-void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fresh)
+void rw_request_configure(lua_State *L, transfer *t, int req, int keys, int tidx, int fresh)
 {
     RW_STACK_MARK(L, mark);
     CURL *easy = t->easy;
@@ -321,7 +353,7 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fres
     }
     t->dirty = 0;
 
-    request_opt_field(L, req, "url", LUA_TSTRING, "a string");
+    request_opt_field(L, req, keys, RF_URL, LUA_TSTRING, "a string");
     url = lua_tolstring(L, -1, &len);
     if (!url) {
         luaL_error(L, "request option 'url' is required");
@@ -359,7 +391,7 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fres
 
     /* No method: GET, or POST when there is a body (libcurl's way). */
     t->method = METHOD_GET;
-    if (request_opt_field(L, req, "method", LUA_TSTRING, "a string")) {
+    if (request_opt_field(L, req, keys, RF_METHOD, LUA_TSTRING, "a string")) {
         method = lua_tolstring(L, -1, &len);
         if (len == 0 || request_has_ctl(method, len))
             luaL_error(L, "request method is not a valid HTTP method");
@@ -382,17 +414,17 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fres
         }
         lua_pop(L, 1);
     }
-    if ((get || t->method == METHOD_HEAD) && request_has_field(L, req, "body"))
+    if ((get || t->method == METHOD_HEAD) && request_has_field(L, req, keys, RF_BODY))
         luaL_error(L, "request with method %s cannot carry a body", t->method == METHOD_HEAD ? "HEAD" : "GET");
 
-    if (request_opt_field(L, req, "body", LUA_TSTRING, "a string")) {
+    if (request_opt_field(L, req, keys, RF_BODY, LUA_TSTRING, "a string")) {
         if (t->method == METHOD_GET) t->method = METHOD_POST;
         const char *body = lua_tolstring(L, -1, &len);
         lua_setiuservalue(L, tidx, TRANSFER_UV_BODY); /* libcurl does not copy it */
         t->dirty |= DIRTY_BODY;
         curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
         curl_easy_setopt(easy, CURLOPT_POSTFIELDS, body);
-    } else if (request_opt_field(L, req, "empty_body", LUA_TBOOLEAN, "a boolean")) {
+    } else if (request_opt_field(L, req, keys, RF_EMPTY_BODY, LUA_TBOOLEAN, "a boolean")) {
         /* Sends "Content-Length: 0", as servers expect of a POST or PUT. */
         if (lua_toboolean(L, -1)) {
             t->dirty |= DIRTY_BODY;
@@ -413,20 +445,20 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fres
      * below (TLS files, a proxy, decompression, the stream and its
      * timeouts), which are then not looked up one by one: fetch says so for
      * most calls. */
-    if (request_opt_field(L, req, "transport", LUA_TBOOLEAN, "a boolean")) {
+    if (request_opt_field(L, req, keys, RF_TRANSPORT, LUA_TBOOLEAN, "a boolean")) {
         transport = lua_toboolean(L, -1);
         lua_pop(L, 1);
     }
-    if (transport && request_opt_field(L, req, "decompress", LUA_TBOOLEAN, "a boolean")) {
+    if (transport && request_opt_field(L, req, keys, RF_DECOMPRESS, LUA_TBOOLEAN, "a boolean")) {
         decompress = lua_toboolean(L, -1);
         lua_pop(L, 1);
     }
-    if (request_opt_field(L, req, "secret_headers", LUA_TTABLE, "a table of header names")) {
+    if (request_opt_field(L, req, keys, RF_SECRET_HEADERS, LUA_TTABLE, "a table of header names")) {
         extra_secrets = lua_gettop(L);
         request_check_names(L, extra_secrets);
     }
     flags = ((t->dirty & DIRTY_BODY) ? REQUEST_LINES_EXPECT : 0) | (decompress ? REQUEST_LINES_ENCODING : 0);
-    if (request_opt_field(L, req, "headers", LUA_TTABLE, "a table")) {
+    if (request_opt_field(L, req, keys, RF_HEADERS, LUA_TTABLE, "a table")) {
         hidx = lua_gettop(L);
         nlines = luaL_len(L, hidx);
     }
@@ -503,7 +535,7 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fres
     }
 
     t->timeout = 0;
-    if ((seconds = request_opt_seconds(L, req, "timeout")) > 0) {
+    if ((seconds = request_opt_seconds(L, req, keys, RF_TIMEOUT)) > 0) {
         t->dirty |= DIRTY_TIMEOUT;
         t->timeout = seconds;
         curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, transfer_ms(seconds));
@@ -511,24 +543,24 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fres
     t->first_byte_timeout = t->idle_timeout = 0;
     t->stream = 0;
     if (transport) {
-        if ((seconds = request_opt_seconds(L, req, "connect_timeout")) > 0) {
+        if ((seconds = request_opt_seconds(L, req, keys, RF_CONNECT_TIMEOUT)) > 0) {
             t->dirty |= DIRTY_TIMEOUT;
             curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, transfer_ms(seconds));
         }
         /* libcurl has no timer for these: the engine ends the transfer
          * itself (engine_expiry). */
-        if ((seconds = request_opt_seconds(L, req, "first_byte_timeout")) > 0) t->first_byte_timeout = seconds;
-        if ((seconds = request_opt_seconds(L, req, "idle_timeout")) > 0) t->idle_timeout = seconds;
+        if ((seconds = request_opt_seconds(L, req, keys, RF_FIRST_BYTE_TIMEOUT)) > 0) t->first_byte_timeout = seconds;
+        if ((seconds = request_opt_seconds(L, req, keys, RF_IDLE_TIMEOUT)) > 0) t->idle_timeout = seconds;
         /* The body is handed to Lua as it arrives (transfer:read), the
          * transfer pausing when the reader falls behind. */
-        if (request_opt_field(L, req, "stream", LUA_TBOOLEAN, "a boolean")) {
+        if (request_opt_field(L, req, keys, RF_STREAM, LUA_TBOOLEAN, "a boolean")) {
             t->stream = lua_toboolean(L, -1);
             lua_pop(L, 1);
         }
     }
 
     t->follow = 1;
-    if (request_opt_field(L, req, "follow_redirects", LUA_TBOOLEAN, "a boolean")) {
+    if (request_opt_field(L, req, keys, RF_FOLLOW_REDIRECTS, LUA_TBOOLEAN, "a boolean")) {
         t->follow = lua_toboolean(L, -1);
         lua_pop(L, 1);
     }
@@ -536,7 +568,7 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fres
     /* A stream is read as it comes, and may go on for hours: no limit but
      * the one the request names. */
     t->max_body = t->stream ? (size_t)-1 : (size_t)ENGINE_DEFAULT_MAX_BODY;
-    if (request_opt_field(L, req, "max_body", LUA_TNUMBER, "a number of bytes")) {
+    if (request_opt_field(L, req, keys, RF_MAX_BODY, LUA_TNUMBER, "a number of bytes")) {
         lua_Number mb = lua_tonumber(L, -1);
         /* The integer half of SIZE_MAX, then as a float: meant. */
         if (!(mb >= 0) || mb > (lua_Number)((size_t)-1 / 2)) /* NOLINT(bugprone-integer-division) */
@@ -548,7 +580,7 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fres
     /* libcurl silently re-sends a request whose reused connection turns out
      * to be dead, even one the server may have acted on; a request that must
      * not be replayed asks for a connection of its own. */
-    if (request_opt_field(L, req, "fresh_connect", LUA_TBOOLEAN, "a boolean")) {
+    if (request_opt_field(L, req, keys, RF_FRESH_CONNECT, LUA_TBOOLEAN, "a boolean")) {
         if (lua_toboolean(L, -1)) {
             t->dirty |= DIRTY_FRESH;
             curl_easy_setopt(easy, CURLOPT_FRESH_CONNECT, 1L);
@@ -556,13 +588,13 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fres
         lua_pop(L, 1);
     }
 
-    if (transport) request_tls_options(L, req, t);
+    if (transport) request_tls_options(L, req, keys, t);
     if (!decompress) {
         t->dirty |= DIRTY_RESET;
         curl_easy_setopt(easy, CURLOPT_ACCEPT_ENCODING, (char *)NULL);
     }
 
-    if (request_opt_field(L, req, "verify_tls", LUA_TBOOLEAN, "a boolean")) {
+    if (request_opt_field(L, req, keys, RF_VERIFY_TLS, LUA_TBOOLEAN, "a boolean")) {
         if (!lua_toboolean(L, -1)) {
             t->dirty |= DIRTY_NOVERIFY;
             curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 0L);
@@ -576,39 +608,40 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fres
 /* The options given as strings that libcurl copies, each a file, a pin or
  * a proxy URL. */
 static const struct request_string_option {
-    const char *name;
+    enum request_field field;
     CURLoption option;
 } request_string_options[] = {
-    { "ca_file", CURLOPT_CAINFO },
-    { "ca_path", CURLOPT_CAPATH },
-    { "client_cert", CURLOPT_SSLCERT },
-    { "client_key", CURLOPT_SSLKEY },
-    { "client_key_password", CURLOPT_KEYPASSWD },
-    { "pinned_public_key", CURLOPT_PINNEDPUBLICKEY },
-    { "proxy", CURLOPT_PROXY },
-    { "proxy_ca_file", CURLOPT_PROXY_CAINFO }, /* an https:// proxy's own CA */
+    { RF_CA_FILE, CURLOPT_CAINFO },
+    { RF_CA_PATH, CURLOPT_CAPATH },
+    { RF_CLIENT_CERT, CURLOPT_SSLCERT },
+    { RF_CLIENT_KEY, CURLOPT_SSLKEY },
+    { RF_CLIENT_KEY_PASSWORD, CURLOPT_KEYPASSWD },
+    { RF_PINNED_PUBLIC_KEY, CURLOPT_PINNEDPUBLICKEY },
+    { RF_PROXY, CURLOPT_PROXY },
+    { RF_PROXY_CA_FILE, CURLOPT_PROXY_CAINFO }, /* an https:// proxy's own CA */
 };
 
 /* TLS and proxy options: each one set marks the handle for a reset before
  * its next request (DIRTY_RESET). */
-static void request_tls_options(lua_State *L, int req, transfer *t)
+static void request_tls_options(lua_State *L, int req, int keys, transfer *t)
 {
     RW_STACK_MARK(L, mark);
     CURL *easy = t->easy;
     size_t i;
     for (i = 0; i < sizeof request_string_options / sizeof request_string_options[0]; i++) {
         const struct request_string_option *o = &request_string_options[i];
-        if (request_opt_field(L, req, o->name, LUA_TSTRING, "a string")) {
+        if (request_opt_field(L, req, keys, o->field, LUA_TSTRING, "a string")) {
+            const char *name = request_field_names[o->field];
             size_t len;
             const char *v = lua_tolstring(L, -1, &len);
-            if (strlen(v) != len) luaL_error(L, "request option '%s' contains a NUL byte", o->name);
+            if (strlen(v) != len) luaL_error(L, "request option '%s' contains a NUL byte", name);
             t->dirty |= DIRTY_RESET;
             if (curl_easy_setopt(easy, o->option, v) != CURLE_OK)
-                luaL_error(L, "request option '%s' is not supported by this libcurl", o->name);
+                luaL_error(L, "request option '%s' is not supported by this libcurl", name);
             lua_pop(L, 1);
         }
     }
-    if (request_opt_field(L, req, "tls_min_version", LUA_TSTRING, "a string")) {
+    if (request_opt_field(L, req, keys, RF_TLS_MIN_VERSION, LUA_TSTRING, "a string")) {
         const char *v = lua_tostring(L, -1);
         long version = strcmp(v, "1.2") == 0 ? CURL_SSLVERSION_TLSv1_2
                        : strcmp(v, "1.3") == 0 ? CURL_SSLVERSION_TLSv1_3 : -1;

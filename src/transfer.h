@@ -142,8 +142,43 @@ static inline int transfer_lower(int c) { return (c >= 'A' && c <= 'Z') ? c + 32
 
 #pragma GCC visibility push(hidden)
 
-/* request.c */
-void rw_request_configure(lua_State *L, transfer *t, int req, int tidx, int fresh);
+/* request.c: the fields of a request table, in the order of the array of
+ * their names that rw_request_push_keys makes, whose index
+ * rw_request_configure takes (keys). */
+#define REQUEST_FIELDS \
+    REQUEST_FIELD(RF_URL, "url") \
+    REQUEST_FIELD(RF_METHOD, "method") \
+    REQUEST_FIELD(RF_BODY, "body") \
+    REQUEST_FIELD(RF_EMPTY_BODY, "empty_body") \
+    REQUEST_FIELD(RF_TRANSPORT, "transport") \
+    REQUEST_FIELD(RF_DECOMPRESS, "decompress") \
+    REQUEST_FIELD(RF_SECRET_HEADERS, "secret_headers") \
+    REQUEST_FIELD(RF_HEADERS, "headers") \
+    REQUEST_FIELD(RF_TIMEOUT, "timeout") \
+    REQUEST_FIELD(RF_CONNECT_TIMEOUT, "connect_timeout") \
+    REQUEST_FIELD(RF_FIRST_BYTE_TIMEOUT, "first_byte_timeout") \
+    REQUEST_FIELD(RF_IDLE_TIMEOUT, "idle_timeout") \
+    REQUEST_FIELD(RF_STREAM, "stream") \
+    REQUEST_FIELD(RF_FOLLOW_REDIRECTS, "follow_redirects") \
+    REQUEST_FIELD(RF_MAX_BODY, "max_body") \
+    REQUEST_FIELD(RF_FRESH_CONNECT, "fresh_connect") \
+    REQUEST_FIELD(RF_VERIFY_TLS, "verify_tls") \
+    REQUEST_FIELD(RF_CA_FILE, "ca_file") \
+    REQUEST_FIELD(RF_CA_PATH, "ca_path") \
+    REQUEST_FIELD(RF_CLIENT_CERT, "client_cert") \
+    REQUEST_FIELD(RF_CLIENT_KEY, "client_key") \
+    REQUEST_FIELD(RF_CLIENT_KEY_PASSWORD, "client_key_password") \
+    REQUEST_FIELD(RF_PINNED_PUBLIC_KEY, "pinned_public_key") \
+    REQUEST_FIELD(RF_PROXY, "proxy") \
+    REQUEST_FIELD(RF_PROXY_CA_FILE, "proxy_ca_file") \
+    REQUEST_FIELD(RF_TLS_MIN_VERSION, "tls_min_version")
+enum request_field {
+#define REQUEST_FIELD(id, name) id,
+    REQUEST_FIELDS
+#undef REQUEST_FIELD
+};
+void rw_request_push_keys(lua_State *L);
+void rw_request_configure(lua_State *L, transfer *t, int req, int keys, int tidx, int fresh);
 void rw_request_free_headers(transfer *t);
 void rw_request_register(lua_State *L);
 
