@@ -215,6 +215,7 @@ local function url_facts(url)
   return last_shown, last_secrets, last_origin
 end
 
+local no_names = headers.no_names
 local user_agent_line = "User-Agent: ratewise/" .. core.version
 -- The header lines of a call that gives no headers of its own: shared,
 -- since the engine only reads them.
@@ -410,7 +411,6 @@ local function verdict(policy, res)
     end
   end
   local status = res.status
-  if status >= 200 and status < 300 then return "success" end -- core.classify's answer, without the call
   if status == 413 and retry.retry_after(res.headers) then return "retryable" end
   return classify(status)
 end
@@ -526,16 +526,30 @@ function fetch.fetch(url, opts)
     url_facts(url)
     url = headers.with_query(url, query, "fetch", 2)
   end
-  local shown_url, url_secrets, origin = url_facts(url)
+  local shown_url, url_secrets, origin
+  if url == last_url then -- most calls: the URL of the call before
+    shown_url, url_secrets, origin = last_shown, last_secrets, last_origin
+  else
+    shown_url, url_secrets, origin = url_facts(url)
+  end
 
-  local method = request_method(opts, 3)
-  local body = opts.body
+  local method, body = opts.method, opts.body
+  if method == nil and body == nil and json_value == nil then
+    method = "GET"
+  else
+    method = request_method(opts, 3)
+  end
   if json_value ~= nil then
     body = json.encode(json_value, "fetch: option 'json'", 2)
   end
   local policy = opts.policy
-  local header_table, key = prepared(opts, method, url, body)
-  local lines, given, header_secrets = default_lines, headers.no_names, nil
+  local header_table, key
+  if policy and policy.prepare then
+    header_table, key = prepared(opts, method, url, body)
+  else
+    header_table, key = opts.headers, opts.idempotency_key
+  end
+  local lines, given, header_secrets = default_lines, no_names, nil
   local extra_secrets = opts.secret_headers and headers.secret_set(opts.secret_headers, "fetch")
   if header_table ~= nil or key ~= nil or json_value ~= nil then
     lines, given, header_secrets = headers.request_lines(header_table, extra_secrets)
@@ -731,7 +745,12 @@ function fetch.fetch(url, opts)
       res.attempts = attempts
       res.elapsed = now() - started
       if policy and policy.observe then call_hook("observe", policy.observe, res, limiter) end
-      class = verdict(policy, res)
+      local status = res.status
+      if status >= 200 and status < 300 and not (policy and policy.classify) then
+        class = "success"
+      else
+        class = verdict(policy, res)
+      end
       -- A throttle: the server refused for rate (a 429), or refused for now
       -- and said when to come back (a 503 with Retry-After, a quota's reset
       -- read by a provider's policy).

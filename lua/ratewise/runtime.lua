@@ -261,17 +261,17 @@ function runtime.transfer(request, per_call)
   -- The host first: where no wait is possible (a phase of nginx that
   -- cannot yield) it raises, and nothing may have been started that the
   -- next turn of the engine would send.
-  local in_task = scheduler.current() ~= nil
-  local host = not in_task and runtime.host(per_call)
+  local task = scheduler.current()
+  local host = not task and runtime.host(per_call)
   local transfer, err = scheduler.engine():start(request)
   if not transfer then
     return nil, { message = err, retryable = false, sent = false }
   end
-  if in_task then
+  if task then
     -- Rule 1, whatever sleep the call gave (the scheduler wakes the task
     -- when its transfer ends): a cancellation closes the transfer from
     -- inside the scheduler, with no pcall frame per request.
-    scheduler.await_transfer(transfer)
+    scheduler.await_transfer(transfer, task)
   else
     local ok, werr = pcall(host.await, function() return transfer:done() end)
     if not ok then

@@ -227,6 +227,8 @@ end
 -- a waiting task small; a dead coroutine keeps its stack, so the traceback
 -- of an error is still there to read.
 local function after_resume(task, resumed, ...)
+  -- waiting (wait_here yielded): alive, and nothing more to do
+  if resumed and task.state == "waiting" then return end
   if status(task.co) == "dead" then
     if resumed then return finish(task, true, ...) end
     local err = ...
@@ -570,8 +572,10 @@ local function abort_transfer(transfer, task)
   transfer:close()
 end
 
-function scheduler.await_transfer(transfer)
-  local task = scheduler.current()
+-- scheduler.await_transfer(transfer [, task]): task, when the caller has
+-- it at hand, is scheduler.current().
+function scheduler.await_transfer(transfer, task)
+  task = task or scheduler.current()
   if task then
     transfer_waiter[transfer] = task
     task.wait_id = task.wait_id + 1
