@@ -581,23 +581,22 @@ function fetch.fetch(url, opts)
     if not given["user-agent"] then lines[#lines + 1] = user_agent_line end
   end
 
-  local max_retries = opts.max_retries or 3
   local max_elapsed = opts.max_elapsed or DEFAULT_MAX_ELAPSED
   local timeout = opts.timeout or 30
   local safe = replay_safe[method] or opts.retry_non_idempotent or key ~= nil
     or given["idempotency-key"] ~= nil
-  local on_retry = opts.on_retry
-  if on_retry == nil then on_retry = default_on_retry end
   local limiter, circuit, budget, on_event = opts.limiter, opts.circuit, opts.budget, opts.on_event
-  local cost = opts.cost or 1
-  local retry_after, retry_after_max = opts.retry_after or "honor", opts.retry_after_max
-  if (retry_after == "clamp" or retry_after == "fail_fast") and not retry_after_max then
-    error(format("fetch: option 'retry_after' = %q needs retry_after_max, the longest wait to accept",
-      retry_after), 2)
+  local cost = limiter and (opts.cost or 1)
+  local retry_after, retry_after_max = opts.retry_after, nil -- nil: honor
+  if retry_after == "clamp" or retry_after == "fail_fast" then
+    retry_after_max = opts.retry_after_max
+    if not retry_after_max then
+      error(format("fetch: option 'retry_after' = %q needs retry_after_max, the longest wait to accept",
+        retry_after), 2)
+    end
   end
-  -- clamp: no hinted wait is longer than this
-  local retry_after_cap = retry_after == "clamp" and retry_after_max or nil
-  local hint_jitter = opts.hint_jitter or HINT_JITTER
+  -- What only a retry needs, read at the first one (most calls have none).
+  local max_retries, on_retry, retry_after_cap, hint_jitter
   local follow, max_body, verify_tls = opts.follow_redirects ~= false, opts.max_body, opts.verify_tls
   if verify_tls == false then warn_insecure() end
   local stream = opts.stream == true
@@ -739,8 +738,8 @@ function fetch.fetch(url, opts)
 
     local why, class, hint, hint_source
     if res then
+      local final_url = res.url -- set when a redirect was followed (read before response.new's __index)
       response.new(res)
-      local final_url = res.url -- set when a redirect was followed
       if final_url == nil or final_url == url then res.url = shown_url else res.url = headers.redact_url(final_url) end
       res.attempts = attempts
       res.elapsed = now() - started
@@ -755,7 +754,7 @@ function fetch.fetch(url, opts)
       -- and said when to come back (a 503 with Retry-After, a quota's reset
       -- read by a provider's policy).
       if class == "retryable" then hint, hint_source = server_hint(policy, res, retries) end
-      res.throttled = res.status == 429 or hint ~= nil
+      res.throttled = status == 429 or hint ~= nil
       if limiter then
         local observe = limiter_methods(limiter).observe
         if observe then guarded("limiter", "observe", observe, limiter, res, sent_at) end
@@ -811,6 +810,14 @@ function fetch.fetch(url, opts)
       return nil, fetch_error("unsafe", format(
         "%s was not retried after %s: %s is not replay-safe (give an idempotency_key, or set retry_non_idempotent)",
         method .. " " .. shown_url, why, method), state, res, terr)
+    end
+    if not max_retries then
+      max_retries = opts.max_retries or 3
+      on_retry = opts.on_retry
+      if on_retry == nil then on_retry = default_on_retry end
+      -- clamp: no hinted wait is longer than this
+      retry_after_cap = retry_after == "clamp" and retry_after_max or nil
+      hint_jitter = opts.hint_jitter or HINT_JITTER
     end
     if retries >= max_retries then
       return nil, fetch_error("exhausted", format("%s failed after %d attempt%s (max_retries %d), last: %s",
