@@ -50,16 +50,12 @@
 --   BENCH_ONLY           the parts to run, by the names above, comma-separated
 --                        (default: all; the wire check always runs)
 local rw = require "ratewise"
+local common = require "bench.common"
 local rounds = require "bench.rounds"
 local shapes = require "bench.shapes"
 
-local format, floor = string.format, math.floor
-
-local function env_int(name, default)
-  local v = tonumber(os.getenv(name) or "")
-  if v and v >= 1 and v % 1 == 0 then return floor(v) end
-  return default
-end
+local format = string.format
+local env_int, sh_quote, run_cmd, capture = common.env_int, common.sh_quote, common.run_cmd, common.capture
 local N = env_int("BENCH_REQUESTS", 20000)
 local ROUNDS = env_int("BENCH_ROUNDS", 5)
 local WARMUP = env_int("BENCH_WARMUP", 2000)
@@ -79,18 +75,12 @@ local WRK_THREADS = env_int("BENCH_WRK_THREADS", 1)
 local WAITERS = env_int("BENCH_WAITERS", 10000)
 local WAIT_SECONDS = env_int("BENCH_WAIT_SECONDS", 2)
 
-local ONLY
-if (os.getenv("BENCH_ONLY") or "") ~= "" then
-  ONLY = {}
-  for name in os.getenv("BENCH_ONLY"):gmatch("[^,%s]+") do ONLY[name] = true end
-end
-local function wanted(name) return ONLY == nil or ONLY[name] == true end
+local wanted = common.only()
 
-local here = (arg and arg[0] or "bench/run.lua"):match("^(.*)/[^/]*$") or "."
+local here = common.here
 local NGINX_SH = here .. "/nginx.sh"
 local PLAIN = here .. "/plain_curl"
-local MULTI = here .. "/multi_curl64"
-local CAPTURE = here .. "/capture_request.py"
+local MULTI = common.MULTI
 local WAITERS_LUA = here .. "/waiters.lua"
 -- The interpreter running this script (the lowest index of arg), for the
 -- fresh process of the waiters part.
@@ -106,27 +96,6 @@ end
 -- The bodies nginx.sh serves, and their sizes.
 local BODY_64K, BODY_1M = 65536, 1048576
 
-local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-
--- Runs a command; returns its standard output (trimmed) and whether it
--- exited with status 0. The status is read from a line the shell prints
--- after it: LuaJIT's (and Lua 5.1's) popen:close() does not report it.
-local function run_cmd(cmd)
-  local p = assert(io.popen("{ " .. cmd .. "\n}; printf '\\n#exit=%d' $?", "r"))
-  local out = p:read("*a")
-  p:close()
-  local status = tonumber(out:match("#exit=(%d+)$"))
-  out = out:gsub("\n?#exit=%d+$", "")
-  return (out:gsub("%s+$", "")), status == 0
-end
-
--- Runs a command, returns its standard output (trimmed) or raises.
-local function capture(cmd)
-  local out, ok = run_cmd(cmd)
-  if not ok then error(format("command failed: %s", cmd), 0) end
-  return out
-end
-
 -- os.execute's success, as 5.1/LuaJIT (a status number) and 5.2+ (true) say it.
 local function succeeded(a)
   return a == true or a == 0
@@ -135,7 +104,7 @@ end
 ---------------------------------------------------------------------------
 -- The plain C contenders
 
-local agent = "ratewise/" .. rw._VERSION -- what rw.fetch sends as User-Agent
+local agent = common.agent() -- what rw.fetch sends as User-Agent
 
 -- A failure of a plain contender counts as a failed request (and fails the
 -- run); it is not raised, so that the run goes on to report it.
@@ -149,20 +118,10 @@ local function run_plain(url, n)
   return { rate = rate, failed = 0, cpu_us = tonumber(out:match("cpu_us=([%d.]+)")) }
 end
 
--- One libcurl multi handle, `conc` transfers in flight. It counts the
--- transfers that did not end in a 200 (and then exits 1), and sums the body
--- bytes it kept: with `size`, they must come to n bodies of that size.
+-- One libcurl multi handle, `conc` transfers in flight (common.run_multi:
+-- the failed transfers counted, the body bytes checked with `size`).
 local function run_multi(url, n, conc, size)
-  local out = run_cmd(format("%s %s %d %d %s", sh_quote(MULTI), sh_quote(url), n, conc, sh_quote(agent)))
-  local rate = tonumber(out:match("rate=([%d.]+)"))
-  local failed = tonumber(out:match("failures=(%d+)"))
-  local bytes = tonumber(out:match("body_bytes=(%d+)"))
-  if not rate or not failed then error("multi_curl64 printed no rate: " .. out, 0) end
-  if size and bytes ~= n * size then
-    io.stderr:write(format("multi_curl64: %s body bytes for %d bodies of %d\n", tostring(bytes), n, size))
-    if failed == 0 then failed = 1 end
-  end
-  return { rate = rate, failed = failed, cpu_us = tonumber(out:match("cpu_us=([%d.]+)")) }
+  return common.run_multi(url, n, conc, { size = size })
 end
 
 -- A full collection before each of ratewise's runs (see rounds.compare).
@@ -174,42 +133,15 @@ end
 ---------------------------------------------------------------------------
 -- 0. The wire
 
--- One request of each contender to capture_request.py, which answers each
--- and prints its request head. They must be the same bytes, or the ratios
--- compare unlike work. A difference is reported, loudly, but does not fail
--- the run (no request failed).
+-- One request of each contender to capture_request.py (common.check_wire):
+-- the same bytes, or the ratios compare unlike work.
 local function check_wire()
-  local p = io.popen(format("python3 %s 3 2>&1", sh_quote(CAPTURE)), "r")
-  local port = p and tonumber(p:read("*l") or "")
-  if not port then
-    if p then p:close() end
-    io.write("request heads: not checked (bench/capture_request.py did not start; is python3 installed?)\n")
-    return
-  end
-  local url = format("http://127.0.0.1:%d/", port)
-  -- In this order, one after the other: the server sees them so.
-  run_cmd(format("%s %s 1 %s", sh_quote(PLAIN), sh_quote(url), sh_quote(agent)))
-  run_cmd(format("%s %s 1 1 %s", sh_quote(MULTI), sh_quote(url), sh_quote(agent)))
-  rw.fetch(url, { on_retry = false })
-  local out = p:read("*a")
-  p:close()
-  local heads = {}
-  for head in out:gmatch("(.-)\n%-%-%-%-\n") do heads[#heads + 1] = head end
-  if #heads ~= 3 then
-    io.write("request heads: not checked (the capture got ", #heads, " of 3)\n", out, "\n")
-    return
-  end
-  if heads[1] == heads[2] and heads[2] == heads[3] then
-    io.write(format("request heads: plain_curl, multi_curl64 and rw.fetch send the same %d bytes:\n", #heads[1]))
-    for l in heads[1]:gmatch("[^\n]+") do io.write("    ", l, "\n") end
-  else
-    io.write("request heads DIFFER, the ratios below compare unlike requests:\n")
-    for i, who in ipairs { "plain_curl", "multi_curl64", "rw.fetch" } do
-      io.write("  ", who, ":\n")
-      for l in heads[i]:gmatch("[^\n]+") do io.write("    ", l, "\n") end
-    end
-  end
-  io.flush()
+  local function c_run(cmd) return function(url) run_cmd(format(cmd, sh_quote(url), sh_quote(agent))) end end
+  common.check_wire { contenders = {
+    { "plain_curl", c_run(sh_quote(PLAIN) .. " %s 1 %s") },
+    { "multi_curl64", c_run(sh_quote(MULTI) .. " %s 1 1 %s") },
+    { "rw.fetch", function(url) rw.fetch(url, { on_retry = false }) end },
+  } }
 end
 
 ---------------------------------------------------------------------------

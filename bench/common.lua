@@ -1,0 +1,134 @@
+-- bench/common.lua: what the benchmarks that pit ratewise against the plain
+-- C contender bench/multi_curl64 share (run.lua, openresty.lua, http2.lua):
+-- knobs from the environment, running a command, the multi contender's run,
+-- and the wire check (bench/capture_request.py). Portable to Lua 5.1 and
+-- LuaJIT.
+local common = {}
+
+local format, floor = string.format, math.floor
+
+-- The folder of the benchmark scripts (the running script's own).
+common.here = (arg and arg[0] or "bench/run.lua"):match("^(.*)/[^/]*$") or "."
+
+--- n = common.env_int(name, default): a positive integer from the environment.
+function common.env_int(name, default)
+  local v = tonumber(os.getenv(name) or "")
+  if v and v >= 1 and v % 1 == 0 then return floor(v) end
+  return default
+end
+
+--- wanted = common.only(): wanted(name) says whether BENCH_ONLY (parts by
+-- name, comma-separated; unset or empty: all) asks for that part.
+-- default_off: names run only when BENCH_ONLY names them.
+function common.only(default_off)
+  local only
+  if (os.getenv("BENCH_ONLY") or "") ~= "" then
+    only = {}
+    for name in os.getenv("BENCH_ONLY"):gmatch("[^,%s]+") do only[name] = true end
+  end
+  return function(name)
+    if only == nil then return not (default_off and default_off[name]) end
+    return only[name] == true
+  end
+end
+
+function common.sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local sh_quote = common.sh_quote
+
+--- out, ok = common.run_cmd(cmd): its standard output (trimmed) and whether
+-- it exited with status 0. The status is read from a line the shell prints
+-- after it: LuaJIT's (and Lua 5.1's) popen:close() does not report it.
+function common.run_cmd(cmd)
+  local p = assert(io.popen("{ " .. cmd .. "\n}; printf '\\n#exit=%d' $?", "r"))
+  local out = p:read("*a")
+  p:close()
+  local status = tonumber(out:match("#exit=(%d+)$"))
+  out = out:gsub("\n?#exit=%d+$", "")
+  return (out:gsub("%s+$", "")), status == 0
+end
+
+--- out = common.capture(cmd): its standard output (trimmed), or raises.
+function common.capture(cmd)
+  local out, ok = common.run_cmd(cmd)
+  if not ok then error(format("command failed: %s", cmd), 0) end
+  return out
+end
+
+-- What rw.fetch sends as User-Agent, and so the C contenders too.
+function common.agent()
+  return "ratewise/" .. require("ratewise")._VERSION
+end
+
+common.MULTI = common.here .. "/multi_curl64"
+
+--- m = common.run_multi(url, n, conc [, {size = bytes, flags = "--cainfo ..."}]):
+-- one libcurl multi handle, `conc` transfers in flight (bench/multi_curl64).
+-- It counts the transfers that did not end in a 200, and sums the body
+-- bytes it kept: with `size`, they must come to n bodies of that size.
+-- A measure for rounds.lua: { rate, failed, cpu_us, connections, http_version }.
+function common.run_multi(url, n, conc, o)
+  o = o or {}
+  local out = common.run_cmd(format("%s %s%s %d %d %s", sh_quote(common.MULTI),
+    o.flags and (o.flags .. " ") or "", sh_quote(url), n, conc, sh_quote(common.agent())))
+  local rate = tonumber(out:match("rate=([%d.]+)"))
+  local failed = tonumber(out:match(" failures=(%d+)"))
+  local bytes = tonumber(out:match("body_bytes=(%d+)"))
+  if not rate or not failed then error("multi_curl64 printed no rate: " .. out, 0) end
+  failed = failed + (tonumber(out:match("warmup_failed=(%d+)")) or 0)
+  if o.size and bytes ~= n * o.size then
+    io.stderr:write(format("multi_curl64: %s body bytes for %d bodies of %d\n", tostring(bytes), n, o.size))
+    if failed == 0 then failed = 1 end
+  end
+  return { rate = rate, failed = failed, cpu_us = tonumber(out:match("cpu_us=([%d.]+)")),
+    connections = tonumber(out:match("connections=(%d+)")), http_version = out:match("http_version=([%d.]+)") }
+end
+
+--- common.check_wire{python = cmd, args = "...", contenders = {{name, fn(url)}, ...}}:
+-- one request of each contender to bench/capture_request.py (started with
+-- `python`, default "python3", and `args` after the count), which answers
+-- each and prints its request head. They must be the same bytes, or the
+-- ratios compare unlike work. A difference is reported, loudly, but does
+-- not fail the run (no request failed). `scheme` ("http" or "https") makes
+-- the URL.
+function common.check_wire(o)
+  local contenders = o.contenders
+  local p = io.popen(format("%s %s %d %s 2>&1", o.python or "python3",
+    sh_quote(common.here .. "/capture_request.py"), #contenders, o.args or ""), "r")
+  local port = p and tonumber(p:read("*l") or "")
+  if not port then
+    local why = p and p:read("*a") or ""
+    if p then p:close() end
+    io.write("request heads: not checked (bench/capture_request.py did not start: ", why, ")\n")
+    return false
+  end
+  local url = format("%s://127.0.0.1:%d/", o.scheme or "http", port)
+  -- In this order, one after the other: the server sees them so.
+  for _, c in ipairs(contenders) do c[2](url) end
+  local out = p:read("*a")
+  p:close()
+  local heads = {}
+  for head in out:gmatch("(.-)\n%-%-%-%-\n") do heads[#heads + 1] = head end
+  local label = o.label and (o.label .. ": ") or ""
+  if #heads ~= #contenders then
+    io.write(label, "request heads: not checked (the capture got ", #heads, " of ", #contenders, ")\n", out, "\n")
+    return false
+  end
+  local same = true
+  for i = 2, #heads do same = same and heads[i] == heads[1] end
+  local names = {}
+  for i, c in ipairs(contenders) do names[i] = c[1] end
+  if same then
+    io.write(format("%srequest heads: %s send the same %d bytes:\n", label, table.concat(names, ", "), #heads[1]))
+    for l in heads[1]:gmatch("[^\n]+") do io.write("    ", l, "\n") end
+  else
+    io.write(label, "request heads DIFFER, the ratios below compare unlike requests:\n")
+    for i, name in ipairs(names) do
+      io.write("  ", name, ":\n")
+      for l in heads[i]:gmatch("[^\n]+") do io.write("    ", l, "\n") end
+    end
+  end
+  io.flush()
+  return same
+end
+
+return common
