@@ -1,5 +1,5 @@
 /*
- * multi_curl64 URL N [IN_FLIGHT [USER_AGENT]]
+ * multi_curl64 [--cainfo FILE] [--pipewait] [--warmup K] URL N [IN_FLIGHT [USER_AGENT]]
  *
  * The baseline of `make bench`'s concurrent part: N keep-alive GETs of URL
  * driven by ONE libcurl multi handle that keeps IN_FLIGHT (default 64)
@@ -17,15 +17,30 @@
  * of printing that line), and the User-Agent as a header line, as ratewise
  * passes it (libcurl then prints it after Accept and Accept-Encoding).
  *
+ * Over HTTPS (`make bench-http2`, bench/http2.lua): --cainfo FILE sets
+ * CURLOPT_CAINFO (the bench's self-signed certificate, what ratewise's
+ * ca_file option sets); libcurl then speaks HTTP/2 where the server offers
+ * it (its default over HTTPS, with nghttp2). --pipewait sets
+ * CURLOPT_PIPEWAIT, so that the transfers started together wait for the
+ * first connection and multiplex on it, as ratewise's engine has them do
+ * (its gate, src/engine.c), instead of each opening a connection of its
+ * own. --warmup K runs K requests on the same handles before the clock
+ * starts, so that the measured ones find their connections open (and their
+ * TLS handshakes done), as a contender that runs in a process of its own
+ * all along does from its second round on.
+ *
  * Each body is kept whole in a per-handle buffer (bench_common.h), emptied
  * for the handle's next transfer; the bytes kept are summed, so that
  * run.lua can check every body arrived whole (the large-body shapes). Every
  * transfer must end with CURLE_OK and status 200; the others are counted
  * as failures. Prints, timed on the monotonic clock with set-up excluded:
  *   requests=N failures=F seconds=S rate=R cpu_us=C performs=P polls=Q body_bytes=B
+ *   connections=K http_version=V warmup_failed=W
  * (cpu_us: process CPU microseconds per request; P and Q: how many times
  * curl_multi_perform and curl_multi_poll were called; B: the body bytes of
- * all N transfers). Exits 1 when F > 0.
+ * all N transfers; K: the connections the N transfers opened, the warm-up's
+ * not counted; V: the HTTP version of the last response, 1.1 or 2; W: the
+ * warm-up's failed transfers). Exits 1 when F + W > 0.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -43,45 +58,145 @@ typedef struct {
     char errbuf[CURL_ERROR_SIZE];
 } slot;
 
+/* What one batch of transfers did. */
+typedef struct {
+    long failures, performs, polls, connections, http_version;
+    double body_bytes;
+} batch;
+
+static int shown; /* failures reported on stderr so far (at most 5) */
+
+/* Runs n transfers on the multi handle, at most conc (<= n) at a time, on
+ * the slots' easy handles; adds to *b. Returns 0, or -1 when the multi
+ * handle failed (reported). */
+static int run_batch(CURLM *multi, slot *slots, long conc, long n, batch *b)
+{
+    long started = 0, finished = 0, i;
+    int running = 0;
+    for (i = 0; i < conc; i++) {
+        slots[i].errbuf[0] = '\0';
+        slots[i].body.len = 0;
+        curl_multi_add_handle(multi, slots[i].easy);
+        started++;
+    }
+    while (finished < n) {
+        CURLMsg *msg;
+        int left;
+        CURLMcode mc = curl_multi_perform(multi, &running);
+        b->performs++;
+        if (mc != CURLM_OK) {
+            fprintf(stderr, "multi_curl64: curl_multi_perform: %s\n", curl_multi_strerror(mc));
+            return -1;
+        }
+        while ((msg = curl_multi_info_read(multi, &left)) != NULL) {
+            slot *s = NULL;
+            CURL *easy;
+            long status = 0, connects = 0, version = 0;
+            if (msg->msg != CURLMSG_DONE) continue;
+            easy = msg->easy_handle;
+            curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&s);
+            curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
+            curl_easy_getinfo(easy, CURLINFO_NUM_CONNECTS, &connects);
+            curl_easy_getinfo(easy, CURLINFO_HTTP_VERSION, &version);
+            if (msg->data.result != CURLE_OK || status != 200) {
+                b->failures++;
+                if (shown++ < 5)
+                    fprintf(stderr, "multi_curl64: request failed: %s (status %ld)\n",
+                            msg->data.result != CURLE_OK
+                                ? (s && s->errbuf[0] ? s->errbuf : curl_easy_strerror(msg->data.result))
+                                : "not 200",
+                            status);
+            }
+            b->connections += connects;
+            b->http_version = version;
+            if (s) b->body_bytes += (double)s->body.len;
+            finished++;
+            curl_multi_remove_handle(multi, easy); /* msg is invalid after this */
+            if (started < n) {
+                if (s) {
+                    s->body.len = 0; /* the body is discarded */
+                    s->errbuf[0] = '\0';
+                }
+                curl_multi_add_handle(multi, easy);
+                started++;
+            }
+        }
+        if (finished >= n) break;
+        mc = curl_multi_poll(multi, NULL, 0, 1000, NULL);
+        b->polls++;
+        if (mc != CURLM_OK) {
+            fprintf(stderr, "multi_curl64: curl_multi_poll: %s\n", curl_multi_strerror(mc));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int usage(const char *prog)
+{
+    fprintf(stderr, "usage: %s [--cainfo FILE] [--pipewait] [--warmup K] URL N [IN_FLIGHT [USER_AGENT]]\n", prog);
+    return 2;
+}
+
 int main(int argc, char **argv)
 {
-    const char *url, *agent;
+    const char *url, *agent, *cainfo = NULL;
     char *end;
-    long n, conc, started = 0, finished = 0, failures = 0, performs = 0, polls = 0, i;
-    double body_bytes = 0;
+    long n, conc, warmup = 0, i;
+    int pipewait = 0, arg = 1, rest;
     char *agent_line;
     struct curl_slist *headers = NULL;
     CURLM *multi;
     slot *slots;
     double t0, c0, secs, cpu;
-    int running = 0, shown = 0;
+    batch warm, b;
 
-    if (argc < 3 || argc > 5) {
-        fprintf(stderr, "usage: %s URL N [IN_FLIGHT [USER_AGENT]]\n", argv[0]);
-        return 2;
+    while (arg < argc && strncmp(argv[arg], "--", 2) == 0) {
+        if (strcmp(argv[arg], "--pipewait") == 0) {
+            pipewait = 1;
+            arg++;
+        } else if (strcmp(argv[arg], "--cainfo") == 0 && arg + 1 < argc) {
+            cainfo = argv[arg + 1];
+            arg += 2;
+        } else if (strcmp(argv[arg], "--warmup") == 0 && arg + 1 < argc) {
+            warmup = strtol(argv[arg + 1], &end, 10);
+            if (*end || warmup < 0) {
+                fprintf(stderr, "multi_curl64: K of --warmup must be an integer >= 0\n");
+                return 2;
+            }
+            arg += 2;
+        } else {
+            return usage(argv[0]);
+        }
     }
-    url = argv[1];
-    n = strtol(argv[2], &end, 10);
+    rest = argc - arg;
+    if (rest < 2 || rest > 4) return usage(argv[0]);
+    url = argv[arg];
+    n = strtol(argv[arg + 1], &end, 10);
     if (*end || n <= 0) {
         fprintf(stderr, "multi_curl64: N must be a positive integer\n");
         return 2;
     }
     conc = 64;
-    if (argc >= 4) {
-        conc = strtol(argv[3], &end, 10);
+    if (rest >= 3) {
+        conc = strtol(argv[arg + 2], &end, 10);
         if (*end || conc <= 0) {
             fprintf(stderr, "multi_curl64: IN_FLIGHT must be a positive integer\n");
             return 2;
         }
     }
     if (conc > n) conc = n;
-    agent = argc == 5 ? argv[4] : "multi_curl64";
+    agent = rest == 4 ? argv[arg + 3] : "multi_curl64";
 
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
         fprintf(stderr, "multi_curl64: curl_global_init failed\n");
         return 1;
     }
     multi = curl_multi_init();
+    /* Room for a connection per handle in libcurl's cache (its default is 4
+     * per handle added, which shrinks as a batch's last handles are removed,
+     * so the warm-up's connections were closed but 4 at its end). */
+    if (multi) curl_multi_setopt(multi, CURLMOPT_MAXCONNECTS, conc);
     agent_line = bench_agent_line(agent);
     headers = curl_slist_append(headers, "Expect:");
     if (headers && agent_line) headers = curl_slist_append(headers, agent_line);
@@ -108,65 +223,22 @@ int main(int argc, char **argv)
         curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, bench_on_body);
         curl_easy_setopt(easy, CURLOPT_WRITEDATA, &s->body);
         curl_easy_setopt(easy, CURLOPT_PRIVATE, s);
+        if (cainfo) curl_easy_setopt(easy, CURLOPT_CAINFO, cainfo);
+        if (pipewait) curl_easy_setopt(easy, CURLOPT_PIPEWAIT, 1L);
     }
 
+    memset(&warm, 0, sizeof warm);
+    memset(&b, 0, sizeof b);
+    if (warmup > 0 && run_batch(multi, slots, conc < warmup ? conc : warmup, warmup, &warm) != 0) return 1;
     t0 = bench_clock(CLOCK_MONOTONIC);
     c0 = bench_clock(CLOCK_PROCESS_CPUTIME_ID);
-    for (i = 0; i < conc; i++) {
-        slots[i].errbuf[0] = '\0';
-        curl_multi_add_handle(multi, slots[i].easy);
-        started++;
-    }
-    while (finished < n) {
-        CURLMsg *msg;
-        int left;
-        CURLMcode mc = curl_multi_perform(multi, &running);
-        performs++;
-        if (mc != CURLM_OK) {
-            fprintf(stderr, "multi_curl64: curl_multi_perform: %s\n", curl_multi_strerror(mc));
-            return 1;
-        }
-        while ((msg = curl_multi_info_read(multi, &left)) != NULL) {
-            slot *s = NULL;
-            CURL *easy;
-            long status = 0;
-            if (msg->msg != CURLMSG_DONE) continue;
-            easy = msg->easy_handle;
-            curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&s);
-            curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
-            if (msg->data.result != CURLE_OK || status != 200) {
-                failures++;
-                if (shown++ < 5)
-                    fprintf(stderr, "multi_curl64: request failed: %s (status %ld)\n",
-                            msg->data.result != CURLE_OK
-                                ? (s && s->errbuf[0] ? s->errbuf : curl_easy_strerror(msg->data.result))
-                                : "not 200",
-                            status);
-            }
-            if (s) body_bytes += (double)s->body.len;
-            finished++;
-            curl_multi_remove_handle(multi, easy); /* msg is invalid after this */
-            if (started < n) {
-                if (s) {
-                    s->body.len = 0; /* the body is discarded */
-                    s->errbuf[0] = '\0';
-                }
-                curl_multi_add_handle(multi, easy);
-                started++;
-            }
-        }
-        if (finished >= n) break;
-        mc = curl_multi_poll(multi, NULL, 0, 1000, NULL);
-        polls++;
-        if (mc != CURLM_OK) {
-            fprintf(stderr, "multi_curl64: curl_multi_poll: %s\n", curl_multi_strerror(mc));
-            return 1;
-        }
-    }
+    if (run_batch(multi, slots, conc, n, &b) != 0) return 1;
     secs = bench_clock(CLOCK_MONOTONIC) - t0;
     cpu = bench_clock(CLOCK_PROCESS_CPUTIME_ID) - c0;
-    printf("requests=%ld failures=%ld seconds=%.6f rate=%.1f cpu_us=%.2f performs=%ld polls=%ld body_bytes=%.0f\n",
-           n, failures, secs, (double)n / secs, cpu * 1e6 / (double)n, performs, polls, body_bytes);
+    printf("requests=%ld failures=%ld seconds=%.6f rate=%.1f cpu_us=%.2f performs=%ld polls=%ld body_bytes=%.0f"
+           " connections=%ld http_version=%s warmup_failed=%ld\n",
+           n, b.failures, secs, (double)n / secs, cpu * 1e6 / (double)n, b.performs, b.polls, b.body_bytes,
+           b.connections, b.http_version == CURL_HTTP_VERSION_2_0 ? "2" : "1.1", warm.failures);
 
     for (i = 0; i < conc; i++) {
         curl_easy_cleanup(slots[i].easy);
@@ -177,5 +249,5 @@ int main(int argc, char **argv)
     curl_slist_free_all(headers);
     free(agent_line);
     curl_global_cleanup();
-    return failures > 0 ? 1 : 0;
+    return b.failures + warm.failures > 0 ? 1 : 0;
 }
