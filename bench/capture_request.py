@@ -28,6 +28,8 @@ def head_http1(conn):
         data += chunk
     head = data.split(b"\r\n\r\n", 1)[0].decode("latin-1")
     conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+    if isinstance(conn, ssl.SSLSocket):
+        drain(conn)
     return head.replace("\r\n", "\n")
 
 
@@ -52,7 +54,20 @@ def head_h2(conn):
         conn.sendall(h2c.data_to_send())
     h2c.close_connection()
     conn.sendall(h2c.data_to_send())
+    drain(conn)
     return head
+
+
+def drain(conn):
+    """Reads until the client closes: closing with its frames (a SETTINGS
+    ack, a WINDOW_UPDATE) unread would reset the connection, and the client
+    could see the reset before the answer. A second at most."""
+    conn.settimeout(1)
+    try:
+        while conn.recv(65536):
+            pass
+    except OSError:
+        pass
 
 
 def main():
