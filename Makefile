@@ -65,7 +65,8 @@ DEB_CHECK := clang libclang-rt-14-dev clang-tidy cppcheck valgrind \
              lua5.1 liblua5.1-0-dev lua5.3 liblua5.3-dev luajit2 libluajit2-5.1-dev lua-compat53-dev
 
 .PHONY: all deps deps-check test demo bench examples install lint clean soak \
-        fuzz test-asan test-valgrind luajit-core bench-hosts bench-rate bench-redis bench-http2
+        fuzz test-asan test-valgrind luajit-core bench-hosts bench-rate bench-redis bench-http2 \
+        bench-openresty
 
 all: $(CORE)
 
@@ -138,9 +139,17 @@ bench-rate: deps $(CORE)
 bench-redis: deps $(CORE)
 	@$(LUA_ENV) $(SPEC_ENV) $(LUA) bench/redis.lua
 
-# HTTP/2 against HTTP/1.1 over HTTPS for 64 tasks (bench/http2.lua).
+# The 64-task loop over HTTPS, HTTP/2 and HTTP/1.1, each against plain
+# libcurl (bench/multi_curl64) in alternating rounds (bench/http2.lua).
 bench-http2: deps $(CORE)
+	@$(MAKE) -s -C bench
 	@$(LUA_ENV) $(SPEC_ENV) $(LUA) bench/http2.lua
+
+# Issue 15's shapes inside an OpenResty worker (nginx's Lua module, LuaJIT,
+# the core of build-luajit/), each against plain libcurl (bench/openresty.lua).
+bench-openresty: deps $(CORE) luajit-core
+	@$(MAKE) -s -C bench
+	@$(LUA_ENV) $(SPEC_ENV) $(LUA) bench/openresty.lua
 
 # What waiting costs in each host (bench/hosts.lua): 1,000 requests on a
 # slow server per host, and rw.step(0) in a frame loop.

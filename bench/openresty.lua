@@ -1,0 +1,158 @@
+-- bench/openresty.lua: issue 15's shapes in the OpenResty host, each against
+-- plain libcurl (`make bench-openresty`).
+--
+--   make bench-openresty      (or, from the root after make, make luajit-core
+--                              and make -C bench: lua5.4 bench/openresty.lua)
+--
+-- Two private nginx servers on loopback: the target, a plain nginx
+-- (bench/nginx.sh: `/` answers "ok", `/body/64k` is a static file of 65,536
+-- bytes), and an OpenResty nginx (Debian's nginx with the Lua module, its
+-- LuaJIT luajit2's, ratewise from this tree: lua/ and build-luajit/, as
+-- spec/support/nginx.lua starts it) with one worker. One request to that
+-- nginx runs one round of a shape inside its worker, in a content handler
+-- (bench/openresty_handler.lua), as user code would, and answers with the
+-- rate and the worker's CPU time per request (/proc/self/stat of the
+-- worker). The plain contender is bench/multi_curl64 against the same
+-- target: one libcurl multi handle, 64 transfers in flight, each body kept.
+-- Alternating rounds (bench/rounds.lua), the ratio ratewise / plain (median
+-- of the rounds' ratios, and their range). First, one request of each goes
+-- to bench/capture_request.py: the request heads must be the same bytes.
+--
+-- The worker's CPU is comparable with the plain contender's: the target is
+-- a separate nginx, so the worker serves nothing but this benchmark's one
+-- request at a time. On a 2-core machine the target has one core and the
+-- contender the other; this script waits for the answer, idle.
+--
+-- Shapes (BENCH_ONLY picks, comma-separated):
+--   loop64      64 light threads (ngx.thread.spawn) of the handler, each
+--               looping rw.fetch(url, opts) with one options table
+--   body_64k    the same on /body/64k, each body's length checked
+--   map_shared  rw.map(urls, function(u) return rw.fetch(u, opts) end,
+--               {concurrency = 64}), one shared opts. Not run unless named:
+--               with lua-nginx-module 0.10.23 (Debian 12) it kills the worker
+--               (SIGSEGV). rw.map's tasks are coroutines made by OpenResty's
+--               coroutine.create in the request, and resumed by ratewise's
+--               driver, an ngx.timer.at callback; OpenResty crashes resuming
+--               a request's coroutine from a timer (bench/README.md).
+--
+-- A benchmark, not a test: it fails only when a request fails (a worker that
+-- dies fails every request of its round), never on a ratio. Knobs:
+--   BENCH_OPENRESTY_REQUESTS      loop64, map_shared: requests a round and contender (default 20000)
+--   BENCH_OPENRESTY_64K_REQUESTS  body_64k: requests a round and contender (default 10000)
+--   BENCH_OPENRESTY_ROUNDS        rounds (default 5)
+--   BENCH_OPENRESTY_WARMUP        warm-up requests per contender (default: a tenth of a round)
+--   BENCH_CONCURRENCY             light threads, map's concurrency, transfers in flight (default 64)
+--   BENCH_ONLY                    the shapes to run (default loop64,body_64k)
+local nginx = require "spec.support.nginx"
+local rw = require "ratewise"
+local common = require "bench.common"
+local rounds = require "bench.rounds"
+
+local format = string.format
+local env_int, sh_quote, capture = common.env_int, common.sh_quote, common.capture
+
+local N = env_int("BENCH_OPENRESTY_REQUESTS", 20000)
+local N_64K = env_int("BENCH_OPENRESTY_64K_REQUESTS", 10000)
+local ROUNDS = env_int("BENCH_OPENRESTY_ROUNDS", 5)
+local WARMUP = env_int("BENCH_OPENRESTY_WARMUP", nil)
+local CONC = env_int("BENCH_CONCURRENCY", 64)
+local wanted = common.only { map_shared = true }
+
+local NGINX_SH = common.here .. "/nginx.sh"
+local BODY_64K = 65536
+
+-- nginx runs from a folder of its own: the handler's path must be absolute.
+local here = common.here:sub(1, 1) == "/" and common.here or (capture("pwd") .. "/" .. common.here:gsub("^%./", ""))
+local HANDLER = here .. "/openresty_handler.lua"
+
+-- The OpenResty nginx: /bench runs a round (bench/openresty_handler.lua).
+local host -- spec.support.nginx's handle
+local alerts_shown = 0 -- the [alert] lines of its error log already shown (a worker that died)
+local function ours(shape, url, n, size)
+  local res, err = rw.fetch(host:url(format("/bench?shape=%s&n=%d&conc=%d&url=%s%s", shape, n, CONC,
+    nginx.escape(url), size and ("&size=" .. size) or "")), { timeout = 3600, max_retries = 0, on_retry = false })
+  local body = res and res.status == 200 and res.body or ""
+  local rate = tonumber(body:match("rate=([%d.]+)"))
+  if not rate then
+    io.stderr:write("the OpenResty round failed: ", res and (res.status .. " " .. res.body) or tostring(err), "\n")
+    local log, i = host:error_log() or "", 0
+    for l in log:gmatch("[^\n]*%[alert%][^\n]*") do
+      i = i + 1
+      if i > alerts_shown then io.stderr:write("  nginx: ", l, "\n") end
+    end
+    alerts_shown = i
+    return { rate = 0, failed = n }
+  end
+  local first = body:match("first failure: ([^\n]*)")
+  if first then io.stderr:write("rw.fetch in OpenResty failed: ", first, "\n") end
+  return { rate = rate, failed = tonumber(body:match("failed=(%d+)")),
+    cpu_us = tonumber(body:match("cpu_us=([%d.]+)")) }
+end
+
+local rows, failed = {}, 0
+
+local function bench(base)
+  local root_url, url_64k = base .. "/", base .. "/body/64k"
+  local function shape(key, name, kind, url, n, size)
+    return { key = key, name = name, n = n, rounds = ROUNDS, warmup = WARMUP or math.ceil(n / 10), target = 0.90,
+      plain = function(k) return common.run_multi(url, k, CONC, { size = size }) end,
+      ours = function(k) return ours(kind, url, k, size) end }
+  end
+  local shapes = {
+    shape("loop64", format("OpenResty, %d threads looping rw.fetch / multi", CONC), "loop", root_url, N),
+    shape("map_shared", "OpenResty, rw.map, shared opts / multi", "map", root_url, N),
+    shape("body_64k", format("OpenResty, %d threads, 64 KiB bodies / multi", CONC), "loop", url_64k, N_64K,
+      BODY_64K),
+  }
+  local jit = rawget(_G, "jit")
+  io.write(format("target nginx on %s; OpenResty worker pid %d (nginx's Lua module, LuaJIT); ratewise %s; %s; "
+    .. "%d in flight; this script on %s\n", base, host:worker_pid(), rw._VERSION,
+    require("ratewise.core").curl_version or "libcurl", CONC, jit and jit.version or _VERSION))
+  io.flush()
+  -- The wire: rw.fetch in the worker and the plain contender send the same bytes.
+  local agent = common.agent()
+  common.check_wire { contenders = {
+    { "multi_curl64", function(url)
+      common.run_cmd(format("%s %s 1 1 %s", sh_quote(common.MULTI), sh_quote(url), sh_quote(agent)))
+    end },
+    { "rw.fetch in OpenResty", function(url) ours("loop", url, 1) end },
+  } }
+  for _, s in ipairs(shapes) do
+    if wanted(s.key) then
+      local row = rounds.compare(s)
+      rows[#rows + 1] = row
+      failed = failed + row.plain_failed + row.our_failed
+    end
+  end
+  io.write("\n")
+  rounds.report(rows)
+  for _, row in ipairs(rows) do
+    io.write(format("  %-48s rw.fetch %d of %d, plain %d of %d\n", "failures, " .. row.shape.key, row.our_failed,
+      row.requests, row.plain_failed, row.requests))
+  end
+  if not wanted("map_shared") then
+    io.write("  map_shared not run: rw.map kills the OpenResty worker (see bench/README.md); "
+      .. "BENCH_ONLY=map_shared runs it\n")
+  end
+end
+
+local dir = capture("mktemp -d -t ratewise-bench-openresty.XXXXXX")
+local ok, err = xpcall(function()
+  local port = tonumber(capture(format("bash %s start %s", sh_quote(NGINX_SH), sh_quote(dir))))
+  if not port then error("nginx.sh start printed no port", 0) end
+  host = nginx.start { server = "    location = /bench { content_by_lua_file " .. HANDLER .. "; }" }
+  bench(format("http://127.0.0.1:%d", port))
+end, debug.traceback)
+-- Stopped whatever happened above.
+if host then host:stop() end
+os.execute(format("bash %s stop %s", sh_quote(NGINX_SH), sh_quote(dir)))
+os.execute("rm -rf " .. sh_quote(dir))
+
+if not ok then
+  io.stderr:write("bench failed: ", tostring(err), "\n")
+  os.exit(1)
+end
+if failed > 0 then
+  io.stderr:write(format("bench: %d request(s) failed\n", failed))
+  os.exit(1)
+end
