@@ -18,6 +18,9 @@
 -- of the rounds' ratios, and their range). First, one request of each goes
 -- to bench/capture_request.py: the request heads must be the same bytes.
 --
+-- Reported too: how much of each round the worker was on the CPU (its CPU
+-- time over the round's wall time): what is left, it waited.
+--
 -- The worker's CPU is comparable with the plain contender's: the target is
 -- a separate nginx, so the worker serves nothing but this benchmark's one
 -- request at a time. On a 2-core machine the target has one core and the
@@ -68,6 +71,7 @@ local HANDLER = here .. "/openresty_handler.lua"
 -- The OpenResty nginx: /bench runs a round (bench/openresty_handler.lua).
 local host -- spec.support.nginx's handle
 local alerts_shown = 0 -- the [alert] lines of its error log already shown (a worker that died)
+local busy = {} -- the share of each of ratewise's rounds the worker was on the CPU (the current shape's)
 local function ours(shape, url, n, size)
   local res, err = rw.fetch(host:url(format("/bench?shape=%s&n=%d&conc=%d&url=%s%s", shape, n, CONC,
     nginx.escape(url), size and ("&size=" .. size) or "")), { timeout = 3600, max_retries = 0, on_retry = false })
@@ -85,8 +89,12 @@ local function ours(shape, url, n, size)
   end
   local first = body:match("first failure: ([^\n]*)")
   if first then io.stderr:write("rw.fetch in OpenResty failed: ", first, "\n") end
-  return { rate = rate, failed = tonumber(body:match("failed=(%d+)")),
+  local m = { rate = rate, failed = tonumber(body:match("failed=(%d+)")),
     cpu_us = tonumber(body:match("cpu_us=([%d.]+)")) }
+  if m.cpu_us then
+    busy[#busy + 1] = m.cpu_us * rate / 1e6
+  end
+  return m
 end
 
 local rows, failed = {}, 0
@@ -119,13 +127,21 @@ local function bench(base)
   } }
   for _, s in ipairs(shapes) do
     if wanted(s.key) then
+      busy = {}
       local row = rounds.compare(s)
+      row.busy = #busy > 0 and rounds.median(busy) or nil
       rows[#rows + 1] = row
       failed = failed + row.plain_failed + row.our_failed
     end
   end
   io.write("\n")
   rounds.report(rows)
+  for _, row in ipairs(rows) do
+    if row.busy then
+      io.write(format("  %-48s %.0f %% of a round (CPU time / wall time, median)\n",
+        "worker on the CPU, " .. row.shape.key, 100 * row.busy))
+    end
+  end
   for _, row in ipairs(rows) do
     io.write(format("  %-48s rw.fetch %d of %d, plain %d of %d\n", "failures, " .. row.shape.key, row.our_failed,
       row.requests, row.plain_failed, row.requests))
