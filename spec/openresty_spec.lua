@@ -42,6 +42,45 @@ local SERVER = [[
         ngx.say(ok and "started" or err)
       }
     }
+    location = /tasks {
+      content_by_lua_block {
+        -- ratewise's tasks in a handler: rw.map, rw.run with a task that
+        -- waits for another's semaphore, and a client's shared calls
+        local rw = require "ratewise"
+        local url = ngx.unescape_uri(ngx.var.arg_url)
+        local urls = {}
+        for i = 1, 4 do urls[i] = url .. "/m?map=" .. i end
+        local statuses = rw.map(urls, function(u)
+          local res = rw.fetch(u, { on_retry = false })
+          return res and res.status
+        end, { concurrency = 2 })
+        local order = {}
+        rw.run(function()
+          local sem = rw.semaphore(1)
+          sem:acquire()
+          local waiter = rw.spawn(function()
+            sem:acquire()
+            order[#order + 1] = "waiter"
+            sem:release()
+          end)
+          rw.sleep(0.05)
+          order[#order + 1] = "holder"
+          sem:release()
+          waiter:join()
+        end)
+        local api = rw.client { base_url = url, on_retry = false }
+        local shared = {}
+        local threads = {}
+        for i = 1, 3 do
+          threads[i] = ngx.thread.spawn(function()
+            local res = api:get("/shared")
+            shared[i] = res and res.status
+          end)
+        end
+        for i = 1, 3 do ngx.thread.wait(threads[i]) end
+        ngx.say(table.concat(statuses, ","), " ", table.concat(order, ","), " ", table.concat(shared, ","))
+      }
+    }
     location = /result {
       content_by_lua_block { ngx.print(ngx.shared.results:get(ngx.var.arg_key) or "") }
     }
@@ -142,6 +181,17 @@ describe("ratewise in OpenResty", function()
       assert.is_nil(err)
     end)
     assert.equal("message one\nend two\n", body)
+  end)
+
+  it("runs ratewise's tasks in a handler: rw.map, rw.run, a client's shared calls", function()
+    s:script("/t/shared", { { status = 200, delay = 0.3, body = "once" } })
+    -- the worker used to crash (a task's coroutine made in the request,
+    -- resumed by the driver's timer)
+    assert.equal("200,200,200,200 holder,waiter 200,200,200\n", get("/tasks?url=" .. escape(s:url("/t"))))
+    assert.equal(4, #s:log("/t/m"))
+    assert.equal(1, #s:log("/t/shared")) -- three calls, one transfer
+    assert.matches("^pong", get("/_ping"))
+    assert.is_nil(n:error_log():find("exited on signal", 1, true))
   end)
 
   it("fetches from an ngx.timer.at callback", function()

@@ -264,7 +264,7 @@ local function step_task(task, value)
   task.state = "running"
   local previous = current
   current = task
-  if fn then -- the first run: the coroutine gets the function and its arguments
+  if fn then -- the first run: the coroutine is made, and gets the arguments
     task.fn = false
     local args = task.args
     task.args = nil
@@ -272,6 +272,11 @@ local function step_task(task, value)
       current = previous
       return finish(task, false, CANCELLED)
     end
+    -- Made where it first runs, not where it was spawned: in OpenResty a
+    -- coroutine belongs to the request (or timer) that made it, and one
+    -- resumed from another crashes the worker; there the driver's light
+    -- thread runs every task (hosts/driven.lua), which then makes them all.
+    task.co = create(fn)
     if args then
       after_resume(task, resume(task.co, unpack(args, 1, args.n)))
     else
@@ -289,7 +294,7 @@ function scheduler.spawn(fn, ...)
     error(format("spawn: expected a function (got %s)", type(fn)), 2)
   end
   local group = current and current.group
-  local task = setmetatable({ co = create(fn), fn = true, state = "ready", wait_id = 0,
+  local task = setmetatable({ co = false, fn = fn, state = "ready", wait_id = 0,
     group = group }, Task)
   if select("#", ...) > 0 then task.args = pack(...) end
   if group then
@@ -385,6 +390,11 @@ local function run_ready(until_t)
     return
   end
   spare, spare_value = tasks, values
+end
+
+--- n = scheduler.live(): the tasks that have not finished.
+function scheduler.live()
+  return live
 end
 
 local function transfers_running()

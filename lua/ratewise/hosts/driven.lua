@@ -31,6 +31,12 @@ local NAP_FIRST, NAP_MAX, IDLE = 0.001, 0.016, 0.05
 --                            posted, the seconds passed, or (watches_fd)
 --                            the scheduler's descriptor is readable
 --   watches_fd               whether block sees the descriptor
+--   tasks_stay               the driver runs while a task has not finished,
+--                            even one that waits for another party (a
+--                            semaphore, a join): the tasks' coroutines
+--                            belong to the driver (OpenResty's: they are
+--                            made in its timer, and no other timer may
+--                            resume them)
 --   log(message)             reports a failure of the driver's step
 -- and host has await(done, deadline) and kick().
 function driven.new(p)
@@ -56,7 +62,7 @@ function driven.new(p)
         end
       end
       local pending, in_flight, t = next(waiters) ~= nil, scheduler.transfers_running(), scheduler.timeout()
-      if not pending and not in_flight and not t then break end
+      if not pending and not in_flight and not t and not (p.tasks_stay and scheduler.live() > 0) then break end
       if in_flight and not p.watches_fd and (not t or t > nap) then t = nap end
       if not t and not p.watches_fd then t = IDLE end
       p.block(kicked, t)

@@ -9,6 +9,9 @@
 --   happens (one loop per worker, not one per request); with none, it
 --   sleeps until the scheduler's next timer or a kick; with nothing
 --   pending, it ends;
+--   ratewise's tasks (rw.run, rw.spawn, rw.map, a client's shared calls):
+--   the driver runs them all, in its own light thread: a coroutine made in
+--   one request (or timer) and resumed from another crashes the worker;
 --   the phases that cannot yield (init, init_worker, set, header and body
 --   filters, log, balancer) raise a clear error instead of blocking the
 --   worker;
@@ -62,6 +65,7 @@ function openresty.host()
     post = function(s) if s:count() < 1 then s:post(1) end end,
     block = function(kick, seconds) kick:wait(seconds) end,
     watches_fd = false,
+    tasks_stay = true,
     log = function(message) ngx.log(ngx.ERR, message) end,
   }
   host.sleep = function(seconds) ngx.sleep(seconds) end
