@@ -599,7 +599,7 @@ describe("rw.fetch", function()
       setmetatable(b, { __index = a })
       -- Lua itself refuses to read a missing field through such a loop
       assert.error_matches(function() rw.fetch(s:url("/loop"), setmetatable({}, { __index = a })) end,
-        "__index' chain too long")
+        "loop") -- "'__index' chain too long; possible loop", "loop in gettable" on 5.1
       assert.equal(0, #s:log("/loop"))
     end)
   end)
