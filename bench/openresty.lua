@@ -31,12 +31,8 @@
 --               looping rw.fetch(url, opts) with one options table
 --   body_64k    the same on /body/64k, each body's length checked
 --   map_shared  rw.map(urls, function(u) return rw.fetch(u, opts) end,
---               {concurrency = 64}), one shared opts. Not run unless named:
---               with lua-nginx-module 0.10.23 (Debian 12) it kills the worker
---               (SIGSEGV). rw.map's tasks are coroutines made by OpenResty's
---               coroutine.create in the request, and resumed by ratewise's
---               driver, an ngx.timer.at callback; OpenResty crashes resuming
---               a request's coroutine from a timer (bench/README.md).
+--               {concurrency = 64}), one shared opts: its tasks run in
+--               ratewise's driver (docs/hosts.md#openresty)
 --
 -- A benchmark, not a test: it fails only when a request fails (a worker that
 -- dies fails every request of its round), never on a ratio. Knobs:
@@ -45,7 +41,7 @@
 --   BENCH_OPENRESTY_ROUNDS        rounds (default 5)
 --   BENCH_OPENRESTY_WARMUP        warm-up requests per contender (default: a tenth of a round)
 --   BENCH_CONCURRENCY             light threads, map's concurrency, transfers in flight (default 64)
---   BENCH_ONLY                    the shapes to run (default loop64,body_64k)
+--   BENCH_ONLY                    the shapes to run (default: all)
 local nginx = require "spec.support.nginx"
 local rw = require "ratewise"
 local common = require "bench.common"
@@ -59,7 +55,7 @@ local N_64K = env_int("BENCH_OPENRESTY_64K_REQUESTS", 10000)
 local ROUNDS = env_int("BENCH_OPENRESTY_ROUNDS", 5)
 local WARMUP = env_int("BENCH_OPENRESTY_WARMUP", nil)
 local CONC = env_int("BENCH_CONCURRENCY", 64)
-local wanted = common.only { map_shared = true }
+local wanted = common.only()
 
 local NGINX_SH = common.here .. "/nginx.sh"
 local BODY_64K = 65536
@@ -145,10 +141,6 @@ local function bench(base)
   for _, row in ipairs(rows) do
     io.write(format("  %-48s rw.fetch %d of %d, plain %d of %d\n", "failures, " .. row.shape.key, row.our_failed,
       row.requests, row.plain_failed, row.requests))
-  end
-  if not wanted("map_shared") then
-    io.write("  map_shared not run: rw.map kills the OpenResty worker (see bench/README.md); "
-      .. "BENCH_ONLY=map_shared runs it\n")
   end
 end
 

@@ -81,6 +81,18 @@ local SERVER = [[
         ngx.say(table.concat(statuses, ","), " ", table.concat(order, ","), " ", table.concat(shared, ","))
       }
     }
+    location = /quick {
+      content_by_lua_block {
+        -- ten fetches one after another, timed
+        local rw = require "ratewise"
+        local url = ngx.unescape_uri(ngx.var.arg_url)
+        ngx.update_time()
+        local started = ngx.now()
+        for _ = 1, 10 do assert(rw.fetch(url, { on_retry = false })) end
+        ngx.update_time()
+        ngx.say(string.format("%.3f", ngx.now() - started))
+      }
+    }
     location = /result {
       content_by_lua_block { ngx.print(ngx.shared.results:get(ngx.var.arg_key) or "") }
     }
@@ -192,6 +204,20 @@ describe("ratewise in OpenResty", function()
     assert.equal(1, #s:log("/t/shared")) -- three calls, one transfer
     assert.matches("^pong", get("/_ping"))
     assert.is_nil(n:error_log():find("exited on signal", 1, true))
+  end)
+
+  it("sends a transfer at once, though the driver looks seldom while a slow one runs", function()
+    -- A slow fetch keeps the driver going, looking every 16 ms by now; each
+    -- of ten quick fetches used to wait for its next look to be sent.
+    s:script("/slow", { { delay = 3 } })
+    local quick
+    rw.run(function()
+      rw.spawn(function() get("/fetch?url=" .. escape(s:url("/slow"))) end)
+      rw.sleep(0.5)
+      quick = tonumber(get("/quick?url=" .. escape(s:url("/q"))))
+    end)
+    assert.equal(10, #s:log("/q"))
+    assert.is_true(quick < 0.05, "ten quick fetches took " .. quick .. " s") -- 0.016 s here, 0.08 before
   end)
 
   it("fetches from an ngx.timer.at callback", function()

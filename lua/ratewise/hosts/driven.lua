@@ -43,6 +43,7 @@ function driven.new(p)
   local waiters = {} -- waiter -> true: { done = fn, signal = s }
   local driving = false
   local kicked = p.signal()
+  local fresh = false -- kicked since the driver's last look: look again soon
 
   local function driver(premature)
     local seen, nap = nil, NAP_FIRST
@@ -50,9 +51,7 @@ function driven.new(p)
       local ok, err = pcall(scheduler.step, 0)
       if not ok then p.log("ratewise: the driver's step failed: " .. tostring(err)) end
       local progress = scheduler.progress()
-      if progress == seen then
-        nap = min(nap * 2, NAP_MAX)
-      else -- with a thousand waiters, most steps change nothing
+      if progress ~= seen then -- with a thousand waiters, most steps change nothing
         seen, nap = progress, NAP_FIRST
         for w in pairs(waiters) do
           if w.done() then
@@ -60,7 +59,12 @@ function driven.new(p)
             p.post(w.signal)
           end
         end
+      elseif fresh then -- something new (a transfer started): its answer may come at once
+        nap = NAP_FIRST
+      else
+        nap = min(nap * 2, NAP_MAX)
       end
+      fresh = false
       local pending, in_flight, t = next(waiters) ~= nil, scheduler.transfers_running(), scheduler.timeout()
       if not pending and not in_flight and not t and not (p.tasks_stay and scheduler.live() > 0) then break end
       if in_flight and not p.watches_fd and (not t or t > nap) then t = nap end
@@ -87,7 +91,10 @@ function driven.new(p)
 
   --- host.kick(): something happened that a waiter may wait for.
   function host.kick()
-    if driving then p.post(kicked) end
+    if driving then
+      fresh = true
+      p.post(kicked)
+    end
   end
 
   --- done() came true = host.await(done, deadline)
@@ -96,6 +103,10 @@ function driven.new(p)
     local w = { done = done, signal = p.signal() }
     waiters[w] = true
     start()
+    -- What the caller waits for may need the driver now (a transfer just
+    -- started is sent at its next step): a driver napping between looks
+    -- (OpenResty's) steps at once instead of after its nap.
+    host.kick()
     while true do
       local left = deadline and deadline - now()
       if left and left <= 0 then

@@ -6,7 +6,8 @@
 --   worker, a light thread of ngx.timer.at (ratewise/hosts/driven.lua).
 --   nginx's Lua cannot wait on a descriptor, so while transfers are in
 --   flight the driver looks every millisecond, less often while nothing
---   happens (one loop per worker, not one per request); with none, it
+--   happens (one loop per worker, not one per request), and at once when
+--   a request starts waiting (its transfer is sent then); with none, it
 --   sleeps until the scheduler's next timer or a kick; with nothing
 --   pending, it ends;
 --   ratewise's tasks (rw.run, rw.spawn, rw.map, a client's shared calls):
