@@ -32,6 +32,21 @@ function common.only(default_off)
   end
 end
 
+--- common.exit_on_failure(ok, err, failed): the end of a benchmark's run:
+-- exits 1 when its work raised (ok false, err the traceback) or when
+-- requests failed (failed > 0); returns otherwise.
+function common.exit_on_failure(ok, err, failed)
+  if not ok then
+    io.stderr:write("bench failed: ", tostring(err), "\n")
+    os.exit(1)
+  end
+  if failed > 0 then
+    io.stderr:write(string.format("bench: %d request(s) failed (status not 200, an error, or a short body)\n",
+      failed))
+    os.exit(1)
+  end
+end
+
 function common.sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 local sh_quote = common.sh_quote
 

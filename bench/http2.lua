@@ -217,11 +217,4 @@ end)
 h2:stop()
 h1:stop()
 os.execute("rm -rf " .. dir)
-if not ok then
-  io.stderr:write("bench: ", tostring(err), "\n")
-  os.exit(1)
-end
-if failed > 0 then
-  io.stderr:write(format("bench: %d request(s) failed\n", failed))
-  os.exit(1)
-end
+common.exit_on_failure(ok, err, failed)

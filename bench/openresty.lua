@@ -156,11 +156,4 @@ if host then host:stop() end
 os.execute(format("bash %s stop %s", sh_quote(NGINX_SH), sh_quote(dir)))
 os.execute("rm -rf " .. sh_quote(dir))
 
-if not ok then
-  io.stderr:write("bench failed: ", tostring(err), "\n")
-  os.exit(1)
-end
-if failed > 0 then
-  io.stderr:write(format("bench: %d request(s) failed\n", failed))
-  os.exit(1)
-end
+common.exit_on_failure(ok, err, failed)

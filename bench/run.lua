@@ -293,18 +293,6 @@ end, debug.traceback)
 os.execute(format("bash %s stop %s", sh_quote(NGINX_SH), sh_quote(dir)))
 os.execute("rm -rf " .. sh_quote(dir))
 
-if not ok then
-  io.stderr:write("bench failed: ", tostring(err), "\n")
-  os.exit(1)
-end
-local bad = false
-if failed_requests > 0 then
-  io.stderr:write(format("bench: %d request(s) failed (status not 200, an error, or a short body)\n",
-    failed_requests))
-  bad = true
-end
-if not waiters_ok then
-  io.stderr:write("bench: the waiting-tasks check failed (see above)\n")
-  bad = true
-end
-if bad then os.exit(1) end
+if not waiters_ok then io.stderr:write("bench: the waiting-tasks check failed (see above)\n") end
+common.exit_on_failure(ok, err, failed_requests)
+if not waiters_ok then os.exit(1) end
