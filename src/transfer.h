@@ -77,12 +77,12 @@ typedef struct transfer {
      * cut by a redirect). */
     engine_buf lines;
     size_t nlines;
-    unsigned lines_flags;
-    int lines_ok;
-    int lists_set; /* the handle's CURLOPT_HTTPHEADER and PROXYHEADER are those lists */
     /* The URL the handle has (CURLOPT_URL), when url_ok: a request for the
      * same URL does not set it again (libcurl would copy it again). */
     engine_buf url;
+    unsigned lines_flags;
+    int lines_ok;
+    int lists_set; /* the handle's CURLOPT_HTTPHEADER and PROXYHEADER are those lists */
     int url_ok;
     int follow;                  /* follow redirects (the engine does: engine_follow) */
     enum transfer_method method; /* as sent on the last hop */
