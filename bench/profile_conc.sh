@@ -54,6 +54,9 @@ per_op "  + tasks: runtime.transfer under rw.run (scheduler, runtime)" \
     bench/lua_host bench/profile_conc.lua transfer COUNT "$url" "$CONC"
 per_op "  + fetch.lua: rw.fetch under rw.run (the bench)" \
     bench/lua_host bench/profile_conc.lua fetch COUNT "$url" "$CONC"
+for op in map_shared map_fresh map_inherit; do
+    per_op "rw.map of rw.fetch, $op" bench/lua_host bench/profile_conc.lua "$op" COUNT "$url" "$CONC"
+done
 
 echo "2. Lua heap allocated per request (bytes, collector stopped)"
 for op in engine_noresult engine transfer fetch; do
