@@ -128,20 +128,20 @@ static void ref_line(ref_state *st, sse_seen *seen, const char *line, size_t n)
     }
 }
 
-/* 0, or 1 when a line or an event's data passed SSE_MAX */
+/* 0, or 1 when a line or an event's data passed SSE_MAX. A line's bound
+ * counts its bytes as they came: a byte order mark counts toward the first
+ * line (the parser holds it with the line until the line ends). */
 static int ref_parse(const char *s, size_t n, sse_seen *seen)
 {
     ref_state st;
-    size_t i = 0;
+    size_t i = 0, bom = 0;
     memset(&st, 0, sizeof st);
-    if (n >= 3 && memcmp(s, "\xEF\xBB\xBF", 3) == 0) i = 3;
+    if (n >= 3 && memcmp(s, "\xEF\xBB\xBF", 3) == 0) i = bom = 3;
     while (i < n) {
         size_t start = i;
         while (i < n && s[i] != '\r' && s[i] != '\n') i++;
-        if (i == n) {
-            if (i - start > SSE_MAX) return 1; /* too long even unfinished */
-            break; /* an unfinished line is never processed */
-        }
+        if (i - start + (start == bom ? bom : 0) > SSE_MAX) return 1; /* too long, even unfinished */
+        if (i == n) break; /* an unfinished line is never processed */
         ref_line(&st, seen, s + start, i - start);
         if (st.too_large) return 1;
         if (s[i] == '\r' && i + 1 < n && s[i + 1] == '\n') i++;

@@ -5,8 +5,9 @@
  *
  * Hand-written because no maintained C library parses the format (LLM APIs
  * stream their completions in it), and a body is untrusted bytes: every
- * buffer is bounded by the `max` the parser is made with, and a fuzz target
- * (fuzz/fuzz_sse.c) holds it to a reference reading of the standard.
+ * buffer is bounded by the `max` the parser is made with (a line's bytes
+ * count as they came, a byte order mark with the first line), and a fuzz
+ * target (fuzz/fuzz_sse.c) holds it to a reference reading of the standard.
  *
  * Plain C, no Lua (the binding is in lparse.c), like parse.c.
  */
