@@ -83,6 +83,8 @@
 #define ENGINE_KEEP_BUFFER (1024 * 1024 + 1)
 #define ENGINE_KEEP_TOTAL (32 * 1024 * 1024)
 #define ENGINE_KEEP_SMALL (16 * 1024)
+/* A header block kept with a pooled record: up to 64 KiB. */
+#define ENGINE_KEEP_HEAD (64 * 1024)
 
 
 typedef struct engine_list {
@@ -242,7 +244,7 @@ static void engine_give(engine *e, transfer *t)
     }
     if (t->body.cap > ENGINE_KEEP_BUFFER || e->kept + t->body.cap > ENGINE_KEEP_TOTAL) engine_buf_free(&t->body);
     e->kept += t->body.cap;
-    if (t->head.cap > ENGINE_KEEP_SMALL * 4) engine_buf_free(&t->head);
+    if (t->head.cap > ENGINE_KEEP_HEAD) engine_buf_free(&t->head);
     t->body.len = t->head.len = t->head_end = 0;
     t->headers_done = t->body_too_large = t->headers_too_large = t->out_of_memory = 0;
     t->aborted = ABORT_NONE;

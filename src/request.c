@@ -122,26 +122,11 @@ static int request_same_lines(lua_State *L, int idx, lua_Integer n, transfer *t,
     return pos == t->lines.len;
 }
 
-/* Makes room for `need` bytes in b (keeping what it holds); 0 when out of
- * memory. */
-static int request_grow(engine_buf *b, size_t need)
-{
-    size_t cap = b->cap ? b->cap : 256;
-    char *data;
-    if (need <= b->cap) return 1;
-    while (cap < need) cap *= 2;
-    data = (char *)realloc(b->data, cap);
-    if (!data) return 0;
-    b->data = data;
-    b->cap = cap;
-    return 1;
-}
-
 /* Keeps line[0..len) and a '\n' in t->lines; 0 when out of memory (the
  * lists are then not reused). */
 static int request_keep_line(transfer *t, const char *line, size_t len)
 {
-    if (!request_grow(&t->lines, t->lines.len + len + 1)) return 0;
+    if (!rw_buf_grow(&t->lines, t->lines.len + len + 1)) return 0;
     memcpy(t->lines.data + t->lines.len, line, len);
     t->lines.data[t->lines.len + len] = '\n';
     t->lines.len += len + 1;
@@ -363,7 +348,7 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int keys, int tidx
     if (!(t->url_ok && t->url.len == len && memcmp(t->url.data, url, len) == 0)) {
         t->url_ok = 0;
         curl_easy_setopt(easy, CURLOPT_URL, url); /* copied by libcurl */
-        if (len + 1 <= t->url.cap || request_grow(&t->url, len + 1)) {
+        if (rw_buf_grow(&t->url, len + 1)) {
             memcpy(t->url.data, url, len);
             t->url.len = len;
             t->url_ok = 1;

@@ -11,18 +11,23 @@
 
 #include "transfer.h"
 
+int rw_buf_grow(engine_buf *b, size_t need)
+{
+    size_t cap = b->cap ? b->cap : 256;
+    char *data;
+    if (need <= b->cap) return 1;
+    while (cap < need) cap = cap > (size_t)-1 / 2 ? need : cap * 2;
+    data = (char *)realloc(b->data, cap);
+    if (!data) return 0;
+    b->data = data;
+    b->cap = cap;
+    return 1;
+}
+
 static int response_buf_append(engine_buf *b, const char *p, size_t n)
 {
     if (n > (size_t)-1 - b->len - 1) return 0;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 1024;
-        char *data;
-        while (cap < b->len + n + 1) cap = cap > (size_t)-1 / 2 ? b->len + n + 1 : cap * 2;
-        data = (char *)realloc(b->data, cap);
-        if (!data) return 0;
-        b->data = data;
-        b->cap = cap;
-    }
+    if (!rw_buf_grow(b, b->len + n + 1)) return 0;
     memcpy(b->data + b->len, p, n);
     b->len += n;
     return 1;

@@ -192,6 +192,10 @@ void rw_engine_progress(transfer *t);
  * held for that origin go on (after libcurl returns). */
 void rw_engine_answered(transfer *t);
 
+/* response.c: makes room for `need` bytes in b, keeping what it holds (its
+ * capacity doubles from 256); 0 when out of memory. */
+int rw_buf_grow(engine_buf *b, size_t need);
+
 /* response.c: libcurl's write and header callbacks (C only, no Lua), and
  * transfer:result() */
 size_t rw_response_on_body(char *ptr, size_t size, size_t nmemb, void *ud);
