@@ -146,7 +146,17 @@ describe("ratewise in OpenResty", function()
       assert.equal("200", status, answer)
       assert.equal("2", attempts)
       assert.is_true(tonumber(took) >= 2 and tonumber(took) < 3, answer)
-      for _, ping in ipairs(pings) do assert.is_true(ping < 0.1, "a /_ping took " .. ping .. " s") end
+      -- A worker blocked by the wait would hold a ping for up to the 2 s.
+      -- One slow ping in six is allowed: a shared CI machine once held one
+      -- for 0.19 s, while the others took under 5 ms.
+      local quick, shown = 0, {}
+      for i, ping in ipairs(pings) do
+        if ping < 0.1 then quick = quick + 1 end
+        shown[i] = string.format("%.4f", ping)
+      end
+      local said = "the /_ping times (s): " .. table.concat(shown, " ")
+      assert.is_true(quick >= #pings - 1, said)
+      for _, ping in ipairs(pings) do assert.is_true(ping < 0.5, said) end
       assert.is_true(cpu < 0.3, "the worker used " .. cpu .. " s of CPU")
       local log = s:log("/busy")
       assert.is_true(log[2].t - log[1].t >= 2)
