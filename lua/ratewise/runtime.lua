@@ -72,6 +72,8 @@ end
 local main_host = {
   sleep = function(seconds) scheduler.sleep(seconds) end,
   await = scheduler.drive_until,
+  -- a transfer's wait without a closure over it (a sequential fetch's)
+  await_transfer = scheduler.await_transfer,
 }
 
 -- Rule 5. The seconds are the scheduler's own next deadline (libcurl's
@@ -273,7 +275,12 @@ function runtime.transfer(request, per_call)
     -- inside the scheduler, with no pcall frame per request.
     scheduler.await_transfer(transfer, task)
   else
-    local ok, werr = pcall(host.await, function() return transfer:done() end)
+    local ok, werr
+    if host.await_transfer then
+      ok, werr = pcall(host.await_transfer, transfer)
+    else
+      ok, werr = pcall(host.await, function() return transfer:done() end)
+    end
     if not ok then
       transfer:close()
       error(werr, 0)

@@ -318,6 +318,7 @@ end
 -- Turning the wheel
 
 local function fire_timers()
+  if heap_n == 0 then return end -- most turns: no clock read
   local t = now()
   while heap_n > 0 and (heap_at[1] <= t or stale(heap_task[1], heap_id[1])) do
     local _, task, id = heap_pop()
