@@ -256,6 +256,13 @@ function runtime.await(done, deadline, per_call)
   return runtime.host(per_call).await(done, deadline)
 end
 
+-- A host's wait for a transfer, apart from runtime.transfer: a closure
+-- inside it would cost LuaJIT's compiler every return of it (closing
+-- upvalues is not compiled).
+local function await_done(host, transfer)
+  return host.await(function() return transfer:done() end)
+end
+
 --- res | nil, transport_err = runtime.transfer(request [, per_call_sleep])
 -- Runs one request to completion. A wait that is interrupted (a cancelled
 -- task, a host sleep that raised) aborts the transfer before the error goes on.
@@ -279,7 +286,7 @@ function runtime.transfer(request, per_call)
     if host.await_transfer then
       ok, werr = pcall(host.await_transfer, transfer)
     else
-      ok, werr = pcall(host.await, function() return transfer:done() end)
+      ok, werr = pcall(await_done, host, transfer)
     end
     if not ok then
       transfer:close()
