@@ -66,7 +66,7 @@ DEB_CHECK := clang libclang-rt-14-dev clang-tidy cppcheck valgrind \
 
 .PHONY: all deps deps-check test demo bench examples install lint clean soak \
         fuzz test-asan test-valgrind luajit-core bench-hosts bench-rate bench-redis bench-http2 \
-        bench-openresty
+        bench-openresty bench-baseline
 
 all: $(CORE)
 
@@ -128,6 +128,13 @@ soak: deps $(CORE)
 bench: deps $(CORE)
 	@$(MAKE) -s -C bench
 	@$(LUA_ENV) $(LUA) bench/run.lua
+
+# This tree against an earlier revision (BASELINE_REV, by default the last
+# one before the waiting seam's engine), the 64-task loop and the
+# sequential loop, in alternating rounds (bench/baseline.lua): a regression
+# told apart from the machine's noise.
+bench-baseline: deps $(CORE)
+	@$(LUA_ENV) $(LUA) bench/baseline.lua
 
 # The share of a rate-limited server's rate each limiter gets, and the
 # share of 429s (bench/ratelimit.lua): a private nginx at 200 requests/s.
