@@ -84,6 +84,28 @@ describe("ratewise.core engine", function()
       return res
     end
 
+    it("looks for the transport options a request lists in transport, and those only", function()
+      local e = core.engine()
+      -- a proxy that is not listed is not used: the request goes straight out
+      local res = run(e, { url = s:url("/t"), transport = { "decompress" }, decompress = false,
+        proxy = "http://127.0.0.1:9" })
+      assert.equal(200, res.status)
+      assert.is_nil(s:log("/t")[1].headers["accept-encoding"]) -- decompress = false, listed, was seen
+      -- listed, it is: port 9 refuses the connection
+      local t = assert(e:start { url = s:url("/t"), transport = { "proxy" }, proxy = "http://127.0.0.1:9" })
+      while not t:done() do e:poll(1) end
+      local nothing, err = t:result()
+      t:close()
+      assert.is_nil(nothing)
+      assert.matches("connect", err.message:lower())
+      assert.equal(1, #s:log("/t"))
+      assert.error_matches(function() e:start { url = s:url("/t"), transport = { "url" } } end,
+        "request option 'transport' must list transport options (item 1 is not one)", 1, true)
+      assert.error_matches(function() e:start { url = s:url("/t"), transport = "all" } end,
+        "request option 'transport' must be a boolean or an array of names (got string)", 1, true)
+      e:close()
+    end)
+
     it("sends each request's own header lines through a reused record", function()
       local e = core.engine()
       local url = s:url("/h")

@@ -66,6 +66,25 @@ describe("TLS", function()
     assert.equal(0, #s:log("/b"))
   end)
 
+  -- A handle keeps options libcurl cannot put back one by one while the
+  -- next request has the same ones (src/request.c, request_reset_sig).
+  it("keeps a handle's CA file for a next request with the same one, and takes another in its place", function()
+    local other = server.start_tls_ca() -- another CA, which did not sign s's certificate
+    local ok, err = pcall(function()
+      for _ = 1, 3 do
+        assert(rw.fetch(s:url("/same"), opts { ca_file = s.ca_file }))
+        assert(rw.fetch(s:url("/same"), opts { ca_file = s.ca_file }))
+        local res, ferr = rw.fetch(s:url("/other"), opts { ca_file = other.ca_file })
+        assert.is_nil(res)
+        assert.equal("network", ferr.kind)
+      end
+    end)
+    other:stop()
+    assert(ok, err)
+    assert.equal(6, #s:log("/same"))
+    assert.equal(0, #s:log("/other"))
+  end)
+
   it("serves request after request on a handle reset for TLS options, connections closing after each", function()
     -- Each answer closes its connection, so descriptors are reused at once,
     -- by handles set up anew (curl_easy_reset) every other request.

@@ -155,19 +155,6 @@ static transfer *engine_take(engine *e, int *fresh)
     if (e->npool > 0) {
         t = e->pool[--e->npool];
         e->kept -= t->body.cap;
-        if (t->dirty & DIRTY_RESET) {
-            /* Its last request set options libcurl cannot put back one by
-             * one (TLS files, a pin, a proxy): every option is forgotten
-             * (the connections stay), and the handle is set up as new,
-             * the engine's own callback on closed sockets included. */
-            curl_easy_reset(t->easy);
-            t->dirty = 0;
-            t->url_ok = t->lists_set = 0; /* the handle has neither any more */
-            t->recv_buffer = ENGINE_RECV_MAX; /* libcurl's default, which reset restores */
-            curl_easy_setopt(t->easy, CURLOPT_CLOSESOCKETFUNCTION, engine_on_close);
-            curl_easy_setopt(t->easy, CURLOPT_CLOSESOCKETDATA, e);
-            *fresh = 1;
-        }
         return t;
     }
     t = (transfer *)calloc(1, sizeof *t);
@@ -203,12 +190,28 @@ static long engine_buffer_size(const engine *e)
     return size;
 }
 
+/* Options libcurl cannot put back one by one (TLS files, a pin, a proxy)
+ * change from one request on the handle to the next (rw_request_configure):
+ * every option is forgotten, and the handle is set up as new, the engine's
+ * own callback on closed sockets included. */
+void rw_engine_reset(engine *e, transfer *t)
+{
+    curl_easy_reset(t->easy);
+    t->dirty = 0;
+    t->url_ok = t->lists_set = 0; /* the handle has neither any more */
+    t->recv_buffer = ENGINE_RECV_MAX; /* libcurl's default, which reset restores */
+    curl_easy_setopt(t->easy, CURLOPT_CLOSESOCKETFUNCTION, engine_on_close);
+    curl_easy_setopt(t->easy, CURLOPT_CLOSESOCKETDATA, e);
+}
+
 static void engine_destroy(transfer *t)
 {
     curl_easy_cleanup(t->easy);
     rw_request_free_headers(t);
     engine_buf_free(&t->lines);
     engine_buf_free(&t->url);
+    engine_buf_free(&t->reset_sig);
+    engine_buf_free(&t->reset_next);
     engine_buf_free(&t->body);
     engine_buf_free(&t->head);
     free(t);
@@ -1085,7 +1088,7 @@ static int engine_l_start(lua_State *L)
     box->t = t; /* from here on __gc gives the record back, whatever happens */
     t->state = TRANSFER_DONE;
     lua_getiuservalue(L, 1, ENGINE_UV_KEYS);
-    rw_request_configure(L, t, 2, lua_gettop(L), tidx, fresh); /* may raise */
+    rw_request_configure(L, e, t, 2, lua_gettop(L), tidx, fresh); /* may raise */
     lua_pop(L, 1);
     recv_buffer = engine_buffer_size(e);
     if (t->recv_buffer != recv_buffer) {

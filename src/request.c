@@ -266,21 +266,148 @@ static size_t request_check_line(lua_State *L, const char *line, size_t len, int
     return name_len;
 }
 
-/* Sets up t->easy from the request table at index req. Misuse raises. */
-static void request_tls_options(lua_State *L, int req, int keys, transfer *t);
+static void request_tls_options(lua_State *L, int req, int keys, transfer *t, unsigned long long fields);
 
-void rw_request_configure(lua_State *L, transfer *t, int req, int keys, int tidx, int fresh)
+/* The rarer options (TLS files, a proxy, decompression, the stream and its
+ * timeouts), as bits of request fields: a request's `transport` says which
+ * of them to look for (request_transport). */
+#define RF_BIT(f) (1ULL << (f))
+#define RF_TRANSPORT_FIELDS \
+    (RF_BIT(RF_DECOMPRESS) | RF_BIT(RF_CONNECT_TIMEOUT) | RF_BIT(RF_FIRST_BYTE_TIMEOUT) | RF_BIT(RF_IDLE_TIMEOUT) \
+     | RF_BIT(RF_STREAM) | RF_BIT(RF_CA_FILE) | RF_BIT(RF_CA_PATH) | RF_BIT(RF_CLIENT_CERT) | RF_BIT(RF_CLIENT_KEY) \
+     | RF_BIT(RF_CLIENT_KEY_PASSWORD) | RF_BIT(RF_PINNED_PUBLIC_KEY) | RF_BIT(RF_PROXY) | RF_BIT(RF_PROXY_CA_FILE) \
+     | RF_BIT(RF_TLS_MIN_VERSION))
+
+/* Which of the rarer options to look for: request.transport is false
+ * (none), true or absent (all: each is looked up), or an array of the names
+ * the request has (fetch's: those only; looking up the fourteen cost some
+ * 5,000 instructions a request). */
+static unsigned long long request_transport(lua_State *L, int req, int keys)
+{
+    unsigned long long fields = RF_TRANSPORT_FIELDS;
+    int type = request_get(L, req, keys, RF_TRANSPORT);
+    if (type == LUA_TBOOLEAN) {
+        if (!lua_toboolean(L, -1)) fields = 0;
+    } else if (type == LUA_TTABLE) {
+        lua_Integer i, n = (lua_Integer)lua_rawlen(L, -1);
+        fields = 0;
+        for (i = 1; i <= n; i++) {
+            int f;
+            const char *name = lua_rawgeti(L, -1, i) == LUA_TSTRING ? lua_tostring(L, -1) : "";
+            for (f = 0; f < (int)(sizeof request_field_names / sizeof request_field_names[0]); f++)
+                if ((RF_TRANSPORT_FIELDS & RF_BIT(f)) && strcmp(request_field_names[f], name) == 0) break;
+            if (f == (int)(sizeof request_field_names / sizeof request_field_names[0]))
+                luaL_error(L, "request option 'transport' must list transport options (item %d is not one)", (int)i);
+            fields |= RF_BIT(f);
+            lua_pop(L, 1);
+        }
+    } else if (type != LUA_TNIL) {
+        luaL_error(L, "request option 'transport' must be a boolean or an array of names (got %s)",
+                   luaL_typename(L, -1));
+    }
+    lua_pop(L, 1);
+    return fields;
+}
+
+/* The options given as strings that libcurl copies, each a file, a pin or
+ * a proxy URL. */
+static const struct request_string_option {
+    enum request_field field;
+    CURLoption option;
+} request_string_options[] = {
+    { RF_CA_FILE, CURLOPT_CAINFO },
+    { RF_CA_PATH, CURLOPT_CAPATH },
+    { RF_CLIENT_CERT, CURLOPT_SSLCERT },
+    { RF_CLIENT_KEY, CURLOPT_SSLKEY },
+    { RF_CLIENT_KEY_PASSWORD, CURLOPT_KEYPASSWD },
+    { RF_PINNED_PUBLIC_KEY, CURLOPT_PINNEDPUBLICKEY },
+    { RF_PROXY, CURLOPT_PROXY },
+    { RF_PROXY_CA_FILE, CURLOPT_PROXY_CAINFO }, /* an https:// proxy's own CA */
+};
+
+/* Adds option `field`, with value v[0..len), to the signature in b; 0 when
+ * out of memory. */
+static int request_sig_add(engine_buf *b, enum request_field field, const char *v, size_t len)
+{
+    unsigned char tag = (unsigned char)field;
+    if (!rw_buf_grow(b, b->len + 1 + sizeof len + len)) return 0;
+    b->data[b->len++] = (char)tag;
+    memcpy(b->data + b->len, &len, sizeof len);
+    b->len += sizeof len;
+    memcpy(b->data + b->len, v, len);
+    b->len += len;
+    return 1;
+}
+
+/* Builds in t->reset_next the signature of the request's options that
+ * libcurl cannot put back one by one (decompression off, then those of
+ * request_tls_options), and answers 1 when the handle has exactly those
+ * already, 0 when not, -1 when out of memory (the handle's are then taken
+ * for others). A value's type is checked here; the rest of its checks come
+ * when it is set. */
+static int request_reset_sig(lua_State *L, int req, int keys, transfer *t, unsigned long long transport,
+                             int decompress)
+{
+    engine_buf *b = &t->reset_next;
+    int ok = 1;
+    size_t i, len;
+    b->len = 0;
+    if (!decompress) ok = request_sig_add(b, RF_DECOMPRESS, "", 0);
+    for (i = 0; transport && i <= sizeof request_string_options / sizeof request_string_options[0]; i++) {
+        enum request_field field = i < sizeof request_string_options / sizeof request_string_options[0]
+                                       ? request_string_options[i].field : RF_TLS_MIN_VERSION;
+        if ((transport & RF_BIT(field)) && request_opt_field(L, req, keys, field, LUA_TSTRING, "a string")) {
+            const char *v = lua_tolstring(L, -1, &len);
+            ok = ok && request_sig_add(b, field, v, len);
+            lua_pop(L, 1);
+        }
+    }
+    if (!ok) return -1;
+    return t->reset_ok && b->len == t->reset_sig.len && (b->len == 0 || memcmp(b->data, t->reset_sig.data, b->len) == 0);
+}
+
+/* Sets up t->easy from the request table at index req. Misuse raises. */
+void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, int keys, int tidx, int fresh)
 {
     RW_STACK_MARK(L, mark);
     CURL *easy = t->easy;
     const char *method;
     size_t len;
     double seconds;
-    int post = 0, get = 0, extra_secrets = 0, transport = 1, decompress = 1, hidx = 0;
+    int post = 0, get = 0, extra_secrets = 0, decompress = 1, hidx = 0;
+    unsigned long long transport;
     lua_Integer nlines = 0;
     unsigned flags;
     size_t header_bytes = 0;
     const char *url;
+    int same_reset;
+
+    /* The rarer options the request may have: most of fetch's calls have
+     * none, and say so (transport = false). */
+    transport = request_transport(L, req, keys);
+    if ((transport & RF_BIT(RF_DECOMPRESS))
+        && request_opt_field(L, req, keys, RF_DECOMPRESS, LUA_TBOOLEAN, "a boolean")) {
+        decompress = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+    }
+    /* The options libcurl cannot put back one by one: a request with the
+     * same ones as the handle's last (a CA file on every call) leaves them
+     * set, one with others starts from a reset handle. Resetting for every
+     * such request cost 7,500 instructions a request of 131,000 (callgrind,
+     * 64 tasks looping rw.fetch with a CA file, Lua 5.4). */
+    if (fresh) {
+        t->reset_sig.len = 0;
+        t->reset_ok = 1;
+    }
+    same_reset = request_reset_sig(L, req, keys, t, transport, decompress);
+    if (same_reset != 1 && !(t->reset_ok && t->reset_sig.len == 0)) {
+        rw_engine_reset(e, t);
+        fresh = 1;
+        t->reset_sig.len = 0;
+        t->reset_ok = 1;
+        if (same_reset == 0 && t->reset_next.len == 0) same_reset = 1;
+    }
+    if (same_reset != 1) t->reset_ok = 0; /* until they are all set */
 
     if (fresh) {
         const char *env;
@@ -426,18 +553,6 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int keys, int tidx
         curl_easy_setopt(easy, CURLOPT_POSTFIELDS, "");
     }
 
-    /* transport = false: the request names none of the rarer options
-     * below (TLS files, a proxy, decompression, the stream and its
-     * timeouts), which are then not looked up one by one: fetch says so for
-     * most calls. */
-    if (request_opt_field(L, req, keys, RF_TRANSPORT, LUA_TBOOLEAN, "a boolean")) {
-        transport = lua_toboolean(L, -1);
-        lua_pop(L, 1);
-    }
-    if (transport && request_opt_field(L, req, keys, RF_DECOMPRESS, LUA_TBOOLEAN, "a boolean")) {
-        decompress = lua_toboolean(L, -1);
-        lua_pop(L, 1);
-    }
     if (request_opt_field(L, req, keys, RF_SECRET_HEADERS, LUA_TTABLE, "a table of header names")) {
         extra_secrets = lua_gettop(L);
         request_check_names(L, extra_secrets);
@@ -528,17 +643,21 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int keys, int tidx
     t->first_byte_timeout = t->idle_timeout = 0;
     t->stream = 0;
     if (transport) {
-        if ((seconds = request_opt_seconds(L, req, keys, RF_CONNECT_TIMEOUT)) > 0) {
+        if ((transport & RF_BIT(RF_CONNECT_TIMEOUT))
+            && (seconds = request_opt_seconds(L, req, keys, RF_CONNECT_TIMEOUT)) > 0) {
             t->dirty |= DIRTY_TIMEOUT;
             curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, transfer_ms(seconds));
         }
         /* libcurl has no timer for these: the engine ends the transfer
          * itself (engine_expiry). */
-        if ((seconds = request_opt_seconds(L, req, keys, RF_FIRST_BYTE_TIMEOUT)) > 0) t->first_byte_timeout = seconds;
-        if ((seconds = request_opt_seconds(L, req, keys, RF_IDLE_TIMEOUT)) > 0) t->idle_timeout = seconds;
+        if ((transport & RF_BIT(RF_FIRST_BYTE_TIMEOUT))
+            && (seconds = request_opt_seconds(L, req, keys, RF_FIRST_BYTE_TIMEOUT)) > 0)
+            t->first_byte_timeout = seconds;
+        if ((transport & RF_BIT(RF_IDLE_TIMEOUT)) && (seconds = request_opt_seconds(L, req, keys, RF_IDLE_TIMEOUT)) > 0)
+            t->idle_timeout = seconds;
         /* The body is handed to Lua as it arrives (transfer:read), the
          * transfer pausing when the reader falls behind. */
-        if (request_opt_field(L, req, keys, RF_STREAM, LUA_TBOOLEAN, "a boolean")) {
+        if ((transport & RF_BIT(RF_STREAM)) && request_opt_field(L, req, keys, RF_STREAM, LUA_TBOOLEAN, "a boolean")) {
             t->stream = lua_toboolean(L, -1);
             lua_pop(L, 1);
         }
@@ -573,10 +692,15 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int keys, int tidx
         lua_pop(L, 1);
     }
 
-    if (transport) request_tls_options(L, req, keys, t);
-    if (!decompress) {
-        t->dirty |= DIRTY_RESET;
-        curl_easy_setopt(easy, CURLOPT_ACCEPT_ENCODING, (char *)NULL);
+    if (same_reset != 1) {
+        if (transport) request_tls_options(L, req, keys, t, transport);
+        if (!decompress) curl_easy_setopt(easy, CURLOPT_ACCEPT_ENCODING, (char *)NULL);
+        if (same_reset == 0) { /* the handle has them now */
+            engine_buf was = t->reset_sig;
+            t->reset_sig = t->reset_next;
+            t->reset_next = was;
+            t->reset_ok = 1;
+        }
     }
 
     if (request_opt_field(L, req, keys, RF_VERIFY_TLS, LUA_TBOOLEAN, "a boolean")) {
@@ -590,48 +714,33 @@ void rw_request_configure(lua_State *L, transfer *t, int req, int keys, int tidx
     RW_STACK_EXPECT(L, mark, 0);
 }
 
-/* The options given as strings that libcurl copies, each a file, a pin or
- * a proxy URL. */
-static const struct request_string_option {
-    enum request_field field;
-    CURLoption option;
-} request_string_options[] = {
-    { RF_CA_FILE, CURLOPT_CAINFO },
-    { RF_CA_PATH, CURLOPT_CAPATH },
-    { RF_CLIENT_CERT, CURLOPT_SSLCERT },
-    { RF_CLIENT_KEY, CURLOPT_SSLKEY },
-    { RF_CLIENT_KEY_PASSWORD, CURLOPT_KEYPASSWD },
-    { RF_PINNED_PUBLIC_KEY, CURLOPT_PINNEDPUBLICKEY },
-    { RF_PROXY, CURLOPT_PROXY },
-    { RF_PROXY_CA_FILE, CURLOPT_PROXY_CAINFO }, /* an https:// proxy's own CA */
-};
 
-/* TLS and proxy options: each one set marks the handle for a reset before
- * its next request (DIRTY_RESET). */
-static void request_tls_options(lua_State *L, int req, int keys, transfer *t)
+/* TLS and proxy options: libcurl cannot put them back one by one, so a
+ * handle that has them is reset before a request with others
+ * (request_reset_sig). */
+static void request_tls_options(lua_State *L, int req, int keys, transfer *t, unsigned long long fields)
 {
     RW_STACK_MARK(L, mark);
     CURL *easy = t->easy;
     size_t i;
     for (i = 0; i < sizeof request_string_options / sizeof request_string_options[0]; i++) {
         const struct request_string_option *o = &request_string_options[i];
-        if (request_opt_field(L, req, keys, o->field, LUA_TSTRING, "a string")) {
+        if ((fields & RF_BIT(o->field)) && request_opt_field(L, req, keys, o->field, LUA_TSTRING, "a string")) {
             const char *name = request_field_names[o->field];
             size_t len;
             const char *v = lua_tolstring(L, -1, &len);
             if (strlen(v) != len) luaL_error(L, "request option '%s' contains a NUL byte", name);
-            t->dirty |= DIRTY_RESET;
             if (curl_easy_setopt(easy, o->option, v) != CURLE_OK)
                 luaL_error(L, "request option '%s' is not supported by this libcurl", name);
             lua_pop(L, 1);
         }
     }
-    if (request_opt_field(L, req, keys, RF_TLS_MIN_VERSION, LUA_TSTRING, "a string")) {
+    if ((fields & RF_BIT(RF_TLS_MIN_VERSION))
+        && request_opt_field(L, req, keys, RF_TLS_MIN_VERSION, LUA_TSTRING, "a string")) {
         const char *v = lua_tostring(L, -1);
         long version = strcmp(v, "1.2") == 0 ? CURL_SSLVERSION_TLSv1_2
                        : strcmp(v, "1.3") == 0 ? CURL_SSLVERSION_TLSv1_3 : -1;
         if (version < 0) luaL_error(L, "request option 'tls_min_version' must be \"1.2\" or \"1.3\"");
-        t->dirty |= DIRTY_RESET;
         curl_easy_setopt(easy, CURLOPT_SSLVERSION, version);
         lua_pop(L, 1);
     }

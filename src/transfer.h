@@ -38,10 +38,6 @@ enum transfer_method { METHOD_GET, METHOD_HEAD, METHOD_POST, METHOD_OTHER };
 #define DIRTY_TIMEOUT 4u
 #define DIRTY_FRESH 8u
 #define DIRTY_NOVERIFY 16u
-/* TLS files, a pin, a TLS version, a proxy, decompression off: libcurl
- * has no value that restores their defaults, so the next request on the
- * handle starts from curl_easy_reset (engine_take). */
-#define DIRTY_RESET 32u
 
 /* Transfer user values */
 #define TRANSFER_UV_ENGINE 1 /* keeps the engine alive while the transfer is */
@@ -80,6 +76,14 @@ typedef struct transfer {
     /* The URL the handle has (CURLOPT_URL), when url_ok: a request for the
      * same URL does not set it again (libcurl would copy it again). */
     engine_buf url;
+    /* The options the handle has that libcurl cannot put back one by one
+     * (TLS files, a pin, a TLS version, a proxy, decompression off), as a
+     * signature (rw_request_configure), when reset_ok: a request with the
+     * same ones leaves them set, one with others starts the handle again
+     * from curl_easy_reset (rw_engine_reset). reset_next: the next
+     * request's, being compared. */
+    engine_buf reset_sig, reset_next;
+    int reset_ok;
     unsigned lines_flags;
     int lines_ok;
     int lists_set; /* the handle's CURLOPT_HTTPHEADER and PROXYHEADER are those lists */
@@ -178,7 +182,7 @@ enum request_field {
 #undef REQUEST_FIELD
 };
 void rw_request_push_keys(lua_State *L);
-void rw_request_configure(lua_State *L, transfer *t, int req, int keys, int tidx, int fresh);
+void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, int keys, int tidx, int fresh);
 void rw_request_free_headers(transfer *t);
 void rw_request_register(lua_State *L);
 
@@ -187,6 +191,9 @@ void rw_request_register(lua_State *L);
  * told (the engine's next poll reports it), and the engine's next expiry
  * comes no later than the transfer's own (an idle timeout that starts). */
 void rw_engine_progress(transfer *t);
+/* engine.c: t's handle forgets every option (its connections stay) and is
+ * set up as a new one of engine e, for rw_request_configure to set up. */
+void rw_engine_reset(struct engine *e, transfer *t);
 /* engine.c: the final headers of a transfer are in (response.c's header
  * callback): if it probes an origin for the engine's gate, the transfers
  * held for that origin go on (after libcurl returns). */

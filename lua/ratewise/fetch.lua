@@ -496,11 +496,56 @@ local function new_state(started, method, shown_url, max_elapsed, on_event)
 end
 
 -- Every field the engine reads, so that assigning one never grows the table.
--- Whether scratch_request holds transport options from the call before.
-local scratch_has_transport = false
 local scratch_request = { url = false, method = false, headers = false, follow_redirects = false,
   timeout = false, body = false, empty_body = false, max_body = false, verify_tls = false,
   fresh_connect = false, secret_headers = false, transport = false }
+
+-- The names of the transport options scratch_request holds: the engine
+-- looks for those only (src/request.c), and the next call takes them away.
+local scratch_transport_names, scratch_transport_n = {}, 0
+
+-- Puts into the request the transport options a call names (transport:
+-- whether it names any), in place of those of the call before.
+local function set_transport(request, opts, transport)
+  local names, n = scratch_transport_names, scratch_transport_n
+  for i = 1, n do
+    request[names[i]] = nil
+    names[i] = nil
+  end
+  n = 0
+  if transport then
+    if getmetatable(opts) == nil then -- its own keys are all it has
+      for k, v in pairs(opts) do
+        if is_transport_option[k] then
+          request[k] = v
+          n = n + 1
+          names[n] = k
+        end
+      end
+    else
+      for i = 1, #transport_options do
+        local name = transport_options[i]
+        local v = opts[name]
+        if v ~= nil then
+          request[name] = v
+          n = n + 1
+          names[n] = name
+        end
+      end
+    end
+  end
+  scratch_transport_n = n
+  request.transport = transport and names -- false: the engine need not look for any
+end
+
+-- A transport option of the request that fetch works out itself.
+local function put_transport(request, name, v)
+  if request[name] == nil then
+    scratch_transport_n = scratch_transport_n + 1
+    scratch_transport_names[scratch_transport_n] = name
+  end
+  request[name] = v
+end
 
 --- fetch.check(url, opts): raises, as fetch would, for a bad URL or option.
 -- For callers that run the fetch elsewhere (a shared task) and want misuse
@@ -710,21 +755,18 @@ function fetch.fetch(url, opts)
     request.secret_headers = opts.secret_headers
     -- The transport options are rare: copied (or cleared after a call that
     -- had them) only when there is something to copy or clear.
-    -- false: the engine need not look for any of them
-    request.transport = transport
-    if transport or scratch_has_transport then
-      for i = 1, #transport_options do
-        local name = transport_options[i]
-        if transport then request[name] = opts[name] else request[name] = nil end
-      end
-      scratch_has_transport = transport
+    if transport or scratch_transport_n > 0 then
+      set_transport(request, opts, transport)
+    else
+      request.transport = false
     end
     local res, terr, streaming
     if stream then
       -- No total timeout: `timeout` bounds the time to the headers (unless
       -- first_byte_timeout does), which fits what is left of max_elapsed.
       request.timeout = nil
-      request.first_byte_timeout, request.idle_timeout = min(first_byte, left), idle
+      put_transport(request, "first_byte_timeout", min(first_byte, left))
+      put_transport(request, "idle_timeout", idle)
       budget_cut = left < first_byte
       if opts.sleep then
         res, terr, streaming = guarded("sleep", "a wait for the transfer", runtime.open_stream, request, opts.sleep)
