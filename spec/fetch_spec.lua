@@ -75,6 +75,48 @@ describe("rw.fetch", function()
       assert.matches("^ratewise/", seen.headers["user-agent"])
     end)
 
+    -- fetch keeps the lines it made from a header table while the table
+    -- holds the same names and values (lua/ratewise/fetch.lua, lines_made).
+    it("sends what a header table holds at each call, the same table changed between calls", function()
+      local h = { Authorization = "Bearer one", ["X-Trace"] = "a" }
+      local o = opts { headers = h }
+      local function sent()
+        assert(rw.fetch(s:url("/h"), o))
+        local log = s:log("/h")
+        return log[#log].headers
+      end
+      for _ = 1, 3 do
+        local seen = sent()
+        assert.equal("Bearer one", seen.authorization)
+        assert.equal("a", seen["x-trace"])
+      end
+      h.Authorization = "Bearer two" -- a token refreshed in place
+      assert.equal("Bearer two", sent().authorization)
+      h["X-Trace"] = nil
+      h["X-Other"] = "b"
+      local seen = sent()
+      assert.is_nil(seen["x-trace"])
+      assert.equal("b", seen["x-other"])
+      assert.equal("Bearer two", seen.authorization)
+      h["User-Agent"] = "mine/1"
+      assert.equal("mine/1", sent()["user-agent"])
+      h["User-Agent"] = nil
+      assert.matches("^ratewise/", sent()["user-agent"])
+      h["X-Count"] = 3 -- a number is sent as its text
+      assert.equal("3", sent()["x-count"])
+      h["X-Count"] = 3.5
+      assert.equal("3.5", sent()["x-count"])
+      -- what a changed table holds is checked again
+      h["X-Evil"] = "a\r\nInjected: yes"
+      assert.error_matches(function() rw.fetch(s:url("/h"), o) end,
+        "header 'X%-Evil' has a value containing a control character")
+      h["X-Evil"] = nil
+      h["Idempotency-Key"] = " "
+      assert.error_matches(function() rw.fetch(s:url("/h"), opts { headers = h, method = "POST" }) end,
+        "header 'Idempotency%-Key' is blank")
+      assert.equal(9, #s:log("/h"))
+    end)
+
     it("sends Content-Length: 0 on a POST without a body", function()
       assert(rw.fetch(s:url("/echo"), opts { method = "POST" }))
       assert.equal("0", s:log("/echo")[1].headers["content-length"])
