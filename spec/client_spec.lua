@@ -30,6 +30,23 @@ describe("rw.client", function()
       assert.equal("1", seen.headers["x-client"])
     end)
 
+    it("sends what its headers table holds at each call, the table changed between calls", function()
+      local h = { Authorization = "Bearer one" }
+      local c = new { headers = h, dedupe = false }
+      for _ = 1, 3 do assert(c:get("/t")) end
+      h.Authorization = "Bearer two" -- a token refreshed in place
+      assert(c:get("/t"))
+      assert(c:get("/t", { headers = { ["X-Call"] = "yes" } }))
+      assert(c:get("/t"))
+      local log = s:log("/t")
+      assert.equal(6, #log)
+      for i = 1, 3 do assert.equal("Bearer one", log[i].headers.authorization) end
+      for i = 4, 6 do assert.equal("Bearer two", log[i].headers.authorization) end
+      assert.equal("yes", log[5].headers["x-call"])
+      assert.is_nil(log[6].headers["x-call"])
+      assert.is_nil(h["X-Call"]) -- a call's headers never go into the client's table
+    end)
+
     it("sends json = table as JSON and decodes the response with res:json()", function()
       local c = new()
       local res = assert(c:post("/echo", { json = { name = "widget", tags = { "a", "b" } } }))

@@ -446,8 +446,14 @@ function Client:request(method, path, opts)
   else
     call.limiter = self:_limiter_for(route_path, opts.limiter)
   end
-  local h = merged_headers(foreign and public_headers(self.headers, self.secret_headers) or self.headers,
-    opts.headers)
+  -- The client's own table when the call adds nothing: fetch then reuses
+  -- the lines it made from it (and reads what it holds at each call).
+  local h
+  if opts.headers == nil and opts.json == nil and not foreign then
+    h = self.headers
+  else
+    h = merged_headers(foreign and public_headers(self.headers, self.secret_headers) or self.headers, opts.headers)
+  end
   if opts.json ~= nil then
     if opts.body ~= nil then error("client:request: options 'body' and 'json' are both given; give one", 2) end
     call.body = json.encode(opts.json, "client:request: option 'json'", 2)

@@ -594,18 +594,28 @@ local function put_transport(request, name, v)
   request[name] = v
 end
 
+-- Options tables fetch.check has passed, with what check_options found
+-- (OPTIONS_*), for the fetch that follows to take instead of checking them
+-- again: a client checks each call's table where it is made, then fetches
+-- with it (a third of a client call's Lua work was checking twice). Taken
+-- once; weak keys.
+local checked = setmetatable({}, { __mode = "k" })
+local OPTIONS_PLAIN, OPTIONS_TRANSPORT, OPTIONS_UNLISTED = 1, 2, 3
+
 --- fetch.check(url, opts): raises, as fetch would, for a bad URL or option.
 -- For callers that run the fetch elsewhere (a shared task) and want misuse
--- reported at the call.
+-- reported at the call. The next fetch.fetch with opts (a table its caller
+-- leaves as it was) does not check them again.
 function fetch.check(url, opts, depth)
   depth = depth or 0
   url_facts(url)
   if type(opts) ~= "table" then
     error(format("fetch: options must be a table (got %s)", type(opts)), 3 + depth)
   end
-  check_options(opts, depth + 2)
+  local transport, listed = check_options(opts, depth + 2)
   request_method(opts, 4 + depth)
   if opts.query ~= nil then headers.with_query(url, opts.query, "fetch", 3 + depth) end
+  checked[opts] = not listed and OPTIONS_UNLISTED or transport and OPTIONS_TRANSPORT or OPTIONS_PLAIN
 end
 
 --- res | nil, err = fetch.fetch(url [, opts])
@@ -618,7 +628,14 @@ function fetch.fetch(url, opts)
   end
   -- whether the call names a transport option: one pass over what it
   -- gives, instead of a look for each of them
-  local transport, listed = check_options(opts, 1)
+  local transport, listed
+  local found = checked[opts]
+  if found then -- fetch.check's, just now
+    checked[opts] = nil
+    transport, listed = found == OPTIONS_TRANSPORT, found ~= OPTIONS_UNLISTED
+  else
+    transport, listed = check_options(opts, 1)
+  end
   local query, json_value = opts.query, opts.json
   if query ~= nil then
     url_facts(url)
