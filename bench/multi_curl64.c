@@ -1,5 +1,5 @@
 /*
- * multi_curl64 [--cainfo FILE] [--pipewait] [--warmup K] URL N [IN_FLIGHT [USER_AGENT]]
+ * multi_curl64 [--cainfo FILE] [--pipewait] [--warmup K] [--header LINE]... URL N [IN_FLIGHT [USER_AGENT]]
  *
  * The baseline of `make bench`'s concurrent part: N keep-alive GETs of URL
  * driven by ONE libcurl multi handle that keeps IN_FLIGHT (default 64)
@@ -24,7 +24,10 @@
  * CURLOPT_PIPEWAIT, so that the transfers started together wait for the
  * first connection and multiplex on it, as ratewise's engine has them do
  * (its gate, src/engine.c), instead of each opening a connection of its
- * own. --warmup K runs K requests on the same handles before the clock
+ * own. --header LINE sends LINE ("Authorization: Bearer ...") with every
+ * request, after the User-Agent line, where ratewise sends a secret line
+ * (bench's `headers` and `client` shapes). --warmup K runs K
+ * requests on the same handles before the clock
  * starts, so that the measured ones find their connections open (and their
  * TLS handshakes done), as a contender that runs in a process of its own
  * all along does from its second round on.
@@ -134,7 +137,8 @@ static int run_batch(CURLM *multi, slot *slots, long conc, long n, batch *b)
 
 static int usage(const char *prog)
 {
-    fprintf(stderr, "usage: %s [--cainfo FILE] [--pipewait] [--warmup K] URL N [IN_FLIGHT [USER_AGENT]]\n", prog);
+    fprintf(stderr, "usage: %s [--cainfo FILE] [--pipewait] [--warmup K] [--header LINE]... URL N [IN_FLIGHT [USER_AGENT]]\n",
+            prog);
     return 2;
 }
 
@@ -143,7 +147,8 @@ int main(int argc, char **argv)
     const char *url, *agent, *cainfo = NULL;
     char *end;
     long n, conc, warmup = 0, i;
-    int pipewait = 0, arg = 1, rest;
+    int pipewait = 0, arg = 1, rest, nextra = 0;
+    const char *extra[8];
     char *agent_line;
     struct curl_slist *headers = NULL;
     CURLM *multi;
@@ -155,6 +160,13 @@ int main(int argc, char **argv)
         if (strcmp(argv[arg], "--pipewait") == 0) {
             pipewait = 1;
             arg++;
+        } else if (strcmp(argv[arg], "--header") == 0 && arg + 1 < argc) {
+            if (nextra == (int)(sizeof extra / sizeof extra[0])) {
+                fprintf(stderr, "multi_curl64: at most %d --header lines\n", (int)(sizeof extra / sizeof extra[0]));
+                return 2;
+            }
+            extra[nextra++] = argv[arg + 1];
+            arg += 2;
         } else if (strcmp(argv[arg], "--cainfo") == 0 && arg + 1 < argc) {
             cainfo = argv[arg + 1];
             arg += 2;
@@ -200,6 +212,7 @@ int main(int argc, char **argv)
     agent_line = bench_agent_line(agent);
     headers = curl_slist_append(headers, "Expect:");
     if (headers && agent_line) headers = curl_slist_append(headers, agent_line);
+    for (i = 0; i < nextra && headers; i++) headers = curl_slist_append(headers, extra[i]);
     slots = (slot *)calloc((size_t)conc, sizeof *slots);
     if (!multi || !agent_line || !headers || !slots) {
         fprintf(stderr, "multi_curl64: out of memory\n");

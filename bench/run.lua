@@ -16,16 +16,20 @@
 -- 4. map_fresh, map_inherit: the same with a per-call options table, fresh
 --    ({ max_elapsed = left, on_retry = false }) or inheriting from a base
 --    (setmetatable({ max_elapsed = left }, { __index = base })). Target 0.90.
--- 5. body_64k, body_1m: 64 tasks looping rw.fetch on a 64 KiB (1 MiB) body,
+-- 5. headers, client: 64 tasks looping rw.fetch with an options table that
+--    holds an Authorization header, and client:get on an rw.client with it
+--    (what most API code writes), vs the same multi sending that line.
+--    Target 0.90.
+-- 6. body_64k, body_1m: 64 tasks looping rw.fetch on a 64 KiB (1 MiB) body,
 --    each body's length read in Lua, vs the multi keeping each body in
 --    memory (its bytes are counted and checked). Target 0.90.
--- 6. waiters: 10,000 tasks waiting on a bucket, in a fresh process
+-- 7. waiters: 10,000 tasks waiting on a bucket, in a fresh process
 --    (bench/waiters.lua): resident memory per waiting task, CPU used while
 --    they wait, cancel.
 -- Then the table of every shape's ratio (the median of the rounds' ratios,
 -- and their range) against its target, "target met" or "NOT met".
 -- A benchmark, not a test: it fails only when a request fails (or a check of
--- part 6 does), not when a ratio misses its target.
+-- part 7 does), not when a ratio misses its target.
 --
 -- Run from the repository root (the Makefile does), with LUA_PATH/LUA_CPATH
 -- pointing at ./lua and ./build. Runs under Lua 5.4 and LuaJIT
@@ -142,6 +146,17 @@ local function check_wire()
     { "multi_curl64", c_run(sh_quote(MULTI) .. " %s 1 1 %s") },
     { "rw.fetch", function(url) rw.fetch(url, { on_retry = false }) end },
   } }
+  -- and with the header of the headers and client shapes
+  local line = "Authorization: " .. shapes.AUTHORIZATION
+  common.check_wire { label = "with a header", contenders = {
+    { "multi_curl64", c_run(sh_quote(MULTI) .. " --header " .. sh_quote(line) .. " %s 1 1 %s") },
+    { "rw.fetch", function(url)
+      rw.fetch(url, { on_retry = false, headers = { Authorization = shapes.AUTHORIZATION } })
+    end },
+    { "client:get", function(url)
+      rw.client({ base_url = url, headers = { Authorization = shapes.AUTHORIZATION }, on_retry = false }):get("/")
+    end },
+  } }
 end
 
 ---------------------------------------------------------------------------
@@ -176,7 +191,7 @@ local function run_wrk(url, conc)
 end
 
 ---------------------------------------------------------------------------
--- 6. Waiting tasks, in a fresh interpreter; returns its key=value pairs.
+-- 7. Waiting tasks, in a fresh interpreter; returns its key=value pairs.
 
 local WAITER_TARGET = 2048 -- bytes of resident memory per waiting task
 
@@ -212,6 +227,11 @@ local function shape_list(base)
   local function multi(url, size)
     return function(n) return run_multi(url, n, CONC, size) end
   end
+  -- multi_curl64 sending the Authorization line of shapes.headers and shapes.client
+  local function with_header(url)
+    local flags = "--header " .. sh_quote("Authorization: " .. shapes.AUTHORIZATION)
+    return function(n) return common.run_multi(url, n, CONC, { flags = flags }) end
+  end
   local function map_shape(key, name, fn)
     return { key = key, name = name, n = MAP_N, rounds = MAP_ROUNDS, warmup = MAP_WARMUP, target = 0.90,
       plain = multi(root), ours = function(n) return fn(root, n, CONC) end }
@@ -231,6 +251,12 @@ local function shape_list(base)
     map_shape("map_shared", "rw.map, shared opts / multi", shapes.map_shared),
     map_shape("map_fresh", "rw.map, fresh opts per call / multi", shapes.map_fresh),
     map_shape("map_inherit", "rw.map, opts per call via __index / multi", shapes.map_inherit),
+    { key = "headers", name = format("%d tasks, rw.fetch with a header / multi", CONC), n = CONC_N,
+      rounds = CONC_ROUNDS, warmup = CONC_WARMUP, target = 0.90,
+      plain = with_header(root), ours = function(n) return shapes.headers(root, n, CONC) end },
+    { key = "client", name = format("%d tasks, client:get with a header / multi", CONC), n = CONC_N,
+      rounds = CONC_ROUNDS, warmup = CONC_WARMUP, target = 0.90,
+      plain = with_header(root), ours = function(n) return shapes.client(base, "/", n, CONC) end },
     body_shape("body_64k", format("%d tasks, 64 KiB bodies / multi", CONC), url_64k, N_64K, BODY_64K),
     body_shape("body_1m", format("%d tasks, 1 MiB bodies / multi", CONC), url_1m, N_1M, BODY_1M),
   }

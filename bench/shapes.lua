@@ -15,6 +15,10 @@
 --                   deadline is passed down
 --   map_inherit     the same, with a per-call table inheriting from a base
 --                   one (setmetatable({ max_elapsed = left }, { __index = base }))
+--   headers         `conc` tasks looping rw.fetch with an options table
+--                   holding an Authorization header, made once
+--   client          `conc` tasks looping client:get(path) on an rw.client
+--                   with that header
 --
 -- Each returns a measure for rounds.lua: { rate, failed, cpu_us, faults }
 -- (CPU microseconds and minor page faults per request, of this process).
@@ -83,11 +87,14 @@ local function measure(n, work)
   return { rate = n / secs, failed = failed, cpu_us = cpu * 1e6 / n, faults = f0 and f1 and (f1 - f0) / n }
 end
 
--- `count` calls of rw.fetch(url, BASE); returns how many failed.
-local function fetch_loop(url, count, size)
-  local opts, failed = BASE, 0
+-- `count` calls of rw.fetch(url, opts or BASE), or of call() when given;
+-- returns how many failed.
+local function fetch_loop(url, count, size, opts, call)
+  local failed = 0
+  opts = opts or BASE
   for _ = 1, count do
-    local res, err = fetch(url, opts)
+    local res, err
+    if call then res, err = call() else res, err = fetch(url, opts) end
     if not good(res, size) then
       failed = failed + 1
       note_failure(res, err, size)
@@ -102,13 +109,14 @@ end
 
 -- `conc` tasks under rw.run, each looping over its share of the n fetches;
 -- their transfers share the scheduler's one libcurl multi handle.
-function shapes.loop(url, n, conc, size)
+-- With opts, each call is rw.fetch(url, opts); with call, call().
+function shapes.loop(url, n, conc, size, opts, call)
   return measure(n, function()
     local failed = 0
     local function worker(count)
       -- Not `failed = failed + fetch_loop(...)`: that reads `failed` before
       -- the loop yields, and would lose the other tasks' counts.
-      local mine = fetch_loop(url, count, size)
+      local mine = fetch_loop(url, count, size, opts, call)
       failed = failed + mine
     end
     rw.run(function()
@@ -171,6 +179,25 @@ function shapes.map_inherit(url, n, conc)
   return run_map(url, n, conc, function(u)
     return fetch(u, setmetatable({ max_elapsed = deadline - now() }, { __index = base }))
   end)
+end
+
+-- What most API calls carry: a credential. The plain contender sends the
+-- same line (multi_curl64 --header).
+shapes.AUTHORIZATION = "Bearer rw-bench-0123456789abcdef0123456789abcdef"
+
+-- `conc` tasks looping rw.fetch with one options table holding a header
+-- table (an Authorization line), made once.
+function shapes.headers(url, n, conc)
+  return shapes.loop(url, n, conc, nil, { on_retry = false, headers = { Authorization = shapes.AUTHORIZATION } })
+end
+
+-- `conc` tasks looping client:get(path) on one rw.client with that header.
+-- Without dedupe: identical GETs in flight would share one transfer, and
+-- the plain contender makes every request.
+function shapes.client(base, path, n, conc)
+  local client = rw.client { base_url = base, headers = { Authorization = shapes.AUTHORIZATION },
+    on_retry = false, dedupe = false }
+  return shapes.loop(nil, n, conc, nil, nil, function() return client:get(path) end)
 end
 
 return shapes
