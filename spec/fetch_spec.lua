@@ -117,6 +117,30 @@ describe("rw.fetch", function()
       assert.equal(9, #s:log("/h"))
     end)
 
+    it("labels each JSON call's body as JSON, the same header table used with and without one", function()
+      local h = { Authorization = "Bearer one" }
+      local function call(o)
+        o.headers, o.on_retry, o.max_retries = h, false, 0
+        assert(rw.fetch(s:url("/j"), o))
+        local log = s:log("/j")
+        return log[#log]
+      end
+      for _ = 1, 3 do
+        local seen = call { method = "POST", json = { n = 1 } }
+        assert.equal("application/json", seen.headers["content-type"])
+        assert.equal("application/json", seen.headers.accept)
+        assert.equal('{"n":1}', seen.body)
+        seen = call {}
+        assert.is_nil(seen.headers["content-type"])
+        assert.equal("*/*", seen.headers.accept)
+        assert.equal("Bearer one", seen.headers.authorization)
+      end
+      h.Accept = "application/vnd.api+json" -- the caller's own, kept
+      local seen = call { method = "POST", json = { n = 2 } }
+      assert.equal("application/vnd.api+json", seen.headers.accept)
+      assert.equal("application/json", seen.headers["content-type"])
+    end)
+
     it("sends Content-Length: 0 on a POST without a body", function()
       assert(rw.fetch(s:url("/echo"), opts { method = "POST" }))
       assert.equal("0", s:log("/echo")[1].headers["content-length"])

@@ -230,7 +230,10 @@ local default_lines = { user_agent_line }
 -- on (one made for each call costs a mark, not a copy), unless a value is a
 -- number (1 and 1.0 are equal, and are sent as "1" and "1.0"). Weak keys: a
 -- table dropped takes its lines with it.
+-- lines_made_json: the same for calls with a JSON body (the lines carry
+-- Content-Type and Accept, unless the table names them).
 local lines_made = setmetatable({}, { __mode = "k" })
+local lines_made_json = setmetatable({}, { __mode = "k" })
 local SEEN_ONCE = {}
 
 -- Whether header table t has exactly the names and values of `made`, in
@@ -246,17 +249,18 @@ end
 
 -- What was made from header table t (its lines with the User-Agent line
 -- when t has none, its values by lower-case name, its secret values), if t
--- holds the same names and values still; else nil.
-local function made_lines(t)
-  local made = lines_made[t]
+-- holds the same names and values still; else nil. made: lines_made or
+-- lines_made_json.
+local function made_lines(made_from, t)
+  local made = made_from[t]
   if made and made ~= SEEN_ONCE and same_headers(t, made) then return made end
   return nil
 end
 
 -- Keeps what was made from header table t, for made_lines.
-local function keep_lines(t, lines, given, secrets)
-  if lines_made[t] == nil then
-    lines_made[t] = SEEN_ONCE
+local function keep_lines(made_from, t, lines, given, secrets)
+  if made_from[t] == nil then
+    made_from[t] = SEEN_ONCE
     return
   end
   local names, values, n = {}, {}, 0
@@ -265,7 +269,7 @@ local function keep_lines(t, lines, given, secrets)
     n = n + 1
     names[n], values[n] = name, value
   end
-  lines_made[t] = { n = n, names = names, values = values, lines = lines, given = given, secrets = secrets }
+  made_from[t] = { n = n, names = names, values = values, lines = lines, given = given, secrets = secrets }
 end
 local common_methods = { GET = true, HEAD = true, POST = true, PUT = true, DELETE = true,
   PATCH = true, OPTIONS = true }
@@ -667,18 +671,19 @@ function fetch.fetch(url, opts)
   local lines, given, header_secrets = default_lines, no_names, nil
   local extra_secrets = opts.secret_headers and headers.secret_set(opts.secret_headers, "fetch")
   if header_table ~= nil or key ~= nil or json_value ~= nil then
-    -- A table of headers alone (no JSON body, key or secret_headers of the
-    -- call's own) makes the same lines as the last time it was seen, if it
-    -- holds the same names and values.
-    local keep = key == nil and json_value == nil and extra_secrets == nil and type(header_table) == "table"
+    -- A table of headers (with no key or secret_headers of the call's own)
+    -- makes the same lines as the last time it was seen, if it holds the
+    -- same names and values.
+    local keep = key == nil and extra_secrets == nil and type(header_table) == "table"
       and header_table == opts.headers -- the caller's own, not a policy's for this call
-    local made = keep and made_lines(header_table)
+    local made_from = json_value ~= nil and lines_made_json or lines_made
+    local made = keep and made_lines(made_from, header_table)
     if made then
       lines, given, header_secrets = made.lines, made.given, made.secrets
     else
       lines, given, header_secrets = headers.request_lines(header_table, extra_secrets)
     end
-    if json_value ~= nil then
+    if json_value ~= nil and not made then
       -- JSON goes out labelled as JSON, and asks for JSON back, unless the
       -- caller said otherwise (a vendor type such as application/vnd.api+json).
       if not given["content-type"] then lines[#lines + 1] = "Content-Type: application/json" end
@@ -705,7 +710,7 @@ function fetch.fetch(url, opts)
     if key then lines[#lines + 1] = "Idempotency-Key: " .. key end
     if not made then
       if not given["user-agent"] then lines[#lines + 1] = user_agent_line end
-      if keep then keep_lines(header_table, lines, given, header_secrets) end
+      if keep then keep_lines(made_from, header_table, lines, given, header_secrets) end
     end
   end
 
