@@ -115,6 +115,14 @@ describe("rw.fetch", function()
       assert.error_matches(function() rw.fetch(s:url("/h"), opts { headers = h, method = "POST" }) end,
         "header 'Idempotency%-Key' is blank")
       assert.equal(9, #s:log("/h"))
+      -- one changed for each call (a request id put into it) is sent as it is each time
+      h["Idempotency-Key"] = nil
+      for i = 1, 6 do
+        h["X-Request-Id"] = "r" .. i
+        local seen = sent()
+        assert.equal("r" .. i, seen["x-request-id"])
+        assert.equal("Bearer two", seen.authorization)
+      end
     end)
 
     it("labels each JSON call's body as JSON, the same header table used with and without one", function()

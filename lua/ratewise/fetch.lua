@@ -227,14 +227,16 @@ local default_lines = { user_agent_line }
 -- again cost more than the rest of the call (46,000 instructions a request
 -- for two headers under Lua 5.4). A table whose contents changed since is
 -- checked and turned into lines anew. A table is kept from its second call
--- on (one made for each call costs a mark, not a copy), unless a value is a
--- number (1 and 1.0 are equal, and are sent as "1" and "1.0"). Weak keys: a
--- table dropped takes its lines with it.
+-- on (one made for each call costs a mark, not a copy), and no longer once
+-- it has changed more often than it was found the same (one changed for
+-- each call: an X-Request-Id put into it), nor when a value is a number (1
+-- and 1.0 are equal, and are sent as "1" and "1.0"). Weak keys: a table
+-- dropped takes its lines with it.
 -- lines_made_json: the same for calls with a JSON body (the lines carry
 -- Content-Type and Accept, unless the table names them).
 local lines_made = setmetatable({}, { __mode = "k" })
 local lines_made_json = setmetatable({}, { __mode = "k" })
-local SEEN_ONCE = {}
+local SEEN_ONCE, NEVER = {}, {}
 
 -- Whether header table t has exactly the names and values of `made`, in
 -- the order pairs gives them (the same for a table left as it was).
@@ -253,23 +255,42 @@ end
 -- lines_made_json.
 local function made_lines(made_from, t)
   local made = made_from[t]
-  if made and made ~= SEEN_ONCE and same_headers(t, made) then return made end
+  if made == nil or made == SEEN_ONCE or made == NEVER then return nil end
+  if same_headers(t, made) then
+    made.hits = made.hits + 1
+    return made
+  end
+  made.misses = made.misses + 1
   return nil
 end
 
 -- Keeps what was made from header table t, for made_lines.
 local function keep_lines(made_from, t, lines, given, secrets)
-  if made_from[t] == nil then
+  local before = made_from[t]
+  if before == nil then
     made_from[t] = SEEN_ONCE
     return
   end
+  if before == NEVER then return end
+  local hits, misses = 0, 0
+  if before ~= SEEN_ONCE then hits, misses = before.hits, before.misses end
+  if misses > hits then
+    made_from[t] = NEVER
+    return
+  end
+  for _, value in pairs(t) do
+    if type(value) == "number" then
+      made_from[t] = NEVER
+      return
+    end
+  end
   local names, values, n = {}, {}, 0
   for name, value in pairs(t) do
-    if type(value) == "number" then return end
     n = n + 1
     names[n], values[n] = name, value
   end
-  made_from[t] = { n = n, names = names, values = values, lines = lines, given = given, secrets = secrets }
+  made_from[t] = { n = n, names = names, values = values, lines = lines, given = given, secrets = secrets,
+    hits = hits, misses = misses }
 end
 local common_methods = { GET = true, HEAD = true, POST = true, PUT = true, DELETE = true,
   PATCH = true, OPTIONS = true }
@@ -529,14 +550,14 @@ local function limiter_methods(limiter)
   return m
 end
 
--- Callers write `if on_event then emit(...) end`, so that no event table is
--- built when nobody listens.
 -- Apart from fetch: a closure inside it would cost LuaJIT's compiler every
 -- return of fetch (closing upvalues is not compiled).
 local function limiter_capacity(limiter)
   return limiter:capacity()
 end
 
+-- Callers write `if on_event then emit(...) end`, so that no event table is
+-- built when nobody listens.
 local function emit(on_event, event)
   call_hook("on_event", on_event, event)
 end
