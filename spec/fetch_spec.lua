@@ -119,9 +119,9 @@ describe("rw.fetch", function()
       h["Idempotency-Key"] = nil
       for i = 1, 6 do
         h["X-Request-Id"] = "r" .. i
-        local seen = sent()
-        assert.equal("r" .. i, seen["x-request-id"])
-        assert.equal("Bearer two", seen.authorization)
+        local got = sent()
+        assert.equal("r" .. i, got["x-request-id"])
+        assert.equal("Bearer two", got.authorization)
       end
     end)
 
