@@ -221,6 +221,10 @@ local user_agent_line = "User-Agent: ratewise/" .. core.version
 -- since the engine only reads them.
 local default_lines = { user_agent_line }
 
+-- The options of a call that gives none: one table for all of them (fetch
+-- only reads its options, and hands the table to no one).
+local NO_OPTIONS = {}
+
 -- The lines made from a caller's header table, kept while the table holds
 -- the same names and values: most programs pass one table (an
 -- Authorization line) on every call, and checking each name and value
@@ -646,7 +650,7 @@ end
 --- res | nil, err = fetch.fetch(url [, opts])
 function fetch.fetch(url, opts)
   if opts == nil then
-    opts = {}
+    opts = NO_OPTIONS
   elseif type(opts) ~= "table" then
     url_facts(url)
     error(format("fetch: options must be a table (got %s)", type(opts)), 2)
