@@ -148,6 +148,17 @@ static void engine_buf_free(engine_buf *b)
  * alike; *fresh says whether they still have to be set. NULL: out of memory. */
 static int engine_on_close(void *userp, curl_socket_t s);
 
+/* What a handle of engine e has before any request's options, new or
+ * reset: libcurl's receive buffer, and the engine's own callback on closed
+ * sockets (the record stays with this engine for its whole life,
+ * engine_give). */
+static void engine_handle_init(engine *e, transfer *t)
+{
+    t->recv_buffer = ENGINE_RECV_MAX; /* libcurl's default */
+    curl_easy_setopt(t->easy, CURLOPT_CLOSESOCKETFUNCTION, engine_on_close);
+    curl_easy_setopt(t->easy, CURLOPT_CLOSESOCKETDATA, e);
+}
+
 static transfer *engine_take(engine *e, int *fresh)
 {
     transfer *t;
@@ -166,10 +177,7 @@ static transfer *engine_take(engine *e, int *fresh)
     }
     t->state = TRANSFER_CLOSED;
     t->ref = LUA_NOREF;
-    t->recv_buffer = ENGINE_RECV_MAX;
-    /* The record stays with this engine for its whole life (engine_give). */
-    curl_easy_setopt(t->easy, CURLOPT_CLOSESOCKETFUNCTION, engine_on_close);
-    curl_easy_setopt(t->easy, CURLOPT_CLOSESOCKETDATA, e);
+    engine_handle_init(e, t);
     return t;
 }
 
@@ -199,9 +207,7 @@ void rw_engine_reset(engine *e, transfer *t)
     curl_easy_reset(t->easy);
     t->dirty = 0;
     t->url_ok = t->lists_set = 0; /* the handle has neither any more */
-    t->recv_buffer = ENGINE_RECV_MAX; /* libcurl's default, which reset restores */
-    curl_easy_setopt(t->easy, CURLOPT_CLOSESOCKETFUNCTION, engine_on_close);
-    curl_easy_setopt(t->easy, CURLOPT_CLOSESOCKETDATA, e);
+    engine_handle_init(e, t);
 }
 
 static void engine_destroy(transfer *t)

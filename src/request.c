@@ -148,9 +148,9 @@ static const char *const request_field_names[] = {
  * rw_request_configure. */
 void rw_request_push_keys(lua_State *L)
 {
-    int i, n = (int)(sizeof request_field_names / sizeof request_field_names[0]);
-    lua_createtable(L, n, 0);
-    for (i = 0; i < n; i++) {
+    int i;
+    lua_createtable(L, RF_COUNT, 0);
+    for (i = 0; i < RF_COUNT; i++) {
         lua_pushstring(L, request_field_names[i]);
         lua_rawseti(L, -2, i + 1);
     }
@@ -266,8 +266,6 @@ static size_t request_check_line(lua_State *L, const char *line, size_t len, int
     return name_len;
 }
 
-static void request_tls_options(lua_State *L, int req, int keys, transfer *t, unsigned long long fields);
-
 /* The rarer options (TLS files, a proxy, decompression, the stream and its
  * timeouts), as bits of request fields: a request's `transport` says which
  * of them to look for (request_transport). */
@@ -294,9 +292,9 @@ static unsigned long long request_transport(lua_State *L, int req, int keys)
         for (i = 1; i <= n; i++) {
             int f;
             const char *name = lua_rawgeti(L, -1, i) == LUA_TSTRING ? lua_tostring(L, -1) : "";
-            for (f = 0; f < (int)(sizeof request_field_names / sizeof request_field_names[0]); f++)
+            for (f = 0; f < RF_COUNT; f++)
                 if ((RF_TRANSPORT_FIELDS & RF_BIT(f)) && strcmp(request_field_names[f], name) == 0) break;
-            if (f == (int)(sizeof request_field_names / sizeof request_field_names[0]))
+            if (f == RF_COUNT)
                 luaL_error(L, "request option 'transport' must list transport options (item %d is not one)", (int)i);
             fields |= RF_BIT(f);
             lua_pop(L, 1);
@@ -325,45 +323,83 @@ static const struct request_string_option {
     { RF_PROXY_CA_FILE, CURLOPT_PROXY_CAINFO }, /* an https:// proxy's own CA */
 };
 
-/* Adds option `field`, with value v[0..len), to the signature in b; 0 when
- * out of memory. */
-static int request_sig_add(engine_buf *b, enum request_field field, const char *v, size_t len)
+/* Adds option `field`, with value v[0..len), to the signature in b: the
+ * field, the length, the bytes and a NUL (libcurl takes C strings). */
+static void request_sig_add(lua_State *L, engine_buf *b, enum request_field field, const char *v, size_t len)
 {
-    unsigned char tag = (unsigned char)field;
-    if (!rw_buf_grow(b, b->len + 1 + sizeof len + len)) return 0;
-    b->data[b->len++] = (char)tag;
+    if (!rw_buf_grow(b, b->len + 1 + sizeof len + len + 1)) luaL_error(L, "out of memory reading request options");
+    b->data[b->len++] = (char)(unsigned char)field;
     memcpy(b->data + b->len, &len, sizeof len);
     b->len += sizeof len;
     memcpy(b->data + b->len, v, len);
     b->len += len;
-    return 1;
+    b->data[b->len++] = '\0';
 }
 
 /* Builds in t->reset_next the signature of the request's options that
- * libcurl cannot put back one by one (decompression off, then those of
- * request_tls_options), and answers 1 when the handle has exactly those
- * already, 0 when not, -1 when out of memory (the handle's are then taken
- * for others). A value's type is checked here; the rest of its checks come
- * when it is set. */
-static int request_reset_sig(lua_State *L, int req, int keys, transfer *t, unsigned long long transport,
+ * libcurl cannot put back one by one (TLS files, a pin, a proxy, a TLS
+ * version, decompression off: those of `fields` it has), each value
+ * checked, and answers whether the handle has exactly those already
+ * (t->reset_sig, when reset_ok). request_set_reset_options sets them from
+ * it: each is read from the request once. */
+static int request_reset_sig(lua_State *L, int req, int keys, transfer *t, unsigned long long fields,
                              int decompress)
 {
     engine_buf *b = &t->reset_next;
-    int ok = 1;
     size_t i, len;
     b->len = 0;
-    if (!decompress) ok = request_sig_add(b, RF_DECOMPRESS, "", 0);
-    for (i = 0; transport && i <= sizeof request_string_options / sizeof request_string_options[0]; i++) {
-        enum request_field field = i < sizeof request_string_options / sizeof request_string_options[0]
-                                       ? request_string_options[i].field : RF_TLS_MIN_VERSION;
-        if ((transport & RF_BIT(field)) && request_opt_field(L, req, keys, field, LUA_TSTRING, "a string")) {
+    if (!decompress) request_sig_add(L, b, RF_DECOMPRESS, "", 0);
+    for (i = 0; i < sizeof request_string_options / sizeof request_string_options[0]; i++) {
+        enum request_field field = request_string_options[i].field;
+        if ((fields & RF_BIT(field)) && request_opt_field(L, req, keys, field, LUA_TSTRING, "a string")) {
             const char *v = lua_tolstring(L, -1, &len);
-            ok = ok && request_sig_add(b, field, v, len);
+            if (strlen(v) != len) luaL_error(L, "request option '%s' contains a NUL byte", request_field_names[field]);
+            request_sig_add(L, b, field, v, len);
             lua_pop(L, 1);
         }
     }
-    if (!ok) return -1;
+    if ((fields & RF_BIT(RF_TLS_MIN_VERSION))
+        && request_opt_field(L, req, keys, RF_TLS_MIN_VERSION, LUA_TSTRING, "a string")) {
+        const char *v = lua_tolstring(L, -1, &len);
+        if (strcmp(v, "1.2") != 0 && strcmp(v, "1.3") != 0)
+            luaL_error(L, "request option 'tls_min_version' must be \"1.2\" or \"1.3\"");
+        request_sig_add(L, b, RF_TLS_MIN_VERSION, v, len);
+        lua_pop(L, 1);
+    }
     return t->reset_ok && b->len == t->reset_sig.len && (b->len == 0 || memcmp(b->data, t->reset_sig.data, b->len) == 0);
+}
+
+/* Sets on t's handle the options of the signature t->reset_next, which
+ * then describes the handle (t->reset_sig). Until they are all set,
+ * reset_ok is 0: a request that raises halfway leaves the next one to
+ * reset the handle. */
+static void request_set_reset_options(lua_State *L, transfer *t)
+{
+    const char *p = t->reset_next.data, *end = p + t->reset_next.len;
+    engine_buf was;
+    t->reset_ok = 0;
+    while (p < end) {
+        enum request_field field = (enum request_field)(unsigned char)*p++;
+        const char *v;
+        size_t len, i;
+        memcpy(&len, p, sizeof len);
+        v = p + sizeof len;
+        p = v + len + 1;
+        if (field == RF_DECOMPRESS) {
+            curl_easy_setopt(t->easy, CURLOPT_ACCEPT_ENCODING, (char *)NULL);
+        } else if (field == RF_TLS_MIN_VERSION) {
+            curl_easy_setopt(t->easy, CURLOPT_SSLVERSION,
+                             strcmp(v, "1.3") == 0 ? (long)CURL_SSLVERSION_TLSv1_3 : (long)CURL_SSLVERSION_TLSv1_2);
+        } else {
+            for (i = 0; request_string_options[i].field != field; i++) continue;
+            if (curl_easy_setopt(t->easy, request_string_options[i].option, v) != CURLE_OK)
+                luaL_error(L, "request option '%s' is not supported by this libcurl", request_field_names[field]);
+        }
+    }
+    was = t->reset_sig;
+    t->reset_sig = t->reset_next;
+    t->reset_next = was;
+    t->reset_ok = 1;
 }
 
 /* Sets up t->easy from the request table at index req. Misuse raises. */
@@ -400,14 +436,13 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
         t->reset_ok = 1;
     }
     same_reset = request_reset_sig(L, req, keys, t, transport, decompress);
-    if (same_reset != 1 && !(t->reset_ok && t->reset_sig.len == 0)) {
-        rw_engine_reset(e, t);
+    if (!same_reset && !(t->reset_ok && t->reset_sig.len == 0)) {
+        rw_engine_reset(e, t); /* it has others, which cannot be unset one by one */
         fresh = 1;
         t->reset_sig.len = 0;
         t->reset_ok = 1;
-        if (same_reset == 0 && t->reset_next.len == 0) same_reset = 1;
+        same_reset = t->reset_next.len == 0;
     }
-    if (same_reset != 1) t->reset_ok = 0; /* until they are all set */
 
     if (fresh) {
         const char *env;
@@ -692,16 +727,7 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
         lua_pop(L, 1);
     }
 
-    if (same_reset != 1) {
-        if (transport) request_tls_options(L, req, keys, t, transport);
-        if (!decompress) curl_easy_setopt(easy, CURLOPT_ACCEPT_ENCODING, (char *)NULL);
-        if (same_reset == 0) { /* the handle has them now */
-            engine_buf was = t->reset_sig;
-            t->reset_sig = t->reset_next;
-            t->reset_next = was;
-            t->reset_ok = 1;
-        }
-    }
+    if (!same_reset) request_set_reset_options(L, t);
 
     if (request_opt_field(L, req, keys, RF_VERIFY_TLS, LUA_TBOOLEAN, "a boolean")) {
         if (!lua_toboolean(L, -1)) {
@@ -714,38 +740,6 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
     RW_STACK_EXPECT(L, mark, 0);
 }
 
-
-/* TLS and proxy options: libcurl cannot put them back one by one, so a
- * handle that has them is reset before a request with others
- * (request_reset_sig). */
-static void request_tls_options(lua_State *L, int req, int keys, transfer *t, unsigned long long fields)
-{
-    RW_STACK_MARK(L, mark);
-    CURL *easy = t->easy;
-    size_t i;
-    for (i = 0; i < sizeof request_string_options / sizeof request_string_options[0]; i++) {
-        const struct request_string_option *o = &request_string_options[i];
-        if ((fields & RF_BIT(o->field)) && request_opt_field(L, req, keys, o->field, LUA_TSTRING, "a string")) {
-            const char *name = request_field_names[o->field];
-            size_t len;
-            const char *v = lua_tolstring(L, -1, &len);
-            if (strlen(v) != len) luaL_error(L, "request option '%s' contains a NUL byte", name);
-            if (curl_easy_setopt(easy, o->option, v) != CURLE_OK)
-                luaL_error(L, "request option '%s' is not supported by this libcurl", name);
-            lua_pop(L, 1);
-        }
-    }
-    if ((fields & RF_BIT(RF_TLS_MIN_VERSION))
-        && request_opt_field(L, req, keys, RF_TLS_MIN_VERSION, LUA_TSTRING, "a string")) {
-        const char *v = lua_tostring(L, -1);
-        long version = strcmp(v, "1.2") == 0 ? CURL_SSLVERSION_TLSv1_2
-                       : strcmp(v, "1.3") == 0 ? CURL_SSLVERSION_TLSv1_3 : -1;
-        if (version < 0) luaL_error(L, "request option 'tls_min_version' must be \"1.2\" or \"1.3\"");
-        curl_easy_setopt(easy, CURLOPT_SSLVERSION, version);
-        lua_pop(L, 1);
-    }
-    RW_STACK_EXPECT(L, mark, 0);
-}
 
 /* Pushes a list of names as an array. */
 static void request_push_names(lua_State *L, const char *const *list)

@@ -180,6 +180,7 @@ enum request_field {
 #define REQUEST_FIELD(id, name) id,
     REQUEST_FIELDS
 #undef REQUEST_FIELD
+    RF_COUNT
 };
 void rw_request_push_keys(lua_State *L);
 void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, int keys, int tidx, int fresh);
