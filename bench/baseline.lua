@@ -32,7 +32,7 @@ local median = rounds.median
 local REV = os.getenv("BASELINE_REV") or "03bc2ee"
 local ROUNDS = env_int("BASELINE_ROUNDS", 6)
 local CONC = env_int("BENCH_CONCURRENCY", 64)
-local LUA = arg[-1] or "lua5.4"
+local LUA = common.lua
 local lua_name = LUA:match("[^/]+$")
 local here = common.here
 

@@ -10,6 +10,17 @@ local format, floor = string.format, math.floor
 -- The folder of the benchmark scripts (the running script's own).
 common.here = (arg and arg[0] or "bench/run.lua"):match("^(.*)/[^/]*$") or "."
 
+-- The interpreter running this script (the lowest index of arg), for the
+-- fresh processes a benchmark starts.
+common.lua = "lua5.4"
+if arg then
+  local i = -1
+  while arg[i] do
+    common.lua = arg[i]
+    i = i - 1
+  end
+end
+
 --- n = common.env_int(name, default): a positive integer from the environment.
 function common.env_int(name, default)
   local v = tonumber(os.getenv(name) or "")

@@ -86,16 +86,8 @@ local NGINX_SH = here .. "/nginx.sh"
 local PLAIN = here .. "/plain_curl"
 local MULTI = common.MULTI
 local WAITERS_LUA = here .. "/waiters.lua"
--- The interpreter running this script (the lowest index of arg), for the
--- fresh process of the waiters part.
-local LUA = "lua5.4"
-if arg then
-  local i = -1
-  while arg[i] do
-    LUA = arg[i]
-    i = i - 1
-  end
-end
+-- The interpreter running this script, for the fresh process of the waiters part.
+local LUA = common.lua
 
 -- The bodies nginx.sh serves, and their sizes.
 local BODY_64K, BODY_1M = 65536, 1048576

@@ -282,14 +282,12 @@ local function keep_lines(made_from, t, lines, given, secrets)
     made_from[t] = NEVER
     return
   end
-  for _, value in pairs(t) do
+  local names, values, n = {}, {}, 0
+  for name, value in pairs(t) do
     if type(value) == "number" then
       made_from[t] = NEVER
       return
     end
-  end
-  local names, values, n = {}, {}, 0
-  for name, value in pairs(t) do
     n = n + 1
     names[n], values[n] = name, value
   end
