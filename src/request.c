@@ -391,7 +391,8 @@ static void request_set_reset_options(lua_State *L, transfer *t)
             curl_easy_setopt(t->easy, CURLOPT_SSLVERSION,
                              strcmp(v, "1.3") == 0 ? (long)CURL_SSLVERSION_TLSv1_3 : (long)CURL_SSLVERSION_TLSv1_2);
         } else {
-            for (i = 0; request_string_options[i].field != field; i++) continue;
+            i = 0;
+            while (request_string_options[i].field != field) i++;
             if (curl_easy_setopt(t->easy, request_string_options[i].option, v) != CURLE_OK)
                 luaL_error(L, "request option '%s' is not supported by this libcurl", request_field_names[field]);
         }
