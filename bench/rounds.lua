@@ -5,7 +5,8 @@
 --   name     what the row says (the workload on each side)
 --   n        requests per round and contender; warmup: warm-up requests
 --   rounds   how many rounds (the ratio is their median, so at least 5)
---   target   the ratio ratewise / plain the shape must reach
+--   target   the ratio ratewise / plain the shape must reach (nil: none,
+--            for a row that only measures, such as the engine's floor)
 --   plain    function(n) -> measure of the plain C contender
 --   ours     function(n) -> measure of ratewise
 -- A measure is { rate = requests/s, failed = count, cpu_us = CPU per
@@ -18,6 +19,13 @@
 local rounds = {}
 
 local format = string.format
+
+-- "target 0.90: NOT met" (short: "0.90 NOT met"), or that the row has none.
+local function verdict(row, short)
+  local target = row.shape.target
+  if not target then return short and "none" or "no target" end
+  return format(short and "%.2f %s" or "target %.2f: %s", target, row.met and "target met" or "NOT met")
+end
 
 local function median(t)
   local s = {}
@@ -103,9 +111,8 @@ function rounds.compare(shape, collect)
   row.plain_cpu = #p_cpus > 0 and median(p_cpus) or nil
   row.our_cpu = #o_cpus > 0 and median(o_cpus) or nil
   row.our_faults = #o_faults > 0 and median(o_faults) or nil
-  row.met = row.ratio >= shape.target
-  io.write(format("  => ratio %.2f (rounds %.2f - %.2f), target %.2f: %s\n", row.ratio, low, high,
-    shape.target, row.met and "target met" or "NOT met"))
+  row.met = shape.target and row.ratio >= shape.target
+  io.write(format("  => ratio %.2f (rounds %.2f - %.2f), %s\n", row.ratio, low, high, verdict(row)))
   if row.plain_failed > 0 or row.our_failed > 0 then
     io.write(format("  => failures: plain %d, ratewise %d of %d each\n", row.plain_failed, row.our_failed,
       row.requests))
@@ -119,9 +126,8 @@ function rounds.report(rows)
   io.write(format("  %-48s %8s %8s  %-18s  %s\n", "shape (req/s, then CPU)", "ratewise", "plain",
     "ratio (rounds)", "target"))
   for _, row in ipairs(rows) do
-    io.write(format("  %-48s %8s %8s  %.2f (%.2f - %.2f)  %.2f %s\n", row.shape.name, thousands(row.ours),
-      thousands(row.plain), row.ratio, row.low, row.high, row.shape.target,
-      row.met and "target met" or "NOT met"))
+    io.write(format("  %-48s %8s %8s  %.2f (%.2f - %.2f)  %s\n", row.shape.name, thousands(row.ours),
+      thousands(row.plain), row.ratio, row.low, row.high, verdict(row, true)))
     io.write(format("  %-48s %8s %8s  us CPU/req%s\n", "", opt(row.our_cpu, "%.1f"), opt(row.plain_cpu, "%.1f"),
       row.our_faults and format("; ratewise %.2f page faults/req", row.our_faults) or ""))
   end

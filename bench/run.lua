@@ -23,13 +23,17 @@
 -- 6. body_64k, body_1m: 64 tasks looping rw.fetch on a 64 KiB (1 MiB) body,
 --    each body's length read in Lua, vs the multi keeping each body in
 --    memory (its bytes are counted and checked). Target 0.90.
--- 7. waiters: 10,000 tasks waiting on a bucket, in a fresh process
+-- 7. floor: no shape users write, and no target: the engine driven by a
+--    bare Lua loop (no fetch, no tasks), vs the same multi; the share of
+--    plain libcurl that the binding of libcurl to Lua leaves to any code
+--    above it (bench/shapes.lua).
+-- 8. waiters: 10,000 tasks waiting on a bucket, in a fresh process
 --    (bench/waiters.lua): resident memory per waiting task, CPU used while
 --    they wait, cancel.
 -- Then the table of every shape's ratio (the median of the rounds' ratios,
 -- and their range) against its target, "target met" or "NOT met".
 -- A benchmark, not a test: it fails only when a request fails (or a check of
--- part 7 does), not when a ratio misses its target.
+-- part 8 does), not when a ratio misses its target.
 --
 -- Run from the repository root (the Makefile does), with LUA_PATH/LUA_CPATH
 -- pointing at ./lua and ./build. Runs under Lua 5.4 and LuaJIT
@@ -37,9 +41,9 @@
 --   BENCH_REQUESTS       sequential: requests per round and contender (default 20000)
 --   BENCH_ROUNDS         sequential: rounds (default 5)
 --   BENCH_WARMUP         sequential: warm-up requests per contender (default 2000)
---   BENCH_CONC_REQUESTS  loop64: requests per round and contender (default 40000)
---   BENCH_CONC_ROUNDS    loop64: rounds (default 5)
---   BENCH_CONC_WARMUP    loop64: warm-up requests per contender (default 5000)
+--   BENCH_CONC_REQUESTS  loop64, headers, client, floor: requests per round and contender (default 40000)
+--   BENCH_CONC_ROUNDS    loop64, headers, client, floor: rounds (default 5)
+--   BENCH_CONC_WARMUP    loop64, headers, client, floor: warm-up requests per contender (default 5000)
 --   BENCH_CONCURRENCY    every concurrent shape: transfers in flight, tasks (default 64)
 --   BENCH_MAP_REQUESTS   map_*: requests (the list's length) per round and contender (default 40000)
 --   BENCH_MAP_ROUNDS     map_*: rounds (default 5)
@@ -251,6 +255,9 @@ local function shape_list(base)
       plain = with_header(root), ours = function(n) return shapes.client(base, "/", n, CONC) end },
     body_shape("body_64k", format("%d tasks, 64 KiB bodies / multi", CONC), url_64k, N_64K, BODY_64K),
     body_shape("body_1m", format("%d tasks, 1 MiB bodies / multi", CONC), url_1m, N_1M, BODY_1M),
+    { key = "floor", name = format("floor: %d on the engine, bare loop / multi", CONC), n = CONC_N,
+      rounds = CONC_ROUNDS, warmup = CONC_WARMUP, target = nil,
+      plain = multi(root), ours = function(n) return shapes.floor(root, n, CONC) end },
   }
 end
 

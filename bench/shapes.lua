@@ -19,6 +19,11 @@
 --                   holding an Authorization header, made once
 --   client          `conc` tasks looping client:get(path) on an rw.client
 --                   with that header
+--   floor           not a shape users write: `conc` transfers kept in flight
+--                   on ratewise's engine (ratewise.core) by a bare Lua loop,
+--                   with no fetch, no tasks and no scheduler. What the
+--                   binding of libcurl to Lua costs on its own: no code on
+--                   top of the engine can beat it.
 --
 -- Each returns a measure for rounds.lua: { rate, failed, cpu_us, faults }
 -- (CPU microseconds and minor page faults per request, of this process).
@@ -198,6 +203,45 @@ function shapes.client(base, path, n, conc)
   local client = rw.client { base_url = base, headers = { Authorization = shapes.AUTHORIZATION },
     on_retry = false, dedupe = false }
   return shapes.loop(nil, n, conc, nil, nil, function() return client:get(path) end)
+end
+
+-- The floor: the request fetch makes for a GET of `url` with no options
+-- (the same bytes on the wire), started again on the engine as each one
+-- finishes, `conc` in flight; each response is made as fetch's is (the
+-- header table left to be read lazily) and its status checked.
+function shapes.floor(url, n, conc)
+  local core = require "ratewise.core"
+  local engine = core.engine {}
+  local request = { url = url, method = "GET", headers = { "User-Agent: ratewise/" .. core.version },
+    follow_redirects = true, timeout = 30, transport = false }
+  local measured = measure(n, function()
+    local failed, started, finished = 0, 0, 0
+    local done = {}
+    local function start()
+      local transfer, err = engine:start(request)
+      if not transfer then error("bench: the engine could not start a transfer: " .. tostring(err), 0) end
+      started = started + 1
+    end
+    for _ = 1, math.min(conc, n) do start() end
+    while finished < n do
+      local _, k = engine:poll(1, done)
+      for i = 1, k do
+        local transfer = done[i]
+        done[i] = nil
+        local res, err = transfer:result(true)
+        transfer:close()
+        finished = finished + 1
+        if not (res and res.status == 200) then
+          failed = failed + 1
+          note_failure(res, err and err.message)
+        end
+        if started < n then start() end
+      end
+    end
+    return failed
+  end)
+  engine:close()
+  return measured
 end
 
 return shapes
