@@ -339,6 +339,31 @@ describe("the first burst to an https origin", function()
     end)
   end)
 
+  -- The gate's key is the URL's authority, userinfo included: each user
+  -- below is an origin of its own to the engine, on one server.
+  it("holds a burst to a new origin after more than 64 others have become known", function()
+    with_origin(function(s)
+      local port = s.base:match(":(%d+)$")
+      for i = 1, 70 do
+        assert(rw.fetch(("https://u%d@127.0.0.1:%s/known"):format(i, port), opts { ca_file = s.ca_file }))
+      end
+      s:script("/first", { { status = 200, delay = 0.3, body = "first" }, { status = 200, body = "next" } })
+      local ends = {}
+      local t0 = rw.now()
+      rw.run(function()
+        for i = 1, 8 do
+          rw.spawn(function()
+            assert(rw.fetch(("https://new@127.0.0.1:%s/first"):format(port), opts { ca_file = s.ca_file }))
+            ends[i] = rw.now() - t0
+          end)
+        end
+      end)
+      table.sort(ends)
+      assert.equal(8, #s:log("/first"))
+      assert.is_true(ends[1] >= 0.29, ("first answer at %.2f s: the burst was not held"):format(ends[1]))
+    end)
+  end)
+
   it("ends every request of a burst whose origin cannot be reached, none left waiting", function()
     local results = {}
     local t0 = rw.now()

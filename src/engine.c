@@ -112,6 +112,7 @@ typedef struct engine {
     transfer *news;       /* streamed transfers with news for a waiting reader (news_next) */
     engine_gate gates[ENGINE_GATES];
     int gates_answered;   /* a probe's headers came: held transfers go on (engine_gates_release) */
+    int gate_next;        /* where the search for a known gate to forget starts (engine_gate_hold) */
     transfer *pool[ENGINE_POOL_MAX];
     int npool;
     size_t kept; /* bytes of body buffer the pooled records keep */
@@ -484,7 +485,18 @@ static int engine_gate_hold(engine *e, transfer *t)
         }
         if (g->state == GATE_FREE && free_slot < 0) free_slot = i;
     }
-    if (free_slot < 0) return 0; /* every gate in use: no gate */
+    if (free_slot < 0) {
+        /* Every gate in use: a known origin is forgotten, taken in turn
+         * (its next burst is probed again), so that a program that has
+         * talked to more origins than there are gates still gates a new
+         * one. A known gate holds nothing once engine_gates_release ran. */
+        for (i = 0; i < ENGINE_GATES && free_slot < 0; i++) {
+            int j = (e->gate_next + i) % ENGINE_GATES;
+            if (e->gates[j].state == GATE_KNOWN && !e->gates[j].held) free_slot = j;
+        }
+        if (free_slot < 0) return 0; /* every gate probing: no gate */
+        e->gate_next = (free_slot + 1) % ENGINE_GATES;
+    }
     g = &e->gates[free_slot];
     g->key = t->gate_key;
     g->state = GATE_PROBING;
