@@ -259,6 +259,58 @@ describe("rw.client", function()
       assert.is_true(#events >= 7)
       assert.equal("request", events[1])
     end)
+
+    it("counts without an on_event hook, and names an attempt with no response 'network'", function()
+      s:script("/t", { { status = 503 } })
+      local c = new { sleep = function() end, max_retries = 1, concurrency = 2 }
+      local _, err = c:get("/t")
+      assert.equal("exhausted", err.kind)
+      -- nobody listens on port 1 of loopback: the connection is refused
+      local refused = rw.client { base_url = "http://127.0.0.1:1", on_retry = false, sleep = function() end,
+        max_retries = 1 }
+      _, err = refused:get("/x")
+      assert.equal("exhausted", err.kind)
+      local st, st2 = c:stats(), refused:stats()
+      assert.same({ ["503"] = 2 }, st.statuses)
+      assert.same({ ["503"] = 1 }, st.retries_by_status)
+      assert.equal(2, st.attempts)
+      assert.same({ network = 2 }, st2.statuses)
+      assert.same({ network = 1 }, st2.retries_by_status)
+      assert.same({ backoff = 1 }, st2.retries_by_source)
+      assert.equal(1, st2.errors.exhausted)
+    end)
+  end)
+
+  describe("calls without options", function()
+    it("send nothing of another call's options, whatever came between them", function()
+      local c = new { headers = { ["X-Client"] = "1" }, dedupe = false }
+      assert(c:get("/t"))
+      assert(c:get("/t", { headers = { ["X-Call"] = "yes" }, query = { a = 1 } }))
+      assert(c:post("/t", { json = { n = 1 } }))
+      assert(c:get("/t"))
+      assert(c:post("/t"))
+      local log = s:log("/t")
+      assert.equal(5, #log)
+      assert.equal("yes", log[2].headers["x-call"])
+      assert.equal("a=1", log[2].query)
+      for _, i in ipairs { 1, 4, 5 } do
+        assert.is_nil(log[i].headers["x-call"])
+        assert.equal("", log[i].query or "")
+        assert.equal("1", log[i].headers["x-client"])
+      end
+      assert.equal("application/json", log[3].headers["content-type"])
+      assert.equal("POST", log[5].method)
+      assert.equal("0", log[5].headers["content-length"]) -- not the JSON body of the POST before
+    end)
+
+    it("each take the limiter of their route", function()
+      local search = rw.bucket { capacity = 2, rate = 0.01 }
+      local c = new { routes = { ["/search/"] = search }, dedupe = false }
+      assert(c:get("/other"))
+      assert(c:get("/search/a"))
+      assert(c:get("/other"))
+      assert.is_true(search:tokens() < 1.5 and search:tokens() > 0.5) -- one search call took one
+    end)
   end)
 end)
 

@@ -727,6 +727,10 @@ describe("rw.fetch", function()
         assert.error_matches(function() rw.fetch(s:url("/x"), case[1]) end, case[2])
       end
       assert.error_matches(function() rw.fetch(s:url("/x"), "GET") end, "options must be a table")
+      -- a third argument (rw.fetch takes two) is refused, not taken for something
+      assert.error_matches(function() rw.fetch(s:url("/x"), {}, { attempts = 0 }) end,
+        "expected %(url %[, opts%]%), got a third argument %(table%)")
+      assert.error_matches(function() rw.fetch(s:url("/x"), nil, 3) end, "got a third argument %(number%)")
       assert.equal(0, #s:log("/x"))
     end)
   end)

@@ -168,13 +168,16 @@ function client.new(opts)
     secret_headers = opts.secret_headers ~= nil and secret_list(opts.secret_headers) or nil,
     cache_ttl = cache and cache.ttl, cache_max = cache and cache.max_entries or 1000,
     cached = {}, cache_order = {}, in_flight = {},
-    user_on_event = opts.on_event,
+    on_event = opts.on_event,
     defaults = {},
-    counters = {
+    -- fetch counts the attempts, retries and waits into them (fetch.counters)
+    counters = fetch.counters {
       requests = 0, attempts = 0, successes = 0, failures = 0, retries = 0, waits = 0, waited = 0,
       budget_refusals = 0, circuit_refusals = 0, deduped = 0, cache_hits = 0, in_flight = 0,
       statuses = {}, retries_by_status = {}, retries_by_source = {}, waits_by_source = {}, errors = {},
     },
+    -- the call tables of calls that add no options, by method and limiter
+    plain_calls = {},
   }, Client)
   for k in pairs(fetch_defaults) do c.defaults[k] = opts[k] end
   -- The defaults and objects are checked now, where they were given, not at the first request.
@@ -182,7 +185,6 @@ function client.new(opts)
   for k, v in pairs(c.defaults) do checked[k] = v end
   checked.limiter, checked.circuit, checked.budget = c.limiter, c.circuit, c.budget
   fetch.check(c.base_url, checked)
-  c.on_event = function(event) c:_count(event) end
   return c
 end
 
@@ -193,32 +195,13 @@ local function bump(t, k, by)
   t[k] = (t[k] or 0) + (by or 1)
 end
 
-function Client:_count(event)
-  local n = self.counters
-  local kind = event.type
-  if kind == "response" then
-    n.attempts = n.attempts + 1
-    bump(n.statuses, event.status and tostring(event.status) or "network")
-  elseif kind == "retry" then
-    n.retries = n.retries + 1
-    bump(n.retries_by_status, event.status and tostring(event.status) or "network")
-    bump(n.retries_by_source, event.source)
-    n.waits, n.waited = n.waits + 1, n.waited + event.delay
-    bump(n.waits_by_source, event.source, event.delay)
-  elseif kind == "budget_refused" then
-    n.budget_refusals = n.budget_refusals + 1
-  elseif kind == "circuit_open" then
-    n.circuit_refusals = n.circuit_refusals + 1
-  end
-  if self.user_on_event then self.user_on_event(event) end
-end
-
 --- t = client:stats(): counters since the client was made.
 function Client:stats()
   local n = self.counters
+  -- (fetch counts statuses by number: the copy names them as strings)
   local function copy(t)
     local r = {}
-    for k, v in pairs(t) do r[k] = v end
+    for k, v in pairs(t) do r[type(k) == "number" and tostring(k) or k] = v end
     return r
   end
   local stats = copy(n)
@@ -400,24 +383,14 @@ local function public_headers(t, secret_names)
   return out
 end
 
-function Client:request(method, path, opts)
-  if type(method) ~= "string" then
-    error(format("client:request: method must be a string (got %s)", type(method)), 2)
-  end
-  if opts ~= nil and type(opts) ~= "table" then
-    error(format("client:request: options must be a table (got %s)", type(opts)), 2)
-  end
-  opts = opts or {}
-  if opts.cross_origin ~= nil and type(opts.cross_origin) ~= "boolean" then
-    error(format("client:request: option 'cross_origin' must be a boolean (got %s)", type(opts.cross_origin)), 2)
-  end
-  local url, route_path, foreign = self:_target(path, opts.cross_origin)
-  method = upper(method)
+-- The table fetch gets for a call that gives options of its own: the
+-- client's defaults and the call's options, checked. Returns it, its
+-- header table and the URL with the call's query.
+function Client:_call(method, opts, url, route_path, foreign)
   if (opts.json ~= nil or opts.body ~= nil) and (method == "GET" or method == "HEAD") then
     error(format("client:%s: a %s request cannot carry a body (option '%s'); use client:post or the method "
-      .. "the API expects", lower(method), method, opts.json ~= nil and "json" or "body"), 2)
+      .. "the API expects", lower(method), method, opts.json ~= nil and "json" or "body"), 3)
   end
-
   local call = {}
   for k, v in pairs(self.defaults) do call[k] = v end
   for k, v in pairs(opts) do
@@ -427,7 +400,7 @@ function Client:request(method, path, opts)
   -- The client's secret header names and the call's, together.
   local secret_names = self.secret_headers
   if opts.secret_headers ~= nil and secret_names then
-    headers_mod.secret_set(opts.secret_headers, "client:request", 3)
+    headers_mod.secret_set(opts.secret_headers, "client:request", 4)
     local both = {}
     for i, name in ipairs(secret_names) do both[i] = name end
     for _, name in ipairs(opts.secret_headers) do both[#both + 1] = name end
@@ -455,8 +428,8 @@ function Client:request(method, path, opts)
     h = merged_headers(foreign and public_headers(self.headers, self.secret_headers) or self.headers, opts.headers)
   end
   if opts.json ~= nil then
-    if opts.body ~= nil then error("client:request: options 'body' and 'json' are both given; give one", 2) end
-    call.body = json.encode(opts.json, "client:request: option 'json'", 2)
+    if opts.body ~= nil then error("client:request: options 'body' and 'json' are both given; give one", 3) end
+    call.body = json.encode(opts.json, "client:request: option 'json'", 3)
     -- As fetch does for its json option: labelled as JSON, asking for JSON.
     local given = {}
     for k in pairs(h) do given[lower(k)] = true end
@@ -464,10 +437,60 @@ function Client:request(method, path, opts)
     if not given.accept then h.Accept = "application/json" end
   end
   call.headers = h
+  if opts.query ~= nil then url = headers_mod.with_query(url, opts.query, "client:request", 3) end
+  fetch.check(url, call, 1)
+  return call, h, url
+end
 
-  if opts.query ~= nil then url = headers_mod.with_query(url, opts.query, "client:request", 2) end
+local NO_OPTIONS, NO_LIMITER = {}, {}
 
-  fetch.check(url, call)
+-- The methods of client:get, :post, ... and OPTIONS, as they are sent.
+local plain_methods = { GET = true, POST = true, PUT = true, DELETE = true, PATCH = true, HEAD = true,
+  OPTIONS = true }
+
+-- The table fetch gets for a call to the client's own origin that gives no
+-- options: the same for every such call with that method and limiter, so it
+-- is made and checked once, and kept (fetch reads it and changes nothing).
+-- Not with `concurrency`, whose wait shortens a call's max_elapsed.
+function Client:_plain_call(method, url, route_path)
+  local limiter = self:_limiter_for(route_path, nil)
+  local by_limiter = self.plain_calls[method]
+  if not by_limiter then
+    by_limiter = {}
+    self.plain_calls[method] = by_limiter
+  end
+  local call = by_limiter[limiter or NO_LIMITER]
+  if not call then
+    call = {}
+    for k, v in pairs(self.defaults) do call[k] = v end
+    call.method, call.secret_headers, call.policy = method, self.secret_headers, self.policy
+    call.circuit, call.budget, call.on_event = self.circuit, self.budget, self.on_event
+    call.limiter, call.headers = limiter, self.headers
+    fetch.check(url, call, 1, true)
+    by_limiter[limiter or NO_LIMITER] = call
+  end
+  return call
+end
+
+function Client:request(method, path, opts)
+  if type(method) ~= "string" then
+    error(format("client:request: method must be a string (got %s)", type(method)), 2)
+  end
+  if opts ~= nil and type(opts) ~= "table" then
+    error(format("client:request: options must be a table (got %s)", type(opts)), 2)
+  end
+  local cross_origin = opts and opts.cross_origin
+  if cross_origin ~= nil and type(cross_origin) ~= "boolean" then
+    error(format("client:request: option 'cross_origin' must be a boolean (got %s)", type(cross_origin)), 2)
+  end
+  local url, route_path, foreign = self:_target(path, cross_origin)
+  if not plain_methods[method] then method = upper(method) end
+  local call, h
+  if opts == nil and not foreign and not self.semaphore and plain_methods[method] then
+    call, h = self:_plain_call(method, url, route_path), self.headers
+  else
+    call, h, url = self:_call(method, opts or NO_OPTIONS, url, route_path, foreign)
+  end
   local counters = self.counters
   counters.requests = counters.requests + 1
   -- A stream has one reader: it is neither shared nor cached.
@@ -483,7 +506,7 @@ function Client:request(method, path, opts)
   end
 
   local res, err
-  local deadline = now() + (call.max_elapsed or fetch.DEFAULT_MAX_ELAPSED)
+  local deadline = share and now() + (call.max_elapsed or fetch.DEFAULT_MAX_ELAPSED)
   local shared = share and self.in_flight[key]
   -- A call joins an identical one in flight only if that one will end
   -- within this call's own time budget.
@@ -516,7 +539,7 @@ function Client:_budget_error(url, call, waited)
   local counters = self.counters
   counters.failures = counters.failures + 1
   bump(counters.errors, "budget")
-  self.on_event { type = "error", kind = "budget", attempts = 0 }
+  if self.on_event then self.on_event { type = "error", kind = "budget", attempts = 0 } end
   return nil, setmetatable({
     kind = "budget", attempts = 0, elapsed = waited,
     message = format("%s %s: its turn under the client's concurrency limit did not come within the %.2f s "
@@ -541,7 +564,7 @@ function Client:_send(url, call)
     call.max_elapsed = left
   end
   counters.in_flight = counters.in_flight + 1
-  local ok, res, err = compat.pcall(fetch.fetch, url, call)
+  local ok, res, err = compat.pcall(fetch.fetch, url, call, counters)
   counters.in_flight = counters.in_flight - 1
   if sem then sem:release() end
   if not ok then error(res, 0) end

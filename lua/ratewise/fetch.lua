@@ -626,14 +626,18 @@ end
 -- again: a client checks each call's table where it is made, then fetches
 -- with it (a third of a client call's Lua work was checking twice). Taken
 -- once; weak keys.
+-- A mark below zero is kept for every fetch with the table: a client's
+-- own table for calls that add no options, which nobody else holds and the
+-- client never changes.
 local checked = setmetatable({}, { __mode = "k" })
 local OPTIONS_PLAIN, OPTIONS_TRANSPORT, OPTIONS_UNLISTED = 1, 2, 3
 
---- fetch.check(url, opts): raises, as fetch would, for a bad URL or option.
--- For callers that run the fetch elsewhere (a shared task) and want misuse
--- reported at the call. The next fetch.fetch with opts (a table its caller
--- leaves as it was) does not check them again.
-function fetch.check(url, opts, depth)
+--- fetch.check(url, opts [, depth [, kept]]): raises, as fetch would, for a
+-- bad URL or option. For callers that run the fetch elsewhere (a shared
+-- task) and want misuse reported at the call. The next fetch.fetch with
+-- opts (a table its caller leaves as it was) does not check them again;
+-- with kept, no fetch with it does (for a table its owner never changes).
+function fetch.check(url, opts, depth, kept)
   depth = depth or 0
   url_facts(url)
   if type(opts) ~= "table" then
@@ -642,23 +646,58 @@ function fetch.check(url, opts, depth)
   local transport, listed = check_options(opts, depth + 2)
   request_method(opts, 4 + depth)
   if opts.query ~= nil then headers.with_query(url, opts.query, "fetch", 3 + depth) end
-  checked[opts] = not listed and OPTIONS_UNLISTED or transport and OPTIONS_TRANSPORT or OPTIONS_PLAIN
+  local mark = not listed and OPTIONS_UNLISTED or transport and OPTIONS_TRANSPORT or OPTIONS_PLAIN
+  checked[opts] = kept and -mark or mark
 end
 
---- res | nil, err = fetch.fetch(url [, opts])
-function fetch.fetch(url, opts)
+-- The counters of an rw.client (client:stats()), which fetch keeps as the
+-- call goes: an event table and a protected call for each attempt cost a
+-- client that nobody listens to a tenth of its time.
+local counters_mt = { __name = "ratewise.counters" }
+
+--- counters = fetch.counters(t): t (an rw.client's counters: attempts,
+-- statuses, retries, ...), marked as counters fetch.fetch may keep.
+function fetch.counters(t)
+  return setmetatable(t, counters_mt)
+end
+
+local function bump(t, k, by)
+  t[k] = (t[k] or 0) + (by or 1)
+end
+
+-- status: a number, or "network" for an attempt that got no response
+-- (client:stats() turns the numbers into strings).
+local function count_attempt(counters, status)
+  counters.attempts = counters.attempts + 1
+  bump(counters.statuses, status)
+end
+
+local function count_retry(counters, status, source, delay)
+  counters.retries = counters.retries + 1
+  bump(counters.retries_by_status, status)
+  bump(counters.retries_by_source, source)
+  counters.waits, counters.waited = counters.waits + 1, counters.waited + delay
+  bump(counters.waits_by_source, source, delay)
+end
+
+--- res | nil, err = fetch.fetch(url [, opts [, counters]])
+-- counters: fetch.counters' (rw.client's), or nil.
+function fetch.fetch(url, opts, counters)
   if opts == nil then
     opts = NO_OPTIONS
   elseif type(opts) ~= "table" then
     url_facts(url)
     error(format("fetch: options must be a table (got %s)", type(opts)), 2)
   end
+  if counters ~= nil and getmetatable(counters) ~= counters_mt then
+    error(format("fetch: expected (url [, opts]), got a third argument (%s)", type(counters)), 2)
+  end
   -- whether the call names a transport option: one pass over what it
   -- gives, instead of a look for each of them
   local transport, listed
   local found = checked[opts]
-  if found then -- fetch.check's, just now
-    checked[opts] = nil
+  if found then -- fetch.check's
+    if found > 0 then checked[opts] = nil else found = -found end
     transport, listed = found == OPTIONS_TRANSPORT, found ~= OPTIONS_UNLISTED
   else
     transport, listed = check_options(opts, 1)
@@ -790,6 +829,7 @@ function fetch.fetch(url, opts)
       if allowed ~= true and allowed ~= false then not_boolean("circuit", "allow", allowed) end
       if not allowed then
         state = state or new_state(started, method, shown_url, max_elapsed, on_event)
+        if counters then counters.circuit_refusals = counters.circuit_refusals + 1 end
         if on_event then emit(on_event, { type = "circuit_open", url = shown_url, retry_in = retry_in }) end
         return nil, fetch_error("circuit_open", format("%s: the circuit for %s is open after repeated "
           .. "failures; nothing was sent (a trial request goes through in %.2f s)",
@@ -912,6 +952,7 @@ function fetch.fetch(url, opts)
         local observe = limiter_methods(limiter).observe
         if observe then guarded("limiter", "observe", observe, limiter, res, sent_at) end
       end
+      if counters then count_attempt(counters, status) end
       if on_event then
         emit(on_event, { type = "response", status = res.status, class = class, attempt = attempts,
           throttled = res.throttled })
@@ -943,6 +984,7 @@ function fetch.fetch(url, opts)
       if url_secrets then message = headers.scrub(message, url_secrets) end
       if header_secrets then message = headers.scrub(message, header_secrets) end
       terr.message = message
+      if counters then count_attempt(counters, "network") end
       if on_event then
         emit(on_event, { type = "response", error = message, class = "retryable", attempt = attempts })
       end
@@ -1004,11 +1046,13 @@ function fetch.fetch(url, opts)
       not_boolean("budget", "allow_retry", retry_allowed)
     end
     if budget and not retry_allowed then
+      if counters then counters.budget_refusals = counters.budget_refusals + 1 end
       if on_event then emit(on_event, { type = "budget_refused", status = res and res.status or nil }) end
       return budget_error(state, format(
         "the retry budget refused a retry after %s (retries are capped at a share of requests)", why), res, terr)
     end
     retries = retries + 1
+    if counters then count_retry(counters, res and res.status or "network", source, delay) end
     if on_event then
       emit(on_event, { type = "retry", status = res and res.status or nil, delay = delay, source = source,
         attempt = retries })
