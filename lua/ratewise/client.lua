@@ -496,6 +496,9 @@ function Client:request(method, path, opts)
   -- A stream has one reader: it is neither shared nor cached.
   local share = self.dedupe and shareable[method] and not call.stream
   local cacheable = self.cache_ttl and shareable[method] and not call.stream
+  -- Neither shared nor cached: nothing is left to do here once fetch has
+  -- answered (a tail call: the task waiting in it keeps no frame of this one).
+  if not share and not cacheable then return self:_send(url, call) end
   local key = (share or cacheable) and request_key(method, url, h, call.body) or nil
   if cacheable then
     local hit = self:_cache_get(key)
