@@ -558,12 +558,6 @@ local function limiter_capacity(limiter)
   return limiter:capacity()
 end
 
--- Callers write `if on_event then emit(...) end`, so that no event table is
--- built when nobody listens.
-local function emit(on_event, event)
-  call_hook("on_event", on_event, event)
-end
-
 local function new_state(started, method, shown_url, max_elapsed, on_event)
   return { attempts = 0, started = started, method = method, shown_url = shown_url,
     max_elapsed = max_elapsed, on_event = on_event }
@@ -652,8 +646,10 @@ end
 
 -- The counters of an rw.client (client:stats()), which fetch keeps as the
 -- call goes: an event table and a protected call for each attempt cost a
--- client that nobody listens to a tenth of its time.
+-- client that nobody listens to a tenth of its time. One table of
+-- functions, for fetch.fetch (Lua 5.1 allows a function 60 upvalues).
 local counters_mt = { __name = "ratewise.counters" }
+local counting = {}
 
 --- counters = fetch.counters(t): t (an rw.client's counters: attempts,
 -- statuses, retries, ...), marked as counters fetch.fetch may keep.
@@ -665,14 +661,22 @@ local function bump(t, k, by)
   t[k] = (t[k] or 0) + (by or 1)
 end
 
+-- Raises unless counters are fetch.counters' (a third argument given to
+-- rw.fetch by mistake is not taken for them).
+function counting.check(counters)
+  if getmetatable(counters) ~= counters_mt then
+    error(format("fetch: expected (url [, opts]), got a third argument (%s)", type(counters)), 3)
+  end
+end
+
 -- status: a number, or "network" for an attempt that got no response
 -- (client:stats() turns the numbers into strings).
-local function count_attempt(counters, status)
+function counting.attempt(counters, status)
   counters.attempts = counters.attempts + 1
   bump(counters.statuses, status)
 end
 
-local function count_retry(counters, status, source, delay)
+function counting.retry(counters, status, source, delay)
   counters.retries = counters.retries + 1
   bump(counters.retries_by_status, status)
   bump(counters.retries_by_source, source)
@@ -689,9 +693,7 @@ function fetch.fetch(url, opts, counters)
     url_facts(url)
     error(format("fetch: options must be a table (got %s)", type(opts)), 2)
   end
-  if counters ~= nil and getmetatable(counters) ~= counters_mt then
-    error(format("fetch: expected (url [, opts]), got a third argument (%s)", type(counters)), 2)
-  end
+  if counters ~= nil then counting.check(counters) end
   -- whether the call names a transport option: one pass over what it
   -- gives, instead of a look for each of them
   local transport, listed
@@ -821,7 +823,7 @@ function fetch.fetch(url, opts, counters)
   local state
   local attempts, retries = 0, 0
   if budget then guarded("budget", "request", budget.request, budget) end
-  if on_event then emit(on_event, { type = "request", method = method, url = shown_url }) end
+  if on_event then call_hook("on_event", on_event, { type = "request", method = method, url = shown_url }) end
 
   while true do
     if circuit then
@@ -830,7 +832,9 @@ function fetch.fetch(url, opts, counters)
       if not allowed then
         state = state or new_state(started, method, shown_url, max_elapsed, on_event)
         if counters then counters.circuit_refusals = counters.circuit_refusals + 1 end
-        if on_event then emit(on_event, { type = "circuit_open", url = shown_url, retry_in = retry_in }) end
+        if on_event then
+          call_hook("on_event", on_event, { type = "circuit_open", url = shown_url, retry_in = retry_in })
+        end
         return nil, fetch_error("circuit_open", format("%s: the circuit for %s is open after repeated "
           .. "failures; nothing was sent (a trial request goes through in %.2f s)",
           method .. " " .. shown_url, origin, retry_in or 0),
@@ -952,9 +956,9 @@ function fetch.fetch(url, opts, counters)
         local observe = limiter_methods(limiter).observe
         if observe then guarded("limiter", "observe", observe, limiter, res, sent_at) end
       end
-      if counters then count_attempt(counters, status) end
+      if counters then counting.attempt(counters, status) end
       if on_event then
-        emit(on_event, { type = "response", status = res.status, class = class, attempt = attempts,
+        call_hook("on_event", on_event, { type = "response", status = res.status, class = class, attempt = attempts,
           throttled = res.throttled })
       end
       -- A redirect that was not followed, or a 304, is an answer, not a failure.
@@ -984,9 +988,9 @@ function fetch.fetch(url, opts, counters)
       if url_secrets then message = headers.scrub(message, url_secrets) end
       if header_secrets then message = headers.scrub(message, header_secrets) end
       terr.message = message
-      if counters then count_attempt(counters, "network") end
+      if counters then counting.attempt(counters, "network") end
       if on_event then
-        emit(on_event, { type = "response", error = message, class = "retryable", attempt = attempts })
+        call_hook("on_event", on_event, { type = "response", error = message, class = "retryable", attempt = attempts })
       end
       if circuit and not terr.tls then guarded("circuit", "record", circuit.record, circuit, origin, "failure") end
       if terr.timeout and budget_cut then
@@ -1047,15 +1051,17 @@ function fetch.fetch(url, opts, counters)
     end
     if budget and not retry_allowed then
       if counters then counters.budget_refusals = counters.budget_refusals + 1 end
-      if on_event then emit(on_event, { type = "budget_refused", status = res and res.status or nil }) end
+      if on_event then
+        call_hook("on_event", on_event, { type = "budget_refused", status = res and res.status or nil })
+      end
       return budget_error(state, format(
         "the retry budget refused a retry after %s (retries are capped at a share of requests)", why), res, terr)
     end
     retries = retries + 1
-    if counters then count_retry(counters, res and res.status or "network", source, delay) end
+    if counters then counting.retry(counters, res and res.status or "network", source, delay) end
     if on_event then
-      emit(on_event, { type = "retry", status = res and res.status or nil, delay = delay, source = source,
-        attempt = retries })
+      call_hook("on_event", on_event, { type = "retry", status = res and res.status or nil, delay = delay,
+        source = source, attempt = retries })
     end
     if on_retry then
       call_hook("on_retry", on_retry, {
