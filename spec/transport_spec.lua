@@ -310,24 +310,32 @@ describe("the first burst to an https origin", function()
     assert(ok, err)
   end
 
+  -- Eight tasks fetch `url` (on server s) at once; the first to reach the
+  -- server is answered after 0.3 s, the others at once. Returns when each
+  -- ended, in seconds from the start, in order.
+  local function burst(s, url)
+    s:script("/first", { { status = 200, delay = 0.3, body = "first" }, { status = 200, body = "next" } })
+    local ends = {}
+    local t0 = rw.now()
+    rw.run(function()
+      for i = 1, 8 do
+        rw.spawn(function()
+          assert(rw.fetch(url, opts { ca_file = s.ca_file }))
+          ends[i] = rw.now() - t0
+        end)
+      end
+    end)
+    table.sort(ends)
+    return ends
+  end
+
   it("holds the rest until the first answer, then lets them all go at once", function()
     with_origin(function(s)
-      s:script("/first", { { status = 200, delay = 0.3, body = "first" }, { status = 200, body = "next" } })
-      local ends = {}
-      local t0 = rw.now()
-      rw.run(function()
-        for i = 1, 8 do
-          rw.spawn(function()
-            assert(rw.fetch(s:url("/first"), opts { ca_file = s.ca_file }))
-            ends[i] = rw.now() - t0
-          end)
-        end
-      end)
+      local ends = burst(s, s:url("/first"))
       local log = s:log("/first")
       assert.equal(8, #log)
       -- the other seven reached the server once the first was answered, and
       -- together on connections of their own, not one after another on one
-      table.sort(ends)
       assert.is_true(ends[1] >= 0.29, ("first answer at %.2f s"):format(ends[1]))
       assert.is_true(ends[8] - ends[2] < 0.25, ("the rest took %.2f s"):format(ends[8] - ends[2]))
       local connections, n = {}, 0
@@ -347,18 +355,7 @@ describe("the first burst to an https origin", function()
       for i = 1, 70 do
         assert(rw.fetch(("https://u%d@127.0.0.1:%s/known"):format(i, port), opts { ca_file = s.ca_file }))
       end
-      s:script("/first", { { status = 200, delay = 0.3, body = "first" }, { status = 200, body = "next" } })
-      local ends = {}
-      local t0 = rw.now()
-      rw.run(function()
-        for i = 1, 8 do
-          rw.spawn(function()
-            assert(rw.fetch(("https://new@127.0.0.1:%s/first"):format(port), opts { ca_file = s.ca_file }))
-            ends[i] = rw.now() - t0
-          end)
-        end
-      end)
-      table.sort(ends)
+      local ends = burst(s, ("https://new@127.0.0.1:%s/first"):format(port))
       assert.equal(8, #s:log("/first"))
       assert.is_true(ends[1] >= 0.29, ("first answer at %.2f s: the burst was not held"):format(ends[1]))
     end)
