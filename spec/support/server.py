@@ -47,6 +47,7 @@ import random
 import select
 import signal
 import socket
+import ssl
 import struct
 import sys
 import threading
@@ -580,11 +581,22 @@ class Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 512  # listen backlog: bursts of many connections
     allow_reuse_address = True
+    tls = None  # an ssl.SSLContext when serving HTTPS
+
+    def finish_request(self, request, client_address):
+        # The TLS handshake in the connection's own thread, as a real server
+        # does it: done in accept() (a wrapped listening socket), it served
+        # the handshakes of a burst of connections one after another.
+        if self.tls is not None:
+            request = self.tls.wrap_socket(request, server_side=True)
+        super().finish_request(request, client_address)
 
     def handle_error(self, request, client_address):
         exc = sys.exc_info()[1]
         if isinstance(exc, CLIENT_GONE) or (isinstance(exc, OSError) and exc.errno == 9):
             return  # client went away, or we closed the socket on purpose
+        if isinstance(exc, ssl.SSLError):
+            return  # a handshake the client refused (a certificate it rejects)
         super().handle_error(request, client_address)
 
 
@@ -612,15 +624,12 @@ def main():
     httpd = Server(("127.0.0.1", args.port), Handler)
     httpd.state = State(args)
     if args.tls_cert:
-        import ssl
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(args.tls_cert, args.tls_key)
         if args.tls_client_ca:
             ctx.verify_mode = ssl.CERT_REQUIRED
             ctx.load_verify_locations(args.tls_client_ca)
-        # A client that rejects the certificate aborts the handshake inside
-        # accept(); socketserver treats that OSError as a dropped connection.
-        httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True)
+        httpd.tls = ctx
 
     if args.exit_with_parent:
         parent = os.getppid()
