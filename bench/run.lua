@@ -141,6 +141,7 @@ local function check_wire()
     { "plain_curl", c_run(sh_quote(PLAIN) .. " %s 1 %s") },
     { "multi_curl64", c_run(sh_quote(MULTI) .. " %s 1 1 %s") },
     { "rw.fetch", function(url) rw.fetch(url, { on_retry = false }) end },
+    { "floor", function(url) shapes.floor(url, 1, 1) end },
   } }
   -- and with the header of the headers and client shapes
   local line = "Authorization: " .. shapes.AUTHORIZATION
