@@ -383,10 +383,10 @@ local function public_headers(t, secret_names)
   return out
 end
 
--- The table fetch gets for a call that gives options of its own: the
--- client's defaults and the call's options, checked. Returns it, its
+-- The table fetch gets for a call: the client's defaults and the call's
+-- options, checked (for good, with kept: fetch.check). Returns it, its
 -- header table and the URL with the call's query.
-function Client:_call(method, opts, url, route_path, foreign)
+function Client:_call(method, opts, url, route_path, foreign, kept)
   if (opts.json ~= nil or opts.body ~= nil) and (method == "GET" or method == "HEAD") then
     error(format("client:%s: a %s request cannot carry a body (option '%s'); use client:post or the method "
       .. "the API expects", lower(method), method, opts.json ~= nil and "json" or "body"), 3)
@@ -438,7 +438,7 @@ function Client:_call(method, opts, url, route_path, foreign)
   end
   call.headers = h
   if opts.query ~= nil then url = headers_mod.with_query(url, opts.query, "client:request", 3) end
-  fetch.check(url, call, 1)
+  fetch.check(url, call, 1, kept)
   return call, h, url
 end
 
@@ -461,12 +461,7 @@ function Client:_plain_call(method, url, route_path)
   end
   local call = by_limiter[limiter or NO_LIMITER]
   if not call then
-    call = {}
-    for k, v in pairs(self.defaults) do call[k] = v end
-    call.method, call.secret_headers, call.policy = method, self.secret_headers, self.policy
-    call.circuit, call.budget, call.on_event = self.circuit, self.budget, self.on_event
-    call.limiter, call.headers = limiter, self.headers
-    fetch.check(url, call, 1, true)
+    call = self:_call(method, NO_OPTIONS, url, route_path, false, true)
     by_limiter[limiter or NO_LIMITER] = call
   end
   return call
