@@ -131,13 +131,14 @@ describe("ratewise in OpenResty", function()
       local pid = n:worker_pid()
       local cpu_before = nginx.cpu_seconds(pid)
       local answer, pings = nil, {}
+      local started = rw.now()
       rw.run(function()
         local fetching = rw.spawn(function() return get("/fetch?url=" .. escape(s:url("/busy"))) end)
         for _ = 1, 6 do
           rw.sleep(0.25)
-          local started = rw.now()
+          local sent = rw.now()
           assert.equal("pong", get("/_ping"))
-          pings[#pings + 1] = rw.now() - started
+          pings[#pings + 1] = { took = rw.now() - sent, done = rw.now() - started }
         end
         answer = fetching:join()
       end)
@@ -146,17 +147,20 @@ describe("ratewise in OpenResty", function()
       assert.equal("200", status, answer)
       assert.equal("2", attempts)
       assert.is_true(tonumber(took) >= 2 and tonumber(took) < 3, answer)
-      -- A worker blocked by the wait would hold a ping for up to the 2 s.
-      -- One slow ping in six is allowed: a shared CI machine once held one
-      -- for 0.19 s, while the others took under 5 ms.
-      local quick, shown = 0, {}
+      -- The wait began after `started` and lasted 2 s: a worker blocked by
+      -- it answers no ping before 2 s from `started`, one serving others
+      -- meanwhile answers each ping (sent every 0.25 s) in a few ms. The
+      -- criteria leave room for a shared machine's stalls (CI once held a
+      -- ping 0.19 s, once 0.69 s, the other pings of those runs under 5 ms).
+      local during, quick, shown = 0, 0, {}
       for i, ping in ipairs(pings) do
-        if ping < 0.1 then quick = quick + 1 end
-        shown[i] = string.format("%.4f", ping)
+        if ping.done < 2 then during = during + 1 end
+        if ping.took < 0.1 then quick = quick + 1 end
+        shown[i] = string.format("%.4f (done at %.2f)", ping.took, ping.done)
       end
-      local said = "the /_ping times (s): " .. table.concat(shown, " ")
-      assert.is_true(quick >= #pings - 1, said)
-      for _, ping in ipairs(pings) do assert.is_true(ping < 0.5, said) end
+      local said = "the /_ping times (s): " .. table.concat(shown, ", ")
+      assert.is_true(during >= 3, said)
+      assert.is_true(quick >= #pings - 2, said)
       assert.is_true(cpu < 0.3, "the worker used " .. cpu .. " s of CPU")
       local log = s:log("/busy")
       assert.is_true(log[2].t - log[1].t >= 2)
