@@ -257,6 +257,30 @@ describe("proxies", function()
     assert.equal("200\n", out)
     assert.equal(1, #origin:log("/env"))
   end)
+
+  -- A handle made while no proxy variable is set skips libcurl's lookups
+  -- (src/request.c); any one of them set leaves them all to libcurl.
+  it("honours all_proxy, and no_proxy for a proxy given as an option", function()
+    local code = [[
+      local rw = require "ratewise"
+      local res, err = rw.fetch(arg[1], { on_retry = false, max_retries = 0, proxy = arg[2] })
+      print(res and res.status or tostring(err))
+    ]]
+    local out = subprocess.run_lua(code, { args = origin:url("/all"),
+      shell = "all_proxy=http://127.0.0.1:" .. proxy.port .. " ", seconds = 20 })
+    assert.equal("200\n", out)
+    assert.equal(1, #proxy:log("/all"))
+    assert.equal(0, #origin:log("/all"))
+    out = subprocess.run_lua(code, { args = origin:url("/direct") .. " http://127.0.0.1:" .. proxy.port,
+      shell = "no_proxy=127.0.0.1 ", seconds = 20 })
+    assert.equal("200\n", out)
+    assert.equal(0, #proxy:log("/direct"))
+    assert.equal(1, #origin:log("/direct"))
+    out = subprocess.run_lua(code, { args = origin:url("/option") .. " http://127.0.0.1:" .. proxy.port,
+      seconds = 20 })
+    assert.equal("200\n", out)
+    assert.equal(1, #proxy:log("/option"))
+  end)
 end)
 
 describe("decompression", function()
