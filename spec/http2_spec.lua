@@ -6,6 +6,12 @@ local nginx = require "spec.support.nginx"
 
 local SERVER = [[
     location = /who { return 200 "$connection $server_protocol"; }
+    location = /slow {
+      content_by_lua_block {
+        ngx.sleep(0.2)
+        ngx.print(ngx.var.connection, " ", ngx.var.server_protocol)
+      }
+    }
 ]]
 
 local function certificate()
@@ -71,11 +77,20 @@ describe("HTTP/2", function()
   end)
 
   it("falls back to HTTP/1.1 where it is not offered, a connection per request in flight", function()
-    -- the first burst to this origin: held until its first answer, then
-    -- let go all at once, never one request after another
-    local protocols, connections, versions = burst(h1:url("/who"), dir .. "/cert.pem")
+    -- The first burst to this origin: held until its first answer, then
+    -- let go all at once, never one request after another. Each answer
+    -- takes 0.2 s, so that requests in flight need connections of their
+    -- own: answered at once, they could each find the last one's
+    -- connection free again (a loaded machine sent 256 on one that way,
+    -- one after another as fast as the client went, which is reuse, not
+    -- waiting). One after another here would take 51 s; a gate that let
+    -- one go per answer, 13 s.
+    local started = rw.now()
+    local protocols, connections, versions = burst(h1:url("/slow"), dir .. "/cert.pem")
+    local took = rw.now() - started
     assert.same({ ["HTTP/1.1"] = true }, protocols)
     assert.same({ ["1.1"] = true }, versions)
-    assert.is_true(connections > 1 and connections <= 64, connections .. " connections")
+    assert.is_true(connections >= 32 and connections <= 64, connections .. " connections")
+    assert.is_true(took < 5, "256 requests of 0.2 s, 64 at a time, took " .. took .. " s")
   end)
 end)
