@@ -242,6 +242,13 @@ describe("proxies", function()
     assert(ok, err)
   end)
 
+  -- The shell words that run a program with only the given proxy variables
+  -- ("http_proxy=... "), whatever the machine's own environment holds.
+  local function proxy_env(vars)
+    return "env -u http_proxy -u https_proxy -u HTTPS_PROXY -u all_proxy -u ALL_PROXY -u no_proxy -u NO_PROXY "
+      .. (vars or "")
+  end
+
   it("honours http_proxy and no_proxy as libcurl reads them", function()
     local code = [[
       local rw = require "ratewise"
@@ -249,11 +256,11 @@ describe("proxies", function()
       print(res and res.status or tostring(err))
     ]]
     local out = subprocess.run_lua(code, { args = origin:url("/env"),
-      shell = "http_proxy=http://127.0.0.1:" .. proxy.port .. " ", seconds = 20 })
+      shell = proxy_env("http_proxy=http://127.0.0.1:" .. proxy.port .. " "), seconds = 20 })
     assert.equal("200\n", out)
     assert.equal(1, #proxy:log("/env"))
     out = subprocess.run_lua(code, { args = origin:url("/env"),
-      shell = "http_proxy=http://127.0.0.1:" .. proxy.port .. " no_proxy=127.0.0.1 ", seconds = 20 })
+      shell = proxy_env("http_proxy=http://127.0.0.1:" .. proxy.port .. " no_proxy=127.0.0.1 "), seconds = 20 })
     assert.equal("200\n", out)
     assert.equal(1, #origin:log("/env"))
   end)
@@ -267,17 +274,17 @@ describe("proxies", function()
       print(res and res.status or tostring(err))
     ]]
     local out = subprocess.run_lua(code, { args = origin:url("/all"),
-      shell = "all_proxy=http://127.0.0.1:" .. proxy.port .. " ", seconds = 20 })
+      shell = proxy_env("all_proxy=http://127.0.0.1:" .. proxy.port .. " "), seconds = 20 })
     assert.equal("200\n", out)
     assert.equal(1, #proxy:log("/all"))
     assert.equal(0, #origin:log("/all"))
     out = subprocess.run_lua(code, { args = origin:url("/direct") .. " http://127.0.0.1:" .. proxy.port,
-      shell = "no_proxy=127.0.0.1 ", seconds = 20 })
+      shell = proxy_env("no_proxy=127.0.0.1 "), seconds = 20 })
     assert.equal("200\n", out)
     assert.equal(0, #proxy:log("/direct"))
     assert.equal(1, #origin:log("/direct"))
     out = subprocess.run_lua(code, { args = origin:url("/option") .. " http://127.0.0.1:" .. proxy.port,
-      seconds = 20 })
+      shell = proxy_env(), seconds = 20 })
     assert.equal("200\n", out)
     assert.equal(1, #proxy:log("/option"))
   end)
