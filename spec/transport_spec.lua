@@ -190,6 +190,11 @@ describe("proxies", function()
     assert.equal(1, #seen)
     assert.is_true(seen[1].proxied)
     assert.is_true(seen[1].proxy_auth)
+    -- the next call without the option, on the same handle, goes straight
+    -- to the origin
+    assert.equal(200, assert(rw.fetch(origin:url("/after"), opts())).status)
+    assert.equal(1, #origin:log("/after"))
+    assert.equal(0, #proxy:log("/after"))
     -- a proxy that is not there: the error names no credentials
     local nothing, err = rw.fetch(origin:url("/via"), opts { proxy = "http://user:s3cret@127.0.0.1:1" })
     assert.is_nil(nothing)
