@@ -154,6 +154,17 @@ describe("rw.fetch", function()
       assert.equal("0", s:log("/echo")[1].headers["content-length"])
     end)
 
+    it("labels a body as a form unless the headers name a Content-Type, as curl -d does (docs/reference.md)",
+      function()
+        assert(rw.fetch(s:url("/echo"), opts { method = "PUT", body = "a=1" }))
+        assert(rw.fetch(s:url("/echo"), opts { method = "PUT", body = "{}",
+          headers = { ["Content-Type"] = "application/json" } }))
+        local log = s:log("/echo")
+        assert.equal("application/x-www-form-urlencoded", log[1].headers["content-type"])
+        assert.equal("application/json", log[2].headers["content-type"])
+        assert.equal("{}", log[2].body)
+      end)
+
     it("answers HEAD without a body", function()
       local res = assert(rw.fetch(s:url("/echo"), opts { method = "HEAD" }))
       assert.equal(200, res.status)
