@@ -76,6 +76,26 @@ describe("HTTP/2", function()
     assert.equal(1, third)
   end)
 
+  it("multiplexes the first burst after the server closed its idle connection, on one connection", function()
+    -- The server closes a connection idle for 1 s. libcurl finds that out
+    -- only as a transfer looks for a connection, after the engine has let
+    -- the burst go; the engine looks at the origin's idle connections
+    -- first, and probes the origin again when none is left (before, each
+    -- request of the burst opened a connection of its own: 64).
+    local idle = nginx.start { server = SERVER .. "    keepalive_timeout 1s;\n",
+      tls = { cert = dir .. "/cert.pem", key = dir .. "/key.pem" }, http2 = true }
+    local ok, err = pcall(function()
+      local _, first = burst(idle:url("/who"), dir .. "/cert.pem")
+      assert.equal(1, first)
+      rw.sleep(2)
+      local protocols, again = burst(idle:url("/who"), dir .. "/cert.pem")
+      assert.same({ ["HTTP/2.0"] = true }, protocols)
+      assert.equal(1, again)
+    end)
+    idle:stop()
+    assert(ok, err)
+  end)
+
   it("falls back to HTTP/1.1 where it is not offered, a connection per request in flight", function()
     -- The first burst to this origin: held until its first answer, then
     -- let go all at once, never one request after another. Each answer

@@ -34,6 +34,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <poll.h>
 #include <sys/epoll.h>
 
 #include "transfer.h"
@@ -103,7 +104,14 @@ typedef struct engine_gate {
     unsigned long long key;
     enum gate_state state;
     transfer *held, *held_tail; /* waiting for the probe's answer, in order */
+    int sockets;                /* of this origin's connections, open (rw_engine_socket_opened) */
+    double last_start;          /* when a transfer last went through this known gate */
 } engine_gate;
+
+/* A known origin whose last transfer went through more than this long ago
+ * has its idle connections looked at before the next one goes through
+ * (engine_gate_stale). */
+#define ENGINE_GATE_RECHECK 1.0
 
 typedef struct engine {
     CURLM *multi;
@@ -113,6 +121,8 @@ typedef struct engine {
     engine_gate gates[ENGINE_GATES];
     int gates_answered;   /* a probe's headers came: held transfers go on (engine_gates_release) */
     int gate_next;        /* where the search for a known gate to forget starts (engine_gate_hold) */
+    unsigned long long *socket_origin; /* by descriptor: the gate key of its origin (0: none) */
+    size_t nsocket_origin;
     transfer *pool[ENGINE_POOL_MAX];
     int npool;
     size_t kept; /* bytes of body buffer the pooled records keep */
@@ -379,12 +389,58 @@ static int engine_on_watch(CURL *easy, curl_socket_t s, int what, void *userp, v
     return 0;
 }
 
-/* libcurl closes a socket: it leaves the epoll set with it. C only. */
+static engine_gate *engine_gate_find(engine *e, unsigned long long key)
+{
+    int i;
+    for (i = 0; i < ENGINE_GATES; i++)
+        if (e->gates[i].state != GATE_FREE && e->gates[i].key == key) return &e->gates[i];
+    return NULL;
+}
+
+void rw_engine_socket_opened(transfer *t, int fd)
+{
+    engine *e = t->engine;
+    engine_gate *g;
+    if (!e || !t->gate_key || fd < 0) return;
+    if ((size_t)fd >= e->nsocket_origin) {
+        size_t n = e->nsocket_origin ? e->nsocket_origin : 64;
+        unsigned long long *grown;
+        while (n <= (size_t)fd) n *= 2;
+        grown = (unsigned long long *)realloc(e->socket_origin, n * sizeof *grown);
+        if (!grown) return; /* not counted: the origin is only forgotten later */
+        memset(grown + e->nsocket_origin, 0, (n - e->nsocket_origin) * sizeof *grown);
+        e->socket_origin = grown;
+        e->nsocket_origin = n;
+    }
+    g = engine_gate_find(e, t->gate_key);
+    if (!g) return;
+    e->socket_origin[fd] = t->gate_key;
+    g->sockets++;
+}
+
+/* Socket fd of a counted origin is closed, or was found closed by its peer
+ * while idle: the last one gone, a known origin is forgotten. */
+static void engine_socket_gone(engine *e, int fd)
+{
+    engine_gate *g;
+    if (fd < 0 || (size_t)fd >= e->nsocket_origin || !e->socket_origin[fd]) return;
+    g = engine_gate_find(e, e->socket_origin[fd]);
+    e->socket_origin[fd] = 0;
+    if (g && g->sockets > 0 && --g->sockets == 0 && g->state == GATE_KNOWN && !g->held) g->state = GATE_FREE;
+}
+
+/* libcurl closes a socket: it leaves the epoll set with it. The last of an
+ * origin's connections closed, the engine forgets what it knew of it: a
+ * server that closed its idle connection (an HTTP/2 server's idle timeout,
+ * minutes at most) would otherwise see the next burst open a connection
+ * for each request, as libcurl forgets too that the origin multiplexes; and
+ * another server may answer on that port next. C only. */
 static int engine_on_close(void *userp, curl_socket_t s)
 {
     engine *e = (engine *)userp;
     if (s < 0) return 0;
     if ((size_t)s < e->nwatch) e->watch[s] = 0;
+    engine_socket_gone(e, s);
     return close(s);
 }
 
@@ -459,6 +515,42 @@ static void engine_queue(engine *e, transfer *t);
 
 /* ---- the gate: one probe per https origin not yet known ---- */
 
+/* Whether known gate g's origin has no connection left: when no transfer
+ * went through it for ENGINE_GATE_RECHECK, its connections libcurl keeps
+ * idle are looked at (one poll), and those the server closed (or that have
+ * something to say while idle, such as an HTTP/2 GOAWAY) no longer count.
+ * libcurl itself finds them dead only as the next transfer looks for a
+ * connection, after the engine has let the whole burst go; without this,
+ * a burst after an idle timeout opened a connection for each request. An
+ * origin without a connection is forgotten (the gate is then free). */
+static int engine_gate_stale(engine *e, engine_gate *g)
+{
+    struct pollfd fds[64];
+    double now = rw_clock_monotonic();
+    size_t fd = 0;
+    int n, i;
+    if (now - g->last_start <= ENGINE_GATE_RECHECK) {
+        g->last_start = now;
+        return 0;
+    }
+    g->last_start = now;
+    while (fd < e->nsocket_origin && g->state == GATE_KNOWN) {
+        for (n = 0; fd < e->nsocket_origin && n < 64; fd++) {
+            if (e->socket_origin[fd] != g->key) continue;
+            if (fd < e->nwatch && (e->watch[fd] & WATCH_WANTED)) continue; /* a transfer's: in use */
+            fds[n].fd = (int)fd;
+            fds[n].events = POLLIN;
+            fds[n].revents = 0;
+            n++;
+        }
+        if (n == 0 || poll(fds, (nfds_t)n, 0) <= 0) continue;
+        for (i = 0; i < n; i++)
+            if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) engine_socket_gone(e, fds[i].fd);
+    }
+    if (g->state == GATE_KNOWN && g->sockets == 0 && !g->held) g->state = GATE_FREE;
+    return g->state == GATE_FREE;
+}
+
 /* Whether t is to wait for its origin's first answer. The first transfer
  * to an https origin the engine knows nothing of is its probe and goes on;
  * those that come while it has not answered are held (not yet on the multi
@@ -475,7 +567,11 @@ static int engine_gate_hold(engine *e, transfer *t)
     for (i = 0; i < ENGINE_GATES; i++) {
         g = &e->gates[i];
         if (g->state != GATE_FREE && g->key == t->gate_key) {
-            if (g->state == GATE_KNOWN) return 0;
+            if (g->state == GATE_KNOWN && !engine_gate_stale(e, g)) return 0;
+            if (g->state == GATE_FREE) { /* forgotten just now: t probes it again */
+                free_slot = i;
+                break;
+            }
             t->gate_slot = i + 1;
             t->held = 1;
             if (g->held_tail) g->held_tail->held_next = t;
@@ -501,6 +597,8 @@ static int engine_gate_hold(engine *e, transfer *t)
     g->key = t->gate_key;
     g->state = GATE_PROBING;
     g->held = g->held_tail = NULL;
+    g->sockets = 0;
+    g->last_start = rw_clock_monotonic();
     t->gate_slot = free_slot + 1;
     t->gate_probe = 1;
     return 0;
@@ -1381,6 +1479,9 @@ static int engine_l_close(lua_State *L)
     free(e->watch);
     e->watch = NULL;
     e->nwatch = 0;
+    free(e->socket_origin);
+    e->socket_origin = NULL;
+    e->nsocket_origin = 0;
     free(e->fired);
     e->fired = NULL;
     e->nfired = e->capfired = e->nwatching = 0;

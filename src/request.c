@@ -36,9 +36,8 @@ static const char *const request_transport_names[] = {
  * Go's and Python's sockets are not. */
 static int request_on_socket(void *ud, curl_socket_t fd, curlsocktype purpose)
 {
-    (void)ud;
-    (void)purpose;
     (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
+    if (purpose == CURLSOCKTYPE_IPCXN && ud) rw_engine_socket_opened((transfer *)ud, fd);
     return CURL_SOCKOPT_OK;
 }
 
@@ -487,6 +486,7 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
          * POSTFIELDS, so the read callback only ever says "no more". */
         curl_easy_setopt(easy, CURLOPT_READFUNCTION, request_on_read);
         curl_easy_setopt(easy, CURLOPT_SOCKOPTFUNCTION, request_on_socket);
+        curl_easy_setopt(easy, CURLOPT_SOCKOPTDATA, t);
         /* Every encoding this libcurl decodes is offered and decoded (the
          * body is what max_body counts, decoded): a caller that sends its
          * own Accept-Encoding still gets the body decoded. */

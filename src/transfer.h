@@ -199,6 +199,10 @@ void rw_engine_reset(struct engine *e, transfer *t);
  * callback): if it probes an origin for the engine's gate, the transfers
  * held for that origin go on (after libcurl returns). */
 void rw_engine_answered(transfer *t);
+/* engine.c: libcurl opened socket fd for t's connection (request.c's
+ * socket callback): the engine counts it for t's origin, so that it
+ * forgets what it knows of an origin once its last connection is closed. */
+void rw_engine_socket_opened(transfer *t, int fd);
 
 /* response.c: makes room for `need` bytes in b, keeping what it holds (its
  * capacity doubles from 256); 0 when out of memory. */
