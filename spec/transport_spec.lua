@@ -339,8 +339,9 @@ end)
 -- waits for one answer before the rest go. Each spec has an origin of its
 -- own: once an origin has answered, the engine knows it, and holds nothing.
 -- A new server is not enough (its port may be one an earlier spec's server
--- had, which the engine knows): the gate's key is the URL's authority,
--- userinfo included, so url(path) names a user no other spec does.
+-- had, which the engine may still know: it forgets an origin once it finds
+-- its connections closed): the gate's key is the URL's authority, userinfo
+-- included, so url(path) names a user no other spec does.
 describe("the first burst to an https origin", function()
   local origins = 0
   local function with_origin(fn)
