@@ -103,6 +103,11 @@ describe("ratewise.core engine", function()
         "request option 'transport' must list transport options (item 1 is not one)", 1, true)
       assert.error_matches(function() e:start { url = s:url("/t"), transport = "all" } end,
         "request option 'transport' must be a boolean or an array of names (got string)", 1, true)
+      for _, version in ipairs { "1.2\0x", "1.3 ", "1" } do
+        assert.error_matches(function()
+          e:start { url = s:url("/t"), transport = { "tls_min_version" }, tls_min_version = version }
+        end, "request option 'tls_min_version' must be \"1.2\" or \"1.3\"", 1, true)
+      end
       e:close()
     end)
 

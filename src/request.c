@@ -360,7 +360,7 @@ static int request_reset_sig(lua_State *L, int req, int keys, transfer *t, unsig
     if ((fields & RF_BIT(RF_TLS_MIN_VERSION))
         && request_opt_field(L, req, keys, RF_TLS_MIN_VERSION, LUA_TSTRING, "a string")) {
         const char *v = lua_tolstring(L, -1, &len);
-        if (strcmp(v, "1.2") != 0 && strcmp(v, "1.3") != 0)
+        if (len != 3 || (memcmp(v, "1.2", 3) != 0 && memcmp(v, "1.3", 3) != 0)) /* "1.2\0x" too */
             luaL_error(L, "request option 'tls_min_version' must be \"1.2\" or \"1.3\"");
         request_sig_add(L, b, RF_TLS_MIN_VERSION, v, len);
         lua_pop(L, 1);
