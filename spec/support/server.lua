@@ -89,11 +89,20 @@ end
 local Server = {}
 Server.__index = Server
 
---- The most requests the server was handling at once, over a log.
+--- The most requests of a log the server was handling at once: for each
+-- record, those of the log that had arrived and not yet begun to send their
+-- answer's last bytes (t_answer; none yet: still being handled). Not the
+-- server's own count at arrival (record.active), which also counts other
+-- specs' handlers still winding down, and a handler that has answered but
+-- not yet been scheduled again on a loaded machine.
 function M.max_active(log)
   local most = 0
-  for _, record in ipairs(log) do
-    if record.active > most then most = record.active end
+  for _, r in ipairs(log) do
+    local n = 0
+    for _, q in ipairs(log) do
+      if q.t <= r.t and (q.t_answer == nil or r.t < q.t_answer) then n = n + 1 end
+    end
+    if n > most then most = n end
   end
   return most
 end
@@ -312,7 +321,8 @@ end
 --- Request records, oldest first; only those for `path` if given.
 -- Always a plain Lua sequence (an empty log is {}). Fields: seq, path,
 -- query, method, headers (lowercase names), body, t, wall, conn, conn_seq,
--- active. Strings hold the exact request bytes.
+-- active, t_answer (when the handler began its last send; nil before).
+-- Strings hold the exact request bytes.
 function Server:log(path)
   local q = path and ("?path=" .. url_encode(path)) or ""
   local records = self:_control("GET", "/_log" .. q)

@@ -273,7 +273,18 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(max(0.0, deadline - time.monotonic()))
             return True
 
+    def answering(self):
+        """The request's record says when its handler last began to send
+        (``t_answer``): a request the client makes once it has the answer
+        arrives after that, so ``max_active`` does not count the two as
+        handled at once, however late this thread gets to run again."""
+        rec = getattr(self, "rec", None)
+        if rec is not None:
+            with self.server.state.lock:  # /_log serializes the records under it
+                rec["t_answer"] = time.monotonic()
+
     def write(self, data):
+        self.answering()
         self.wfile.write(data)
 
     def head(self, status, headers):
@@ -282,6 +293,7 @@ class Handler(BaseHTTPRequestHandler):
         for name, value in headers:
             # send_header also sets close_connection on "Connection: close".
             self.send_header(name, value)
+        self.answering()
         self.end_headers()
 
     def respond(self, status, body=b"", headers=(), content_type=None):
@@ -304,6 +316,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def close_now(self, rst=False):
         """Close the TCP connection from inside the handler."""
+        self.answering()
         self.close_connection = True
         if rst:
             # Linger {on, 0}: close() discards everything and sends RST.
@@ -324,6 +337,7 @@ class Handler(BaseHTTPRequestHandler):
         if proxied:  # absolute form: the client takes us for its proxy
             raw_path = "/" + raw_path.split("/", 3)[3] if raw_path.count("/") >= 3 else "/"
         path, _, query = raw_path.partition("?")
+        self.rec = None
         body = self.read_body()
 
         if path.startswith("/_"):
@@ -354,6 +368,7 @@ class Handler(BaseHTTPRequestHandler):
                 "proxied": proxied,
                 "proxy_auth": "proxy-authorization" in headers,
             }
+            self.rec = rec
             step = state.record(rec)
             if step is not None:
                 self.scripted(step)
