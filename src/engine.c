@@ -24,6 +24,7 @@
  * every cycle (with glibc that means page faults, which cost more here than
  * the rest of a request).
  */
+#define _GNU_SOURCE /* POLLRDHUP (Linux, as epoll is): a peer that closed its side */
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -517,8 +518,9 @@ static void engine_queue(engine *e, transfer *t);
 
 /* Whether known gate g's origin has no connection left: when no transfer
  * went through it for ENGINE_GATE_RECHECK, its connections libcurl keeps
- * idle are looked at (one poll), and those the server closed (or that have
- * something to say while idle, such as an HTTP/2 GOAWAY) no longer count.
+ * idle are looked at (one poll), and those the server closed (an HTTP/2
+ * GOAWAY and a FIN, say) no longer count; one that only has something to
+ * say (an HTTP/2 PING) still does.
  * libcurl itself finds them dead only as the next transfer looks for a
  * connection, after the engine has let the whole burst go; without this,
  * a burst after an idle timeout opened a connection for each request. An
@@ -539,13 +541,13 @@ static int engine_gate_stale(engine *e, engine_gate *g)
             if (e->socket_origin[fd] != g->key) continue;
             if (fd < e->nwatch && (e->watch[fd] & WATCH_WANTED)) continue; /* a transfer's: in use */
             fds[n].fd = (int)fd;
-            fds[n].events = POLLIN;
+            fds[n].events = POLLRDHUP;
             fds[n].revents = 0;
             n++;
         }
         if (n == 0 || poll(fds, (nfds_t)n, 0) <= 0) continue;
         for (i = 0; i < n; i++)
-            if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) engine_socket_gone(e, fds[i].fd);
+            if (fds[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) engine_socket_gone(e, fds[i].fd);
     }
     if (g->state == GATE_KNOWN && g->sockets == 0 && !g->held) g->state = GATE_FREE;
     return g->state == GATE_FREE;
