@@ -24,7 +24,9 @@
  * every cycle (with glibc that means page faults, which cost more here than
  * the rest of a request).
  */
-#define _GNU_SOURCE /* POLLRDHUP (Linux, as epoll is): a peer that closed its side */
+/* POLLRDHUP (Linux, as epoll is): a peer that closed its side. The name is
+ * glibc's feature macro, reserved for just this. */
+#define _GNU_SOURCE /* NOLINT(bugprone-reserved-identifier,cert-dcl37-c,cert-dcl51-cpp) */
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
