@@ -199,7 +199,12 @@ describe("limiters against a rate-limited server", function()
     hammer(s:url("/metered"), rw.bucket { capacity = 1, rate = 40 }, 8, 1.5)
     local ok, limited = s:counted("/metered")
     assert.is_true(ok >= 0.7 * 40 * 1.5, string.format("%d accepted of %d", ok, 40 * 1.5))
-    assert.is_true(limited <= 0.05 * (ok + limited), string.format("%d answered 429 of %d", limited, ok + limited))
+    -- On a quiet machine under 0.5 % are 429s (docs/limits.md); each comes
+    -- from two requests reaching the server closer than 25 ms apart, which
+    -- a loaded machine's scheduling does more often (ASan under a CPU hog:
+    -- 4 of 63). A bucket that did not pace would see most of its requests
+    -- refused.
+    assert.is_true(limited <= 0.1 * (ok + limited), string.format("%d answered 429 of %d", limited, ok + limited))
   end)
 
   it("a bucket slows down after a throttle and comes back to its rate (slow_down = false keeps it)", function()
