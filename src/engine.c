@@ -346,19 +346,27 @@ static void engine_size_cache(engine *e)
 #define WATCH_FOREIGN 16u
 #define WATCH_ARMED 32u
 
+/* table (*n entries of `size` bytes, by descriptor) grown to reach
+ * descriptor s, the new entries zero: the table to use from now on, or NULL
+ * when out of memory (the old one is then as it was). */
+static void *engine_fd_table(void *table, size_t *n, size_t size, curl_socket_t s)
+{
+    size_t want = *n ? *n : 64;
+    char *grown;
+    if ((size_t)s < *n) return table;
+    while (want <= (size_t)s) want *= 2;
+    grown = (char *)realloc(table, want * size);
+    if (!grown) return NULL;
+    memset(grown + *n * size, 0, (want - *n) * size);
+    *n = want;
+    return grown;
+}
+
 static unsigned char *engine_watch_slot(engine *e, curl_socket_t s)
 {
-    if (s < 0) return NULL;
-    if ((size_t)s >= e->nwatch) {
-        size_t n = e->nwatch ? e->nwatch : 64;
-        unsigned char *grown;
-        while (n <= (size_t)s) n *= 2;
-        grown = (unsigned char *)realloc(e->watch, n);
-        if (!grown) return NULL;
-        memset(grown + e->nwatch, 0, n - e->nwatch);
-        e->watch = grown;
-        e->nwatch = n;
-    }
+    unsigned char *watch;
+    if (s < 0 || !(watch = (unsigned char *)engine_fd_table(e->watch, &e->nwatch, 1, s))) return NULL;
+    e->watch = watch;
     return &e->watch[s];
 }
 
@@ -403,18 +411,12 @@ static engine_gate *engine_gate_find(engine *e, unsigned long long key)
 void rw_engine_socket_opened(transfer *t, int fd)
 {
     engine *e = t->engine;
+    unsigned long long *origins;
     engine_gate *g;
     if (!e || !t->gate_key || fd < 0) return;
-    if ((size_t)fd >= e->nsocket_origin) {
-        size_t n = e->nsocket_origin ? e->nsocket_origin : 64;
-        unsigned long long *grown;
-        while (n <= (size_t)fd) n *= 2;
-        grown = (unsigned long long *)realloc(e->socket_origin, n * sizeof *grown);
-        if (!grown) return; /* not counted: the origin is only forgotten later */
-        memset(grown + e->nsocket_origin, 0, (n - e->nsocket_origin) * sizeof *grown);
-        e->socket_origin = grown;
-        e->nsocket_origin = n;
-    }
+    origins = (unsigned long long *)engine_fd_table(e->socket_origin, &e->nsocket_origin, sizeof *origins, fd);
+    if (!origins) return; /* not counted: the origin is only forgotten later */
+    e->socket_origin = origins;
     g = engine_gate_find(e, t->gate_key);
     if (!g) return;
     e->socket_origin[fd] = t->gate_key;
@@ -568,23 +570,19 @@ static int engine_gate_hold(engine *e, transfer *t)
     t->gate_slot = t->gate_probe = t->held = 0;
     t->held_next = NULL;
     if (!t->gate_key) return 0;
-    for (i = 0; i < ENGINE_GATES; i++) {
-        g = &e->gates[i];
-        if (g->state != GATE_FREE && g->key == t->gate_key) {
-            if (g->state == GATE_KNOWN && !engine_gate_stale(e, g)) return 0;
-            if (g->state == GATE_FREE) { /* forgotten just now: t probes it again */
-                free_slot = i;
-                break;
-            }
-            t->gate_slot = i + 1;
-            t->held = 1;
-            if (g->held_tail) g->held_tail->held_next = t;
-            else g->held = t;
-            g->held_tail = t;
-            return 1;
-        }
-        if (g->state == GATE_FREE && free_slot < 0) free_slot = i;
+    g = engine_gate_find(e, t->gate_key);
+    if (g && g->state == GATE_KNOWN && !engine_gate_stale(e, g)) return 0;
+    if (g && g->state == GATE_PROBING) {
+        t->gate_slot = (int)(g - e->gates) + 1;
+        t->held = 1;
+        if (g->held_tail) g->held_tail->held_next = t;
+        else g->held = t;
+        g->held_tail = t;
+        return 1;
     }
+    if (g) free_slot = (int)(g - e->gates); /* forgotten just now: t probes it again */
+    for (i = 0; i < ENGINE_GATES && free_slot < 0; i++)
+        if (e->gates[i].state == GATE_FREE) free_slot = i;
     if (free_slot < 0) {
         /* Every gate in use: a known origin is forgotten, taken in turn
          * (its next burst is probed again), so that a program that has
