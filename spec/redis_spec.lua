@@ -64,6 +64,23 @@ local function workers(n, s_url, r_url, seconds, on_error, rate, during)
   return results
 end
 
+-- A `during` for workers(): Redis (r) stops half a second after the server
+-- (s) has seen the processes pace through it to `path`. Timed from their
+-- launch, a loaded machine's late start once let 36 requests through
+-- against a bound of 35, and once left most of a run without Redis. Returns
+-- it, and a function that answers how many requests the server had seen
+-- when Redis stopped.
+local function stop_redis_once_paced(s, r, path)
+  local seen
+  return function()
+    local deadline = rw.now() + 10
+    while #s:log(path) < 5 and rw.now() < deadline do socket_sleep(0.02) end
+    socket_sleep(0.5)
+    r:stop()
+    seen = #s:log(path)
+  end, function() return seen end
+end
+
 local escape = require("spec.support.nginx").escape
 
 -- In OpenResty: the bucket through a cosocket client (Debian's
@@ -170,17 +187,9 @@ describe("rw.redis_bucket", function()
   end)
 
   it("on_error = closed: with Redis stopped every call ends at once with kind limiter_unavailable", function()
-    -- Redis stops half a second after the server has seen the processes
-    -- pace through it (timed from their launch, a loaded machine's late
-    -- start once let 36 requests through against a bound of 35)
-    local shared
-    local results = workers(4, s:url("/closed"), r.url, 2, "closed", 50, function()
-      local deadline = rw.now() + 10
-      while #s:log("/closed") < 5 and rw.now() < deadline do socket_sleep(0.02) end
-      socket_sleep(0.5)
-      r:stop()
-      shared = #s:log("/closed")
-    end)
+    local stop, seen_at_stop = stop_redis_once_paced(s, r, "/closed")
+    local results = workers(4, s:url("/closed"), r.url, 2, "closed", 50, stop)
+    local shared = seen_at_stop()
     r:restart()
     for _, out in ipairs(results) do
       local ok, failed, slowest, kinds = out:match("ok (%d+) failed (%d+) slowest ([%d.]+) kinds (%S*)")
@@ -201,17 +210,9 @@ describe("rw.redis_bucket", function()
   end)
 
   it("on_error = local: with Redis stopped mid-run, four processes go on at their local rate, none fails", function()
-    -- Redis stops half a second after the server has seen the processes
-    -- pace through it: on a loaded machine they start late, and a stop
-    -- timed from their launch once came before most of their run.
-    local shared
-    local results = workers(4, s:url("/local"), r.url, 2, "local", 40, function()
-      local deadline = rw.now() + 10
-      while #s:log("/local") < 5 and rw.now() < deadline do socket_sleep(0.02) end
-      socket_sleep(0.5)
-      r:stop()
-      shared = #s:log("/local")
-    end)
+    local stop, seen_at_stop = stop_redis_once_paced(s, r, "/local")
+    local results = workers(4, s:url("/local"), r.url, 2, "local", 40, stop)
+    local shared = seen_at_stop()
     r:restart()
     local total = 0
     for _, out in ipairs(results) do
