@@ -159,6 +159,36 @@ describe("ratewise.core engine", function()
       e:close()
     end)
 
+    -- The record keeps its handle's last URL, parsed: a request for another
+    -- must leave nothing of it behind, neither in what is sent nor in what
+    -- libcurl resolves a redirect against or takes for the first origin.
+    it("takes each request's own URL as the base of a relative redirect and the origin of its secrets", function()
+      local e = core.engine()
+      local other = "http://localhost:" .. s.port
+      s:script("/two/go", { { action = "redirect", location = "next" } })
+      s:script("/three/go", { { action = "redirect", location = other .. "/landing" } })
+      run(e, { url = other .. "/one/first" })
+      local res = run(e, { url = s:url("/two/go") })
+      assert.equal(s:url("/two/next"), res.url)
+      assert.equal(1, #s:log("/two/next"))
+      assert.equal(0, #s:log("/one/next"))
+      run(e, { url = other .. "/one/first" })
+      run(e, { url = s:url("/three/go"), headers = { "Authorization: Bearer sekret" } })
+      assert.equal("Bearer sekret", s:log("/three/go")[1].headers.authorization)
+      assert.is_nil(s:log("/landing")[1].headers.authorization)
+      -- a URL libcurl cannot parse fails as it always did, and the record
+      -- goes on to the next
+      local t = assert(e:start { url = "http://[::1/x" })
+      while not t:done() do e:poll(1) end
+      local bad, err = t:result()
+      t:close()
+      assert.is_nil(bad)
+      assert.matches("URL", err.message)
+      assert.equal(200, run(e, { url = s:url("/one/first") }).status)
+      assert.equal(3, #s:log("/one/first")) -- twice by the name localhost
+      e:close()
+    end)
+
     it("sends a secret line again after a redirect to another origin left it out", function()
       local e = core.engine()
       local lines = { "Authorization: Bearer sekret", "X-A: 1" }

@@ -227,6 +227,7 @@ void rw_engine_reset(engine *e, transfer *t)
 static void engine_destroy(transfer *t)
 {
     curl_easy_cleanup(t->easy);
+    curl_url_cleanup(t->uh); /* the handle used it until now */
     rw_request_free_headers(t);
     engine_buf_free(&t->lines);
     engine_buf_free(&t->url);
@@ -930,7 +931,8 @@ static int engine_follow(engine *e, transfer *t, CURLcode *code)
         if (t->public_tail) t->public_tail->next = same_origin ? t->secret_headers : NULL;
         curl_easy_setopt(t->easy, CURLOPT_HTTPHEADER, same_origin || t->public_tail ? t->headers : NULL);
     }
-    curl_easy_setopt(t->easy, CURLOPT_URL, next_url); /* copied */
+    curl_easy_setopt(t->easy, CURLOPT_CURLU, (CURLU *)NULL); /* it would take precedence */
+    curl_easy_setopt(t->easy, CURLOPT_URL, next_url);        /* copied */
     free(t->effective_url);
     t->effective_url = next_url;
     if (t->timeout > 0) curl_easy_setopt(t->easy, CURLOPT_TIMEOUT_MS, transfer_ms(left));

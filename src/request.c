@@ -421,6 +421,36 @@ static int request_proxy_env(void)
 }
 
 /* Sets up t->easy from the request table at index req. Misuse raises. */
+/* The handle gets its URL parsed, as a CURLU kept with the record, rather
+ * than as CURLOPT_URL's text, which libcurl parses and prints back for every
+ * transfer (curl_url_set and curl_url_get: about 7,000 instructions of the
+ * 73,000 a plain libcurl request costs, callgrind). The next request for the
+ * same URL on this handle (a task looping on an endpoint) then sets nothing,
+ * and libcurl only copies the parsed parts. The flags are those libcurl
+ * parses CURLOPT_URL with, so a URL means what it did. A URL that does not
+ * parse goes to libcurl as text, which refuses it with its own error. */
+static void request_set_url(transfer *t, const char *url, size_t len)
+{
+    CURL *easy = t->easy;
+    t->url_ok = 0;
+    if (!t->uh) t->uh = curl_url();
+    if (t->uh && curl_url_set(t->uh, CURLUPART_URL, url, CURLU_GUESS_SCHEME | CURLU_NON_SUPPORT_SCHEME) == CURLUE_OK) {
+        /* No text first: libcurl 7.88 derives its own copy of the URL (the
+         * effective URL, the base of a relative Location) from the CURLU
+         * only when it has none, and would keep the last one's. */
+        curl_easy_setopt(easy, CURLOPT_URL, (char *)NULL);
+        curl_easy_setopt(easy, CURLOPT_CURLU, t->uh);
+        if (rw_buf_grow(&t->url, len + 1)) {
+            memcpy(t->url.data, url, len);
+            t->url.len = len;
+            t->url_ok = 1;
+        }
+    } else {
+        curl_easy_setopt(easy, CURLOPT_CURLU, (CURLU *)NULL);
+        curl_easy_setopt(easy, CURLOPT_URL, url); /* copied by libcurl */
+    }
+}
+
 void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, int keys, int tidx, int fresh)
 {
     RW_STACK_MARK(L, mark);
@@ -530,15 +560,7 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
         return; /* not reached; lauxlib.h does not tell the analyzer so */
     }
     if (request_has_ctl(url, len)) luaL_error(L, "request url contains a space or a control character");
-    if (!(t->url_ok && t->url.len == len && memcmp(t->url.data, url, len) == 0)) {
-        t->url_ok = 0;
-        curl_easy_setopt(easy, CURLOPT_URL, url); /* copied by libcurl */
-        if (rw_buf_grow(&t->url, len + 1)) {
-            memcpy(t->url.data, url, len);
-            t->url.len = len;
-            t->url_ok = 1;
-        }
-    }
+    if (!(t->url_ok && t->url.len == len && memcmp(t->url.data, url, len) == 0)) request_set_url(t, url, len);
     t->gate_key = 0;
     if (len > 8 && strncasecmp(url, "https://", 8) == 0) {
         /* FNV-1a of the authority, lower-cased: the gate's key */

@@ -73,9 +73,11 @@ typedef struct transfer {
      * cut by a redirect). */
     engine_buf lines;
     size_t nlines;
-    /* The URL the handle has (CURLOPT_URL), when url_ok: a request for the
-     * same URL does not set it again (libcurl would copy it again). */
+    /* The URL the handle has, when url_ok: a request for the same URL does
+     * not set it again. uh: that URL parsed, the handle's CURLOPT_CURLU
+     * (request_set_url); NULL until a request needs it. */
     engine_buf url;
+    CURLU *uh;
     /* The options the handle has that libcurl cannot put back one by one
      * (TLS files, a pin, a TLS version, a proxy, decompression off), as a
      * signature (rw_request_configure), when reset_ok: a request with the
