@@ -420,11 +420,11 @@ static int request_proxy_env(void)
     return 0;
 }
 
-/* Sets up t->easy from the request table at index req. Misuse raises. */
 /* The handle gets its URL parsed, as a CURLU kept with the record, rather
  * than as CURLOPT_URL's text, which libcurl parses and prints back for every
- * transfer (curl_url_set and curl_url_get: about 7,000 instructions of the
- * 73,000 a plain libcurl request costs, callgrind). The next request for the
+ * transfer (curl_url_set, then curl_url_get through its printf: about 10,000
+ * instructions a request, the engine's whole cost over plain libcurl's,
+ * callgrind, bench/README.md). The next request for the
  * same URL on this handle (a task looping on an endpoint) then sets nothing,
  * and libcurl only copies the parsed parts. The flags are those libcurl
  * parses CURLOPT_URL with, so a URL means what it did. A URL that does not
@@ -451,6 +451,7 @@ static void request_set_url(transfer *t, const char *url, size_t len)
     }
 }
 
+/* Sets up t->easy from the request table at index req. Misuse raises. */
 void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, int keys, int tidx, int fresh)
 {
     RW_STACK_MARK(L, mark);
