@@ -186,6 +186,10 @@ describe("ratewise.core engine", function()
       assert.matches("URL", err.message)
       assert.equal(200, run(e, { url = s:url("/one/first") }).status)
       assert.equal(3, #s:log("/one/first")) -- twice by the name localhost
+      -- a URL that is not absolute means what it means alone (libcurl takes
+      -- "host:port/path" for http), not a path relative to the last URL
+      assert.equal(200, run(e, { url = "127.0.0.1:" .. s.port .. "/alone" }).status)
+      assert.equal(1, #s:log("/alone"))
       e:close()
     end)
 

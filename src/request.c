@@ -434,6 +434,10 @@ static void request_set_url(transfer *t, const char *url, size_t len)
     CURL *easy = t->easy;
     t->url_ok = 0;
     if (!t->uh) t->uh = curl_url();
+    /* Emptied first: a CURLU that holds a URL takes a new one that is not
+     * absolute ("host:port/x", without a scheme) as relative to the last,
+     * and the request would go to the last one's host. */
+    if (t->uh) (void)curl_url_set(t->uh, CURLUPART_URL, NULL, 0);
     if (t->uh && curl_url_set(t->uh, CURLUPART_URL, url, CURLU_GUESS_SCHEME | CURLU_NON_SUPPORT_SCHEME) == CURLUE_OK) {
         /* No text first: libcurl 7.88 derives its own copy of the URL (the
          * effective URL, the base of a relative Location) from the CURLU
