@@ -47,6 +47,16 @@ describe("rw.client", function()
       assert.is_nil(h["X-Call"]) -- a call's headers never go into the client's table
     end)
 
+    it("sends each path to its own URL, one path after another and back", function()
+      local c = new { dedupe = false }
+      for _, path in ipairs { "/p/a", "/p/a", "/p/b", "/p/a", "/p/b?x=1", "/p/b" } do
+        assert.equal(200, assert(c:get(path)).status)
+      end
+      local seen = {}
+      for _, r in ipairs(s:log()) do seen[#seen + 1] = r.path .. (r.query ~= "" and "?" .. r.query or "") end
+      assert.same({ "/p/a", "/p/a", "/p/b", "/p/a", "/p/b?x=1", "/p/b" }, seen)
+    end)
+
     it("sends json = table as JSON and decodes the response with res:json()", function()
       local c = new()
       local res = assert(c:post("/echo", { json = { name = "widget", tags = { "a", "b" } } }))

@@ -8,7 +8,8 @@ local policy_mod = require "ratewise.policy"
 local scheduler = require "ratewise.scheduler"
 local core = require "ratewise.core"
 
-local format, lower, upper, find = string.format, string.lower, string.upper, string.find
+local format, lower, upper, find, byte = string.format, string.lower, string.upper, string.find, string.byte
+local SLASH = byte("/")
 local concat, sort = table.concat, table.sort
 local type, tostring, pairs, ipairs, setmetatable, pcall = type, tostring, pairs, ipairs, setmetatable, pcall
 local now = core.now
@@ -178,6 +179,7 @@ function client.new(opts)
     },
     -- the call tables of calls that add no options, by method and limiter
     plain_calls = {},
+    last_path = false, last_url = false, -- the last path joined to base_url, and the URL it made
   }, Client)
   for k in pairs(fetch_defaults) do c.defaults[k] = opts[k] end
   -- The defaults and objects are checked now, where they were given, not at the first request.
@@ -350,7 +352,12 @@ function Client:_target(path, cross_origin)
   if type(path) ~= "string" then
     error(format("client:request: path must be a string (got %s)", type(path)), 3)
   end
-  if path:sub(1, 1) == "/" then return self.base_url .. path, path, false end
+  if byte(path, 1) == SLASH then
+    -- most programs call a few paths again and again: the last one's URL
+    -- is kept rather than joined again (a new string each time)
+    if path ~= self.last_path then self.last_path, self.last_url = path, self.base_url .. path end
+    return self.last_url, path, false
+  end
   if not lower(path):find("^https?://") then
     error(format("client:request: path must start with / or be an http:// or https:// URL (got %q)", path), 3)
   end
