@@ -423,21 +423,21 @@ static int request_proxy_env(void)
 /* The handle gets its URL parsed, as a CURLU kept with the record, rather
  * than as CURLOPT_URL's text, which libcurl parses and prints back for every
  * transfer (curl_url_set, then curl_url_get through its printf: about 10,000
- * instructions a request, the engine's whole cost over plain libcurl's,
- * callgrind, bench/README.md). The next request for the
- * same URL on this handle (a task looping on an endpoint) then sets nothing,
- * and libcurl only copies the parsed parts. The flags are those libcurl
+ * instructions a request, as much as the rest of the engine adds to plain
+ * libcurl's; callgrind, bench/README.md). The next request for the same URL
+ * on this handle (a task looping on an endpoint) then sets nothing, and
+ * libcurl only copies the parsed parts. The flags are those libcurl
  * parses CURLOPT_URL with, so a URL means what it did. A URL that does not
  * parse goes to libcurl as text, which refuses it with its own error. */
 static void request_set_url(transfer *t, const char *url, size_t len)
 {
     CURL *easy = t->easy;
     t->url_ok = 0;
+    /* One the record had is emptied first: a CURLU that holds a URL takes a
+     * new one that is not absolute ("host:port/x", without a scheme) as
+     * relative to the last, and the request would go to the last one's host. */
     if (!t->uh) t->uh = curl_url();
-    /* Emptied first: a CURLU that holds a URL takes a new one that is not
-     * absolute ("host:port/x", without a scheme) as relative to the last,
-     * and the request would go to the last one's host. */
-    if (t->uh) (void)curl_url_set(t->uh, CURLUPART_URL, NULL, 0);
+    else (void)curl_url_set(t->uh, CURLUPART_URL, NULL, 0);
     if (t->uh && curl_url_set(t->uh, CURLUPART_URL, url, CURLU_GUESS_SCHEME | CURLU_NON_SUPPORT_SCHEME) == CURLUE_OK) {
         /* No text first: libcurl 7.88 derives its own copy of the URL (the
          * effective URL, the base of a relative Location) from the CURLU
