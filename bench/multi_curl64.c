@@ -1,5 +1,5 @@
 /*
- * multi_curl64 [--cainfo FILE] [--pipewait] [--warmup K] [--header LINE]... URL N [IN_FLIGHT [USER_AGENT]]
+ * multi_curl64 [--cainfo FILE] [--pipewait] [--warmup K] [--header LINE]... [--keep] URL N [IN_FLIGHT [USER_AGENT]]
  *
  * The baseline of `make bench`'s concurrent part: N keep-alive GETs of URL
  * driven by ONE libcurl multi handle that keeps IN_FLIGHT (default 64)
@@ -34,7 +34,13 @@
  *
  * Each body is kept whole in a per-handle buffer (bench_common.h), emptied
  * for the handle's next transfer; the bytes kept are summed, so that
- * run.lua can check every body arrived whole (the large-body shapes). Every
+ * run.lua can check every body arrived whole (the large-body shapes).
+ * --keep keeps every response of the measured batch until the clock stops,
+ * as rw.map returns every result to its caller (bench's map shapes): its
+ * status, its header block (gathered by CURLOPT_HEADERFUNCTION) and its
+ * body, each copied into memory of its own, made when the transfer ends,
+ * in an array of N made before the clock starts; all freed after it stops
+ * (ratewise's results are collected outside the clock too). Every
  * transfer must end with CURLE_OK and status 200; the others are counted
  * as failures. Prints, timed on the monotonic clock with set-up excluded:
  *   requests=N failures=F seconds=S rate=R cpu_us=C performs=P polls=Q body_bytes=B
@@ -57,14 +63,30 @@
 
 typedef struct {
     CURL *easy;
-    bench_buffer body;
+    bench_buffer body, head;
     char errbuf[CURL_ERROR_SIZE];
 } slot;
+
+/* One response kept (--keep). */
+typedef struct {
+    long status;
+    char *head, *body;
+    size_t head_len, body_len;
+} response;
+
+/* A copy of b's bytes in memory of its own, NULL when out of memory. */
+static char *copy_of(const bench_buffer *b)
+{
+    char *p = (char *)malloc(b->len ? b->len : 1);
+    if (p && b->len) memcpy(p, b->data, b->len);
+    return p;
+}
 
 /* What one batch of transfers did. */
 typedef struct {
     long failures, performs, polls, connections, http_version;
     double body_bytes;
+    response *kept; /* --keep: room for every response of the batch; else NULL */
 } batch;
 
 static int shown; /* failures reported on stderr so far (at most 5) */
@@ -79,6 +101,7 @@ static int run_batch(CURLM *multi, slot *slots, long conc, long n, batch *b)
     for (i = 0; i < conc; i++) {
         slots[i].errbuf[0] = '\0';
         slots[i].body.len = 0;
+        slots[i].head.len = 0;
         curl_multi_add_handle(multi, slots[i].easy);
         started++;
     }
@@ -113,11 +136,24 @@ static int run_batch(CURLM *multi, slot *slots, long conc, long n, batch *b)
             b->connections += connects;
             b->http_version = version;
             if (s) b->body_bytes += (double)s->body.len;
+            if (s && b->kept) {
+                response *r = &b->kept[finished];
+                r->status = status;
+                r->head = copy_of(&s->head);
+                r->body = copy_of(&s->body);
+                r->head_len = s->head.len;
+                r->body_len = s->body.len;
+                if (!r->head || !r->body) {
+                    fprintf(stderr, "multi_curl64: out of memory\n");
+                    return -1;
+                }
+            }
             finished++;
             curl_multi_remove_handle(multi, easy); /* msg is invalid after this */
             if (started < n) {
                 if (s) {
-                    s->body.len = 0; /* the body is discarded */
+                    s->body.len = 0; /* the body is discarded (or was copied) */
+                    s->head.len = 0;
                     s->errbuf[0] = '\0';
                 }
                 curl_multi_add_handle(multi, easy);
@@ -137,7 +173,8 @@ static int run_batch(CURLM *multi, slot *slots, long conc, long n, batch *b)
 
 static int usage(const char *prog)
 {
-    fprintf(stderr, "usage: %s [--cainfo FILE] [--pipewait] [--warmup K] [--header LINE]... URL N [IN_FLIGHT [USER_AGENT]]\n",
+    fprintf(stderr, "usage: %s [--cainfo FILE] [--pipewait] [--warmup K] [--header LINE]... [--keep] URL N "
+                    "[IN_FLIGHT [USER_AGENT]]\n",
             prog);
     return 2;
 }
@@ -147,7 +184,7 @@ int main(int argc, char **argv)
     const char *url, *agent, *cainfo = NULL;
     char *end;
     long n, conc, warmup = 0, i;
-    int pipewait = 0, arg = 1, rest, nextra = 0;
+    int pipewait = 0, keep = 0, arg = 1, rest, nextra = 0;
     const char *extra[8];
     char *agent_line;
     struct curl_slist *headers = NULL;
@@ -159,6 +196,9 @@ int main(int argc, char **argv)
     while (arg < argc && strncmp(argv[arg], "--", 2) == 0) {
         if (strcmp(argv[arg], "--pipewait") == 0) {
             pipewait = 1;
+            arg++;
+        } else if (strcmp(argv[arg], "--keep") == 0) {
+            keep = 1;
             arg++;
         } else if (strcmp(argv[arg], "--header") == 0 && arg + 1 < argc) {
             if (nextra == (int)(sizeof extra / sizeof extra[0])) {
@@ -238,10 +278,18 @@ int main(int argc, char **argv)
         curl_easy_setopt(easy, CURLOPT_PRIVATE, s);
         if (cainfo) curl_easy_setopt(easy, CURLOPT_CAINFO, cainfo);
         if (pipewait) curl_easy_setopt(easy, CURLOPT_PIPEWAIT, 1L);
+        if (keep) {
+            curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, bench_on_body);
+            curl_easy_setopt(easy, CURLOPT_HEADERDATA, &s->head);
+        }
     }
 
     memset(&warm, 0, sizeof warm);
     memset(&b, 0, sizeof b);
+    if (keep && !(b.kept = (response *)calloc((size_t)n, sizeof *b.kept))) {
+        fprintf(stderr, "multi_curl64: out of memory\n");
+        return 1;
+    }
     if (warmup > 0 && run_batch(multi, slots, conc < warmup ? conc : warmup, warmup, &warm) != 0) return 1;
     t0 = bench_clock(CLOCK_MONOTONIC);
     c0 = bench_clock(CLOCK_PROCESS_CPUTIME_ID);
@@ -253,9 +301,17 @@ int main(int argc, char **argv)
            n, b.failures, secs, (double)n / secs, cpu * 1e6 / (double)n, b.performs, b.polls, b.body_bytes,
            b.connections, b.http_version == CURL_HTTP_VERSION_2_0 ? "2" : "1.1", warm.failures);
 
+    if (b.kept) {
+        for (i = 0; i < n; i++) {
+            free(b.kept[i].head);
+            free(b.kept[i].body);
+        }
+        free(b.kept);
+    }
     for (i = 0; i < conc; i++) {
         curl_easy_cleanup(slots[i].easy);
         free(slots[i].body.data);
+        free(slots[i].head.data);
     }
     free(slots);
     curl_multi_cleanup(multi);

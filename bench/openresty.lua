@@ -32,7 +32,8 @@
 --   body_64k    the same on /body/64k, each body's length checked
 --   map_shared  rw.map(urls, function(u) return rw.fetch(u, opts) end,
 --               {concurrency = 64}), one shared opts: its tasks run in
---               ratewise's driver (docs/hosts.md#openresty)
+--               ratewise's driver (docs/hosts.md#openresty); the multi
+--               keeps every response, as rw.map returns every result
 --
 -- A benchmark, not a test: it fails only when a request fails (a worker that
 -- dies fails every request of its round), never on a ratio. Knobs:
@@ -98,8 +99,10 @@ local rows, failed = {}, 0
 local function bench(base)
   local root_url, url_64k = base .. "/", base .. "/body/64k"
   local function shape(key, name, kind, url, n, size)
+    -- rw.map hands back every result: the multi keeps every response too (--keep)
+    local flags = kind == "map" and "--keep" or nil
     return { key = key, name = name, n = n, rounds = ROUNDS, warmup = WARMUP or math.ceil(n / 10), target = 0.90,
-      plain = function(k) return common.run_multi(url, k, CONC, { size = size }) end,
+      plain = function(k) return common.run_multi(url, k, CONC, { size = size, flags = flags }) end,
       ours = function(k) return ours(kind, url, k, size) end }
   end
   local shapes = {

@@ -12,7 +12,9 @@
 --    (bench/multi_curl64); then wrk with as many connections, the limit of
 --    the machine, to put the figure in scale. Target 0.90.
 -- 3. map_shared: rw.map(urls, function(u) return rw.fetch(u, opts) end,
---    {concurrency = 64}) with one shared opts, vs the same multi. Target 0.90.
+--    {concurrency = 64}) with one shared opts, vs the same multi keeping
+--    every response (status, header block, body) until its clock stops, as
+--    rw.map returns every result (multi_curl64 --keep). Target 0.90.
 -- 4. map_fresh, map_inherit: the same with a per-call options table, fresh
 --    ({ max_elapsed = left, on_retry = false }) or inheriting from a base
 --    (setmetatable({ max_elapsed = left }, { __index = base })). Target 0.90.
@@ -229,9 +231,14 @@ local function shape_list(base)
     local flags = "--header " .. sh_quote("Authorization: " .. shapes.AUTHORIZATION)
     return function(n) return common.run_multi(url, n, CONC, { flags = flags }) end
   end
+  -- rw.map returns every result to its caller: the multi keeps every
+  -- response too (its status, header block and body) until its clock stops
+  local function keeping(url)
+    return function(n) return common.run_multi(url, n, CONC, { flags = "--keep" }) end
+  end
   local function map_shape(key, name, fn)
     return { key = key, name = name, n = MAP_N, rounds = MAP_ROUNDS, warmup = MAP_WARMUP, target = 0.90,
-      plain = multi(root), ours = function(n) return fn(root, n, CONC) end }
+      plain = keeping(root), ours = function(n) return fn(root, n, CONC) end }
   end
   local function body_shape(key, name, url, n, size)
     return { key = key, name = name, n = n, rounds = BODY_ROUNDS, warmup = BODY_WARMUP or math.ceil(n / 10),
