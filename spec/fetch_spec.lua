@@ -125,6 +125,41 @@ describe("rw.fetch", function()
       end
     end)
 
+    -- A table of one header is compared without a loop (fetch.lua, same_headers).
+    it("sends what a table of one header holds at each call, changed between calls", function()
+      local h = { Authorization = "Bearer one" }
+      local o = opts { headers = h }
+      local function sent()
+        assert(rw.fetch(s:url("/h1"), o))
+        local log = s:log("/h1")
+        return log[#log].headers
+      end
+      for _ = 1, 3 do assert.equal("Bearer one", sent().authorization) end
+      h.Authorization = "Bearer two"
+      assert.equal("Bearer two", sent().authorization)
+      h.Authorization = nil
+      h["X-Api-Key"] = "k1" -- another name, still one header
+      local seen = sent()
+      assert.is_nil(seen.authorization)
+      assert.equal("k1", seen["x-api-key"])
+      h.Authorization = "Bearer three" -- a second one
+      seen = sent()
+      assert.equal("k1", seen["x-api-key"])
+      assert.equal("Bearer three", seen.authorization)
+      h["X-Api-Key"], h.Authorization = nil, nil -- none
+      seen = sent()
+      assert.is_nil(seen["x-api-key"])
+      assert.is_nil(seen.authorization)
+      h.Authorization = "Bearer four"
+      assert.equal("Bearer four", sent().authorization)
+      -- one header seen through a metatable's __pairs is read as pairs gives it
+      setmetatable(h, { __pairs = function(t) return next, { Authorization = "Bearer five" }, nil end })
+      if _VERSION ~= "Lua 5.1" then -- 5.1 and LuaJIT have no __pairs
+        assert.equal("Bearer five", sent().authorization)
+      end
+      assert.equal(8 + (_VERSION ~= "Lua 5.1" and 1 or 0), #s:log("/h1"))
+    end)
+
     it("labels each JSON call's body as JSON, the same header table used with and without one", function()
       local h = { Authorization = "Bearer one" }
       local function call(o)

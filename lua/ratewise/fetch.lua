@@ -246,6 +246,13 @@ local SEEN_ONCE, NEVER = {}, {}
 -- the order pairs gives them (the same for a table left as it was).
 local function same_headers(t, made)
   local names, values, i = made.names, made.values, 0
+  if made.n == 1 and getmetatable(t) == nil then
+    -- The commonest table, one header (a credential), without a loop: a
+    -- loop of one turn here kept LuaJIT from compiling the calls around it
+    -- ("inner loop in root trace"), and a client's calls ran interpreted.
+    local name, value = next(t)
+    return name == names[1] and value == values[1] and next(t, name) == nil
+  end
   for name, value in pairs(t) do
     i = i + 1
     if names[i] ~= name or values[i] ~= value then return false end
@@ -450,6 +457,20 @@ end
 -- an __index that is a function cannot be, and the options behind it go
 -- unchecked. `depth` is check_option's.
 local function check_options(opts, depth)
+  if getmetatable(opts) == nil then
+    -- A table of one or two options (most calls' own) is checked without a
+    -- loop: a loop of one turn keeps LuaJIT from compiling the calls
+    -- around it ("inner loop in root trace"), and fetch ran interpreted.
+    local k1, v1 = next(opts)
+    if k1 == nil then return false, true end
+    local k2, v2 = next(opts, k1)
+    if k2 == nil or next(opts, k2) == nil then
+      check_option(k1, v1, depth)
+      if k2 == nil then return is_transport_option[k1] == true, true end
+      check_option(k2, v2, depth)
+      return is_transport_option[k1] == true or is_transport_option[k2] == true, true
+    end
+  end
   local transport = false
   local t = opts
   for _ = 1, 16 do -- a loop of __index tables ends here too
