@@ -30,7 +30,8 @@ local bad_seconds = scheduler.bad_seconds
 local running, isyieldable, pcall = compat.running, compat.isyieldable, compat.pcall
 local yield = coroutine.yield
 local format, min = string.format, math.min
-local type, error, tostring, pairs = type, error, tostring, pairs
+local type, error, tostring, pairs, rawget = type, error, tostring, pairs, rawget
+local loaded = package.loaded
 
 local runtime = {}
 
@@ -124,9 +125,14 @@ end
 -- now, outside a task (rules 0 and 2 to 6).
 function runtime.host(per_call)
   if per_call then return per_call_host(per_call) end
-  if openresty.active() then return openresty.host() end -- raises in a phase that cannot yield
+  -- Each host is asked only where it can be (nginx's `ngx` global, cqueues
+  -- loaded): a sequential fetch in a plain script asks at every call, and
+  -- asking both cost 2,000 instructions of its 100,000 under Lua 5.4.
+  if rawget(_G, "ngx") ~= nil and openresty.active() then
+    return openresty.host() -- raises in a phase that cannot yield
+  end
   if configured then return configured end
-  if cqueues.active() then return cqueues.host() end
+  if loaded.cqueues ~= nil and cqueues.active() then return cqueues.host() end
   if running() ~= nil and isyieldable() then return coroutine_host end
   return main_host
 end
