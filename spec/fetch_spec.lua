@@ -153,7 +153,7 @@ describe("rw.fetch", function()
       h.Authorization = "Bearer four"
       assert.equal("Bearer four", sent().authorization)
       -- one header seen through a metatable's __pairs is read as pairs gives it
-      setmetatable(h, { __pairs = function(t) return next, { Authorization = "Bearer five" }, nil end })
+      setmetatable(h, { __pairs = function() return next, { Authorization = "Bearer five" }, nil end })
       if _VERSION ~= "Lua 5.1" then -- 5.1 and LuaJIT have no __pairs
         assert.equal("Bearer five", sent().authorization)
       end
