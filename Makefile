@@ -66,7 +66,7 @@ DEB_CHECK := clang libclang-rt-14-dev clang-tidy cppcheck valgrind \
 
 .PHONY: all deps deps-check test demo bench examples install lint clean soak \
         fuzz test-asan test-valgrind luajit-core bench-hosts bench-rate bench-redis bench-http2 \
-        bench-openresty bench-baseline
+        bench-openresty bench-baseline bench-instructions
 
 all: $(CORE)
 
@@ -135,6 +135,13 @@ bench: deps $(CORE)
 # told apart from the machine's noise.
 bench-baseline: deps $(CORE)
 	@$(LUA_ENV) $(LUA) bench/baseline.lua
+
+# Each shape's instructions a request, ratewise against plain libcurl, as
+# valgrind's callgrind counts them (bench/instructions.lua): a figure that a
+# busy machine does not move, beside `make bench`'s rates.
+bench-instructions: deps $(CORE)
+	@$(MAKE) -s -C bench
+	@$(LUA_ENV) $(LUA) bench/instructions.lua
 
 # The share of a rate-limited server's rate each limiter gets, and the
 # share of 429s (bench/ratelimit.lua): a private nginx at 200 requests/s.

@@ -1,0 +1,171 @@
+-- `make bench-instructions`: the shapes of `make bench`, each contender's
+-- instructions a request as valgrind's callgrind counts them, and their
+-- ratio. A count of instructions does not change with what else the
+-- machine runs, where a rate does: on a busy host (another tenant's load
+-- moved `make bench`'s plain contender between 16,000 and 55,000 requests
+-- a second) this is the figure that still compares. It is not time:
+-- system calls, cache misses and the CPU's parallelism are not in it, so
+-- it is a second witness beside `make bench`, not a replacement.
+--
+-- For each shape, both contenders run K and 3K requests under callgrind
+-- against one private nginx (bench/nginx.sh); (Ir(3K) - Ir(K)) / 2K is the
+-- cost of one request with the start-up (the process, the connections,
+-- LuaJIT's compiling) cancelled out. The ratio is plain's instructions
+-- over ratewise's, so that it reads like `make bench`'s (1.00: as cheap as
+-- plain libcurl; the targets are the same). ratewise's side is
+-- bench/shapes.lua, run in a fresh process by this script's child mode;
+-- the plain side is bench/plain_curl and bench/multi_curl64, with the
+-- flags `make bench` gives them (--keep for the map shapes, --header for
+-- headers and client).
+--
+-- Knobs: BENCH_INSTR_K (default 1280; the 64 KiB shape takes a quarter,
+-- the 1 MiB one a thirty-second), BENCH_CONCURRENCY (default 64), and
+-- BENCH_ONLY (shapes by key, comma-separated). Runs under Lua 5.4 and
+-- LuaJIT (`make bench-instructions LUA=luajit`). About 6 minutes.
+-- Fails when a request fails, never on a ratio.
+local common = require "bench.common"
+
+local format = string.format
+local env_int, sh_quote, run_cmd, capture = common.env_int, common.sh_quote, common.run_cmd, common.capture
+
+local K = env_int("BENCH_INSTR_K", 1280)
+local CONC = env_int("BENCH_CONCURRENCY", 64)
+local AUTHORIZATION = "Bearer rw-bench-0123456789abcdef0123456789abcdef" -- shapes.AUTHORIZATION
+local BODY_64K, BODY_1M = 65536, 1048576
+
+-- Each shape: its key (as in `make bench`), the path it fetches, its
+-- target, how many requests K stands for, ratewise's run (in the child:
+-- shapes.lua's function, given the server's base URL) and the plain
+-- contender's command (given the URL and a count).
+local function multi(flags)
+  return function(url, n)
+    return format("%s %s%s %d %d %s", sh_quote(common.MULTI), flags and (flags .. " ") or "", sh_quote(url), n,
+      CONC, sh_quote(common.agent()))
+  end
+end
+local with_header = multi("--header " .. sh_quote("Authorization: " .. AUTHORIZATION))
+
+local SHAPES = {
+  { key = "sequential", path = "/", target = 0.95,
+    ours = function(s, base, n) return s.sequential(base .. "/", n) end,
+    plain = function(url, n)
+      return format("%s %s %d %s", sh_quote(common.here .. "/plain_curl"), sh_quote(url), n, sh_quote(common.agent()))
+    end },
+  { key = "loop64", path = "/", target = 0.90,
+    ours = function(s, base, n) return s.loop(base .. "/", n, CONC) end, plain = multi() },
+  { key = "map_shared", path = "/", target = 0.90,
+    ours = function(s, base, n) return s.map_shared(base .. "/", n, CONC) end, plain = multi("--keep") },
+  { key = "map_fresh", path = "/", target = 0.90,
+    ours = function(s, base, n) return s.map_fresh(base .. "/", n, CONC) end, plain = multi("--keep") },
+  { key = "map_inherit", path = "/", target = 0.90,
+    ours = function(s, base, n) return s.map_inherit(base .. "/", n, CONC) end, plain = multi("--keep") },
+  { key = "headers", path = "/", target = 0.90,
+    ours = function(s, base, n) return s.headers(base .. "/", n, CONC) end, plain = with_header },
+  { key = "client", path = "/", target = 0.90,
+    ours = function(s, base, n) return s.client(base, "/", n, CONC) end, plain = with_header },
+  -- memcpy's `rep movsb` counts one instruction a byte, so the body's copy
+  -- into a Lua string weighs far more here than in time
+  { key = "body_64k", path = "/body/64k", target = 0.90, share = 4, copies = true,
+    ours = function(s, base, n) return s.loop(base .. "/body/64k", n, CONC, BODY_64K) end, plain = multi() },
+  { key = "body_1m", path = "/body/1m", target = 0.90, share = 32, copies = true,
+    ours = function(s, base, n) return s.loop(base .. "/body/1m", n, CONC, BODY_1M) end, plain = multi() },
+  { key = "floor", path = "/", target = nil,
+    ours = function(s, base, n) return s.floor(base .. "/", n, CONC) end, plain = multi() },
+}
+
+---------------------------------------------------------------------------
+-- The child: `instructions.lua --run KEY BASE N` runs ratewise's side of
+-- one shape once, and exits 1 if a request failed.
+
+if arg and arg[1] == "--run" then
+  local shapes = require "bench.shapes"
+  local key, base, n = arg[2], arg[3], tonumber(arg[4])
+  for _, shape in ipairs(SHAPES) do
+    if shape.key == key then
+      local m = shape.ours(shapes, base, n)
+      io.write(format("failed=%d\n", m.failed))
+      os.exit(m.failed == 0 and 0 or 1)
+    end
+  end
+  error("instructions.lua --run: no shape " .. tostring(key), 0)
+end
+
+---------------------------------------------------------------------------
+-- The parent
+
+-- valgrind, installed from Debian when missing (as root), as run.lua does wrk.
+local function ensure_valgrind()
+  local function have() local _, ok = run_cmd("command -v valgrind >/dev/null 2>&1") return ok end
+  if have() then return end
+  if capture("id -u") ~= "0" then error("valgrind is not installed, and installing it needs root", 0) end
+  io.write("installing valgrind (apt-get install -y valgrind)\n")
+  io.flush()
+  run_cmd("{ export DEBIAN_FRONTEND=noninteractive; apt-get install -y -qq valgrind"
+    .. " || { apt-get update -qq && apt-get install -y -qq valgrind; }; } >/dev/null 2>&1")
+  if not have() then error("apt-get install valgrind failed", 0) end
+end
+
+-- The instructions callgrind counted for cmd (its standard output thrown
+-- away), or raises with what it printed when cmd failed.
+local function instructions(cmd)
+  local out, ok = run_cmd("valgrind --tool=callgrind --callgrind-out-file=/dev/null " .. cmd .. " 2>&1 >/dev/null")
+  local count = tonumber((out:match("Collected : (%d+)")))
+  if not ok or not count then error(format("%s failed:\n%s", cmd, out), 0) end
+  return count
+end
+
+-- One request's instructions: (Ir(3k) - Ir(k)) / 2k.
+local function per_request(command_for, k)
+  local low, high = instructions(command_for(k)), instructions(command_for(3 * k))
+  return (high - low) / (2 * k)
+end
+
+local wanted = common.only()
+local rows = {}
+
+local function bench(base)
+  local jit = rawget(_G, "jit")
+  io.write(format("nginx at %s; ratewise %s on %s; %s; %d in flight; callgrind, (Ir(3K) - Ir(K)) / 2K, K = %d\n",
+    base, require("ratewise")._VERSION, jit and jit.version or _VERSION,
+    require("ratewise.core").curl_version or "libcurl", CONC, K))
+  io.flush()
+  local ours_cmd = format("%s %s --run", sh_quote(common.lua), sh_quote(common.here .. "/instructions.lua"))
+  for _, shape in ipairs(SHAPES) do
+    if wanted(shape.key) then
+      local k = math.max(1, math.floor(K / (shape.share or 1)))
+      local url = base .. shape.path
+      local plain = per_request(function(n) return shape.plain(url, n) end, k)
+      local ours = per_request(function(n)
+        return format("%s %s %s %d", ours_cmd, shape.key, sh_quote(base), n)
+      end, k)
+      local row = { shape = shape, plain = plain, ours = ours, ratio = plain / ours, k = k }
+      rows[#rows + 1] = row
+      io.write(format("  %-12s K = %-5d plain %8.1fk  ratewise %8.1fk  ratio %.2f\n", shape.key, k, plain / 1000,
+        ours / 1000, row.ratio))
+      io.flush()
+    end
+  end
+  io.write("\n")
+  io.write(format("  %-12s %12s %12s  %-5s  %s\n", "shape", "ratewise", "plain", "ratio", "target"))
+  for _, row in ipairs(rows) do
+    local target = row.shape.target
+    io.write(format("  %-12s %11.1fk %11.1fk  %.2f   %s%s\n", row.shape.key, row.ours / 1000, row.plain / 1000,
+      row.ratio, target and format("%.2f %s", target, row.ratio >= target and "met in instructions"
+        or "NOT met in instructions") or "none", row.shape.copies and " (copies: a byte an instruction)" or ""))
+  end
+  io.write("  (instructions a request; ratio = plain's / ratewise's. Not time: see `make bench`.\n"
+    .. "  A copy counts one instruction a byte here (rep movsb), so the body shapes' extra copy\n"
+    .. "  into a Lua string weighs far more than it takes in time.)\n")
+end
+
+ensure_valgrind()
+local dir = capture("mktemp -d -t ratewise-instr.XXXXXX")
+local ok, err = xpcall(function()
+  local port = tonumber(capture(format("bash %s start %s", sh_quote(common.here .. "/nginx.sh"), sh_quote(dir))))
+  if not port then error("nginx.sh start printed no port", 0) end
+  bench(format("http://127.0.0.1:%d", port))
+end, debug.traceback)
+os.execute(format("bash %s stop %s", sh_quote(common.here .. "/nginx.sh"), sh_quote(dir)))
+os.execute("rm -rf " .. sh_quote(dir))
+-- A request that failed shows as a command that failed, raised above.
+common.exit_on_failure(ok, err, 0)
