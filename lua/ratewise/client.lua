@@ -521,7 +521,7 @@ function Client:request(method, path, opts)
     if res then res = copy_response(res) end
   elseif share and not shared then
     local entry = { deadline = deadline }
-    entry.task = scheduler.spawn(Client._send, self, url, call)
+    entry.task = scheduler.spawn(self._send, self, url, call)
     self.in_flight[key] = entry
     res, err = entry.task:join()
     if self.in_flight[key] == entry then self.in_flight[key] = nil end
