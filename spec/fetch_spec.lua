@@ -75,16 +75,22 @@ describe("rw.fetch", function()
       assert.matches("^ratewise/", seen.headers["user-agent"])
     end)
 
+    -- A function that fetches path with options o and answers the headers
+    -- the server saw.
+    local function sender(path, o)
+      return function()
+        assert(rw.fetch(s:url(path), o))
+        local log = s:log(path)
+        return log[#log].headers
+      end
+    end
+
     -- fetch keeps the lines it made from a header table while the table
     -- holds the same names and values (lua/ratewise/fetch.lua, lines_made).
     it("sends what a header table holds at each call, the same table changed between calls", function()
       local h = { Authorization = "Bearer one", ["X-Trace"] = "a" }
       local o = opts { headers = h }
-      local function sent()
-        assert(rw.fetch(s:url("/h"), o))
-        local log = s:log("/h")
-        return log[#log].headers
-      end
+      local sent = sender("/h", o)
       for _ = 1, 3 do
         local seen = sent()
         assert.equal("Bearer one", seen.authorization)
@@ -128,12 +134,7 @@ describe("rw.fetch", function()
     -- A table of one header is compared without a loop (fetch.lua, same_headers).
     it("sends what a table of one header holds at each call, changed between calls", function()
       local h = { Authorization = "Bearer one" }
-      local o = opts { headers = h }
-      local function sent()
-        assert(rw.fetch(s:url("/h1"), o))
-        local log = s:log("/h1")
-        return log[#log].headers
-      end
+      local sent = sender("/h1", opts { headers = h })
       for _ = 1, 3 do assert.equal("Bearer one", sent().authorization) end
       h.Authorization = "Bearer two"
       assert.equal("Bearer two", sent().authorization)
