@@ -80,6 +80,21 @@ function common.capture(cmd)
   return out
 end
 
+--- ok, why = common.ensure_command(command): the command on the PATH,
+-- installed from Debian's package of the same name when missing (as root);
+-- nil and why when it cannot be.
+function common.ensure_command(command)
+  local function have() local _, ok = common.run_cmd("command -v " .. command .. " >/dev/null 2>&1") return ok end
+  if have() then return true end
+  if common.capture("id -u") ~= "0" then return nil, command .. " is not installed and installing it needs root" end
+  io.write(format("installing %s (apt-get install -y %s)\n", command, command))
+  io.flush()
+  common.run_cmd(format("{ export DEBIAN_FRONTEND=noninteractive; apt-get install -y -qq %s"
+    .. " || { apt-get update -qq && apt-get install -y -qq %s; }; } >/dev/null 2>&1", command, command))
+  if have() then return true end
+  return nil, "apt-get install " .. command .. " failed"
+end
+
 -- What rw.fetch sends as User-Agent, and so the C contenders too.
 function common.agent()
   return "ratewise/" .. require("ratewise")._VERSION

@@ -24,13 +24,13 @@
 -- LuaJIT (`make bench-instructions LUA=luajit`). About 6 minutes.
 -- Fails when a request fails, never on a ratio.
 local common = require "bench.common"
+local shapes = require "bench.shapes"
 
 local format = string.format
 local env_int, sh_quote, run_cmd, capture = common.env_int, common.sh_quote, common.run_cmd, common.capture
 
 local K = env_int("BENCH_INSTR_K", 1280)
 local CONC = env_int("BENCH_CONCURRENCY", 64)
-local AUTHORIZATION = "Bearer rw-bench-0123456789abcdef0123456789abcdef" -- shapes.AUTHORIZATION
 local BODY_64K, BODY_1M = 65536, 1048576
 
 -- Each shape: its key (as in `make bench`), the path it fetches, its
@@ -43,7 +43,7 @@ local function multi(flags)
       CONC, sh_quote(common.agent()))
   end
 end
-local with_header = multi("--header " .. sh_quote("Authorization: " .. AUTHORIZATION))
+local with_header = multi("--header " .. sh_quote("Authorization: " .. shapes.AUTHORIZATION))
 
 local SHAPES = {
   { key = "sequential", path = "/", target = 0.95,
@@ -78,7 +78,6 @@ local SHAPES = {
 -- one shape once, and exits 1 if a request failed.
 
 if arg and arg[1] == "--run" then
-  local shapes = require "bench.shapes"
   local key, base, n = arg[2], arg[3], tonumber(arg[4])
   for _, shape in ipairs(SHAPES) do
     if shape.key == key then
@@ -92,18 +91,6 @@ end
 
 ---------------------------------------------------------------------------
 -- The parent
-
--- valgrind, installed from Debian when missing (as root), as run.lua does wrk.
-local function ensure_valgrind()
-  local function have() local _, ok = run_cmd("command -v valgrind >/dev/null 2>&1") return ok end
-  if have() then return end
-  if capture("id -u") ~= "0" then error("valgrind is not installed, and installing it needs root", 0) end
-  io.write("installing valgrind (apt-get install -y valgrind)\n")
-  io.flush()
-  run_cmd("{ export DEBIAN_FRONTEND=noninteractive; apt-get install -y -qq valgrind"
-    .. " || { apt-get update -qq && apt-get install -y -qq valgrind; }; } >/dev/null 2>&1")
-  if not have() then error("apt-get install valgrind failed", 0) end
-end
 
 -- The instructions callgrind counted for cmd (its standard output thrown
 -- away), or raises with what it printed when cmd failed.
@@ -158,7 +145,7 @@ local function bench(base)
     .. "  into a Lua string weighs far more than it takes in time.)\n")
 end
 
-ensure_valgrind()
+assert(common.ensure_command("valgrind"))
 local dir = capture("mktemp -d -t ratewise-instr.XXXXXX")
 local ok, err = xpcall(function()
   local port = tonumber(capture(format("bash %s start %s", sh_quote(common.here .. "/nginx.sh"), sh_quote(dir))))

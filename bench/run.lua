@@ -98,11 +98,6 @@ local LUA = common.lua
 -- The bodies nginx.sh serves, and their sizes.
 local BODY_64K, BODY_1M = 65536, 1048576
 
--- os.execute's success, as 5.1/LuaJIT (a status number) and 5.2+ (true) say it.
-local function succeeded(a)
-  return a == true or a == 0
-end
-
 ---------------------------------------------------------------------------
 -- The plain C contenders
 
@@ -161,21 +156,10 @@ end
 ---------------------------------------------------------------------------
 -- wrk, to put the 64-task figure in scale
 
--- wrk, installed from Debian when missing (as root). Returns its rate and
--- a note on errors, or nil and why there is no figure.
-local function ensure_wrk()
-  if succeeded(os.execute("command -v wrk >/dev/null 2>&1")) then return true end
-  if capture("id -u") ~= "0" then return nil, "wrk is not installed and installing it needs root" end
-  io.write("installing wrk (apt-get install -y wrk)\n")
-  io.flush()
-  os.execute("{ export DEBIAN_FRONTEND=noninteractive; apt-get install -y -qq wrk"
-    .. " || { apt-get update -qq && apt-get install -y -qq wrk; }; } >/dev/null 2>&1")
-  if succeeded(os.execute("command -v wrk >/dev/null 2>&1")) then return true end
-  return nil, "apt-get install wrk failed"
-end
-
+-- wrk's rate (installed from Debian when missing) and a note on its
+-- errors, or nil and why there is no figure.
 local function run_wrk(url, conc)
-  local ok, why = ensure_wrk()
+  local ok, why = common.ensure_command("wrk")
   if not ok then return nil, why end
   local out, exited = run_cmd(format("wrk -t%d -c%d -d%ds %s 2>&1",
     math.min(WRK_THREADS, conc), conc, WRK_SECONDS, sh_quote(url)))
