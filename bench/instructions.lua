@@ -31,47 +31,20 @@ local env_int, sh_quote, run_cmd, capture = common.env_int, common.sh_quote, com
 
 local K = env_int("BENCH_INSTR_K", 1280)
 local CONC = env_int("BENCH_CONCURRENCY", 64)
-local BODY_64K, BODY_1M = 65536, 1048576
+-- How many of K requests each shape runs: a large body's cost is counted
+-- on fewer. Each body's copy into a Lua string is memcpy's `rep movsb`,
+-- one instruction a byte, so it weighs far more here than in time.
+local SHARE = { body_64k = 4, body_1m = 32 }
 
--- Each shape: its key (as in `make bench`), the path it fetches, its
--- target, how many requests K stands for, ratewise's run (in the child:
--- shapes.lua's function, given the server's base URL) and the plain
--- contender's command (given the URL and a count).
-local function multi(flags)
-  return function(url, n)
-    return format("%s %s%s %d %d %s", sh_quote(common.MULTI), flags and (flags .. " ") or "", sh_quote(url), n,
-      CONC, sh_quote(common.agent()))
+-- The plain contender's command for shape (shapes.list) on url, n requests.
+local function plain_command(shape, url, n)
+  if shape.plain == "plain_curl" then
+    return format("%s %s %d %s", sh_quote(common.here .. "/plain_curl"), sh_quote(url), n, sh_quote(common.agent()))
   end
+  local flags = shape.keep and "--keep "
+    or shape.header and "--header " .. sh_quote("Authorization: " .. shapes.AUTHORIZATION) .. " " or ""
+  return format("%s %s%s %d %d %s", sh_quote(common.MULTI), flags, sh_quote(url), n, CONC, sh_quote(common.agent()))
 end
-local with_header = multi("--header " .. sh_quote("Authorization: " .. shapes.AUTHORIZATION))
-
-local SHAPES = {
-  { key = "sequential", path = "/", target = 0.95,
-    ours = function(s, base, n) return s.sequential(base .. "/", n) end,
-    plain = function(url, n)
-      return format("%s %s %d %s", sh_quote(common.here .. "/plain_curl"), sh_quote(url), n, sh_quote(common.agent()))
-    end },
-  { key = "loop64", path = "/", target = 0.90,
-    ours = function(s, base, n) return s.loop(base .. "/", n, CONC) end, plain = multi() },
-  { key = "map_shared", path = "/", target = 0.90,
-    ours = function(s, base, n) return s.map_shared(base .. "/", n, CONC) end, plain = multi("--keep") },
-  { key = "map_fresh", path = "/", target = 0.90,
-    ours = function(s, base, n) return s.map_fresh(base .. "/", n, CONC) end, plain = multi("--keep") },
-  { key = "map_inherit", path = "/", target = 0.90,
-    ours = function(s, base, n) return s.map_inherit(base .. "/", n, CONC) end, plain = multi("--keep") },
-  { key = "headers", path = "/", target = 0.90,
-    ours = function(s, base, n) return s.headers(base .. "/", n, CONC) end, plain = with_header },
-  { key = "client", path = "/", target = 0.90,
-    ours = function(s, base, n) return s.client(base, "/", n, CONC) end, plain = with_header },
-  -- memcpy's `rep movsb` counts one instruction a byte, so the body's copy
-  -- into a Lua string weighs far more here than in time
-  { key = "body_64k", path = "/body/64k", target = 0.90, share = 4, copies = true,
-    ours = function(s, base, n) return s.loop(base .. "/body/64k", n, CONC, BODY_64K) end, plain = multi() },
-  { key = "body_1m", path = "/body/1m", target = 0.90, share = 32, copies = true,
-    ours = function(s, base, n) return s.loop(base .. "/body/1m", n, CONC, BODY_1M) end, plain = multi() },
-  { key = "floor", path = "/", target = nil,
-    ours = function(s, base, n) return s.floor(base .. "/", n, CONC) end, plain = multi() },
-}
 
 ---------------------------------------------------------------------------
 -- The child: `instructions.lua --run KEY BASE N` runs ratewise's side of
@@ -79,9 +52,9 @@ local SHAPES = {
 
 if arg and arg[1] == "--run" then
   local key, base, n = arg[2], arg[3], tonumber(arg[4])
-  for _, shape in ipairs(SHAPES) do
+  for _, shape in ipairs(shapes.list) do
     if shape.key == key then
-      local m = shape.ours(shapes, base, n)
+      local m = shape.run(base, n, CONC)
       io.write(format("failed=%d\n", m.failed))
       os.exit(m.failed == 0 and 0 or 1)
     end
@@ -117,11 +90,11 @@ local function bench(base)
     require("ratewise.core").curl_version or "libcurl", CONC, K))
   io.flush()
   local ours_cmd = format("%s %s --run", sh_quote(common.lua), sh_quote(common.here .. "/instructions.lua"))
-  for _, shape in ipairs(SHAPES) do
+  for _, shape in ipairs(shapes.list) do
     if wanted(shape.key) then
-      local k = math.max(1, math.floor(K / (shape.share or 1)))
+      local k = math.max(1, math.floor(K / (SHARE[shape.key] or 1)))
       local url = base .. shape.path
-      local plain = per_request(function(n) return shape.plain(url, n) end, k)
+      local plain = per_request(function(n) return plain_command(shape, url, n) end, k)
       local ours = per_request(function(n)
         return format("%s %s %s %d", ours_cmd, shape.key, sh_quote(base), n)
       end, k)
@@ -138,7 +111,7 @@ local function bench(base)
     local target = row.shape.target
     io.write(format("  %-12s %11.1fk %11.1fk  %.2f   %s%s\n", row.shape.key, row.ours / 1000, row.plain / 1000,
       row.ratio, target and format("%.2f %s", target, row.ratio >= target and "met in instructions"
-        or "NOT met in instructions") or "none", row.shape.copies and " (copies: a byte an instruction)" or ""))
+        or "NOT met in instructions") or "none", row.shape.size and " (copies: a byte an instruction)" or ""))
   end
   io.write("  (instructions a request; ratio = plain's / ratewise's. Not time: see `make bench`.\n"
     .. "  A copy counts one instruction a byte here (rep movsb), so the body shapes' extra copy\n"

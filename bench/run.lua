@@ -95,9 +95,6 @@ local WAITERS_LUA = here .. "/waiters.lua"
 -- The interpreter running this script, for the fresh process of the waiters part.
 local LUA = common.lua
 
--- The bodies nginx.sh serves, and their sizes.
-local BODY_64K, BODY_1M = 65536, 1048576
-
 ---------------------------------------------------------------------------
 -- The plain C contenders
 
@@ -113,12 +110,6 @@ local function run_plain(url, n)
     return { rate = 0, failed = 1 }
   end
   return { rate = rate, failed = 0, cpu_us = tonumber(out:match("cpu_us=([%d.]+)")) }
-end
-
--- One libcurl multi handle, `conc` transfers in flight (common.run_multi:
--- the failed transfers counted, the body bytes checked with `size`).
-local function run_multi(url, n, conc, size)
-  return common.run_multi(url, n, conc, { size = size })
 end
 
 -- A full collection before each of ratewise's runs (see rounds.compare).
@@ -205,52 +196,44 @@ end
 ---------------------------------------------------------------------------
 -- The shapes
 
+-- What run.lua adds to each shape of shapes.list: the words of its row,
+-- and its knobs (requests a round, rounds, warm-up).
 local function shape_list(base)
-  local root, url_64k, url_1m = base .. "/", base .. "/body/64k", base .. "/body/1m"
-  local function multi(url, size)
-    return function(n) return run_multi(url, n, CONC, size) end
-  end
-  -- multi_curl64 sending the Authorization line of shapes.headers and shapes.client
-  local function with_header(url)
-    local flags = "--header " .. sh_quote("Authorization: " .. shapes.AUTHORIZATION)
-    return function(n) return common.run_multi(url, n, CONC, { flags = flags }) end
-  end
-  -- rw.map returns every result to its caller: the multi keeps every
-  -- response too (its status, header block and body) until its clock stops
-  local function keeping(url)
-    return function(n) return common.run_multi(url, n, CONC, { flags = "--keep" }) end
-  end
-  local function map_shape(key, name, fn)
-    return { key = key, name = name, n = MAP_N, rounds = MAP_ROUNDS, warmup = MAP_WARMUP, target = 0.90,
-      plain = keeping(root), ours = function(n) return fn(root, n, CONC) end }
-  end
-  local function body_shape(key, name, url, n, size)
-    return { key = key, name = name, n = n, rounds = BODY_ROUNDS, warmup = BODY_WARMUP or math.ceil(n / 10),
-      target = 0.90, plain = multi(url, size), ours = function(k) return shapes.loop(url, k, CONC, size) end }
-  end
-  return {
-    { key = "sequential", name = "sequential: rw.fetch / one easy handle", n = N, rounds = ROUNDS,
-      warmup = WARMUP, target = 0.95,
-      plain = function(n) return run_plain(root, n) end,
-      ours = function(n) return shapes.sequential(root, n) end },
-    { key = "loop64", name = format("%d tasks looping rw.fetch / multi", CONC), n = CONC_N,
-      rounds = CONC_ROUNDS, warmup = CONC_WARMUP, target = 0.90,
-      plain = multi(root), ours = function(n) return shapes.loop(root, n, CONC) end },
-    map_shape("map_shared", "rw.map, shared opts / multi", shapes.map_shared),
-    map_shape("map_fresh", "rw.map, fresh opts per call / multi", shapes.map_fresh),
-    map_shape("map_inherit", "rw.map, opts per call via __index / multi", shapes.map_inherit),
-    { key = "headers", name = format("%d tasks, rw.fetch with a header / multi", CONC), n = CONC_N,
-      rounds = CONC_ROUNDS, warmup = CONC_WARMUP, target = 0.90,
-      plain = with_header(root), ours = function(n) return shapes.headers(root, n, CONC) end },
-    { key = "client", name = format("%d tasks, client:get with a header / multi", CONC), n = CONC_N,
-      rounds = CONC_ROUNDS, warmup = CONC_WARMUP, target = 0.90,
-      plain = with_header(root), ours = function(n) return shapes.client(base, "/", n, CONC) end },
-    body_shape("body_64k", format("%d tasks, 64 KiB bodies / multi", CONC), url_64k, N_64K, BODY_64K),
-    body_shape("body_1m", format("%d tasks, 1 MiB bodies / multi", CONC), url_1m, N_1M, BODY_1M),
-    { key = "floor", name = format("floor: %d on the engine, bare loop / multi", CONC), n = CONC_N,
-      rounds = CONC_ROUNDS, warmup = CONC_WARMUP, target = nil,
-      plain = multi(root), ours = function(n) return shapes.floor(root, n, CONC) end },
+  local knobs = {
+    sequential = { n = N, rounds = ROUNDS, warmup = WARMUP },
+    concurrent = { n = CONC_N, rounds = CONC_ROUNDS, warmup = CONC_WARMUP },
+    map = { n = MAP_N, rounds = MAP_ROUNDS, warmup = MAP_WARMUP },
+    body_64k = { n = N_64K, rounds = BODY_ROUNDS, warmup = BODY_WARMUP or math.ceil(N_64K / 10) },
+    body_1m = { n = N_1M, rounds = BODY_ROUNDS, warmup = BODY_WARMUP or math.ceil(N_1M / 10) },
   }
+  local rows_of = {
+    sequential = { "sequential: rw.fetch / one easy handle", knobs.sequential },
+    loop64 = { format("%d tasks looping rw.fetch / multi", CONC), knobs.concurrent },
+    map_shared = { "rw.map, shared opts / multi", knobs.map },
+    map_fresh = { "rw.map, fresh opts per call / multi", knobs.map },
+    map_inherit = { "rw.map, opts per call via __index / multi", knobs.map },
+    headers = { format("%d tasks, rw.fetch with a header / multi", CONC), knobs.concurrent },
+    client = { format("%d tasks, client:get with a header / multi", CONC), knobs.concurrent },
+    body_64k = { format("%d tasks, 64 KiB bodies / multi", CONC), knobs.body_64k },
+    body_1m = { format("%d tasks, 1 MiB bodies / multi", CONC), knobs.body_1m },
+    floor = { format("floor: %d on the engine, bare loop / multi", CONC), knobs.concurrent },
+  }
+  local list = {}
+  for _, shape in ipairs(shapes.list) do
+    local name, k = rows_of[shape.key][1], rows_of[shape.key][2]
+    local url = base .. shape.path
+    local plain
+    if shape.plain == "plain_curl" then
+      plain = function(n) return run_plain(url, n) end
+    else
+      local flags = shape.keep and "--keep"
+        or shape.header and "--header " .. sh_quote("Authorization: " .. shapes.AUTHORIZATION) or nil
+      plain = function(n) return common.run_multi(url, n, CONC, { size = shape.size, flags = flags }) end
+    end
+    list[#list + 1] = { key = shape.key, name = name, n = k.n, rounds = k.rounds, warmup = k.warmup,
+      target = shape.target, plain = plain, ours = function(n) return shape.run(base, n, CONC) end }
+  end
+  return list
 end
 
 local rows, failed_requests = {}, 0

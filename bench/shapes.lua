@@ -244,4 +244,34 @@ function shapes.floor(url, n, conc)
   return measured
 end
 
+-- Every shape `make bench` (run.lua) and `make bench-instructions`
+-- (instructions.lua) measure, in their order: its key (BENCH_ONLY's
+-- names), the path it fetches, its target (nil: none), the size of each
+-- body, its plain contender (plain_curl for sequential; else multi_curl64,
+-- with --keep where ratewise keeps every result and --header where it
+-- sends shapes.AUTHORIZATION), and ratewise's side: run(base, n, conc),
+-- base being the server's URL without a path.
+shapes.list = {
+  { key = "sequential", path = "/", target = 0.95, plain = "plain_curl",
+    run = function(base, n) return shapes.sequential(base .. "/", n) end },
+  { key = "loop64", path = "/", target = 0.90,
+    run = function(base, n, conc) return shapes.loop(base .. "/", n, conc) end },
+  { key = "map_shared", path = "/", target = 0.90, keep = true,
+    run = function(base, n, conc) return shapes.map_shared(base .. "/", n, conc) end },
+  { key = "map_fresh", path = "/", target = 0.90, keep = true,
+    run = function(base, n, conc) return shapes.map_fresh(base .. "/", n, conc) end },
+  { key = "map_inherit", path = "/", target = 0.90, keep = true,
+    run = function(base, n, conc) return shapes.map_inherit(base .. "/", n, conc) end },
+  { key = "headers", path = "/", target = 0.90, header = true,
+    run = function(base, n, conc) return shapes.headers(base .. "/", n, conc) end },
+  { key = "client", path = "/", target = 0.90, header = true,
+    run = function(base, n, conc) return shapes.client(base, "/", n, conc) end },
+  { key = "body_64k", path = "/body/64k", target = 0.90, size = 65536,
+    run = function(base, n, conc) return shapes.loop(base .. "/body/64k", n, conc, 65536) end },
+  { key = "body_1m", path = "/body/1m", target = 0.90, size = 1048576,
+    run = function(base, n, conc) return shapes.loop(base .. "/body/1m", n, conc, 1048576) end },
+  { key = "floor", path = "/", target = nil,
+    run = function(base, n, conc) return shapes.floor(base .. "/", n, conc) end },
+}
+
 return shapes
