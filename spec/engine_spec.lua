@@ -111,6 +111,35 @@ describe("ratewise.core engine", function()
       e:close()
     end)
 
+    it("reads a plain GET's rarer fields (max_body...) when transport lists them or is absent, not when false", function()
+      local e = core.engine()
+      local function outcome(request)
+        request.url, request.max_body = s:url("/echo"), 1
+        local t = assert(e:start(request))
+        while not t:done() do e:poll(1) end
+        local res, err = t:result()
+        t:close()
+        return res and res.status or err.message
+      end
+      assert.matches("response body too large", outcome {})
+      assert.matches("response body too large", outcome { transport = true })
+      assert.matches("response body too large", outcome { transport = { "max_body" } })
+      assert.equal(200, outcome { transport = false })
+      assert.equal(200, outcome { transport = { "decompress" }, decompress = true })
+      assert.equal(5, #s:log("/echo")) -- each was sent: the limit is on the answer
+      e:close()
+    end)
+
+    it("reads a request table, and its header array, through their metatables", function()
+      local e = core.engine()
+      local headers = setmetatable({}, { __index = { "X-Through: index" }, __len = function() return 1 end })
+      local request = setmetatable({}, { __index = { url = s:url("/echo"), headers = headers, transport = false } })
+      local res = run(e, request)
+      assert.equal(200, res.status)
+      assert.equal("index", s:log("/echo")[1].headers["x-through"])
+      e:close()
+    end)
+
     it("sends each request's own header lines through a reused record", function()
       local e = core.engine()
       local url = s:url("/h")

@@ -96,9 +96,16 @@ static const char *request_accept_encoding(void)
               : (zstd ? "Accept-Encoding: deflate, gzip, zstd" : "Accept-Encoding: deflate, gzip");
 }
 
+/* Pushes item i of the array at index idx (raw: read without metamethods)
+ * and returns its type. */
+static int request_item(lua_State *L, int idx, lua_Integer i, int raw)
+{
+    return raw ? lua_rawgeti(L, idx, i) : lua_geti(L, idx, i);
+}
+
 /* Whether the n lines of the array at index idx are those t's lists were
  * built from, with the same extras: then the lists serve as they are. */
-static int request_same_lines(lua_State *L, int idx, lua_Integer n, transfer *t, unsigned flags)
+static int request_same_lines(lua_State *L, int idx, int raw, lua_Integer n, transfer *t, unsigned flags)
 {
     size_t pos = 0;
     lua_Integer i;
@@ -107,7 +114,7 @@ static int request_same_lines(lua_State *L, int idx, lua_Integer n, transfer *t,
         size_t len;
         const char *line;
         int same;
-        if (lua_geti(L, idx, i) != LUA_TSTRING) {
+        if (request_item(L, idx, i, raw) != LUA_TSTRING) {
             lua_pop(L, 1);
             return 0; /* the build says what is wrong with it */
         }
@@ -155,21 +162,30 @@ void rw_request_push_keys(lua_State *L)
     }
 }
 
-/* Pushes request field `field` of the table at index req (its name in the
- * array at index keys). */
-static int request_get(lua_State *L, int req, int keys, enum request_field field)
+/* A request table being read: the table at index req, and the array of
+ * its fields' names at index keys. A table without a metatable (fetch's
+ * and runtime's) is read raw: lua_gettable's way through the metamethods
+ * was a third of each of a request's dozen lookups. */
+typedef struct request_src {
+    lua_State *L;
+    int req, keys, raw;
+} request_src;
+
+/* Pushes request field `field` and returns its type. */
+static int request_get(const request_src *src, enum request_field field)
 {
-    lua_rawgeti(L, keys, (lua_Integer)field + 1);
-    return lua_gettable(L, req);
+    lua_rawgeti(src->L, src->keys, (lua_Integer)field + 1);
+    return src->raw ? lua_rawget(src->L, src->req) : lua_gettable(src->L, src->req);
 }
 
 /* Pushes request option `field` and returns 1, or pushes nothing and
  * returns 0 when it is nil. */
-static int request_opt_field(lua_State *L, int req, int keys, enum request_field field, int type, const char *what)
+static int request_opt_field(const request_src *src, enum request_field field, int type, const char *what)
 {
+    lua_State *L = src->L;
     RW_STACK_MARK(L, mark);
     const char *name = request_field_names[field];
-    int t = request_get(L, req, keys, field);
+    int t = request_get(src, field);
     if (t == LUA_TNIL) {
         lua_pop(L, 1);
         RW_STACK_EXPECT(L, mark, 0);
@@ -181,11 +197,12 @@ static int request_opt_field(lua_State *L, int req, int keys, enum request_field
     return 1;
 }
 
-static double request_opt_seconds(lua_State *L, int req, int keys, enum request_field field)
+static double request_opt_seconds(const request_src *src, enum request_field field)
 {
+    lua_State *L = src->L;
     RW_STACK_MARK(L, mark);
     double v;
-    if (!request_opt_field(L, req, keys, field, LUA_TNUMBER, "a number of seconds")) return -1;
+    if (!request_opt_field(src, field, LUA_TNUMBER, "a number of seconds")) return -1;
     v = lua_tonumber(L, -1);
     lua_pop(L, 1);
     if (!(v > 0) || isnan(v)) luaL_error(L, "request option '%s' must be positive", request_field_names[field]);
@@ -201,14 +218,6 @@ static int request_has_ctl(const char *s, size_t n)
     for (i = 0; i < n; i++)
         if ((unsigned char)s[i] <= 32 || (unsigned char)s[i] == 127) return 1;
     return 0;
-}
-
-/* Whether the request table at index req has a non-nil field. */
-static int request_has_field(lua_State *L, int req, int keys, enum request_field field)
-{
-    int present = request_get(L, req, keys, field) != LUA_TNIL;
-    lua_pop(L, 1);
-    return present;
 }
 
 /* Whether name[0..n) is one of list's (lower-case) names, in any case. */
@@ -266,23 +275,27 @@ static size_t request_check_line(lua_State *L, const char *line, size_t len, int
 }
 
 /* The rarer options (TLS files, a proxy, decompression, the stream and its
- * timeouts), as bits of request fields: a request's `transport` says which
- * of them to look for (request_transport). */
+ * timeouts, and those a plain GET does not have: an empty body, redirects
+ * not followed, a body limit, no TLS checks, a fresh connection, more
+ * secret header names), as bits of request fields: a request's `transport`
+ * says which of them to look for (request_transport). */
 #define RF_BIT(f) (1ULL << (f))
 #define RF_TRANSPORT_FIELDS \
     (RF_BIT(RF_DECOMPRESS) | RF_BIT(RF_CONNECT_TIMEOUT) | RF_BIT(RF_FIRST_BYTE_TIMEOUT) | RF_BIT(RF_IDLE_TIMEOUT) \
      | RF_BIT(RF_STREAM) | RF_BIT(RF_CA_FILE) | RF_BIT(RF_CA_PATH) | RF_BIT(RF_CLIENT_CERT) | RF_BIT(RF_CLIENT_KEY) \
      | RF_BIT(RF_CLIENT_KEY_PASSWORD) | RF_BIT(RF_PINNED_PUBLIC_KEY) | RF_BIT(RF_PROXY) | RF_BIT(RF_PROXY_CA_FILE) \
-     | RF_BIT(RF_TLS_MIN_VERSION))
+     | RF_BIT(RF_TLS_MIN_VERSION) | RF_BIT(RF_EMPTY_BODY) | RF_BIT(RF_FOLLOW_REDIRECTS) | RF_BIT(RF_MAX_BODY) \
+     | RF_BIT(RF_VERIFY_TLS) | RF_BIT(RF_FRESH_CONNECT) | RF_BIT(RF_SECRET_HEADERS))
 
 /* Which of the rarer options to look for: request.transport is false
  * (none), true or absent (all: each is looked up), or an array of the names
- * the request has (fetch's: those only; looking up the fourteen cost some
- * 5,000 instructions a request). */
-static unsigned long long request_transport(lua_State *L, int req, int keys)
+ * the request has (fetch's: those only; looking up the twenty cost some
+ * 6,000 instructions a request, a plain GET's own lookups 1,000 more). */
+static unsigned long long request_transport(const request_src *src)
 {
+    lua_State *L = src->L;
     unsigned long long fields = RF_TRANSPORT_FIELDS;
-    int type = request_get(L, req, keys, RF_TRANSPORT);
+    int type = request_get(src, RF_TRANSPORT);
     if (type == LUA_TBOOLEAN) {
         if (!lua_toboolean(L, -1)) fields = 0;
     } else if (type == LUA_TTABLE) {
@@ -341,16 +354,16 @@ static void request_sig_add(lua_State *L, engine_buf *b, enum request_field fiel
  * checked, and answers whether the handle has exactly those already
  * (t->reset_sig, when reset_ok). request_set_reset_options sets them from
  * it: each is read from the request once. */
-static int request_reset_sig(lua_State *L, int req, int keys, transfer *t, unsigned long long fields,
-                             int decompress)
+static int request_reset_sig(const request_src *src, transfer *t, unsigned long long fields, int decompress)
 {
+    lua_State *L = src->L;
     engine_buf *b = &t->reset_next;
     size_t i, len;
     b->len = 0;
     if (!decompress) request_sig_add(L, b, RF_DECOMPRESS, "", 0);
     for (i = 0; i < sizeof request_string_options / sizeof request_string_options[0]; i++) {
         enum request_field field = request_string_options[i].field;
-        if ((fields & RF_BIT(field)) && request_opt_field(L, req, keys, field, LUA_TSTRING, "a string")) {
+        if ((fields & RF_BIT(field)) && request_opt_field(src, field, LUA_TSTRING, "a string")) {
             const char *v = lua_tolstring(L, -1, &len);
             if (strlen(v) != len) luaL_error(L, "request option '%s' contains a NUL byte", request_field_names[field]);
             request_sig_add(L, b, field, v, len);
@@ -358,7 +371,7 @@ static int request_reset_sig(lua_State *L, int req, int keys, transfer *t, unsig
         }
     }
     if ((fields & RF_BIT(RF_TLS_MIN_VERSION))
-        && request_opt_field(L, req, keys, RF_TLS_MIN_VERSION, LUA_TSTRING, "a string")) {
+        && request_opt_field(src, RF_TLS_MIN_VERSION, LUA_TSTRING, "a string")) {
         const char *v = lua_tolstring(L, -1, &len);
         if (len != 3 || (memcmp(v, "1.2", 3) != 0 && memcmp(v, "1.3", 3) != 0)) /* "1.2\0x" too */
             luaL_error(L, "request option 'tls_min_version' must be \"1.2\" or \"1.3\"");
@@ -463,19 +476,25 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
     const char *method;
     size_t len;
     double seconds;
-    int post = 0, get = 0, extra_secrets = 0, decompress = 1, hidx = 0;
+    int post = 0, get = 0, extra_secrets = 0, decompress = 1, hidx = 0, hraw = 1;
     unsigned long long transport;
     lua_Integer nlines = 0;
     unsigned flags;
     size_t header_bytes = 0;
     const char *url;
-    int same_reset;
+    int same_reset, has_body;
+    request_src source = { L, req, keys, 1 }, *src = &source;
+
+    if (lua_getmetatable(L, req)) {
+        lua_pop(L, 1);
+        source.raw = 0;
+    }
 
     /* The rarer options the request may have: most of fetch's calls have
      * none, and say so (transport = false). */
-    transport = request_transport(L, req, keys);
+    transport = request_transport(src);
     if ((transport & RF_BIT(RF_DECOMPRESS))
-        && request_opt_field(L, req, keys, RF_DECOMPRESS, LUA_TBOOLEAN, "a boolean")) {
+        && request_opt_field(src, RF_DECOMPRESS, LUA_TBOOLEAN, "a boolean")) {
         decompress = lua_toboolean(L, -1);
         lua_pop(L, 1);
     }
@@ -488,7 +507,7 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
         t->reset_sig.len = 0;
         t->reset_ok = 1;
     }
-    same_reset = request_reset_sig(L, req, keys, t, transport, decompress);
+    same_reset = request_reset_sig(src, t, transport, decompress);
     if (!same_reset && !(t->reset_ok && t->reset_sig.len == 0)) {
         rw_engine_reset(e, t); /* it has others, which cannot be unset one by one */
         fresh = 1;
@@ -558,7 +577,7 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
     }
     t->dirty = 0;
 
-    request_opt_field(L, req, keys, RF_URL, LUA_TSTRING, "a string");
+    request_opt_field(src, RF_URL, LUA_TSTRING, "a string");
     url = lua_tolstring(L, -1, &len);
     if (!url) {
         luaL_error(L, "request option 'url' is required");
@@ -588,7 +607,7 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
 
     /* No method: GET, or POST when there is a body (libcurl's way). */
     t->method = METHOD_GET;
-    if (request_opt_field(L, req, keys, RF_METHOD, LUA_TSTRING, "a string")) {
+    if (request_opt_field(src, RF_METHOD, LUA_TSTRING, "a string")) {
         method = lua_tolstring(L, -1, &len);
         if (len == 0 || request_has_ctl(method, len))
             luaL_error(L, "request method is not a valid HTTP method");
@@ -611,17 +630,22 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
         }
         lua_pop(L, 1);
     }
-    if ((get || t->method == METHOD_HEAD) && request_has_field(L, req, keys, RF_BODY))
+    /* One lookup of the body, then the checks in the order that names the
+     * worse mistake first. */
+    has_body = request_get(src, RF_BODY) != LUA_TNIL;
+    if (has_body && (get || t->method == METHOD_HEAD))
         luaL_error(L, "request with method %s cannot carry a body", t->method == METHOD_HEAD ? "HEAD" : "GET");
-
-    if (request_opt_field(L, req, keys, RF_BODY, LUA_TSTRING, "a string")) {
+    if (has_body && lua_type(L, -1) != LUA_TSTRING)
+        luaL_error(L, "request option 'body' must be a string (got %s)", luaL_typename(L, -1));
+    if (!has_body) lua_pop(L, 1);
+    if (has_body) {
         if (t->method == METHOD_GET) t->method = METHOD_POST;
         const char *body = lua_tolstring(L, -1, &len);
         lua_setiuservalue(L, tidx, TRANSFER_UV_BODY); /* libcurl does not copy it */
         t->dirty |= DIRTY_BODY;
         curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
         curl_easy_setopt(easy, CURLOPT_POSTFIELDS, body);
-    } else if (request_opt_field(L, req, keys, RF_EMPTY_BODY, LUA_TBOOLEAN, "a boolean")) {
+    } else if ((transport & RF_BIT(RF_EMPTY_BODY)) && request_opt_field(src, RF_EMPTY_BODY, LUA_TBOOLEAN, "a boolean")) {
         /* Sends "Content-Length: 0", as servers expect of a POST or PUT. */
         if (lua_toboolean(L, -1)) {
             t->dirty |= DIRTY_BODY;
@@ -638,19 +662,22 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
         curl_easy_setopt(easy, CURLOPT_POSTFIELDS, "");
     }
 
-    if (request_opt_field(L, req, keys, RF_SECRET_HEADERS, LUA_TTABLE, "a table of header names")) {
+    if ((transport & RF_BIT(RF_SECRET_HEADERS))
+        && request_opt_field(src, RF_SECRET_HEADERS, LUA_TTABLE, "a table of header names")) {
         extra_secrets = lua_gettop(L);
         request_check_names(L, extra_secrets);
     }
     flags = ((t->dirty & DIRTY_BODY) ? REQUEST_LINES_EXPECT : 0) | (decompress ? REQUEST_LINES_ENCODING : 0);
-    if (request_opt_field(L, req, keys, RF_HEADERS, LUA_TTABLE, "a table")) {
+    if (request_opt_field(src, RF_HEADERS, LUA_TTABLE, "a table")) {
         hidx = lua_gettop(L);
-        nlines = luaL_len(L, hidx);
+        hraw = !lua_getmetatable(L, hidx);
+        if (!hraw) lua_pop(L, 1);
+        nlines = hraw ? (lua_Integer)lua_rawlen(L, hidx) : luaL_len(L, hidx);
     }
     /* The same lines as the last request on this handle (most programs
      * send the same few on every call): its lists serve again. Never with
      * secret_headers, whose names sort the lines differently. */
-    if (!extra_secrets && request_same_lines(L, hidx, nlines, t, flags)) {
+    if (!extra_secrets && request_same_lines(L, hidx, hraw, nlines, t, flags)) {
         if (hidx) lua_pop(L, 1);
     } else {
         lua_Integer i;
@@ -660,7 +687,7 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
             struct curl_slist **list, *next;
             const char *line;
             size_t name_len;
-            if (lua_geti(L, hidx, i) != LUA_TSTRING)
+            if (request_item(L, hidx, i, hraw) != LUA_TSTRING)
                 luaL_error(L, "request header %d must be a string", (int)i);
             line = lua_tolstring(L, -1, &len);
             name_len = request_check_line(L, line, len, (int)i);
@@ -720,7 +747,7 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
     }
 
     t->timeout = 0;
-    if ((seconds = request_opt_seconds(L, req, keys, RF_TIMEOUT)) > 0) {
+    if ((seconds = request_opt_seconds(src, RF_TIMEOUT)) > 0) {
         t->dirty |= DIRTY_TIMEOUT;
         t->timeout = seconds;
         curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, transfer_ms(seconds));
@@ -729,27 +756,28 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
     t->stream = 0;
     if (transport) {
         if ((transport & RF_BIT(RF_CONNECT_TIMEOUT))
-            && (seconds = request_opt_seconds(L, req, keys, RF_CONNECT_TIMEOUT)) > 0) {
+            && (seconds = request_opt_seconds(src, RF_CONNECT_TIMEOUT)) > 0) {
             t->dirty |= DIRTY_TIMEOUT;
             curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, transfer_ms(seconds));
         }
         /* libcurl has no timer for these: the engine ends the transfer
          * itself (engine_expiry). */
         if ((transport & RF_BIT(RF_FIRST_BYTE_TIMEOUT))
-            && (seconds = request_opt_seconds(L, req, keys, RF_FIRST_BYTE_TIMEOUT)) > 0)
+            && (seconds = request_opt_seconds(src, RF_FIRST_BYTE_TIMEOUT)) > 0)
             t->first_byte_timeout = seconds;
-        if ((transport & RF_BIT(RF_IDLE_TIMEOUT)) && (seconds = request_opt_seconds(L, req, keys, RF_IDLE_TIMEOUT)) > 0)
+        if ((transport & RF_BIT(RF_IDLE_TIMEOUT)) && (seconds = request_opt_seconds(src, RF_IDLE_TIMEOUT)) > 0)
             t->idle_timeout = seconds;
         /* The body is handed to Lua as it arrives (transfer:read), the
          * transfer pausing when the reader falls behind. */
-        if ((transport & RF_BIT(RF_STREAM)) && request_opt_field(L, req, keys, RF_STREAM, LUA_TBOOLEAN, "a boolean")) {
+        if ((transport & RF_BIT(RF_STREAM)) && request_opt_field(src, RF_STREAM, LUA_TBOOLEAN, "a boolean")) {
             t->stream = lua_toboolean(L, -1);
             lua_pop(L, 1);
         }
     }
 
     t->follow = 1;
-    if (request_opt_field(L, req, keys, RF_FOLLOW_REDIRECTS, LUA_TBOOLEAN, "a boolean")) {
+    if ((transport & RF_BIT(RF_FOLLOW_REDIRECTS))
+        && request_opt_field(src, RF_FOLLOW_REDIRECTS, LUA_TBOOLEAN, "a boolean")) {
         t->follow = lua_toboolean(L, -1);
         lua_pop(L, 1);
     }
@@ -757,7 +785,7 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
     /* A stream is read as it comes, and may go on for hours: no limit but
      * the one the request names. */
     t->max_body = t->stream ? (size_t)-1 : (size_t)ENGINE_DEFAULT_MAX_BODY;
-    if (request_opt_field(L, req, keys, RF_MAX_BODY, LUA_TNUMBER, "a number of bytes")) {
+    if ((transport & RF_BIT(RF_MAX_BODY)) && request_opt_field(src, RF_MAX_BODY, LUA_TNUMBER, "a number of bytes")) {
         lua_Number mb = lua_tonumber(L, -1);
         /* The integer half of SIZE_MAX, then as a float: meant. */
         if (!(mb >= 0) || mb > (lua_Number)((size_t)-1 / 2)) /* NOLINT(bugprone-integer-division) */
@@ -769,7 +797,8 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
     /* libcurl silently re-sends a request whose reused connection turns out
      * to be dead, even one the server may have acted on; a request that must
      * not be replayed asks for a connection of its own. */
-    if (request_opt_field(L, req, keys, RF_FRESH_CONNECT, LUA_TBOOLEAN, "a boolean")) {
+    if ((transport & RF_BIT(RF_FRESH_CONNECT))
+        && request_opt_field(src, RF_FRESH_CONNECT, LUA_TBOOLEAN, "a boolean")) {
         if (lua_toboolean(L, -1)) {
             t->dirty |= DIRTY_FRESH;
             curl_easy_setopt(easy, CURLOPT_FRESH_CONNECT, 1L);
@@ -779,7 +808,7 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
 
     if (!same_reset) request_set_reset_options(L, t);
 
-    if (request_opt_field(L, req, keys, RF_VERIFY_TLS, LUA_TBOOLEAN, "a boolean")) {
+    if ((transport & RF_BIT(RF_VERIFY_TLS)) && request_opt_field(src, RF_VERIFY_TLS, LUA_TBOOLEAN, "a boolean")) {
         if (!lua_toboolean(L, -1)) {
             t->dirty |= DIRTY_NOVERIFY;
             curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 0L);

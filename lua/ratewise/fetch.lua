@@ -588,13 +588,20 @@ end
 local scratch_request = { url = false, method = false, headers = false, follow_redirects = false,
   timeout = false, body = false, empty_body = false, max_body = false, verify_tls = false,
   fresh_connect = false, secret_headers = false, transport = false }
+-- The rare ones are nil until a call lists them (put_transport); their
+-- slots stay.
+for _, name in ipairs({ "follow_redirects", "empty_body", "max_body", "verify_tls", "fresh_connect",
+  "secret_headers" }) do
+  scratch_request[name] = nil
+end
 
 -- The names of the transport options scratch_request holds: the engine
 -- looks for those only (src/request.c), and the next call takes them away.
 local scratch_transport_names, scratch_transport_n = {}, 0
 
 -- Puts into the request the transport options a call names (transport:
--- whether it names any), in place of those of the call before.
+-- whether it names any), in place of those of the call before. The engine
+-- looks for the names listed (request.transport), or for none (false).
 local function set_transport(request, opts, transport)
   local names, n = scratch_transport_names, scratch_transport_n
   for i = 1, n do
@@ -627,13 +634,15 @@ local function set_transport(request, opts, transport)
   request.transport = transport and names -- false: the engine need not look for any
 end
 
--- A transport option of the request that fetch works out itself.
+-- A rare request field that fetch works out itself (the stream's
+-- timeouts, an empty body, a body limit...): listed for the engine to read.
 local function put_transport(request, name, v)
   if request[name] == nil then
     scratch_transport_n = scratch_transport_n + 1
     scratch_transport_names[scratch_transport_n] = name
   end
   request[name] = v
+  request.transport = scratch_transport_names
 end
 
 -- Options tables fetch.check has passed, with what check_options found
@@ -837,6 +846,11 @@ function fetch.fetch(url, opts, counters)
   end
 
   local empty_body = body == nil and has_body[method] or nil
+  local secret_headers = opts.secret_headers
+  -- whether the request has fields the engine reads only when listed (a
+  -- plain GET has none: the engine looks up six fields, not twelve)
+  local rare = transport or empty_body or not follow or max_body ~= nil or verify_tls ~= nil or fresh_connect
+    or secret_headers ~= nil
   local started = now()
   local deadline = started + max_elapsed
   -- What the error messages and the backoff need, made at the first attempt
@@ -916,17 +930,20 @@ function fetch.fetch(url, opts, counters)
     -- engine leaves libcurl's defaults for them.
     local request = scratch_request
     request.url, request.method, request.headers = url, method, lines
-    request.follow_redirects, request.timeout = follow, attempt_timeout
-    request.body, request.empty_body, request.max_body = body, empty_body, max_body
-    -- libcurl re-sends a request on its own when a reused connection turns
-    -- out to be dead; only a replay-safe request may take that chance.
-    request.verify_tls, request.fresh_connect = verify_tls, fresh_connect
-    -- More names whose lines the engine keeps from another origin.
-    request.secret_headers = opts.secret_headers
-    -- The transport options are rare: copied (or cleared after a call that
-    -- had them) only when there is something to copy or clear.
-    if transport or scratch_transport_n > 0 then
+    request.timeout, request.body = attempt_timeout, body
+    -- The rare fields are copied (or cleared after a call that had them)
+    -- only when there is something to copy or clear.
+    if rare or scratch_transport_n > 0 then
       set_transport(request, opts, transport)
+      if empty_body then put_transport(request, "empty_body", true) end
+      if not follow then put_transport(request, "follow_redirects", false) end
+      if max_body ~= nil then put_transport(request, "max_body", max_body) end
+      if verify_tls ~= nil then put_transport(request, "verify_tls", verify_tls) end
+      -- libcurl re-sends a request on its own when a reused connection
+      -- turns out to be dead; only a replay-safe request may take that chance.
+      if fresh_connect then put_transport(request, "fresh_connect", true) end
+      -- More names whose lines the engine keeps from another origin.
+      if secret_headers ~= nil then put_transport(request, "secret_headers", secret_headers) end
     else
       request.transport = false
     end
