@@ -111,7 +111,7 @@ describe("ratewise.core engine", function()
       e:close()
     end)
 
-    it("reads a plain GET's rarer fields (max_body...) when transport lists them or is absent, not when false", function()
+    it("reads the rarer fields (max_body...) when transport lists them or is absent, not when false", function()
       local e = core.engine()
       local function outcome(request)
         request.url, request.max_body = s:url("/echo"), 1
