@@ -401,6 +401,54 @@ void rw_response_head(lua_State *L, transfer *t)
     lua_setfield(L, -2, "http_version");
 }
 
+/* The fields of a successful transfer's response table. Their names are
+ * made Lua strings once (rw_response_register) and set with them:
+ * lua_setfield would make each string again from its C name (under LuaJIT,
+ * a hash and a look-up in the string table for each of a response's four
+ * to seven fields). */
+#define RESPONSE_FIELDS \
+    RESPONSE_FIELD(RK_STATUS, "status") \
+    RESPONSE_FIELD(RK_HEAD, "_head") \
+    RESPONSE_FIELD(RK_HEAD_END, "_head_end") \
+    RESPONSE_FIELD(RK_BODY, "body") \
+    RESPONSE_FIELD(RK_URL, "url") \
+    RESPONSE_FIELD(RK_REDIRECTS, "redirects") \
+    RESPONSE_FIELD(RK_HTTP_VERSION, "http_version") \
+    RESPONSE_FIELD(RK_TIME, "time")
+
+enum response_key {
+#define RESPONSE_FIELD(id, name) id,
+    RESPONSE_FIELDS
+#undef RESPONSE_FIELD
+    RK_COUNT
+};
+
+/* The registry's key of the array of names: this variable's address. */
+static const char response_keys_id = 0;
+
+void rw_response_register(lua_State *L)
+{
+    static const char *const names[] = {
+#define RESPONSE_FIELD(id, name) name,
+        RESPONSE_FIELDS
+#undef RESPONSE_FIELD
+    };
+    int i;
+    lua_createtable(L, RK_COUNT, 0);
+    for (i = 0; i < RK_COUNT; i++) {
+        lua_pushstring(L, names[i]);
+        lua_rawseti(L, -2, i + 1);
+    }
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &response_keys_id);
+}
+
+/* Pushes the name of field `key` (keys: the index of the array of names),
+ * for lua_rawset(L, -3) to set once its value is pushed. */
+static void response_key(lua_State *L, int keys, enum response_key key)
+{
+    lua_rawgeti(L, keys, (lua_Integer)key + 1);
+}
+
 /* transfer:result([lazy]) -> response table | nil, error table. lazy: the
  * header block is kept raw (res._head, res._head_end) for
  * core.response_headers to make into tables when they are first read. */
@@ -423,35 +471,47 @@ int rw_response_result(lua_State *L, transfer *t, int lazy)
          * for response.lua to answer, and the table has 8 slots, not 16. */
         int plain_version = t->http_version != CURL_HTTP_VERSION_2_0 && t->http_version != CURL_HTTP_VERSION_1_0
                             && t->http_version != 30;
+        int keys;
+        lua_rawgetp(L, LUA_REGISTRYINDEX, &response_keys_id);
+        keys = lua_gettop(L);
         lua_createtable(L, 0, lazy ? 8 : 10);
+        response_key(L, keys, RK_STATUS);
         lua_pushinteger(L, t->status);
-        lua_setfield(L, -2, "status");
+        lua_rawset(L, -3);
         if (lazy) {
+            response_key(L, keys, RK_HEAD);
             lua_pushlstring(L, t->head.data ? t->head.data : "", t->head.len);
-            lua_setfield(L, -2, "_head");
+            lua_rawset(L, -3);
             if (t->head_end != 0 && t->head_end != t->head.len) { /* trailers follow (nil: none) */
+                response_key(L, keys, RK_HEAD_END);
                 lua_pushinteger(L, (lua_Integer)t->head_end);
-                lua_setfield(L, -2, "_head_end");
+                lua_rawset(L, -3);
             }
         } else {
             response_set_headers(L, t);
         }
+        response_key(L, keys, RK_BODY);
         lua_pushlstring(L, t->body.data ? t->body.data : "", t->body.len);
-        lua_setfield(L, -2, "body");
+        lua_rawset(L, -3);
         if (t->effective_url) {
+            response_key(L, keys, RK_URL);
             lua_pushstring(L, t->effective_url);
-            lua_setfield(L, -2, "url");
+            lua_rawset(L, -3);
         }
         if (!lazy || t->redirects) {
+            response_key(L, keys, RK_REDIRECTS);
             lua_pushinteger(L, t->redirects);
-            lua_setfield(L, -2, "redirects");
+            lua_rawset(L, -3);
         }
         if (!lazy || !plain_version) {
+            response_key(L, keys, RK_HTTP_VERSION);
             response_push_version(L, t->http_version);
-            lua_setfield(L, -2, "http_version");
+            lua_rawset(L, -3);
         }
+        response_key(L, keys, RK_TIME);
         lua_pushnumber(L, t->total_time);
-        lua_setfield(L, -2, "time");
+        lua_rawset(L, -3);
+        lua_remove(L, keys);
         return 1;
     }
     lua_pushnil(L);

@@ -215,6 +215,9 @@ int rw_buf_grow(engine_buf *b, size_t need);
 size_t rw_response_on_body(char *ptr, size_t size, size_t nmemb, void *ud);
 size_t rw_response_on_header(char *ptr, size_t size, size_t nmemb, void *ud);
 int rw_response_result(lua_State *L, transfer *t, int lazy);
+/* Keeps in the registry the names of a response's fields, for
+ * rw_response_result (engine.c's registration calls it once). */
+void rw_response_register(lua_State *L);
 int rw_response_l_headers(lua_State *L);
 /* transfer:head(): a streamed response's status and headers */
 void rw_response_head(lua_State *L, transfer *t);
