@@ -130,6 +130,29 @@ describe("ratewise.core engine", function()
       e:close()
     end)
 
+    it("closes a transfer as result(lazy, true) makes its result, and its record serves the next request", function()
+      local e = core.engine()
+      for i = 1, 3 do
+        local t = assert(e:start { url = s:url("/echo"), headers = { "X-N: " .. i } })
+        while not t:done() do e:poll(1) end
+        local res = assert(t:result(true, true))
+        assert.equal(200, res.status)
+        assert.matches('"x%-n": "' .. i .. '"', res.body)
+        assert.error_matches(function() t:done() end, "transfer is closed", 1, true)
+        assert.error_matches(function() t:result() end, "transfer is closed", 1, true)
+        t:close() -- idempotent
+        assert.equal(0, e:running())
+      end
+      local failed = assert(e:start { url = "http://127.0.0.1:9/" }) -- refused
+      while not failed:done() do e:poll(1) end
+      local nothing, err = failed:result(true, true)
+      assert.is_nil(nothing)
+      assert.is_string(err.message)
+      assert.error_matches(function() failed:done() end, "transfer is closed", 1, true)
+      assert.equal(3, #s:log("/echo"))
+      e:close()
+    end)
+
     it("reads a request table, and its header array, through their metatables", function()
       local e = core.engine()
       local headers = setmetatable({}, { __index = { "X-Through: index" }, __len = function() return 1 end })

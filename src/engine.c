@@ -46,8 +46,12 @@
 #define TRANSFER_MT "ratewise.Transfer"
 #define ENGINE_POOL_MAX 64
 /* Engine user values: 1, the boxes of transfers until poll reports them;
- * ENGINE_UV_KEYS, the request fields' names (rw_request_push_keys). */
+ * ENGINE_UV_KEYS, the request fields' names (rw_request_push_keys) and,
+ * after them at KEYS_TRANSFER_MT, the transfers' metatable: at hand for
+ * engine:start, where luaL_setmetatable's look-up by name in the registry
+ * cost LuaJIT some 200 instructions a request. */
 #define ENGINE_UV_KEYS 2
+#define KEYS_TRANSFER_MT (RF_COUNT + 1)
 
 /* Connections (core.engine's options, engine:configure). At most
  * max_connections are open at once; transfers beyond that wait in
@@ -1142,6 +1146,8 @@ static int engine_l_new(lua_State *L)
     lua_createtable(L, ENGINE_POOL_MAX, 0);
     lua_setiuservalue(L, -2, 1);
     rw_request_push_keys(L); /* the request fields' names, made once */
+    luaL_getmetatable(L, TRANSFER_MT);
+    lua_rawseti(L, -2, KEYS_TRANSFER_MT);
     lua_setiuservalue(L, -2, ENGINE_UV_KEYS);
     e->epfd = epoll_create1(EPOLL_CLOEXEC);
     if (e->epfd < 0) {
@@ -1189,27 +1195,28 @@ static int engine_l_start(lua_State *L)
     transfer *t;
     CURLMcode mc;
     long recv_buffer;
-    int fresh, tidx;
+    int fresh, tidx, keys;
     luaL_checktype(L, 2, LUA_TTABLE);
+    lua_getiuservalue(L, 1, ENGINE_UV_KEYS);
+    keys = lua_gettop(L);
     box = (transfer_box *)lua_newuserdatauv(L, sizeof(transfer_box), 2);
-    tidx = lua_gettop(L);
+    tidx = keys + 1;
     box->t = NULL;
-    luaL_setmetatable(L, TRANSFER_MT);
+    lua_rawgeti(L, keys, KEYS_TRANSFER_MT);
+    lua_setmetatable(L, tidx);
     lua_pushvalue(L, 1);
     lua_setiuservalue(L, tidx, TRANSFER_UV_ENGINE);
 
     t = engine_take(e, &fresh);
     if (!t) {
-        lua_pop(L, 1);
+        lua_settop(L, keys - 1);
         lua_pushnil(L);
         lua_pushliteral(L, "libcurl could not create an easy handle");
         return 2;
     }
     box->t = t; /* from here on __gc gives the record back, whatever happens */
     t->state = TRANSFER_DONE;
-    lua_getiuservalue(L, 1, ENGINE_UV_KEYS);
-    rw_request_configure(L, e, t, 2, lua_gettop(L), tidx, fresh); /* may raise */
-    lua_pop(L, 1);
+    rw_request_configure(L, e, t, 2, keys, tidx, fresh); /* may raise */
     recv_buffer = engine_buffer_size(e);
     if (t->recv_buffer != recv_buffer) {
         t->recv_buffer = recv_buffer;
@@ -1232,12 +1239,13 @@ static int engine_l_start(lua_State *L)
         t->ref = LUA_NOREF;
         box->t = NULL;
         engine_give(e, t);
-        lua_pop(L, 2);
+        lua_settop(L, keys - 1);
         lua_pushnil(L);
         lua_pushstring(L, curl_multi_strerror(mc));
         return 2;
     }
     lua_pop(L, 1);
+    lua_replace(L, keys); /* the box, in the names' place */
     t->state = TRANSFER_RUNNING;
     t->engine = e;
     engine_list_add(&e->running, t);
@@ -1537,20 +1545,25 @@ static int transfer_l_cancel(lua_State *L)
     return 0;
 }
 
-/* Idempotent; transfer:close(), __close and __gc. A running transfer is
+/* Closes the transfer whose box (at index 1) is box: a running transfer is
  * aborted; a finished one is no longer reported by poll. The record goes
  * back to the engine's pool. */
-static int transfer_l_close(lua_State *L)
+static void transfer_release(lua_State *L, transfer_box *box)
 {
-    transfer_box *box = (transfer_box *)luaL_checkudata(L, 1, TRANSFER_MT);
     transfer *t = box->t;
     engine *e;
-    if (!t) return 0;
+    if (!t) return;
     box->t = NULL;
     e = transfer_detach(L, t);
     if (t->state == TRANSFER_RUNNING) engine_finish(t, CURLE_ABORTED_BY_CALLBACK, ABORT_CANCELLED);
     else engine_unqueue(t);
     engine_give(e, t);
+}
+
+/* Idempotent; transfer:close(), __close and __gc. */
+static int transfer_l_close(lua_State *L)
+{
+    transfer_release(L, (transfer_box *)luaL_checkudata(L, 1, TRANSFER_MT));
     return 0;
 }
 
@@ -1615,11 +1628,17 @@ static int transfer_l_read(lua_State *L)
     return 1;
 }
 
-/* transfer:result([lazy]) -> response table | nil, error table (response.c) */
+/* transfer:result([lazy [, close]]) -> response table | nil, error table
+ * (response.c). close: the transfer is closed once its result is made, as
+ * transfer:close() would (one call less for a caller that is done with it). */
 static int transfer_l_result(lua_State *L)
 {
-    transfer *t = transfer_check(L);
-    return rw_response_result(L, t, lua_toboolean(L, 2));
+    transfer_box *box = (transfer_box *)luaL_checkudata(L, 1, TRANSFER_MT);
+    int n;
+    if (!box->t) return luaL_argerror(L, 1, "transfer is closed");
+    n = rw_response_result(L, box->t, lua_toboolean(L, 2));
+    if (lua_toboolean(L, 3)) transfer_release(L, box);
+    return n;
 }
 
 static int transfer_l_tostring(lua_State *L)

@@ -299,10 +299,9 @@ function runtime.transfer(request, per_call)
       error(werr, 0)
     end
   end
-  -- lazy: the header tables are made when first read (response.lua)
-  local res, terr = transfer:result(true)
-  transfer:close()
-  return res, terr
+  -- lazy: the header tables are made when first read (response.lua); and
+  -- the transfer is closed as the result is made
+  return transfer:result(true, true)
 end
 
 --- true = runtime.await_news(transfer, ready [, per_call_sleep]): waits
