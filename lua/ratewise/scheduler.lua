@@ -415,7 +415,7 @@ end
 -- due sooner) until a socket is ready or the time is up. Running tasks and
 -- blocking are never in the same turn, so that the caller can look at what
 -- the tasks did before waiting again.
-local function turn(max_wait, budget)
+local function turn(max_wait, budget, running)
   fire_timers()
   if ready_n > 0 then
     if budget and not work_until then work_until = now() + budget end
@@ -423,7 +423,8 @@ local function turn(max_wait, budget)
     if transfers_running() then scheduler.poll(0, budget) end
   else
     if heap_n > 0 then max_wait = min(max_wait, max(0, heap_at[1] - now())) end
-    if max_wait == huge and not transfers_running() then return end -- nothing could happen
+    -- nothing could happen (running: the caller knows a transfer is in flight)
+    if max_wait == huge and not running and not transfers_running() then return end
     scheduler.poll(max_wait, budget)
   end
   fire_timers()
@@ -595,7 +596,8 @@ function scheduler.await_transfer(transfer, task)
     task.transfer = nil
     return
   end
-  while not transfer:done() do turn(huge) end
+  -- not done: in flight, which the engine need not be asked again
+  while not transfer:done() do turn(huge, nil, true) end
 end
 
 -- A task cancelled while it waits for a bucket's place gives the place up.
