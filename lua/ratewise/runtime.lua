@@ -73,8 +73,9 @@ end
 local main_host = {
   sleep = function(seconds) scheduler.sleep(seconds) end,
   await = scheduler.drive_until,
-  -- a transfer's wait without a closure over it (a sequential fetch's)
-  await_transfer = scheduler.await_transfer,
+  -- a wait for the transfer runtime.transfer has just started, without a
+  -- closure over it (a sequential fetch's)
+  await_transfer = scheduler.await_started,
 }
 
 -- Rule 5. The seconds are the scheduler's own next deadline (libcurl's

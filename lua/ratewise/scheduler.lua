@@ -415,7 +415,7 @@ end
 -- due sooner) until a socket is ready or the time is up. Running tasks and
 -- blocking are never in the same turn, so that the caller can look at what
 -- the tasks did before waiting again.
-local function turn(max_wait, budget, running)
+local function turn(max_wait, budget, in_flight)
   fire_timers()
   if ready_n > 0 then
     if budget and not work_until then work_until = now() + budget end
@@ -423,8 +423,8 @@ local function turn(max_wait, budget, running)
     if transfers_running() then scheduler.poll(0, budget) end
   else
     if heap_n > 0 then max_wait = min(max_wait, max(0, heap_at[1] - now())) end
-    -- nothing could happen (running: the caller knows a transfer is in flight)
-    if max_wait == huge and not running and not transfers_running() then return end
+    -- nothing could happen (in_flight: the caller knows a transfer is)
+    if max_wait == huge and not in_flight and not transfers_running() then return end
     scheduler.poll(max_wait, budget)
   end
   fire_timers()
@@ -598,6 +598,14 @@ function scheduler.await_transfer(transfer, task)
   end
   -- not done: in flight, which the engine need not be asked again
   while not transfer:done() do turn(huge, nil, true) end
+end
+
+--- scheduler.await_started(transfer): outside any task, waits for a
+-- transfer that has just been started (engine:start, and no turn since), so
+-- is not done yet: a sequential fetch's wait, which asks the transfer once a
+-- turn, not once more before the first.
+function scheduler.await_started(transfer)
+  repeat turn(huge, nil, true) until transfer:done()
 end
 
 -- A task cancelled while it waits for a bucket's place gives the place up.
