@@ -153,6 +153,25 @@ describe("ratewise.core engine", function()
       e:close()
     end)
 
+    it("gives each request on a reused record its own timeout, or none", function()
+      -- each script step answers one request: slow (0.5 s) three times
+      s:script("/late", { { delay = 0.5, body = "a" }, { delay = 0.5, body = "b" }, { delay = 0.5, body = "c" },
+        { delay = 0.5, body = "d" } })
+      local e = core.engine()
+      local function outcome(request)
+        request.url = s:url("/late")
+        local t = assert(e:start(request))
+        while not t:done() do e:poll(1) end
+        local res, err = t:result(true, true)
+        return res and res.body or (err.timeout and "timeout" or err.message)
+      end
+      assert.equal("timeout", outcome { timeout = 0.2 })
+      assert.equal("b", outcome {}) -- the 0.2 s limit is gone with its request
+      assert.equal("timeout", outcome { timeout = 0.2, transport = false })
+      assert.equal("d", outcome { timeout = 5, transport = false })
+      e:close()
+    end)
+
     it("reads a request table, and its header array, through their metatables", function()
       local e = core.engine()
       local headers = setmetatable({}, { __index = { "X-Through: index" }, __len = function() return 1 end })

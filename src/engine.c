@@ -224,6 +224,7 @@ void rw_engine_reset(engine *e, transfer *t)
 {
     curl_easy_reset(t->easy);
     t->dirty = 0;
+    t->timeout_ms = t->connect_timeout_ms = 0;
     t->url_ok = t->lists_set = 0; /* the handle has neither any more */
     engine_handle_init(e, t);
 }
@@ -939,7 +940,10 @@ static int engine_follow(engine *e, transfer *t, CURLcode *code)
     curl_easy_setopt(t->easy, CURLOPT_URL, next_url);        /* copied */
     free(t->effective_url);
     t->effective_url = next_url;
-    if (t->timeout > 0) curl_easy_setopt(t->easy, CURLOPT_TIMEOUT_MS, transfer_ms(left));
+    if (t->timeout > 0) {
+        t->timeout_ms = transfer_ms(left);
+        curl_easy_setopt(t->easy, CURLOPT_TIMEOUT_MS, t->timeout_ms);
+    }
     t->body.len = 0; /* the redirect's own body is not the answer */
     t->redirects++;
     mc = curl_multi_add_handle(e->multi, t->easy);

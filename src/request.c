@@ -476,6 +476,7 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
     const char *method;
     size_t len;
     double seconds;
+    long ms;
     int post = 0, get = 0, extra_secrets = 0, decompress = 1, hidx = 0, hraw = 1;
     unsigned long long transport;
     lua_Integer nlines = 0;
@@ -564,10 +565,6 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
         if (t->dirty & (DIRTY_BODY | DIRTY_METHOD)) {
             curl_easy_setopt(easy, CURLOPT_HTTPGET, 1L);
             curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, (char *)NULL);
-        }
-        if (t->dirty & DIRTY_TIMEOUT) {
-            curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, 0L);
-            curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, 0L);
         }
         if (t->dirty & DIRTY_FRESH) curl_easy_setopt(easy, CURLOPT_FRESH_CONNECT, 0L);
         if (t->dirty & DIRTY_NOVERIFY) {
@@ -747,19 +744,25 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
     }
 
     t->timeout = 0;
+    ms = 0;
     if ((seconds = request_opt_seconds(src, RF_TIMEOUT)) > 0) {
-        t->dirty |= DIRTY_TIMEOUT;
         t->timeout = seconds;
-        curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, transfer_ms(seconds));
+        ms = transfer_ms(seconds);
+    }
+    if (ms != t->timeout_ms) {
+        t->timeout_ms = ms;
+        curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, ms);
+    }
+    ms = 0;
+    if ((transport & RF_BIT(RF_CONNECT_TIMEOUT)) && (seconds = request_opt_seconds(src, RF_CONNECT_TIMEOUT)) > 0)
+        ms = transfer_ms(seconds);
+    if (ms != t->connect_timeout_ms) {
+        t->connect_timeout_ms = ms;
+        curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, ms);
     }
     t->first_byte_timeout = t->idle_timeout = 0;
     t->stream = 0;
     if (transport) {
-        if ((transport & RF_BIT(RF_CONNECT_TIMEOUT))
-            && (seconds = request_opt_seconds(src, RF_CONNECT_TIMEOUT)) > 0) {
-            t->dirty |= DIRTY_TIMEOUT;
-            curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, transfer_ms(seconds));
-        }
         /* libcurl has no timer for these: the engine ends the transfer
          * itself (engine_expiry). */
         if ((transport & RF_BIT(RF_FIRST_BYTE_TIMEOUT))

@@ -35,7 +35,6 @@ enum transfer_method { METHOD_GET, METHOD_HEAD, METHOD_POST, METHOD_OTHER };
  * handle gets back only those the last request on it changed. */
 #define DIRTY_BODY 1u       /* POSTFIELDS (and the POST it implies) */
 #define DIRTY_METHOD 2u     /* NOBODY, POST or CUSTOMREQUEST */
-#define DIRTY_TIMEOUT 4u
 #define DIRTY_FRESH 8u
 #define DIRTY_NOVERIFY 16u
 
@@ -106,6 +105,10 @@ typedef struct transfer {
     /* monotonic: when it started; when the engine ends it if libcurl has
      * not (0: no timeout), see ENGINE_EXPIRY_GRACE */
     double timeout, started, expires;
+    /* CURLOPT_TIMEOUT_MS and CURLOPT_CONNECTTIMEOUT_MS as the handle has
+     * them (0: libcurl's default): a request with the same ones (most, as
+     * fetch's budget is far from its end) sets neither again. */
+    long timeout_ms, connect_timeout_ms;
     /* gathered from the easy handle when the transfer ends (request_size:
      * over every hop of a redirect) */
     long status, request_size, redirects;
