@@ -584,16 +584,11 @@ local function new_state(started, method, shown_url, max_elapsed, on_event)
     max_elapsed = max_elapsed, on_event = on_event }
 end
 
--- Every field the engine reads, so that assigning one never grows the table.
-local scratch_request = { url = false, method = false, headers = false, follow_redirects = false,
-  timeout = false, body = false, empty_body = false, max_body = false, verify_tls = false,
-  fresh_connect = false, secret_headers = false, transport = false }
--- The rare ones are nil until a call lists them (put_transport); their
--- slots stay.
-for _, name in ipairs({ "follow_redirects", "empty_body", "max_body", "verify_tls", "fresh_connect",
-  "secret_headers" }) do
-  scratch_request[name] = nil
-end
+-- The fields the engine reads of every request, so that assigning one
+-- never grows the table; the rarer ones are there only while a call lists
+-- them (set_transport, put_transport).
+local scratch_request = { url = false, method = false, headers = false, timeout = false, body = false,
+  transport = false }
 
 -- The names of the transport options scratch_request holds: the engine
 -- looks for those only (src/request.c), and the next call takes them away.
