@@ -41,9 +41,9 @@ local function plain_command(shape, url, n)
   if shape.plain == "plain_curl" then
     return format("%s %s %d %s", sh_quote(common.here .. "/plain_curl"), sh_quote(url), n, sh_quote(common.agent()))
   end
-  local flags = shape.keep and "--keep "
-    or shape.header and "--header " .. sh_quote("Authorization: " .. shapes.AUTHORIZATION) .. " " or ""
-  return format("%s %s%s %d %d %s", sh_quote(common.MULTI), flags, sh_quote(url), n, CONC, sh_quote(common.agent()))
+  local flags = shapes.multi_flags(shape, sh_quote)
+  return format("%s %s%s %d %d %s", sh_quote(common.MULTI), flags and (flags .. " ") or "", sh_quote(url), n, CONC,
+    sh_quote(common.agent()))
 end
 
 ---------------------------------------------------------------------------

@@ -226,8 +226,7 @@ local function shape_list(base)
     if shape.plain == "plain_curl" then
       plain = function(n) return run_plain(url, n) end
     else
-      local flags = shape.keep and "--keep"
-        or shape.header and "--header " .. sh_quote("Authorization: " .. shapes.AUTHORIZATION) or nil
+      local flags = shapes.multi_flags(shape, sh_quote)
       plain = function(n) return common.run_multi(url, n, CONC, { size = shape.size, flags = flags }) end
     end
     list[#list + 1] = { key = shape.key, name = name, n = k.n, rounds = k.rounds, warmup = k.warmup,

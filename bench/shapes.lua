@@ -274,4 +274,13 @@ shapes.list = {
     run = function(base, n, conc) return shapes.floor(base .. "/", n, conc) end },
 }
 
+--- flags = shapes.multi_flags(shape, quote): the flags of shape's
+-- multi_curl64 contender ("--keep", "--header 'Authorization: ...'"), or
+-- nil for none; quote: the shell quoting of bench/common.lua.
+function shapes.multi_flags(shape, quote)
+  if shape.keep then return "--keep" end
+  if shape.header then return "--header " .. quote("Authorization: " .. shapes.AUTHORIZATION) end
+  return nil
+end
+
 return shapes
