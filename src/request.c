@@ -289,8 +289,9 @@ static size_t request_check_line(lua_State *L, const char *line, size_t len, int
 
 /* Which of the rarer options to look for: request.transport is false
  * (none), true or absent (all: each is looked up), or an array of the names
- * the request has (fetch's: those only; looking up the twenty cost some
- * 6,000 instructions a request, a plain GET's own lookups 1,000 more). */
+ * the request has (fetch's: those only. Looking up the fourteen transport
+ * options cost some 5,000 instructions a request; a plain GET's twelve
+ * lookups, made six, took LuaJIT's request from 78.9k to 77.0k). */
 static unsigned long long request_transport(const request_src *src)
 {
     lua_State *L = src->L;

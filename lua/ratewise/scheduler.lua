@@ -584,6 +584,15 @@ local function abort_transfer(transfer, task)
   transfer:close()
 end
 
+--- scheduler.await_started(transfer): outside any task, waits for a
+-- transfer that is not done yet (one just started: engine:start, and no
+-- turn since), asking it once a turn, not once more before the first; the
+-- turns need not ask the engine whether anything runs (it does). A
+-- sequential fetch's wait.
+function scheduler.await_started(transfer)
+  repeat turn(huge, nil, true) until transfer:done()
+end
+
 -- scheduler.await_transfer(transfer [, task]): task, when the caller has
 -- it at hand, is scheduler.current().
 function scheduler.await_transfer(transfer, task)
@@ -594,18 +603,9 @@ function scheduler.await_transfer(transfer, task)
     task.transfer = transfer
     wait_here(task, abort_transfer, transfer, task)
     task.transfer = nil
-    return
+  elseif not transfer:done() then
+    scheduler.await_started(transfer)
   end
-  -- not done: in flight, which the engine need not be asked again
-  while not transfer:done() do turn(huge, nil, true) end
-end
-
---- scheduler.await_started(transfer): outside any task, waits for a
--- transfer that has just been started (engine:start, and no turn since), so
--- is not done yet: a sequential fetch's wait, which asks the transfer once a
--- turn, not once more before the first.
-function scheduler.await_started(transfer)
-  repeat turn(huge, nil, true) until transfer:done()
 end
 
 -- A task cancelled while it waits for a bucket's place gives the place up.
