@@ -153,6 +153,37 @@ describe("ratewise.core engine", function()
       e:close()
     end)
 
+    it("names each finished transfer's owner beside it in poll's owners, false where there is none", function()
+      local e = core.engine()
+      local a_owner, c_owner = { name = "a" }, { name = "c" }
+      local a = assert(e:start({ url = s:url("/a") }, a_owner))
+      local b = assert(e:start { url = s:url("/b") })
+      local c = assert(e:start({ url = s:url("/c") }, { name = "replaced" }))
+      c:set_owner(c_owner)
+      local gone = assert(e:start({ url = s:url("/gone") }, "never named"))
+      gone:set_owner(nil)
+      local out, owners, seen = {}, {}, {}
+      while #seen < 4 do
+        local _, n = e:poll(1, out, 0, owners)
+        for i = 1, n do seen[#seen + 1] = { out[i], owners[i] } end
+      end
+      local by = {}
+      for _, pair in ipairs(seen) do by[pair[1]] = pair[2] end
+      assert.equal(a_owner, by[a])
+      assert.is_false(by[b])
+      assert.equal(c_owner, by[c])
+      assert.is_false(by[gone])
+      for _, t in ipairs { a, b, c, gone } do assert.equal(200, assert(t:result(true, true)).status) end
+      -- without an owners table, poll reports as it always has
+      local d = assert(e:start({ url = s:url("/d") }, a_owner))
+      local plain = {}
+      while not d:done() do e:poll(1, plain) end
+      assert.equal(d, plain[1])
+      assert.error_matches(function() e:poll(0, {}, 0, "owners") end, "table expected", 1, true)
+      d:close()
+      e:close()
+    end)
+
     it("gives each request on a reused record its own timeout, or none", function()
       -- each script step answers one request: slow (0.5 s) three times
       s:script("/late", { { delay = 0.5, body = "a" }, { delay = 0.5, body = "b" }, { delay = 0.5, body = "c" },
@@ -829,7 +860,11 @@ describe("ratewise.core built with -DRW_STACK_CHECK", function()
       e:poll(); e:poll(0)
       local out = {}
       while not t:done() do e:poll(1, out) end
-      e:poll(0, out, 0.001); e:poll(0, out, 0, "extra")
+      e:poll(0, out, 0.001); e:poll(0, out, 0, {}, "extra")
+      local owned = assert(e:start({ url = url }, "owner"))
+      owned:set_owner(nil); owned:set_owner(true)
+      while not owned:done() do e:poll(1, out, 0, {}) end
+      owned:close()
       e:running(); t:done(); tostring(t)
       assert(t:result()).status = nil
       t:close(); t:close() -- after poll reported it: holds no reference

@@ -93,6 +93,37 @@ local SERVER = [[
         ngx.say(string.format("%.3f", ngx.now() - started))
       }
     }
+    location = /threads {
+      content_by_lua_block {
+        -- 16 light threads, each fetching 25 times, twice; the second time,
+        -- how many ngx.semaphores the host made (its waiters are reused)
+        local rw = require "ratewise"
+        local semaphore = require "ngx.semaphore"
+        local url = ngx.unescape_uri(ngx.var.arg_url)
+        local function batch()
+          local threads, statuses = {}, {}
+          for t = 1, 16 do
+            threads[t] = ngx.thread.spawn(function()
+              for _ = 1, 25 do
+                local res, err = rw.fetch(url, { on_retry = false })
+                statuses[#statuses + 1] = res and res.status or tostring(err)
+              end
+            end)
+          end
+          for t = 1, 16 do assert(ngx.thread.wait(threads[t])) end
+          return statuses
+        end
+        batch()
+        local made, new = 0, semaphore.new
+        semaphore.new = function(...) made = made + 1 return new(...) end
+        local ok, statuses = pcall(batch)
+        semaphore.new = new
+        assert(ok, statuses)
+        local counts = {}
+        for _, status in ipairs(statuses) do counts[status] = (counts[status] or 0) + 1 end
+        ngx.say(#statuses, " ", counts[200] or 0, " ", made)
+      }
+    }
     location = /result {
       content_by_lua_block { ngx.print(ngx.shared.results:get(ngx.var.arg_key) or "") }
     }
@@ -232,6 +263,16 @@ describe("ratewise in OpenResty", function()
     end)
     assert.equal(10, #s:log("/q"))
     assert.is_true(quick < 0.05, "ten quick fetches took " .. quick .. " s") -- 0.016 s here, 0.08 before
+  end)
+
+  it("serves many light threads' fetches, reusing its waiters rather than making a semaphore each", function()
+    s:script("/many", { { status = 200, body = "ok" } })
+    local requests, ok, made = get("/threads?url=" .. escape(s:url("/many"))):match("^(%d+) (%d+) (%d+)")
+    assert.equal("400", requests)
+    assert.equal("400", ok)
+    -- 16 waiting at once at most: a waiter more now and then, never one a request
+    assert.is_true(tonumber(made) <= 16, made .. " semaphores made for 400 requests")
+    assert.equal(800, #s:log("/many"))
   end)
 
   it("fetches from an ngx.timer.at callback", function()

@@ -1190,8 +1190,10 @@ static int engine_l_configure(lua_State *L)
     return 0;
 }
 
-/* engine:start(request) -> transfer. Misuse raises; a transfer that cannot
- * be started gives nil, err. */
+/* engine:start(request [, owner]) -> transfer. Misuse raises; a transfer
+ * that cannot be started gives nil, err. owner (any value but nil: the task
+ * waiting for the transfer) is kept with the transfer, and the poll that
+ * reports it finished names it in its owners table (transfer:set_owner). */
 static int engine_l_start(lua_State *L)
 {
     engine *e = engine_check(L);
@@ -1199,17 +1201,22 @@ static int engine_l_start(lua_State *L)
     transfer *t;
     CURLMcode mc;
     long recv_buffer;
-    int fresh, tidx, keys;
+    int fresh, tidx, keys, owned;
     luaL_checktype(L, 2, LUA_TTABLE);
+    owned = !lua_isnoneornil(L, 3); /* read before the names go on the stack */
     lua_getiuservalue(L, 1, ENGINE_UV_KEYS);
     keys = lua_gettop(L);
-    box = (transfer_box *)lua_newuserdatauv(L, sizeof(transfer_box), 2);
+    box = (transfer_box *)lua_newuserdatauv(L, sizeof(transfer_box), TRANSFER_NUV);
     tidx = keys + 1;
     box->t = NULL;
     lua_rawgeti(L, keys, KEYS_TRANSFER_MT);
     lua_setmetatable(L, tidx);
     lua_pushvalue(L, 1);
     lua_setiuservalue(L, tidx, TRANSFER_UV_ENGINE);
+    if (owned) {
+        lua_pushvalue(L, 3);
+        lua_setiuservalue(L, tidx, TRANSFER_UV_OWNER);
+    }
 
     t = engine_take(e, &fresh);
     if (!t) {
@@ -1264,20 +1271,33 @@ static int engine_l_start(lua_State *L)
     return 1;
 }
 
+/* owners[n] (when the caller gave that table): false, for an entry of out
+ * that has no owner (news of a stream, a descriptor). */
+static void engine_no_owner(lua_State *L, int owners, int n)
+{
+    if (!owners) return;
+    lua_pushboolean(L, 0);
+    lua_rawseti(L, owners, n); /* may raise: out of memory */
+}
+
 /* Puts the finished transfers in the table at index out, from out[1] on,
- * and returns how many. Each leaves the finished list (and the engine's
- * table of references) only once it is in out: when a Lua allocation fails
- * halfway, the rest are still there for the next poll. */
-static int engine_report(lua_State *L, engine *e, int out)
+ * and returns how many; with owners (an index, or 0), owners[i] is the
+ * owner engine:start gave out[i], or false. Each leaves the finished list
+ * (and the engine's table of references) only once it is in out: when a
+ * Lua allocation fails halfway, the rest are still there for the next
+ * poll. */
+static int engine_report(lua_State *L, engine *e, int out, int owners)
 {
     RW_STACK_MARK(L, mark);
     int n = 0;
     lua_getiuservalue(L, 1, 1);
     /* Streamed transfers with news first: a finished one's reference goes
-     * below. They stay running (their references stay). */
+     * below. They stay running (their references stay). Their news wakes
+     * whoever waits for it, not an owner. */
     while (e->news) {
         transfer *t = e->news;
         if (t->ref != LUA_NOREF) {
+            engine_no_owner(L, owners, n + 1);
             lua_rawgeti(L, -1, t->ref);
             lua_rawseti(L, out, n + 1); /* may raise: out of memory */
             n++;
@@ -1289,6 +1309,13 @@ static int engine_report(lua_State *L, engine *e, int out)
     while (e->finished.head) {
         transfer *t = e->finished.head;
         lua_rawgeti(L, -1, t->ref);
+        if (owners) {
+            if (lua_getiuservalue(L, -1, TRANSFER_UV_OWNER) == LUA_TNIL) {
+                lua_pop(L, 1);
+                lua_pushboolean(L, 0);
+            }
+            lua_rawseti(L, owners, n + 1); /* may raise: out of memory */
+        }
         lua_rawseti(L, out, n + 1); /* may raise: out of memory */
         n++;
         engine_unqueue(t);
@@ -1298,6 +1325,7 @@ static int engine_report(lua_State *L, engine *e, int out)
     lua_pop(L, 1);
     /* then the watched descriptors that are ready, as numbers */
     while (e->nfired > 0) {
+        engine_no_owner(L, owners, n + 1);
         lua_pushinteger(L, e->fired[e->nfired - 1]);
         lua_rawseti(L, out, n + 1); /* may raise: out of memory */
         n++;
@@ -1307,23 +1335,31 @@ static int engine_report(lua_State *L, engine *e, int out)
     return n;
 }
 
-/* engine:poll([timeout [, out [, budget]]]) -> out, n. Drives every running
- * transfer (with a budget, for about that many seconds of libcurl's work:
- * see engine_drive); when none has finished, waits at most timeout seconds
- * (default 0) for socket activity or a libcurl timer. The transfers that finished are
- * out[1..n]: out is the caller's table to fill, or a new one. Entries past
- * n are left as they were. When libcurl's multi handle fails, every
- * running transfer ends with that error (error.multi), and is reported
- * here like any other. */
+/* engine:poll([timeout [, out [, budget [, owners]]]]) -> out, n. Drives
+ * every running transfer (with a budget, for about that many seconds of
+ * libcurl's work: see engine_drive); when none has finished, waits at most
+ * timeout seconds (default 0) for socket activity or a libcurl timer. The
+ * transfers that finished are out[1..n]: out is the caller's table to
+ * fill, or a new one. Entries past n are left as they were. With owners (a
+ * table), owners[i] is the owner engine:start (or transfer:set_owner) gave
+ * out[i], or false: the caller finds whom to wake without a table keyed by
+ * transfers (whose keys, new with each transfer, had LuaJIT rehash it at
+ * nearly every insert). When libcurl's multi handle fails, every running
+ * transfer ends with that error (error.multi), and is reported here like
+ * any other. */
 static int engine_l_poll(lua_State *L)
 {
     engine *e = engine_check(L);
     lua_Number timeout = luaL_optnumber(L, 2, 0);
     lua_Number budget = luaL_optnumber(L, 4, 0);
-    int out, n;
+    int out, owners = 0, n;
     luaL_argcheck(L, timeout >= 0, 2, "timeout must be a non-negative number of seconds");
     luaL_argcheck(L, budget >= 0 && budget <= RW_MAX_SECONDS, 4,
                   "budget must be a non-negative number of seconds (0: none)");
+    if (!lua_isnoneornil(L, 5)) {
+        luaL_checktype(L, 5, LUA_TTABLE);
+        owners = 5;
+    }
     if (lua_isnoneornil(L, 3)) {
         lua_newtable(L);
     } else {
@@ -1337,7 +1373,7 @@ static int engine_l_poll(lua_State *L)
         if (until >= 0 && until < timeout) timeout = until > 0 ? until : 0;
         engine_drive(e, timeout, budget);
     }
-    n = engine_report(L, e, out);
+    n = engine_report(L, e, out, owners);
     lua_pushinteger(L, n);
     return 2;
 }
@@ -1519,6 +1555,18 @@ static int transfer_l_done(lua_State *L)
     return 1;
 }
 
+/* transfer:set_owner(owner): the owner the poll that reports this transfer
+ * finished names with it (see engine:start); nil: none. For a transfer not
+ * reported yet: set after that, it is never named. */
+static int transfer_l_set_owner(lua_State *L)
+{
+    transfer_check(L);
+    luaL_checkany(L, 2);
+    lua_pushvalue(L, 2);
+    lua_setiuservalue(L, 1, TRANSFER_UV_OWNER);
+    return 0;
+}
+
 /* Drops the transfer at index 1 from its engine's table of references
  * (if it is there), and returns that engine. The stack is left as it was. */
 static engine *transfer_detach(lua_State *L, transfer *t)
@@ -1679,6 +1727,7 @@ void rw_engine_register(lua_State *L)
     };
     static const luaL_Reg transfer_methods[] = {
         { "done", transfer_l_done },
+        { "set_owner", transfer_l_set_owner },
         { "result", transfer_l_result },
         { "head", transfer_l_head },
         { "read", transfer_l_read },

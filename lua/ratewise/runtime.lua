@@ -279,7 +279,8 @@ function runtime.transfer(request, per_call)
   -- next turn of the engine would send.
   local task = scheduler.current()
   local host = not task and runtime.host(per_call)
-  local transfer, err = scheduler.engine():start(request)
+  -- the task is the transfer's owner: the poll that sees it end names it
+  local transfer, err = scheduler.engine():start(request, task)
   if not transfer then
     return nil, { message = err, retryable = false, sent = false }
   end
@@ -287,7 +288,7 @@ function runtime.transfer(request, per_call)
     -- Rule 1, whatever sleep the call gave (the scheduler wakes the task
     -- when its transfer ends): a cancellation closes the transfer from
     -- inside the scheduler, with no pcall frame per request.
-    scheduler.await_transfer(transfer, task)
+    scheduler.await_transfer(transfer, task, true)
   else
     local ok, werr
     if host.await_transfer then

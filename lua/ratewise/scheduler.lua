@@ -326,8 +326,10 @@ local function fire_timers()
   end
 end
 
--- The engine's poll fills this table, so that a poll leaves no garbage.
-local finished = {}
+-- The engine's poll fills these tables, so that a poll leaves no garbage:
+-- the transfers that ended (or streamed news, or a descriptor ready), and
+-- for each, the owner it was started with (engine:start), or false.
+local finished, owners = {}, {}
 -- Descriptors of scheduler.await_fd that the engine found ready.
 local fd_ready = {}
 
@@ -342,18 +344,29 @@ local work_until
 -- of the wait, when the step's work has not begun).
 function scheduler.poll(timeout, budget)
   local left = budget and (work_until and max(work_until - now(), 1e-6) or budget) or nil
-  local _, n = scheduler.engine():poll(timeout, finished, left)
+  local _, n = scheduler.engine():poll(timeout, finished, left, owners)
   if budget and not work_until then work_until = now() + budget end
   if n > 0 then progress = progress + 1 end
   for i = 1, n do
-    local transfer = finished[i]
-    finished[i] = nil
-    -- a number is a descriptor of engine:watch (scheduler.await_fd)
-    if type(transfer) == "number" then fd_ready[transfer] = true end
-    local task = transfer_waiter[transfer]
-    if task then
-      transfer_waiter[transfer] = nil
-      if task.state == "waiting" then make_ready(task) end
+    local transfer, owner = finished[i], owners[i]
+    finished[i], owners[i] = nil, nil
+    if owner then
+      -- The task the transfer was started for (runtime.transfer), or a
+      -- host's waiter with a wake function (hosts/driven.lua).
+      if owner.state == "waiting" then
+        make_ready(owner)
+      else
+        local wake_waiter = owner.wake
+        if wake_waiter then wake_waiter(owner) end
+      end
+    else
+      -- a number is a descriptor of engine:watch (scheduler.await_fd)
+      if type(transfer) == "number" then fd_ready[transfer] = true end
+      local task = transfer_waiter[transfer]
+      if task then
+        transfer_waiter[transfer] = nil
+        if task.state == "waiting" then make_ready(task) end
+      end
     end
   end
 end
@@ -593,12 +606,14 @@ function scheduler.await_started(transfer)
   repeat turn(huge, nil, true) until transfer:done()
 end
 
--- scheduler.await_transfer(transfer [, task]): task, when the caller has
--- it at hand, is scheduler.current().
-function scheduler.await_transfer(transfer, task)
+-- scheduler.await_transfer(transfer [, task [, owned]]): task, when the
+-- caller has it at hand, is scheduler.current(); owned: the transfer was
+-- started with the task for its owner (engine:start(request, task)), and
+-- the poll that reports it names the task.
+function scheduler.await_transfer(transfer, task, owned)
   task = task or scheduler.current()
   if task then
-    transfer_waiter[transfer] = task
+    if not owned then transfer_waiter[transfer] = task end
     task.wait_id = task.wait_id + 1
     task.transfer = transfer
     wait_here(task, abort_transfer, transfer, task)

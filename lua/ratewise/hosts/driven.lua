@@ -10,7 +10,8 @@ local core = require "ratewise.core"
 local scheduler = require "ratewise.scheduler"
 
 local now = core.now
-local min, next, pairs, pcall, tostring, error = math.min, next, pairs, pcall, tostring, error
+local min, next, pairs, ipairs, pcall, tostring, error, setmetatable = math.min, next, pairs, ipairs, pcall,
+  tostring, error, setmetatable
 
 local driven = {}
 
@@ -38,12 +39,43 @@ local NAP_FIRST, NAP_MAX, IDLE = 0.001, 0.016, 0.05
 --                            made in its timer, and no other timer may
 --                            resume them)
 --   log(message)             reports a failure of the driver's step
--- and host has await(done, deadline) and kick().
+-- and host has await(done, deadline), await_transfer(transfer) and kick().
 function driven.new(p)
-  local waiters = {} -- waiter -> true: { done = fn, signal = s }
+  -- waiter -> true: { done = fn, signal = s } of host.await, asked by the
+  -- driver whenever anything happened.
+  local waiters = {}
+  -- waiter -> true: { signal = s } of host.await_transfer, woken by the
+  -- poll that reports its transfer (the waiter is the transfer's owner:
+  -- scheduler.poll), so that the driver need not ask them after every step.
+  -- The waiters are reused, so their keys do not churn. Weak: a waiter
+  -- whose light thread was killed goes with its transfer.
+  local transfer_waiters = setmetatable({}, { __mode = "k" })
+  -- The waiters of the waits that ended, for the next: an ngx.semaphore is
+  -- a cdata with a finalizer, and one a request cost the worker.
+  local spare, spare_n = {}, 0
   local driving = false
   local kicked = p.signal()
   local fresh = false -- kicked since the driver's last look: look again soon
+
+  local function wake(w)
+    transfer_waiters[w] = nil
+    p.post(w.signal)
+  end
+
+  local function take_waiter()
+    if spare_n == 0 then return { signal = p.signal(), wake = wake } end
+    local w = spare[spare_n]
+    spare[spare_n] = nil
+    spare_n = spare_n - 1
+    return w
+  end
+
+  local function give_back(w)
+    waiters[w], transfer_waiters[w] = nil, nil
+    w.done, w.abandoned = nil, nil
+    spare_n = spare_n + 1
+    spare[spare_n] = w
+  end
 
   local function driver(premature)
     local seen, nap = nil, NAP_FIRST
@@ -65,7 +97,8 @@ function driven.new(p)
         nap = min(nap * 2, NAP_MAX)
       end
       fresh = false
-      local pending, in_flight, t = next(waiters) ~= nil, scheduler.transfers_running(), scheduler.timeout()
+      local pending = next(waiters) ~= nil or next(transfer_waiters) ~= nil
+      local in_flight, t = scheduler.transfers_running(), scheduler.timeout()
       if not pending and not in_flight and not t and not (p.tasks_stay and scheduler.live() > 0) then break end
       if in_flight and not p.watches_fd and (not t or t > nap) then t = nap end
       if not t and not p.watches_fd then t = IDLE end
@@ -73,9 +106,11 @@ function driven.new(p)
     end
     driving = false
     if premature then -- the host is going away (an nginx worker exiting): nothing will be driven
-      for w in pairs(waiters) do
-        w.abandoned = true
-        p.post(w.signal)
+      for _, set in ipairs({ waiters, transfer_waiters }) do
+        for w in pairs(set) do
+          w.abandoned = true
+          p.post(w.signal)
+        end
       end
     end
   end
@@ -97,10 +132,15 @@ function driven.new(p)
     end
   end
 
+  local function check_abandoned(w)
+    if w.abandoned then error("ratewise: the host is going away (an nginx worker exiting); the wait ended", 0) end
+  end
+
   --- done() came true = host.await(done, deadline)
   function host.await(done, deadline)
     if done() then return true end
-    local w = { done = done, signal = p.signal() }
+    local w = take_waiter()
+    w.done = done
     waiters[w] = true
     start()
     -- What the caller waits for may need the driver now (a transfer just
@@ -110,18 +150,35 @@ function driven.new(p)
     while true do
       local left = deadline and deadline - now()
       if left and left <= 0 then
-        waiters[w] = nil
+        give_back(w)
         return false
       end
       p.wait(w.signal, left) -- posted by the driver; a time-out just looks again
       if done() then
-        waiters[w] = nil
+        give_back(w)
         return true
       end
-      if w.abandoned then error("ratewise: the host is going away (an nginx worker exiting); the wait ended", 0) end
+      check_abandoned(w)
       waiters[w] = true
       start()
     end
+  end
+
+  --- host.await_transfer(transfer): waits until a transfer that has not
+  -- been reported finished yet (one just started) is done; the poll that
+  -- reports it wakes the waiter, its owner.
+  function host.await_transfer(transfer)
+    local w = take_waiter()
+    transfer:set_owner(w)
+    transfer_waiters[w] = true -- the driver goes on while it waits, and tells it if the host goes away
+    start()
+    host.kick() -- the transfer is sent at the driver's next step: now, not after its nap
+    while not transfer:done() do
+      p.wait(w.signal, nil) -- a time-out (OpenResty's waits have one) just looks again
+      check_abandoned(w)
+      start()
+    end
+    give_back(w)
   end
 
   return host

@@ -54,12 +54,13 @@ end
 
 local host -- made at the first wait: ngx.semaphore is not there in every phase
 
---- host = openresty.host()
-function openresty.host()
-  if host then return host end
+-- Apart from openresty.host: a function that makes closures has upvalues
+-- to close at each return, which LuaJIT does not compile, and every fetch
+-- in a handler asks openresty.host() for the host.
+local function make_host()
   local ngx = ngx_api()
   local semaphore = require "ngx.semaphore"
-  host = driven.new {
+  local made = driven.new {
     spawn = function(fn) return ngx.timer.at(0, fn) end,
     signal = function() return semaphore.new(0) end,
     wait = function(s, seconds) s:wait(seconds or 60) end,
@@ -69,7 +70,13 @@ function openresty.host()
     tasks_stay = true,
     log = function(message) ngx.log(ngx.ERR, message) end,
   }
-  host.sleep = function(seconds) ngx.sleep(seconds) end
+  made.sleep = function(seconds) ngx.sleep(seconds) end
+  return made
+end
+
+--- host = openresty.host()
+function openresty.host()
+  if not host then host = make_host() end
   return host
 end
 
