@@ -710,6 +710,33 @@ describe("rw.fetch", function()
       assert.is_nil(rawget(base, "max_elapsed"))
     end)
 
+    it("takes a call with common options only for a GET, and reads every option of the others", function()
+      local function method_seen(path) return s:log(path)[1].method end
+      -- common ones only: a GET, its headers and timeouts as given
+      local common = { on_retry = false, timeout = 5, max_retries = 1, headers = { ["X-Common"] = "yes" } }
+      assert.equal(200, assert(rw.fetch(s:url("/common"), common)).status)
+      assert.equal("GET", method_seen("/common"))
+      assert.equal("yes", s:log("/common")[1].headers["x-common"])
+      -- the same table with one more option, a method: read at the next call
+      common.method = "HEAD"
+      assert(rw.fetch(s:url("/grown"), common))
+      assert.equal("HEAD", method_seen("/grown"))
+      common.method = nil
+      -- an option behind an __index table, or an __index function
+      assert(rw.fetch(s:url("/inherited"), setmetatable({ timeout = 5 }, { __index = { method = "HEAD" } })))
+      assert.equal("HEAD", method_seen("/inherited"))
+      local read_by_fn = setmetatable({ on_retry = false }, { __index = function(_, k)
+        if k == "method" then return "DELETE" end
+      end })
+      assert(rw.fetch(s:url("/by_fn"), read_by_fn))
+      assert.equal("DELETE", method_seen("/by_fn"))
+      -- a limiter beside common options is asked
+      local asked = 0
+      local limiter = { acquire = function() asked = asked + 1 return true end }
+      assert(rw.fetch(s:url("/limited"), { on_retry = false, timeout = 5, limiter = limiter }))
+      assert.equal(1, asked)
+    end)
+
     it("reads options through an __index function; a loop of __index tables raises", function()
       local base = { on_retry = false, decompress = false }
       local proxy = setmetatable({}, { __index = function(_, k) return base[k] end })

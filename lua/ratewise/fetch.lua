@@ -108,6 +108,16 @@ local transport_options = { "ca_file", "ca_path", "client_cert", "client_key", "
 local is_transport_option = {}
 for _, name in ipairs(transport_options) do is_transport_option[name] = true end
 
+-- The options a call may have and still take fetch's common path: a GET
+-- whose other options are read where they matter (the timeouts, the
+-- headers) or only at a retry. A call with no others reads none of the
+-- two dozen a request may have (a look-up each, most of them misses).
+local is_common_option = {}
+for _, name in ipairs { "headers", "timeout", "max_elapsed", "max_retries", "on_retry", "delay", "base",
+  "max_delay", "jitter", "hint_jitter" } do
+  is_common_option[name] = true
+end
+
 -- A streamed response may go on for as long as the server sends: it has
 -- no total timeout. The time to its headers is bounded (first_byte_timeout,
 -- by default the call's timeout) and so is a silence between its body
@@ -453,41 +463,44 @@ end
 
 -- Checks the options a call gives, its table's own and those it inherits
 -- through __index tables (a per-call table over a base), and returns
--- whether any is a transport option, and whether they could all be listed:
--- an __index that is a function cannot be, and the options behind it go
--- unchecked. `depth` is check_option's.
+-- whether any is a transport option, whether they could all be listed (an
+-- __index that is a function cannot be, and the options behind it go
+-- unchecked), and whether all are common ones (is_common_option). `depth`
+-- is check_option's.
 local function check_options(opts, depth)
   if getmetatable(opts) == nil then
     -- A table of one or two options (most calls' own) is checked without a
     -- loop: a loop of one turn keeps LuaJIT from compiling the calls
     -- around it ("inner loop in root trace"), and fetch ran interpreted.
     local k1, v1 = next(opts)
-    if k1 == nil then return false, true end
+    if k1 == nil then return false, true, true end
     local k2, v2 = next(opts, k1)
     if k2 == nil or next(opts, k2) == nil then
       check_option(k1, v1, depth)
-      if k2 == nil then return is_transport_option[k1] == true, true end
+      if k2 == nil then return is_transport_option[k1] == true, true, is_common_option[k1] == true end
       check_option(k2, v2, depth)
-      return is_transport_option[k1] == true or is_transport_option[k2] == true, true
+      return is_transport_option[k1] == true or is_transport_option[k2] == true, true,
+        is_common_option[k1] == true and is_common_option[k2] == true
     end
   end
-  local transport = false
+  local transport, common = false, true
   local t = opts
   for _ = 1, 16 do -- a loop of __index tables ends here too
     for k, v in pairs(t) do
       if t == opts or rawget(opts, k) == nil then -- an own option hides an inherited one
         check_option(k, v, depth)
         if is_transport_option[k] then transport = true end
+        if not is_common_option[k] then common = false end
       end
     end
     local mt = getmetatable(t)
-    if mt == nil then return transport, true end
+    if mt == nil then return transport, true, common end
     local index = type(mt) == "table" and rawget(mt, "__index")
-    if index == nil then return transport, true end
-    if type(index) ~= "table" then return transport, false end
+    if index == nil then return transport, true, common end
+    if type(index) ~= "table" then return transport, false, false end
     t = index
   end
-  return transport, false
+  return transport, false, false
 end
 
 -- The policy's verdict on a response, checked, or the built-in one. A 413
@@ -649,7 +662,16 @@ end
 -- own table for calls that add no options, which nobody else holds and the
 -- client never changes.
 local checked = setmetatable({}, { __mode = "k" })
-local OPTIONS_PLAIN, OPTIONS_TRANSPORT, OPTIONS_UNLISTED = 1, 2, 3
+-- no transport option; one at least; options behind an __index function;
+-- common options only (is_common_option)
+local OPTIONS_PLAIN, OPTIONS_TRANSPORT, OPTIONS_UNLISTED, OPTIONS_COMMON = 1, 2, 3, 4
+
+-- A mark's word on the table, as check_options says it: (transport,
+-- listed, common). Apart from fetch.fetch, which has all the upvalues
+-- Lua 5.1 allows a function but two.
+local function marked(mark)
+  return mark == OPTIONS_TRANSPORT, mark ~= OPTIONS_UNLISTED, mark == OPTIONS_COMMON
+end
 
 --- fetch.check(url, opts [, depth [, kept]]): raises, as fetch would, for a
 -- bad URL or option. For callers that run the fetch elsewhere (a shared
@@ -662,10 +684,11 @@ function fetch.check(url, opts, depth, kept)
   if type(opts) ~= "table" then
     error(format("fetch: options must be a table (got %s)", type(opts)), 3 + depth)
   end
-  local transport, listed = check_options(opts, depth + 2)
+  local transport, listed, common = check_options(opts, depth + 2)
   request_method(opts, 4 + depth)
   if opts.query ~= nil then headers.with_query(url, opts.query, "fetch", 3 + depth) end
-  local mark = not listed and OPTIONS_UNLISTED or transport and OPTIONS_TRANSPORT or OPTIONS_PLAIN
+  local mark = common and OPTIONS_COMMON or not listed and OPTIONS_UNLISTED or transport and OPTIONS_TRANSPORT
+    or OPTIONS_PLAIN
   checked[opts] = kept and -mark or mark
 end
 
@@ -721,18 +744,23 @@ function fetch.fetch(url, opts, counters)
   if counters ~= nil then counting.check(counters) end
   -- whether the call names a transport option: one pass over what it
   -- gives, instead of a look for each of them
-  local transport, listed
+  -- common: a GET whose options are all common ones (is_common_option),
+  -- which need not look for the others
+  local transport, listed, common
   local found = checked[opts]
   if found then -- fetch.check's
     if found > 0 then checked[opts] = nil else found = -found end
-    transport, listed = found == OPTIONS_TRANSPORT, found ~= OPTIONS_UNLISTED
+    transport, listed, common = marked(found)
   else
-    transport, listed = check_options(opts, 1)
+    transport, listed, common = check_options(opts, 1)
   end
-  local query, json_value = opts.query, opts.json
-  if query ~= nil then
-    url_facts(url)
-    url = headers.with_query(url, query, "fetch", 2)
+  local query, json_value
+  if not common then
+    query, json_value = opts.query, opts.json
+    if query ~= nil then
+      url_facts(url)
+      url = headers.with_query(url, query, "fetch", 2)
+    end
   end
   local shown_url, url_secrets, origin
   if url == last_url then -- most calls: the URL of the call before
@@ -741,24 +769,28 @@ function fetch.fetch(url, opts, counters)
     shown_url, url_secrets, origin = url_facts(url)
   end
 
-  local method, body = opts.method, opts.body
-  if method == nil and body == nil and json_value == nil then
-    method = "GET"
+  local method, body, policy, header_table, key, extra_secrets
+  if common then
+    method, header_table = "GET", opts.headers
   else
-    method = request_method(opts, 3)
-  end
-  if json_value ~= nil then
-    body = json.encode(json_value, "fetch: option 'json'", 2)
-  end
-  local policy = opts.policy
-  local header_table, key
-  if policy and policy.prepare then
-    header_table, key = prepared(opts, method, url, body)
-  else
-    header_table, key = opts.headers, opts.idempotency_key
+    method, body = opts.method, opts.body
+    if method == nil and body == nil and json_value == nil then
+      method = "GET"
+    else
+      method = request_method(opts, 3)
+    end
+    if json_value ~= nil then
+      body = json.encode(json_value, "fetch: option 'json'", 2)
+    end
+    policy = opts.policy
+    if policy and policy.prepare then
+      header_table, key = prepared(opts, method, url, body)
+    else
+      header_table, key = opts.headers, opts.idempotency_key
+    end
+    extra_secrets = opts.secret_headers and headers.secret_set(opts.secret_headers, "fetch")
   end
   local lines, given, header_secrets = default_lines, no_names, nil
-  local extra_secrets = opts.secret_headers and headers.secret_set(opts.secret_headers, "fetch")
   if header_table ~= nil or key ~= nil or json_value ~= nil then
     -- A table of headers (with no key or secret_headers of the call's own)
     -- makes the same lines as the last time it was seen, if it holds the
@@ -805,47 +837,54 @@ function fetch.fetch(url, opts, counters)
 
   local max_elapsed = opts.max_elapsed or DEFAULT_MAX_ELAPSED
   local timeout = opts.timeout or 30
-  local safe = replay_safe[method] or opts.retry_non_idempotent or key ~= nil
-    or given["idempotency-key"] ~= nil
-  local limiter, circuit, budget, on_event = opts.limiter, opts.circuit, opts.budget, opts.on_event
-  local cost = limiter and (opts.cost or 1)
-  local retry_after, retry_after_max = opts.retry_after, nil -- nil: honor
-  if retry_after == "clamp" or retry_after == "fail_fast" then
-    retry_after_max = opts.retry_after_max
-    if not retry_after_max then
-      error(format("fetch: option 'retry_after' = %q needs retry_after_max, the longest wait to accept",
-        retry_after), 2)
-    end
-  end
   -- What only a retry needs, read at the first one (most calls have none).
   local max_retries, on_retry, retry_after_cap, hint_jitter
-  local follow, max_body, verify_tls = opts.follow_redirects ~= false, opts.max_body, opts.verify_tls
-  if verify_tls == false then warn_insecure() end
-  local stream = opts.stream == true
-  if not listed then -- options behind an __index function: looked for one by one
-    for i = 1, #transport_options do
-      if opts[transport_options[i]] ~= nil then transport = true end
+  -- What a common call has none of: it is a replay-safe GET that follows
+  -- redirects, with no hooks, limiter or stream, and no field the engine
+  -- reads only when listed (rare).
+  local safe, follow, stream, rare = true, true, false, false
+  local limiter, circuit, budget, on_event, cost, retry_after, retry_after_max, max_body, verify_tls
+  local first_byte, idle, fresh_connect, empty_body, secret_headers, sleep
+  if not common then
+    safe = replay_safe[method] or opts.retry_non_idempotent or key ~= nil or given["idempotency-key"] ~= nil
+    limiter, circuit, budget, on_event = opts.limiter, opts.circuit, opts.budget, opts.on_event
+    cost = limiter and (opts.cost or 1)
+    retry_after = opts.retry_after -- nil: honor
+    if retry_after == "clamp" or retry_after == "fail_fast" then
+      retry_after_max = opts.retry_after_max
+      if not retry_after_max then
+        error(format("fetch: option 'retry_after' = %q needs retry_after_max, the longest wait to accept",
+          retry_after), 2)
+      end
     end
-  end
-  -- a stream: the bound on the time to its headers, and on a silence in its body
-  local first_byte = stream and (opts.first_byte_timeout or timeout)
-  local idle = stream and (opts.idle_timeout or STREAM_IDLE_TIMEOUT)
-  local fresh_connect = not safe or nil
-  if opts.cost and limiter then
-    -- A cost no limiter could ever serve would wait forever (or fail deep inside).
-    local ok, capacity = pcall(limiter_capacity, limiter)
-    if ok and type(capacity) == "number" and cost > capacity then
-      error(format("fetch: option 'cost' (%s) is more than the limiter's capacity (%s): it could never be served",
-        tostring(cost), tostring(capacity)), 2)
+    follow, max_body, verify_tls = opts.follow_redirects ~= false, opts.max_body, opts.verify_tls
+    if verify_tls == false then warn_insecure() end
+    stream = opts.stream == true
+    if not listed then -- options behind an __index function: looked for one by one
+      for i = 1, #transport_options do
+        if opts[transport_options[i]] ~= nil then transport = true end
+      end
     end
+    -- a stream: the bound on the time to its headers, and on a silence in its body
+    first_byte = stream and (opts.first_byte_timeout or timeout)
+    idle = stream and (opts.idle_timeout or STREAM_IDLE_TIMEOUT)
+    fresh_connect = not safe or nil
+    if opts.cost and limiter then
+      -- A cost no limiter could ever serve would wait forever (or fail deep inside).
+      local ok, capacity = pcall(limiter_capacity, limiter)
+      if ok and type(capacity) == "number" and cost > capacity then
+        error(format("fetch: option 'cost' (%s) is more than the limiter's capacity (%s): it could never be "
+          .. "served", tostring(cost), tostring(capacity)), 2)
+      end
+    end
+    empty_body = body == nil and has_body[method] or nil
+    secret_headers = opts.secret_headers
+    sleep = opts.sleep
+    -- whether the request has fields the engine reads only when listed (a
+    -- plain GET has none: the engine looks up six fields, not twelve)
+    rare = transport or empty_body or not follow or max_body ~= nil or verify_tls ~= nil or fresh_connect
+      or secret_headers ~= nil
   end
-
-  local empty_body = body == nil and has_body[method] or nil
-  local secret_headers = opts.secret_headers
-  -- whether the request has fields the engine reads only when listed (a
-  -- plain GET has none: the engine looks up six fields, not twelve)
-  local rare = transport or empty_body or not follow or max_body ~= nil or verify_tls ~= nil or fresh_connect
-    or secret_headers ~= nil
   local started = now()
   local deadline = started + max_elapsed
   -- What the error messages and the backoff need, made at the first attempt
@@ -899,7 +938,7 @@ function fetch.fetch(url, opts, counters)
       end
       -- The time left goes along: a limiter that knows it cannot serve in
       -- time answers false and takes nothing.
-      local acquired, why = guarded("limiter", "acquire", limiter.acquire, limiter, cost, opts.sleep, left)
+      local acquired, why = guarded("limiter", "acquire", limiter.acquire, limiter, cost, sleep, left)
       if acquired == false then
         state = state or new_state(started, method, shown_url, max_elapsed, on_event)
         return budget_error(state, format("the limiter could not serve %s token%s within the %.2f s left",
@@ -950,16 +989,16 @@ function fetch.fetch(url, opts, counters)
       put_transport(request, "first_byte_timeout", min(first_byte, left))
       put_transport(request, "idle_timeout", idle)
       budget_cut = left < first_byte
-      if opts.sleep then
-        res, terr, streaming = guarded("sleep", "a wait for the transfer", runtime.open_stream, request, opts.sleep)
+      if sleep then
+        res, terr, streaming = guarded("sleep", "a wait for the transfer", runtime.open_stream, request, sleep)
       else
         res, terr, streaming = runtime.open_stream(request)
       end
       -- The response reads its body from here on (and a hook that raises
       -- below drops both, the transfer closing as it is collected).
-      if streaming then response.stream(res, streaming, opts.sleep, method .. " " .. shown_url) end
-    elseif opts.sleep then
-      res, terr = guarded("sleep", "a wait for the transfer", runtime.transfer, request, opts.sleep)
+      if streaming then response.stream(res, streaming, sleep, method .. " " .. shown_url) end
+    elseif sleep then
+      res, terr = guarded("sleep", "a wait for the transfer", runtime.transfer, request, sleep)
     else
       res, terr = runtime.transfer(request)
     end
@@ -1103,8 +1142,8 @@ function fetch.fetch(url, opts, counters)
         error = terr and terr.message or nil,
       })
     end
-    if opts.sleep then
-      guarded("sleep", "the wait before a retry", runtime.sleep, delay, opts.sleep)
+    if sleep then
+      guarded("sleep", "the wait before a retry", runtime.sleep, delay, sleep)
     else
       runtime.sleep(delay)
     end
