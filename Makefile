@@ -139,7 +139,7 @@ bench-baseline: deps $(CORE)
 # Each shape's instructions a request, ratewise against plain libcurl, as
 # valgrind's callgrind counts them (bench/instructions.lua): a figure that a
 # busy machine does not move, beside `make bench`'s rates.
-bench-instructions: deps $(CORE)
+bench-instructions: deps $(CORE) luajit-core
 	@$(MAKE) -s -C bench
 	@$(LUA_ENV) $(LUA) bench/instructions.lua
 

@@ -21,6 +21,15 @@ if arg then
   end
 end
 
+--- The OpenResty nginx's location that runs a round of a shape in its
+-- worker (bench/openresty_handler.lua), for spec.support.nginx.start's
+-- server block: nginx runs from a folder of its own, so the path is absolute.
+function common.openresty_location()
+  local here = common.here
+  if here:sub(1, 1) ~= "/" then here = common.capture("pwd") .. "/" .. here:gsub("^%./", "") end
+  return "    location = /bench { content_by_lua_file " .. here .. "/openresty_handler.lua; }"
+end
+
 --- n = common.env_int(name, default): a positive integer from the environment.
 function common.env_int(name, default)
   local v = tonumber(os.getenv(name) or "")

@@ -18,13 +18,24 @@
 -- flags `make bench` gives them (--keep for the map shapes, --header for
 -- headers and client).
 --
+-- Then the OpenResty shapes of `make bench-openresty` (openresty_loop64,
+-- openresty_map_shared, openresty_body_64k): ratewise's side is an
+-- OpenResty nginx's one process under callgrind (spec.support.nginx's
+-- `under`), which runs a warm-up round, then a round of K (or 3K) requests
+-- in its worker (bench/openresty_handler.lua); so the worker's own event
+-- loop and the driver's waits count too. The plain side is the same
+-- multi_curl64 run as for the shape of the same name.
+--
 -- Knobs: BENCH_INSTR_K (default 1280; the 64 KiB shape takes a quarter,
 -- the 1 MiB one a thirty-second), BENCH_CONCURRENCY (default 64), and
 -- BENCH_ONLY (shapes by key, comma-separated). Runs under Lua 5.4 and
--- LuaJIT (`make bench-instructions LUA=luajit`). About 6 minutes.
+-- LuaJIT (`make bench-instructions LUA=luajit`; the OpenResty shapes are
+-- LuaJIT's whatever runs this script). About 8 minutes.
 -- Fails when a request fails, never on a ratio.
 local common = require "bench.common"
 local shapes = require "bench.shapes"
+local nginx = require "spec.support.nginx"
+local rw = require "ratewise"
 
 local format = string.format
 local env_int, sh_quote, run_cmd, capture = common.env_int, common.sh_quote, common.run_cmd, common.capture
@@ -83,6 +94,43 @@ end
 local wanted = common.only()
 local rows = {}
 
+-- The OpenResty shapes, each with the make bench shape whose plain
+-- contender it is measured against, and the handler's kind of round.
+local OPENRESTY = {
+  { key = "openresty_loop64", plain = "loop64", kind = "loop" },
+  { key = "openresty_map_shared", plain = "map_shared", kind = "map" },
+  { key = "openresty_body_64k", plain = "body_64k", kind = "loop", size = 65536 },
+}
+local OPENRESTY_WARMUP = 2000
+
+-- The instructions of an OpenResty nginx under callgrind that ran a
+-- warm-up round and a round of n requests of kind on url (raises when a
+-- request failed).
+local function openresty_instructions(kind, url, n, size)
+  local file = os.tmpname()
+  local host = nginx.start { server = common.openresty_location(),
+    under = "valgrind --tool=callgrind --callgrind-out-file=" .. sh_quote(file) }
+  local ok, err = pcall(function()
+    for _, count in ipairs { OPENRESTY_WARMUP, n } do
+      local res, ferr = rw.fetch(host:url(format("/bench?shape=%s&n=%d&conc=%d&url=%s%s", kind, count, CONC,
+        nginx.escape(url), size and ("&size=" .. size) or "")), { timeout = 3600, max_retries = 0, on_retry = false })
+      local body = res and res.status == 200 and res.body or ""
+      if not body:match("failed=0") then
+        error(format("the OpenResty round failed: %s", res and (res.status .. " " .. res.body) or tostring(ferr)), 0)
+      end
+    end
+  end)
+  host:stop() -- callgrind writes its counts as the process exits
+  local f = io.open(file, "r")
+  local counted = f and f:read("*a") or ""
+  if f then f:close() end
+  os.remove(file)
+  if not ok then error(err, 0) end
+  local count = tonumber(counted:match("\nsummary: (%d+)") or counted:match("\ntotals: (%d+)"))
+  if not count then error("callgrind wrote no count for the OpenResty nginx", 0) end
+  return count
+end
+
 local function bench(base)
   local jit = rawget(_G, "jit")
   io.write(format("nginx at %s; ratewise %s on %s; %s; %d in flight; callgrind, (Ir(3K) - Ir(K)) / 2K, K = %d\n",
@@ -100,16 +148,33 @@ local function bench(base)
       end, k)
       local row = { shape = shape, plain = plain, ours = ours, ratio = plain / ours, k = k }
       rows[#rows + 1] = row
-      io.write(format("  %-12s K = %-5d plain %8.1fk  ratewise %8.1fk  ratio %.2f\n", shape.key, k, plain / 1000,
+      io.write(format("  %-20s K = %-5d plain %8.1fk  ratewise %8.1fk  ratio %.2f\n", shape.key, k, plain / 1000,
+        ours / 1000, row.ratio))
+      io.flush()
+    end
+  end
+  for _, o in ipairs(OPENRESTY) do
+    if wanted(o.key) then
+      local shape
+      for _, s in ipairs(shapes.list) do if s.key == o.plain then shape = s end end
+      local k = math.max(1, math.floor(K / (SHARE[o.plain] or 1)))
+      local url = base .. shape.path
+      local plain = per_request(function(n) return plain_command(shape, url, n) end, k)
+      local ours = (openresty_instructions(o.kind, url, 3 * k, o.size) - openresty_instructions(o.kind, url, k, o.size))
+        / (2 * k)
+      local row = { shape = { key = o.key, target = shape.target, size = o.size }, plain = plain, ours = ours,
+        ratio = plain / ours, k = k }
+      rows[#rows + 1] = row
+      io.write(format("  %-20s K = %-5d plain %8.1fk  ratewise %8.1fk  ratio %.2f\n", o.key, k, plain / 1000,
         ours / 1000, row.ratio))
       io.flush()
     end
   end
   io.write("\n")
-  io.write(format("  %-12s %12s %12s  %-5s  %s\n", "shape", "ratewise", "plain", "ratio", "target"))
+  io.write(format("  %-20s %12s %12s  %-5s  %s\n", "shape", "ratewise", "plain", "ratio", "target"))
   for _, row in ipairs(rows) do
     local target = row.shape.target
-    io.write(format("  %-12s %11.1fk %11.1fk  %.2f   %s%s\n", row.shape.key, row.ours / 1000, row.plain / 1000,
+    io.write(format("  %-20s %11.1fk %11.1fk  %.2f   %s%s\n", row.shape.key, row.ours / 1000, row.plain / 1000,
       row.ratio, target and format("%.2f %s", target, row.ratio >= target and "met in instructions"
         or "NOT met in instructions") or "none", row.shape.size and " (copies: a byte an instruction)" or ""))
   end

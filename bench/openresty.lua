@@ -61,9 +61,6 @@ local wanted = common.only()
 local NGINX_SH = common.here .. "/nginx.sh"
 local BODY_64K = 65536
 
--- nginx runs from a folder of its own: the handler's path must be absolute.
-local here = common.here:sub(1, 1) == "/" and common.here or (capture("pwd") .. "/" .. common.here:gsub("^%./", ""))
-local HANDLER = here .. "/openresty_handler.lua"
 
 -- The OpenResty nginx: /bench runs a round (bench/openresty_handler.lua).
 local host -- spec.support.nginx's handle
@@ -151,7 +148,7 @@ local dir = capture("mktemp -d -t ratewise-bench-openresty.XXXXXX")
 local ok, err = xpcall(function()
   local port = tonumber(capture(format("bash %s start %s", sh_quote(NGINX_SH), sh_quote(dir))))
   if not port then error("nginx.sh start printed no port", 0) end
-  host = nginx.start { server = "    location = /bench { content_by_lua_file " .. HANDLER .. "; }" }
+  host = nginx.start { server = common.openresty_location() }
   bench(format("http://127.0.0.1:%d", port))
 end, debug.traceback)
 -- Stopped whatever happened above.

@@ -35,10 +35,13 @@ local Nginx = {}
 Nginx.__index = Nginx
 
 --- n = nginx.start{http = snippet, server = snippet [, workers = n]
---   [, tls = {cert = PEM, key = PEM} [, http2 = true]]}:
+--   [, tls = {cert = PEM, key = PEM} [, http2 = true]] [, under = command]}:
 -- starts nginx (one worker unless told) listening on a free port of
 -- 127.0.0.1 (HTTPS with tls, and HTTP/2 too with http2), with the snippets
--- in its http and server blocks; waits until it answers.
+-- in its http and server blocks; waits until it answers. With under (a
+-- command put before nginx's, such as valgrind's), nginx runs as one
+-- process in the foreground (no master, the process serves), in the
+-- background of the caller, and answers within 60 s.
 function M.start(opts)
   local root = cwd()
   local cpath = os.getenv("RATEWISE_LUAJIT_CPATH") or "./build-luajit/?.so"
@@ -51,6 +54,7 @@ function M.start(opts)
     "load_module " .. M.MODULES .. "/ndk_http_module.so;",
     "load_module " .. M.MODULES .. "/ngx_http_lua_module.so;",
     "worker_processes " .. (opts.workers or 1) .. ";",
+    opts.under and "master_process off; daemon off;" or "",
     "user root;",
     "pid " .. dir .. "/logs/nginx.pid;",
     "error_log " .. dir .. "/logs/error.log info;",
@@ -81,11 +85,15 @@ function M.start(opts)
   f:close()
   local n = setmetatable({ dir = dir, port = port, base = (opts.tls and "https" or "http") .. "://127.0.0.1:" .. port },
     Nginx)
-  if not run("nginx -p " .. dir .. " -c conf/nginx.conf 2>" .. dir .. "/start.log") then
+  local command = "nginx -p " .. dir .. " -c conf/nginx.conf"
+  if opts.under then
+    n.stop_wait = 60 -- a process under valgrind writes what it counted as it exits
+    assert(run(opts.under .. " " .. command .. " >" .. dir .. "/start.log 2>&1 &"))
+  elseif not run(command .. " 2>" .. dir .. "/start.log") then
     error("nginx did not start:\n" .. (read_file(dir .. "/start.log") or "") .. (n:error_log() or ""), 2)
   end
   local http = require "socket.http"
-  local deadline = socket.gettime() + 5
+  local deadline = socket.gettime() + (opts.under and 60 or 5)
   while true do
     local body = http.request(n.base .. "/_ping")
     if body == "pong" then break end
@@ -127,14 +135,16 @@ function M.cpu_seconds(pid)
   return (tonumber(fields[12]) + tonumber(fields[13])) / 100
 end
 
---- Stops nginx (QUIT, then KILL after 3 s) and removes its folder. Idempotent.
+--- Stops nginx (QUIT, then KILL after 3 s) and removes its folder; one
+-- started under a command gets TERM (a graceful stop waits for whatever
+-- its worker still runs) and 60 s to exit. Idempotent.
 function Nginx:stop()
   if self.stopped then return end
   self.stopped = true
   local pid = tonumber(read_file(self.dir .. "/logs/nginx.pid") or "")
   if pid then
-    os.execute("kill -QUIT " .. pid .. " 2>/dev/null")
-    local deadline = socket.gettime() + 3
+    os.execute("kill -" .. (self.stop_wait and "TERM " or "QUIT ") .. pid .. " 2>/dev/null")
+    local deadline = socket.gettime() + (self.stop_wait or 3)
     while socket.gettime() < deadline and run("kill -0 " .. pid .. " 2>/dev/null") do socket.sleep(0.02) end
     os.execute("kill -KILL " .. pid .. " 2>/dev/null")
   end
