@@ -35,7 +35,6 @@
 local common = require "bench.common"
 local shapes = require "bench.shapes"
 local nginx = require "spec.support.nginx"
-local rw = require "ratewise"
 
 local format = string.format
 local env_int, sh_quote, run_cmd, capture = common.env_int, common.sh_quote, common.run_cmd, common.capture
@@ -63,14 +62,11 @@ end
 
 if arg and arg[1] == "--run" then
   local key, base, n = arg[2], arg[3], tonumber(arg[4])
-  for _, shape in ipairs(shapes.list) do
-    if shape.key == key then
-      local m = shape.run(base, n, CONC)
-      io.write(format("failed=%d\n", m.failed))
-      os.exit(m.failed == 0 and 0 or 1)
-    end
-  end
-  error("instructions.lua --run: no shape " .. tostring(key), 0)
+  local shape = shapes.find(key)
+  if not shape then error("instructions.lua --run: no shape " .. tostring(key), 0) end
+  local m = shape.run(base, n, CONC)
+  io.write(format("failed=%d\n", m.failed))
+  os.exit(m.failed == 0 and 0 or 1)
 end
 
 ---------------------------------------------------------------------------
@@ -112,8 +108,7 @@ local function openresty_instructions(kind, url, n, size)
     under = "valgrind --tool=callgrind --callgrind-out-file=" .. sh_quote(file) }
   local ok, err = pcall(function()
     for _, count in ipairs { OPENRESTY_WARMUP, n } do
-      local res, ferr = rw.fetch(host:url(format("/bench?shape=%s&n=%d&conc=%d&url=%s%s", kind, count, CONC,
-        nginx.escape(url), size and ("&size=" .. size) or "")), { timeout = 3600, max_retries = 0, on_retry = false })
+      local res, ferr = common.openresty_round(host, kind, url, count, CONC, size)
       local body = res and res.status == 200 and res.body or ""
       if not body:match("failed=0") then
         error(format("the OpenResty round failed: %s", res and (res.status .. " " .. res.body) or tostring(ferr)), 0)
@@ -155,8 +150,7 @@ local function bench(base)
   end
   for _, o in ipairs(OPENRESTY) do
     if wanted(o.key) then
-      local shape
-      for _, s in ipairs(shapes.list) do if s.key == o.plain then shape = s end end
+      local shape = shapes.find(o.plain)
       local k = math.max(1, math.floor(K / (SHARE[o.plain] or 1)))
       local url = base .. shape.path
       local plain = per_request(function(n) return plain_command(shape, url, n) end, k)

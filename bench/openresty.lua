@@ -67,8 +67,7 @@ local host -- spec.support.nginx's handle
 local alerts_shown = 0 -- the [alert] lines of its error log already shown (a worker that died)
 local busy = {} -- the share of each of ratewise's rounds the worker was on the CPU (the current shape's)
 local function ours(shape, url, n, size)
-  local res, err = rw.fetch(host:url(format("/bench?shape=%s&n=%d&conc=%d&url=%s%s", shape, n, CONC,
-    nginx.escape(url), size and ("&size=" .. size) or "")), { timeout = 3600, max_retries = 0, on_retry = false })
+  local res, err = common.openresty_round(host, shape, url, n, CONC, size)
   local body = res and res.status == 200 and res.body or ""
   local rate = tonumber(body:match("rate=([%d.]+)"))
   if not rate then

@@ -274,6 +274,14 @@ shapes.list = {
     run = function(base, n, conc) return shapes.floor(base .. "/", n, conc) end },
 }
 
+--- shape = shapes.find(key): the shape of shapes.list with that key, or nil.
+function shapes.find(key)
+  for _, shape in ipairs(shapes.list) do
+    if shape.key == key then return shape end
+  end
+  return nil
+end
+
 --- flags = shapes.multi_flags(shape, quote): the flags of shape's
 -- multi_curl64 contender ("--keep", "--header 'Authorization: ...'"), or
 -- nil for none; quote: the shell quoting of bench/common.lua.
