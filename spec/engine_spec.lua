@@ -184,6 +184,57 @@ describe("ratewise.core engine", function()
       e:close()
     end)
 
+    it("hands a transfer object its result recycled out again, holding nothing of its last request", function()
+      local e = core.engine()
+      local function finish(t)
+        local out, owners = {}, {}
+        local owner
+        repeat
+          local _, n = e:poll(1, out, 0, owners)
+          for i = 1, n do
+            if out[i] == t then owner = owners[i] end
+            out[i], owners[i] = nil, nil
+          end
+        until t:done()
+        return owner
+      end
+      local owner = setmetatable({}, { __mode = "k" })
+      local held = { task = {} }
+      owner[held.task] = true
+      local first = assert(e:start({ url = s:url("/post"), method = "POST", body = "first body" }, held.task))
+      assert.equal(held.task, finish(first))
+      assert.equal(200, assert(first:result(true, true, true)).status)
+      assert.error_matches(function() first:done() end, "transfer is closed", 1, true)
+      -- the same object, for a request of its own: no owner, no body
+      local second = assert(e:start { url = s:url("/get") })
+      assert.is_true(rawequal(first, second))
+      assert.matches("running", tostring(second))
+      assert.is_false(finish(second))
+      held.task = nil
+      collectgarbage("collect")
+      collectgarbage("collect")
+      assert.is_nil(next(owner)) -- the box let go of its last owner
+      local res = assert(second:result(true, true)) -- closed, not recycled
+      assert.equal(200, res.status)
+      local log = s:log("/post")
+      assert.equal(1, #log)
+      assert.equal("first body", log[1].body)
+      assert.equal("GET", s:log("/get")[1].method)
+      local third = assert(e:start { url = s:url("/get") })
+      assert.is_false(rawequal(second, third))
+      finish(third)
+      third:result(true, true, true)
+      local fourth = assert(e:start { url = s:url("/get") })
+      assert.is_true(rawequal(third, fourth))
+      finish(fourth)
+      e:close()
+      -- a closed engine keeps nothing for later
+      assert.equal(200, assert(fourth:result(true, true, true)).status)
+      assert.error_matches(function() fourth:done() end, "transfer is closed", 1, true)
+      assert.error_matches(function() e:start { url = s:url("/get") } end, "closed", 1, true)
+      assert.equal(3, #s:log("/get"))
+    end)
+
     it("gives each request on a reused record its own timeout, or none", function()
       -- each script step answers one request: slow (0.5 s) three times
       s:script("/late", { { delay = 0.5, body = "a" }, { delay = 0.5, body = "b" }, { delay = 0.5, body = "c" },
@@ -864,7 +915,10 @@ describe("ratewise.core built with -DRW_STACK_CHECK", function()
       local owned = assert(e:start({ url = url }, "owner"))
       owned:set_owner(nil); owned:set_owner(true)
       while not owned:done() do e:poll(1, out, 0, {}) end
-      owned:close()
+      assert(owned:result(true, true, true)).status = nil -- recycled: the next start takes it
+      local again = assert(e:start({ url = url }, "owner")) -- a recycled object
+      while not again:done() do e:poll(1, out, 0, {}) end
+      again:close()
       e:running(); t:done(); tostring(t)
       assert(t:result()).status = nil
       t:close(); t:close() -- after poll reported it: holds no reference

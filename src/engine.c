@@ -52,6 +52,15 @@
  * cost LuaJIT some 200 instructions a request. */
 #define ENGINE_UV_KEYS 2
 #define KEYS_TRANSFER_MT (RF_COUNT + 1)
+/* ENGINE_UV_SPARE: transfer boxes closed by a caller that kept no other
+ * reference (transfer:result's recycle), for engine:start to hand out
+ * again: a box per request is a userdata with a finalizer (and, under Lua
+ * 5.1 and LuaJIT, a table for its user values), all of it work for the
+ * collector. At most ENGINE_SPARE_MAX, in an array made at that size, so
+ * that keeping one never allocates. */
+#define ENGINE_UV_SPARE 3
+#define ENGINE_NUV 3
+#define ENGINE_SPARE_MAX 64
 
 /* Connections (core.engine's options, engine:configure). At most
  * max_connections are open at once; transfers beyond that wait in
@@ -132,6 +141,7 @@ typedef struct engine {
     size_t nsocket_origin;
     transfer *pool[ENGINE_POOL_MAX];
     int npool;
+    int nspare; /* boxes in the ENGINE_UV_SPARE array */
     size_t kept; /* bytes of body buffer the pooled records keep */
     double response_bytes; /* moving average of a response's size */
     double next_expiry;    /* no running transfer expires before this (HUGE_VAL: none) */
@@ -1136,7 +1146,7 @@ static int engine_l_new(lua_State *L)
         luaL_checktype(L, 1, LUA_TTABLE);
         engine_read_limits(L, 1, &conns, &idle);
     }
-    e = (engine *)lua_newuserdatauv(L, sizeof(engine), 2);
+    e = (engine *)lua_newuserdatauv(L, sizeof(engine), ENGINE_NUV);
     memset(e, 0, sizeof *e); /* closed until the multi handle exists */
     e->epfd = -1;
     e->response_bytes = (double)ENGINE_RECV_MAX * 2; /* libcurl's default until responses are seen */
@@ -1153,6 +1163,8 @@ static int engine_l_new(lua_State *L)
     luaL_getmetatable(L, TRANSFER_MT);
     lua_rawseti(L, -2, KEYS_TRANSFER_MT);
     lua_setiuservalue(L, -2, ENGINE_UV_KEYS);
+    lua_createtable(L, ENGINE_SPARE_MAX, 0);
+    lua_setiuservalue(L, -2, ENGINE_UV_SPARE);
     e->epfd = epoll_create1(EPOLL_CLOEXEC);
     if (e->epfd < 0) {
         int err = errno;
@@ -1206,13 +1218,25 @@ static int engine_l_start(lua_State *L)
     owned = !lua_isnoneornil(L, 3); /* read before the names go on the stack */
     lua_getiuservalue(L, 1, ENGINE_UV_KEYS);
     keys = lua_gettop(L);
-    box = (transfer_box *)lua_newuserdatauv(L, sizeof(transfer_box), TRANSFER_NUV);
     tidx = keys + 1;
-    box->t = NULL;
-    lua_rawgeti(L, keys, KEYS_TRANSFER_MT);
-    lua_setmetatable(L, tidx);
-    lua_pushvalue(L, 1);
-    lua_setiuservalue(L, tidx, TRANSFER_UV_ENGINE);
+    if (e->nspare > 0) {
+        /* a box transfer:result recycled: its metatable and engine are
+         * set, its body and owner cleared */
+        lua_getiuservalue(L, 1, ENGINE_UV_SPARE);
+        lua_rawgeti(L, -1, e->nspare);
+        lua_pushnil(L);
+        lua_rawseti(L, -3, e->nspare);
+        e->nspare--;
+        lua_remove(L, tidx);
+        box = (transfer_box *)lua_touserdata(L, tidx);
+    } else {
+        box = (transfer_box *)lua_newuserdatauv(L, sizeof(transfer_box), TRANSFER_NUV);
+        box->t = NULL;
+        lua_rawgeti(L, keys, KEYS_TRANSFER_MT);
+        lua_setmetatable(L, tidx);
+        lua_pushvalue(L, 1);
+        lua_setiuservalue(L, tidx, TRANSFER_UV_ENGINE);
+    }
     if (owned) {
         lua_pushvalue(L, 3);
         lua_setiuservalue(L, tidx, TRANSFER_UV_OWNER);
@@ -1680,16 +1704,45 @@ static int transfer_l_read(lua_State *L)
     return 1;
 }
 
-/* transfer:result([lazy [, close]]) -> response table | nil, error table
- * (response.c). close: the transfer is closed once its result is made, as
- * transfer:close() would (one call less for a caller that is done with it). */
+/* Keeps the closed box at index 1 for engine:start to hand out again
+ * (ENGINE_UV_SPARE), unless its engine is closed or keeps enough. The stack
+ * is left as it was. */
+static void transfer_recycle(lua_State *L)
+{
+    RW_STACK_MARK(L, mark);
+    if (lua_getiuservalue(L, 1, TRANSFER_UV_ENGINE) == LUA_TUSERDATA) {
+        engine *e = (engine *)lua_touserdata(L, -1);
+        if (e->multi && e->nspare < ENGINE_SPARE_MAX) {
+            lua_pushnil(L);
+            lua_setiuservalue(L, 1, TRANSFER_UV_BODY);
+            lua_pushnil(L);
+            lua_setiuservalue(L, 1, TRANSFER_UV_OWNER);
+            lua_getiuservalue(L, -1, ENGINE_UV_SPARE);
+            lua_pushvalue(L, 1);
+            lua_rawseti(L, -2, ++e->nspare); /* within the array made for it: no allocation */
+            lua_pop(L, 1);
+        }
+    }
+    lua_pop(L, 1);
+    RW_STACK_EXPECT(L, mark, 0);
+}
+
+/* transfer:result([lazy [, close [, recycle]]]) -> response table | nil,
+ * error table (response.c). close: the transfer is closed once its result
+ * is made, as transfer:close() would (one call less for a caller that is
+ * done with it). recycle (with close): the caller holds no other reference
+ * to this transfer object and drops its own, so that engine:start may hand
+ * the object out again for another transfer (runtime.transfer's). */
 static int transfer_l_result(lua_State *L)
 {
     transfer_box *box = (transfer_box *)luaL_checkudata(L, 1, TRANSFER_MT);
-    int n;
+    int n, close = lua_toboolean(L, 3), recycle = close && lua_toboolean(L, 4); /* read before the results go on the stack */
     if (!box->t) return luaL_argerror(L, 1, "transfer is closed");
     n = rw_response_result(L, box->t, lua_toboolean(L, 2));
-    if (lua_toboolean(L, 3)) transfer_release(L, box);
+    if (close) {
+        transfer_release(L, box);
+        if (recycle) transfer_recycle(L);
+    }
     return n;
 }
 

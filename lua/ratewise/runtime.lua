@@ -294,16 +294,20 @@ function runtime.transfer(request, per_call)
     if host.await_transfer then
       ok, werr = pcall(host.await_transfer, transfer)
     else
+      -- a host of the caller's may keep the closure over the transfer
       ok, werr = pcall(await_done, host, transfer)
+      if ok then return transfer:result(true, true) end
     end
     if not ok then
       transfer:close()
       error(werr, 0)
     end
   end
-  -- lazy: the header tables are made when first read (response.lua); and
-  -- the transfer is closed as the result is made
-  return transfer:result(true, true)
+  -- lazy: the header tables are made when first read (response.lua); the
+  -- transfer is closed as the result is made, and its object goes back to
+  -- the engine for the next (nothing else holds it: the scheduler and the
+  -- hosts' await_transfer let go of it as its wait ends)
+  return transfer:result(true, true, true)
 end
 
 --- true = runtime.await_news(transfer, ready [, per_call_sleep]): waits
