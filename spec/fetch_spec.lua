@@ -730,6 +730,27 @@ describe("rw.fetch", function()
       end })
       assert(rw.fetch(s:url("/by_fn"), read_by_fn))
       assert.equal("DELETE", method_seen("/by_fn"))
+      -- transport options beside common ones go to the engine, and only for their own call
+      local plain_tls = { on_retry = false, decompress = false, connect_timeout = 2, headers = { ["X-T"] = "1" } }
+      assert.equal(200, assert(rw.fetch(s:url("/transport"), plain_tls)).status)
+      local seen = s:log("/transport")[1]
+      assert.equal("GET", seen.method)
+      assert.is_nil(seen.headers["accept-encoding"])
+      assert.equal("1", seen.headers["x-t"])
+      assert(rw.fetch(s:url("/after"), common))
+      assert.is_string(s:log("/after")[1].headers["accept-encoding"])
+      -- the same, checked first (a client checks where the call is made)
+      local fetch_module = require "ratewise.fetch"
+      local checked_first = { on_retry = false, decompress = false }
+      fetch_module.check(s:url("/checked"), checked_first)
+      assert(fetch_module.fetch(s:url("/checked"), checked_first))
+      assert.is_nil(s:log("/checked")[1].headers["accept-encoding"])
+      assert(rw.fetch(s:url("/after2"), common))
+      assert.is_string(s:log("/after2")[1].headers["accept-encoding"])
+      -- a bad transport option beside common ones is refused by name
+      assert.error_matches(function() rw.fetch(s:url("/bad_ca"), { on_retry = false, ca_file = 42 }) end,
+        "option 'ca_file'")
+      assert.equal(0, #s:log("/bad_ca"))
       -- a limiter beside common options is asked
       local asked = 0
       local limiter = { acquire = function() asked = asked + 1 return true end }

@@ -110,11 +110,14 @@ for _, name in ipairs(transport_options) do is_transport_option[name] = true end
 
 -- The options a call may have and still take fetch's common path: a GET
 -- whose other options are read where they matter (the timeouts, the
--- headers) or only at a retry. A call with no others reads none of the
--- two dozen a request may have (a look-up each, most of them misses).
+-- headers), only at a retry, or by the engine alone (the transport options
+-- that are not a stream's: a CA file, a client certificate, a proxy, which
+-- set_transport hands on). A call with no others reads none of the two
+-- dozen a request may have (a look-up each, most of them misses).
 local is_common_option = {}
 for _, name in ipairs { "headers", "timeout", "max_elapsed", "max_retries", "on_retry", "delay", "base",
-  "max_delay", "jitter", "hint_jitter" } do
+  "max_delay", "jitter", "hint_jitter", "ca_file", "ca_path", "client_cert", "client_key", "client_key_password",
+  "pinned_public_key", "tls_min_version", "proxy", "proxy_ca_file", "decompress", "connect_timeout" } do
   is_common_option[name] = true
 end
 
@@ -663,14 +666,15 @@ end
 -- client never changes.
 local checked = setmetatable({}, { __mode = "k" })
 -- no transport option; one at least; options behind an __index function;
--- common options only (is_common_option)
-local OPTIONS_PLAIN, OPTIONS_TRANSPORT, OPTIONS_UNLISTED, OPTIONS_COMMON = 1, 2, 3, 4
+-- common options only (is_common_option), without or with transport ones
+local OPTIONS_PLAIN, OPTIONS_TRANSPORT, OPTIONS_UNLISTED, OPTIONS_COMMON, OPTIONS_COMMON_TRANSPORT = 1, 2, 3, 4, 5
 
 -- A mark's word on the table, as check_options says it: (transport,
 -- listed, common). Apart from fetch.fetch, which has all the upvalues
 -- Lua 5.1 allows a function but two.
 local function marked(mark)
-  return mark == OPTIONS_TRANSPORT, mark ~= OPTIONS_UNLISTED, mark == OPTIONS_COMMON
+  return mark == OPTIONS_TRANSPORT or mark == OPTIONS_COMMON_TRANSPORT, mark ~= OPTIONS_UNLISTED,
+    mark >= OPTIONS_COMMON
 end
 
 --- fetch.check(url, opts [, depth [, kept]]): raises, as fetch would, for a
@@ -687,8 +691,8 @@ function fetch.check(url, opts, depth, kept)
   local transport, listed, common = check_options(opts, depth + 2)
   request_method(opts, 4 + depth)
   if opts.query ~= nil then headers.with_query(url, opts.query, "fetch", 3 + depth) end
-  local mark = common and OPTIONS_COMMON or not listed and OPTIONS_UNLISTED or transport and OPTIONS_TRANSPORT
-    or OPTIONS_PLAIN
+  local mark = common and (transport and OPTIONS_COMMON_TRANSPORT or OPTIONS_COMMON)
+    or not listed and OPTIONS_UNLISTED or transport and OPTIONS_TRANSPORT or OPTIONS_PLAIN
   checked[opts] = kept and -mark or mark
 end
 
@@ -841,8 +845,8 @@ function fetch.fetch(url, opts, counters)
   local max_retries, on_retry, retry_after_cap, hint_jitter
   -- What a common call has none of: it is a replay-safe GET that follows
   -- redirects, with no hooks, limiter or stream, and no field the engine
-  -- reads only when listed (rare).
-  local safe, follow, stream, rare = true, true, false, false
+  -- reads only when listed (rare) but its transport options.
+  local safe, follow, stream, rare = true, true, false, transport
   local limiter, circuit, budget, on_event, cost, retry_after, retry_after_max, max_body, verify_tls
   local first_byte, idle, fresh_connect, empty_body, secret_headers, sleep
   if not common then
