@@ -101,6 +101,10 @@ describe("ratewise.core engine", function()
       assert.equal(1, #s:log("/t"))
       assert.error_matches(function() e:start { url = s:url("/t"), transport = { "url" } } end,
         "request option 'transport' must list transport options (item 1 is not one)", 1, true)
+      for _, bad in ipairs { { "ca_file", 1 }, { "ca_file", "nope" }, { "proxy", true }, { "proxy", "1" } } do
+        assert.error_matches(function() e:start { url = s:url("/t"), transport = bad } end,
+          "request option 'transport' must list transport options (item 2 is not one)", 1, true)
+      end
       assert.error_matches(function() e:start { url = s:url("/t"), transport = "all" } end,
         "request option 'transport' must be a boolean or an array of names (got string)", 1, true)
       for _, version in ipairs { "1.2\0x", "1.3 ", "1" } do
