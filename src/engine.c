@@ -1034,7 +1034,7 @@ static void engine_drive(engine *e, double seconds, double budget)
 {
     struct epoll_event ev[ENGINE_EVENTS];
     CURLMcode mc = CURLM_OK;
-    int n, i, running;
+    int n, i, running, spent = 0; /* spent: the budget is, and the clock need not be read again */
     double until;
     n = engine_wait(e, ev, ENGINE_EVENTS, seconds);
     until = budget > 0 ? rw_clock_monotonic() + budget : 0;
@@ -1056,12 +1056,16 @@ static void engine_drive(engine *e, double seconds, double budget)
             e->watch[fd] = 0;
             continue;
         }
-        if (until > 0 && rw_clock_monotonic() >= until) continue; /* watched descriptors still fire */
+        if (!spent && until > 0 && rw_clock_monotonic() >= until) spent = 1;
+        if (spent) continue; /* watched descriptors still fire */
         mc = curl_multi_socket_action(e->multi, fd, flags, &running);
     }
-    if (mc == CURLM_OK && rw_clock_monotonic() >= e->timer_at && !(until > 0 && rw_clock_monotonic() >= until)) {
-        e->timer_at = HUGE_VAL; /* libcurl sets the next one */
-        mc = curl_multi_socket_action(e->multi, CURL_SOCKET_TIMEOUT, 0, &running);
+    if (mc == CURLM_OK && !spent && e->timer_at != HUGE_VAL) {
+        double now = rw_clock_monotonic();
+        if (now >= e->timer_at && !(until > 0 && now >= until)) {
+            e->timer_at = HUGE_VAL; /* libcurl sets the next one */
+            mc = curl_multi_socket_action(e->multi, CURL_SOCKET_TIMEOUT, 0, &running);
+        }
     }
 #ifdef RW_FAULTS
     if (e->fail_next != CURLM_OK) {
