@@ -284,6 +284,11 @@ function runtime.transfer(request, per_call)
   if not transfer then
     return nil, { message = err, retryable = false, sent = false }
   end
+  -- recycle: the transfer's object goes back to the engine for the next,
+  -- where nothing else holds it once the wait is over (the scheduler and
+  -- the hosts' await_transfer let go of it); a host of the caller's may
+  -- keep await's closure over it
+  local recycle = true
   if task then
     -- Rule 1, whatever sleep the call gave (the scheduler wakes the task
     -- when its transfer ends): a cancellation closes the transfer from
@@ -294,9 +299,8 @@ function runtime.transfer(request, per_call)
     if host.await_transfer then
       ok, werr = pcall(host.await_transfer, transfer)
     else
-      -- a host of the caller's may keep the closure over the transfer
+      recycle = false
       ok, werr = pcall(await_done, host, transfer)
-      if ok then return transfer:result(true, true) end
     end
     if not ok then
       transfer:close()
@@ -304,10 +308,8 @@ function runtime.transfer(request, per_call)
     end
   end
   -- lazy: the header tables are made when first read (response.lua); the
-  -- transfer is closed as the result is made, and its object goes back to
-  -- the engine for the next (nothing else holds it: the scheduler and the
-  -- hosts' await_transfer let go of it as its wait ends)
-  return transfer:result(true, true, true)
+  -- transfer is closed as the result is made
+  return transfer:result(true, true, recycle)
 end
 
 --- true = runtime.await_news(transfer, ready [, per_call_sleep]): waits
