@@ -683,6 +683,50 @@ describe("rw.fetch", function()
     end)
   end)
 
+  describe("the URLs of an origin already seen", function()
+    -- fetch learns an origin's scheme://host:port once and then prints each
+    -- of its URLs with two finds; what it prints and the origin it keys a
+    -- circuit on must be what the full parse (headers.lua) makes of the URL.
+    it("are printed and keyed as the full parse would, and refused as it would", function()
+      local headers = require "ratewise.headers"
+      local origins = {}
+      local circuit = {
+        allow = function(_, origin) origins[#origins + 1] = origin return true end,
+        record = function() end,
+      }
+      local authority = "127.0.0.1:" .. s.port
+      local urls = {
+        s:url("/first"), -- the origin is learned here
+        s:url("/plain"),
+        s:url("/q?api_key=key-secret-000&x=1"),
+        s:url("/frag#part"),
+        s:url("/users/@me?token=secret-at"),
+        "http://alice:pass-secret@" .. authority .. "/userinfo?k=v",
+        "HTTP://" .. authority .. "/upper?k=v",
+        "HTTP://" .. authority .. "/upper-again", -- a head seen: its origin is still lower-case
+        "http://" .. authority .. "?only-query",
+        "http://" .. authority,
+      }
+      for _, url in ipairs(urls) do
+        local res = assert(rw.fetch(url, { on_retry = false, circuit = circuit }))
+        assert.equal(200, res.status)
+        assert.equal(headers.redact_url(url), res.url, url)
+        assert.equal(headers.origin(url), origins[#origins], url)
+        assert.is_nil(res.url:find("secret", 1, true))
+      end
+      assert.equal(#urls, #origins)
+      -- a 404's message names the URL the same way
+      s:script("/gone", { { status = 404 } })
+      local _, err = rw.fetch(s:url("/gone?api_key=key-secret-000"), quiet)
+      assert.matches("GET http://127.0.0.1:%d+/gone: 404", err.message)
+      assert.is_nil(err.message:find("secret", 1, true))
+      -- what check_url refuses is refused on a known origin too
+      assert.error_matches(function() rw.fetch(s:url("/a b")) end, "a space or a control character")
+      assert.error_matches(function() rw.fetch(s:url("/a\r\nX: y")) end, "a space or a control character")
+      assert.equal(0, #s:log("/a b"))
+    end)
+  end)
+
   describe("options a call inherits", function()
     -- setmetatable({ max_elapsed = left }, { __index = base }): how a
     -- per-call deadline or header is written over shared options.
@@ -722,6 +766,21 @@ describe("rw.fetch", function()
       assert(rw.fetch(s:url("/grown"), common))
       assert.equal("HEAD", method_seen("/grown"))
       common.method = nil
+      -- method = "GET" is a common option (an rw.client's calls name it); any
+      -- other method, or a GET with a body, is not
+      for _, case in ipairs {
+        { { method = "GET" }, "GET" }, { { method = "GET", on_retry = false }, "GET" },
+        { { method = "GET", on_retry = false, timeout = 5 }, "GET" }, { { method = "get" }, "GET" },
+        { { method = "PUT", on_retry = false }, "PUT" }, { { on_retry = false, method = "OPTIONS" }, "OPTIONS" },
+      } do
+        s:reset()
+        assert(rw.fetch(s:url("/method"), case[1]))
+        assert.equal(case[2], method_seen("/method"))
+      end
+      assert.error_matches(function() rw.fetch(s:url("/method"), { method = "GET", body = "x" }) end,
+        "a GET request cannot carry a body")
+      assert.error_matches(function() rw.fetch(s:url("/method"), { method = "GET", json = {} }) end,
+        "a GET request cannot carry a body")
       -- an option behind an __index table, or an __index function
       assert(rw.fetch(s:url("/inherited"), setmetatable({ timeout = 5 }, { __index = { method = "HEAD" } })))
       assert.equal("HEAD", method_seen("/inherited"))

@@ -12,6 +12,7 @@ local CANCELLED = require("ratewise.scheduler").CANCELLED
 
 local classify, now = core.classify, core.now
 local format, lower, upper = string.format, string.lower, string.upper
+local find, match, sub = string.find, string.match, string.sub
 local min, huge = math.min, math.huge
 local type, tostring, pcall, pairs, getmetatable = type, tostring, pcall, pairs, getmetatable
 
@@ -113,8 +114,10 @@ for _, name in ipairs(transport_options) do is_transport_option[name] = true end
 -- headers), only at a retry, or by the engine alone (the transport options
 -- that are not a stream's: a CA file, a client certificate, a proxy, which
 -- set_transport hands on). A call with no others reads none of the two
--- dozen a request may have (a look-up each, most of them misses).
-local is_common_option = {}
+-- dozen a request may have (a look-up each, most of them misses). An
+-- option whose entry is a value rather than true is common with that value
+-- only: `method = "GET"`, as an rw.client's calls name it.
+local is_common_option = { method = "GET" }
 for _, name in ipairs { "headers", "timeout", "max_elapsed", "max_retries", "on_retry", "delay", "base",
   "max_delay", "jitter", "hint_jitter", "ca_file", "ca_path", "client_cert", "client_key", "client_key_password",
   "pinned_public_key", "tls_min_version", "proxy", "proxy_ca_file", "decompress", "connect_timeout" } do
@@ -217,12 +220,34 @@ end
 -- kept for the last URL seen: programs call one endpoint many times.
 local last_url, last_shown, last_secrets, last_origin
 
+-- The origins of the URLs seen, by their scheme://host[:port] as written:
+-- a program calls many URLs (a path or a query apiece) on a few origins,
+-- and a URL on one of them is checked and printed with two finds, not a
+-- dozen patterns. Emptied when it grows past ORIGINS_KEPT.
+local origin_of, origins_kept = {}, 0
+local ORIGINS_KEPT = 256
+
 local function url_facts(url)
   if url ~= last_url then
-    check_url(url)
-    last_shown = headers.redact_url(url)
-    last_secrets = url:find("@", 1, true) and headers.url_secrets(url, {}) or false
-    last_origin = headers.origin(url)
+    local head = type(url) == "string" and match(url, "^%a[%w+.-]*://[^/?#@]*")
+    local origin = head and origin_of[head]
+    -- Known origin, no userinfo and no "@" anywhere (which redact_url reads
+    -- closely), nothing check_url refuses: what is printed is the URL up to
+    -- its query or fragment.
+    if origin and not find(url, "[%c @]") then
+      local cut = find(url, "[?#]", #head + 1)
+      last_shown = cut and sub(url, 1, cut - 1) or url
+      last_secrets, last_origin = false, origin
+    else
+      check_url(url)
+      last_shown = headers.redact_url(url)
+      last_secrets = url:find("@", 1, true) and headers.url_secrets(url, {}) or false
+      last_origin = headers.origin(url)
+      if head and not find(url, "@", 1, true) then -- head is then the whole authority
+        if origins_kept >= ORIGINS_KEPT then origin_of, origins_kept = {}, 0 end
+        origin_of[head], origins_kept = last_origin, origins_kept + 1
+      end
+    end
     last_url = url
   end
   return last_shown, last_secrets, last_origin
@@ -480,10 +505,13 @@ local function check_options(opts, depth)
     local k2, v2 = next(opts, k1)
     if k2 == nil or next(opts, k2) == nil then
       check_option(k1, v1, depth)
-      if k2 == nil then return is_transport_option[k1] == true, true, is_common_option[k1] == true end
+      local common1 = is_common_option[k1]
+      common1 = common1 == true or common1 == v1
+      if k2 == nil then return is_transport_option[k1] == true, true, common1 end
       check_option(k2, v2, depth)
+      local common2 = is_common_option[k2]
       return is_transport_option[k1] == true or is_transport_option[k2] == true, true,
-        is_common_option[k1] == true and is_common_option[k2] == true
+        common1 and (common2 == true or common2 == v2)
     end
   end
   local transport, common = false, true
@@ -493,7 +521,8 @@ local function check_options(opts, depth)
       if t == opts or rawget(opts, k) == nil then -- an own option hides an inherited one
         check_option(k, v, depth)
         if is_transport_option[k] then transport = true end
-        if not is_common_option[k] then common = false end
+        local common_as = is_common_option[k]
+        if common_as ~= true and common_as ~= v then common = false end
       end
     end
     local mt = getmetatable(t)
