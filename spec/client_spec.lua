@@ -178,6 +178,73 @@ describe("rw.client", function()
       assert.equal(9, c:stats().deduped)
     end)
 
+    it("makes the shared request in the first caller's own task, and every caller ends", function()
+      s:script("/same", { { status = 200, body = "shared", delay = 0.2 } })
+      local scheduler = require "ratewise.scheduler"
+      local c = new()
+      local live_before, live_during
+      local first, second, third
+      rw.run(function()
+        live_before = scheduler.live()
+        first = rw.spawn(function() return c:get("/same") end)
+        second = rw.spawn(function() return c:get("/same") end)
+        third = rw.spawn(function() return c:get("/same") end)
+        rw.sleep(0.05)
+        live_during = scheduler.live()
+        -- the caller that made the request goes: the others make it again
+        first:cancel()
+        local res = assert(second:join())
+        assert.equal("shared", res.body)
+        assert.equal("shared", assert(third:join()).body)
+      end)
+      assert.equal(live_before + 3, live_during) -- the three callers, and no task of the client's
+      assert.equal("cancelled", select(2, first:join()))
+      assert.equal(2, #s:log("/same"))
+      assert.equal(1, c:stats().deduped) -- the third joined the second's
+    end)
+
+    it("leaves the shared request running when a caller that joined it is cancelled", function()
+      s:script("/same", { { status = 200, body = "shared", delay = 0.15 } })
+      local c = new()
+      local first, second
+      rw.run(function()
+        first = rw.spawn(function() return c:get("/same") end)
+        second = rw.spawn(function() return c:get("/same") end)
+        rw.sleep(0.05)
+        second:cancel()
+      end)
+      assert.equal("shared", assert(first:join()).body)
+      assert.equal("cancelled", select(2, second:join()))
+      assert.equal(1, #s:log("/same"))
+    end)
+
+    it("raises an error raised in the shared request in every caller that joined it", function()
+      s:script("/same", { { status = 200, delay = 0.1 } })
+      local c = new { on_event = function(event)
+        if event.type == "response" then error("hook failed", 0) end
+      end }
+      local errors = {}
+      rw.run(function()
+        local tasks = {}
+        for i = 1, 3 do tasks[i] = rw.spawn(function() return c:get("/same") end) end
+        for i = 1, 3 do errors[i] = select(2, tasks[i]:join()) end
+      end)
+      for i = 1, 3 do assert.matches("hook failed", errors[i]) end
+      assert.equal(1, #s:log("/same"))
+    end)
+
+    it("shares between a task and a caller outside any task", function()
+      s:script("/same", { { status = 200, body = "shared", delay = 0.15 } })
+      local c = new()
+      local scheduler = require "ratewise.scheduler"
+      local in_task = scheduler.spawn(function() return c:get("/same") end)
+      scheduler.step(0) -- the task starts the request
+      local res = assert(c:get("/same")) -- joins it, driving the scheduler meanwhile
+      assert.equal("shared", res.body)
+      assert.equal("shared", assert(in_task:join()).body)
+      assert.equal(1, #s:log("/same"))
+    end)
+
     it("does not share requests that differ in headers or method", function()
       s:script("/same", { { status = 200, delay = 0.05 } })
       local c = new()

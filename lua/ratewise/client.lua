@@ -180,6 +180,8 @@ function client.new(opts)
     -- the call tables of calls that add no options, by method and limiter
     plain_calls = {},
     last_path = false, last_url = false, -- the last path joined to base_url, and the URL it made
+    -- the last call that gave no options: its method and path, URL and call table
+    plain_method = false, plain_path = false, plain_url = false, plain_call = false,
   }, Client)
   for k in pairs(fetch_defaults) do c.defaults[k] = opts[k] end
   -- The defaults and objects are checked now, where they were given, not at the first request.
@@ -258,6 +260,15 @@ function Client:_limiter_for(path, explicit)
 end
 
 local function request_key(method, url, h, body)
+  local name, value = next(h)
+  if name == nil or next(h, name) == nil then
+    -- no header, or one (a credential): the same key, without a sort
+    local key = method .. "\n" .. url .. "\n" .. (body or "")
+    if name == nil then return key end
+    local lower_name = lower(name)
+    if not_in_key[lower_name] then return key end
+    return key .. "\n" .. lower_name .. ":" .. tostring(value)
+  end
   local names = {}
   for k in pairs(h) do
     if not not_in_key[lower(k)] then names[#names + 1] = k end
@@ -475,23 +486,31 @@ function Client:_plain_call(method, url, route_path)
 end
 
 function Client:request(method, path, opts)
-  if type(method) ~= "string" then
-    error(format("client:request: method must be a string (got %s)", type(method)), 2)
-  end
-  if opts ~= nil and type(opts) ~= "table" then
-    error(format("client:request: options must be a table (got %s)", type(opts)), 2)
-  end
-  local cross_origin = opts and opts.cross_origin
-  if cross_origin ~= nil and type(cross_origin) ~= "boolean" then
-    error(format("client:request: option 'cross_origin' must be a boolean (got %s)", type(cross_origin)), 2)
-  end
-  local url, route_path, foreign = self:_target(path, cross_origin)
-  if not plain_methods[method] then method = upper(method) end
-  local call, h
-  if opts == nil and not foreign and not self.semaphore and plain_methods[method] then
-    call, h = self:_plain_call(method, url, route_path), self.headers
+  local url, call, h
+  if opts == nil and path == self.plain_path and method == self.plain_method then
+    -- The call before's, again (most programs call a few paths again and
+    -- again): its URL and call table are what the same method and path made.
+    url, call, h = self.plain_url, self.plain_call, self.headers
   else
-    call, h, url = self:_call(method, opts or NO_OPTIONS, url, route_path, foreign)
+    if type(method) ~= "string" then
+      error(format("client:request: method must be a string (got %s)", type(method)), 2)
+    end
+    if opts ~= nil and type(opts) ~= "table" then
+      error(format("client:request: options must be a table (got %s)", type(opts)), 2)
+    end
+    local cross_origin = opts and opts.cross_origin
+    if cross_origin ~= nil and type(cross_origin) ~= "boolean" then
+      error(format("client:request: option 'cross_origin' must be a boolean (got %s)", type(cross_origin)), 2)
+    end
+    local route_path, foreign
+    url, route_path, foreign = self:_target(path, cross_origin)
+    if not plain_methods[method] then method = upper(method) end
+    if opts == nil and not foreign and not self.semaphore and plain_methods[method] then
+      call, h = self:_plain_call(method, url, route_path), self.headers
+      self.plain_method, self.plain_path, self.plain_url, self.plain_call = method, path, url, call
+    else
+      call, h, url = self:_call(method, opts or NO_OPTIONS, url, route_path, foreign)
+    end
   end
   local counters = self.counters
   counters.requests = counters.requests + 1
@@ -512,25 +531,34 @@ function Client:request(method, path, opts)
 
   local res, err
   local deadline = share and now() + (call.max_elapsed or fetch.DEFAULT_MAX_ELAPSED)
-  local shared = share and self.in_flight[key]
-  -- A call joins an identical one in flight only if that one will end
-  -- within this call's own time budget.
-  if shared and shared.deadline <= deadline then
-    counters.deduped = counters.deduped + 1
-    res, err = shared.task:join()
-    if res then res = copy_response(res) end
-  elseif share and not shared then
-    local entry = { deadline = deadline }
-    entry.task = scheduler.spawn(self._send, self, url, call)
-    self.in_flight[key] = entry
-    res, err = entry.task:join()
-    if self.in_flight[key] == entry then self.in_flight[key] = nil end
-  else
-    res, err = self:_send(url, call)
+  while true do
+    local shared = share and self.in_flight[key]
+    -- A call joins an identical one in flight only if that one will end
+    -- within this call's own time budget.
+    if shared and shared.deadline <= deadline then
+      counters.deduped = counters.deduped + 1
+      shared.done:wait()
+      -- An error raised in the shared call (a bad option, a failing hook)
+      -- is raised here too, as it would be without sharing.
+      if shared.raised ~= nil then error(shared.raised, 0) end
+      if not shared.cancelled then
+        res, err = shared.res, shared.err
+        if res then res = copy_response(res) end
+        break
+      end
+      -- The caller that made the request was cancelled, and its transfer
+      -- with it: this call makes it again (or joins whoever does first).
+      counters.deduped = counters.deduped - 1
+    elseif share and not shared then
+      -- The first of identical calls makes the request itself, in its own
+      -- task (a task apiece cost a coroutine, a table and a join per call).
+      res, err = self:_send_shared(key, deadline, url, call)
+      break
+    else
+      res, err = self:_send(url, call)
+      break
+    end
   end
-  -- An error raised in the shared transfer (a bad option, a failing hook) is
-  -- raised here too, as it would be without sharing.
-  if res == nil and type(err) ~= "table" then error(err, 0) end
   if res and cacheable and res.status >= 200 and res.status < 300 then
     self:_cache_put(key, res)
   end
@@ -579,6 +607,26 @@ function Client:_send(url, call)
     counters.failures = counters.failures + 1
     bump(counters.errors, err.kind)
   end
+  return res, err
+end
+
+-- The call in flight that identical ones join (Client:request): what it
+-- ended with is theirs too, or, if it was cancelled, they go on by themselves.
+function Client:_send_shared(key, deadline, url, call)
+  local entry = { deadline = deadline, done = scheduler.event() }
+  local in_flight = self.in_flight
+  in_flight[key] = entry
+  local ok, res, err = compat.pcall(self._send, self, url, call)
+  if in_flight[key] == entry then in_flight[key] = nil end
+  if ok then
+    entry.res, entry.err = res, err
+  elseif res == scheduler.CANCELLED then
+    entry.cancelled = true
+  else
+    entry.raised = res
+  end
+  entry.done:set()
+  if not ok then error(res, 0) end
   return res, err
 end
 

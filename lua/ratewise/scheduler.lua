@@ -818,6 +818,57 @@ function Semaphore:__tostring()
 end
 
 ---------------------------------------------------------------------------
+-- Events: one signal, set once, that any number of callers wait for (an
+-- rw.client's identical requests waiting for the one in flight).
+
+local Event = {}
+Event.__index = Event
+
+--- ev = scheduler.event(): not set yet.
+function scheduler.event()
+  return setmetatable({ is_set = false }, Event)
+end
+
+--- ev:wait(): returns once ev is set (at once if it is). A task yields; a
+-- caller outside any task drives the scheduler (or its host's wait) meanwhile.
+-- A task cancelled meanwhile raises, as from any other wait; set() then
+-- passes it by (its wait number is stale).
+function Event:wait()
+  if self.is_set then return end
+  local me = scheduler.current()
+  if not me then
+    outside_wait(function() return self.is_set end)
+    return
+  end
+  local waiters = self.waiters
+  if not waiters then
+    waiters = {}
+    self.waiters = waiters
+  end
+  me.wait_id = me.wait_id + 1
+  waiters[#waiters + 1] = me
+  waiters[#waiters + 1] = me.wait_id
+  wait_here(me)
+end
+
+--- ev:set(): wakes every waiter; later waits return at once.
+function Event:set()
+  if self.is_set then return end
+  self.is_set = true
+  local waiters = self.waiters
+  self.waiters = nil
+  if waiters then
+    for i = 1, #waiters, 2 do wake(waiters[i], waiters[i + 1]) end
+  end
+  progress = progress + 1
+  if kick then kick() end
+end
+
+function Event:__tostring()
+  return "ratewise.Event (" .. (self.is_set and "set" or "not set") .. ")"
+end
+
+---------------------------------------------------------------------------
 -- run and map
 
 -- Waits until every task of a group has finished.
