@@ -1,5 +1,6 @@
 /*
- * multi_curl64 [--cainfo FILE] [--pipewait] [--warmup K] [--header LINE]... [--keep] URL N [IN_FLIGHT [USER_AGENT]]
+ * multi_curl64 [--cainfo FILE] [--pipewait] [--warmup K] [--header LINE]... [--keep] [--paths] URL N
+ *              [IN_FLIGHT [USER_AGENT]]
  *
  * The baseline of `make bench`'s concurrent part: N keep-alive GETs of URL
  * driven by ONE libcurl multi handle that keeps IN_FLIGHT (default 64)
@@ -26,7 +27,9 @@
  * (its gate, src/engine.c), instead of each opening a connection of its
  * own. --header LINE sends LINE ("Authorization: Bearer ...") with every
  * request, after the User-Agent line, where ratewise sends a secret line
- * (bench's `headers` and `client` shapes). --warmup K runs K
+ * (bench's `headers` and `client` shapes). --paths gives each handle a URL
+ * of its own, URL?task=I for handle I (1 to IN_FLIGHT), as the tasks of the
+ * `client_paths` shape each call a path of their own. --warmup K runs K
  * requests on the same handles before the clock
  * starts, so that the measured ones find their connections open (and their
  * TLS handshakes done), as a contender that runs in a process of its own
@@ -173,7 +176,7 @@ static int run_batch(CURLM *multi, slot *slots, long conc, long n, batch *b)
 
 static int usage(const char *prog)
 {
-    fprintf(stderr, "usage: %s [--cainfo FILE] [--pipewait] [--warmup K] [--header LINE]... [--keep] URL N "
+    fprintf(stderr, "usage: %s [--cainfo FILE] [--pipewait] [--warmup K] [--header LINE]... [--keep] [--paths] URL N "
                     "[IN_FLIGHT [USER_AGENT]]\n",
             prog);
     return 2;
@@ -184,7 +187,7 @@ int main(int argc, char **argv)
     const char *url, *agent, *cainfo = NULL;
     char *end;
     long n, conc, warmup = 0, i;
-    int pipewait = 0, keep = 0, arg = 1, rest, nextra = 0;
+    int pipewait = 0, keep = 0, paths = 0, arg = 1, rest, nextra = 0;
     const char *extra[8];
     char *agent_line;
     struct curl_slist *headers = NULL;
@@ -199,6 +202,9 @@ int main(int argc, char **argv)
             arg++;
         } else if (strcmp(argv[arg], "--keep") == 0) {
             keep = 1;
+            arg++;
+        } else if (strcmp(argv[arg], "--paths") == 0) {
+            paths = 1;
             arg++;
         } else if (strcmp(argv[arg], "--header") == 0 && arg + 1 < argc) {
             if (nextra == (int)(sizeof extra / sizeof extra[0])) {
@@ -265,7 +271,17 @@ int main(int argc, char **argv)
             fprintf(stderr, "multi_curl64: out of memory\n");
             return 1;
         }
-        curl_easy_setopt(easy, CURLOPT_URL, url);
+        if (paths) {
+            char own[2048]; /* libcurl copies it */
+            int len = snprintf(own, sizeof own, "%s?task=%ld", url, i + 1);
+            if (len < 0 || (size_t)len >= sizeof own) {
+                fprintf(stderr, "multi_curl64: URL too long for --paths\n");
+                return 2;
+            }
+            curl_easy_setopt(easy, CURLOPT_URL, own);
+        } else {
+            curl_easy_setopt(easy, CURLOPT_URL, url);
+        }
         curl_easy_setopt(easy, CURLOPT_HTTPHEADER, headers);
         curl_easy_setopt(easy, CURLOPT_ACCEPT_ENCODING, "");
         curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 1L);

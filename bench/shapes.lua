@@ -19,6 +19,9 @@
 --                   holding an Authorization header, made once
 --   client          `conc` tasks looping client:get(path) on an rw.client
 --                   with that header
+--   client_paths    the same on a client with its defaults (dedupe on),
+--                   each task calling a path of its own ("/?task=3"): the
+--                   URL changes from one call to the next
 --   floor           not a shape users write: `conc` transfers kept in flight
 --                   on ratewise's engine (ratewise.core) by a bare Lua loop,
 --                   with no fetch, no tasks and no scheduler. What the
@@ -205,6 +208,30 @@ function shapes.client(base, path, n, conc)
   return shapes.loop(nil, n, conc, nil, nil, function() return client:get(path) end)
 end
 
+-- `conc` tasks each looping client:get on a path of its own, on an
+-- rw.client with the defaults users leave as they are (identical requests
+-- in flight share one transfer: none here, each task's path is its own).
+function shapes.client_paths(base, n, conc)
+  local client = rw.client { base_url = base, headers = { Authorization = shapes.AUTHORIZATION },
+    on_retry = false }
+  return measure(n, function()
+    local failed = 0
+    rw.run(function()
+      for w = 1, conc do
+        local count = floor(n / conc) + (w <= n % conc and 1 or 0)
+        local path = "/?task=" .. w
+        if count > 0 then
+          spawn(function()
+            local mine = fetch_loop(nil, count, nil, nil, function() return client:get(path) end)
+            failed = failed + mine
+          end)
+        end
+      end
+    end)
+    return failed
+  end)
+end
+
 -- The floor: the request fetch makes for a GET of `url` with no options
 -- (the same bytes on the wire), started again on the engine as each one
 -- finishes, `conc` in flight; each response is made as fetch's is (the
@@ -266,6 +293,8 @@ shapes.list = {
     run = function(base, n, conc) return shapes.headers(base .. "/", n, conc) end },
   { key = "client", path = "/", target = 0.90, header = true,
     run = function(base, n, conc) return shapes.client(base, "/", n, conc) end },
+  { key = "client_paths", path = "/", target = 0.90, header = true, paths = true,
+    run = function(base, n, conc) return shapes.client_paths(base, n, conc) end },
   { key = "body_64k", path = "/body/64k", target = 0.90, size = 65536,
     run = function(base, n, conc) return shapes.loop(base .. "/body/64k", n, conc, 65536) end },
   { key = "body_1m", path = "/body/1m", target = 0.90, size = 1048576,
@@ -283,12 +312,14 @@ function shapes.find(key)
 end
 
 --- flags = shapes.multi_flags(shape, quote): the flags of shape's
--- multi_curl64 contender ("--keep", "--header 'Authorization: ...'"), or
--- nil for none; quote: the shell quoting of bench/common.lua.
+-- multi_curl64 contender ("--keep", "--header 'Authorization: ...'",
+-- "--paths"), or nil for none; quote: the shell quoting of bench/common.lua.
 function shapes.multi_flags(shape, quote)
-  if shape.keep then return "--keep" end
-  if shape.header then return "--header " .. quote("Authorization: " .. shapes.AUTHORIZATION) end
-  return nil
+  local flags = {}
+  if shape.keep then flags[#flags + 1] = "--keep" end
+  if shape.header then flags[#flags + 1] = "--header " .. quote("Authorization: " .. shapes.AUTHORIZATION) end
+  if shape.paths then flags[#flags + 1] = "--paths" end
+  return flags[1] and table.concat(flags, " ") or nil
 end
 
 return shapes
