@@ -56,11 +56,47 @@ describe("ratewise's promises", function()
       assert.equal("POST", events[1].method)
     end)
 
-    it("gives a POST made from a body a connection of its own, never a pooled one", function()
+    -- libcurl sends a request again, on its own, when the kept connection
+    -- it went out on closes before any byte of answer (its "Connection
+    -- died, retrying a fresh connect"), though the server may have acted on
+    -- it. A POST keeps the connection, but libcurl cannot read its body twice.
+    it("sends a POST on a kept connection, and never twice when that connection dies after it went out", function()
       assert(rw.fetch(s:url("/warm"), opts()))
       assert(rw.fetch(s:url("/b"), opts { body = "x" }))
-      local warm, post = s:log("/warm")[1], s:log("/b")[1]
-      assert.are_not.equal(warm.conn, post.conn)
+      assert(rw.fetch(s:url("/b"), opts { method = "PATCH", body = "y" }))
+      local warm, post, patch = s:log("/warm")[1], s:log("/b")[1], s:log("/b")[2]
+      assert.equal(warm.conn, post.conn)
+      assert.equal(warm.conn, patch.conn)
+      assert.equal("x", post.body)
+      assert.equal("y", patch.body)
+      -- the server reads the POST whole on that kept connection, then closes it unanswered
+      s:script("/charge", { { action = "drop" }, { status = 200 } })
+      local res, err = rw.fetch(s:url("/charge"), opts { body = "amount=5", base = 0.01 })
+      assert.is_nil(res)
+      assert.equal("unsafe", err.kind)
+      assert.is_true(err.transport.sent)
+      local log = s:log("/charge")
+      assert.equal(1, #log, "the POST was sent twice")
+      assert.equal(warm.conn, log[1].conn) -- it went out on the kept connection
+      assert.equal("amount=5", log[1].body)
+      -- a replay-safe request on a dying kept connection may be sent again, by libcurl or by fetch
+      assert(rw.fetch(s:url("/after"), opts { body = "z" }))
+      assert.equal("z", s:log("/after")[1].body)
+    end)
+
+    it("keeps a POST without a body from being sent twice too", function()
+      assert(rw.fetch(s:url("/warm"), opts()))
+      s:script("/empty", { { action = "drop" }, { status = 200 } })
+      local res, err = rw.fetch(s:url("/empty"), opts { method = "POST", base = 0.01 })
+      assert.is_nil(res)
+      assert.equal("unsafe", err.kind)
+      local log = s:log("/empty")
+      assert.equal(1, #log, "the POST was sent twice")
+      assert.equal(s:log("/warm")[1].conn, log[1].conn)
+      assert.equal("0", log[1].headers["content-length"])
+      -- the connection it died on is gone; the next request opens another
+      assert(rw.fetch(s:url("/empty"), opts { method = "POST" }))
+      assert.equal(2, #s:log("/empty"))
     end)
 
     it("refuses a body on GET or HEAD, naming the method, and sends nothing", function()

@@ -296,6 +296,7 @@ static void engine_give(engine *e, transfer *t)
     t->gate_slot = t->gate_probe = t->held = 0;
     t->held_next = NULL;
     t->delivered = 0;
+    t->no_replay = t->replay_refused = 0;
     t->first_byte_timeout = t->idle_timeout = t->last_byte = 0;
     t->status = t->request_size = t->redirects = t->http_version = 0;
     t->total_time = 0;

@@ -41,6 +41,35 @@ static int request_on_socket(void *ud, curl_socket_t fd, curlsocktype purpose)
     return CURL_SOCKOPT_OK;
 }
 
+/* libcurl sends a request again, on its own, when the kept connection it
+ * went out on closes before any byte of answer (Curl_retry_request:
+ * "Connection died, retrying a fresh connect"), though the server may have
+ * acted on it; and asks this callback first, each time it is about to send
+ * it. For a request that must not be replayed (no_replay), a second sending
+ * after any byte of the first went out on this hop (CURLINFO_REQUEST_SIZE,
+ * which a hop starts at 0) is refused: the transfer ends with
+ * CURLE_ABORTED_BY_CALLBACK and replay_refused. A second sending when
+ * nothing went out (the connection was found dead as the request was
+ * written) goes ahead: the server cannot have seen it. */
+#if LIBCURL_VERSION_NUM >= 0x075000
+static int request_on_prereq(void *ud, char *conn_primary_ip, char *conn_local_ip, int conn_primary_port,
+                             int conn_local_port)
+{
+    transfer *t = (transfer *)ud;
+    long sent = 0;
+    (void)conn_primary_ip;
+    (void)conn_local_ip;
+    (void)conn_primary_port;
+    (void)conn_local_port;
+    if (!t->no_replay) return CURL_PREREQFUNC_OK;
+    if (curl_easy_getinfo(t->easy, CURLINFO_REQUEST_SIZE, &sent) == CURLE_OK && sent > 0) {
+        t->replay_refused = 1;
+        return CURL_PREREQFUNC_ABORT;
+    }
+    return CURL_PREREQFUNC_OK;
+}
+#endif
+
 /* Never reads anything: see rw_request_configure. */
 static size_t request_on_read(char *ptr, size_t size, size_t nmemb, void *ud)
 {
@@ -290,7 +319,7 @@ static size_t request_check_line(lua_State *L, const char *line, size_t len, int
      | RF_BIT(RF_STREAM) | RF_BIT(RF_CA_FILE) | RF_BIT(RF_CA_PATH) | RF_BIT(RF_CLIENT_CERT) | RF_BIT(RF_CLIENT_KEY) \
      | RF_BIT(RF_CLIENT_KEY_PASSWORD) | RF_BIT(RF_PINNED_PUBLIC_KEY) | RF_BIT(RF_PROXY) | RF_BIT(RF_PROXY_CA_FILE) \
      | RF_BIT(RF_TLS_MIN_VERSION) | RF_BIT(RF_EMPTY_BODY) | RF_BIT(RF_FOLLOW_REDIRECTS) | RF_BIT(RF_MAX_BODY) \
-     | RF_BIT(RF_VERIFY_TLS) | RF_BIT(RF_FRESH_CONNECT) | RF_BIT(RF_SECRET_HEADERS))
+     | RF_BIT(RF_VERIFY_TLS) | RF_BIT(RF_NO_REPLAY) | RF_BIT(RF_SECRET_HEADERS))
 
 /* Which of the rarer options to look for: request.transport is false
  * (none), true or absent (all: each is looked up), or an array of the names
@@ -546,6 +575,10 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
          * upload) would send the process's standard input. Every body is
          * POSTFIELDS, so the read callback only ever says "no more". */
         curl_easy_setopt(easy, CURLOPT_READFUNCTION, request_on_read);
+#if LIBCURL_VERSION_NUM >= 0x075000
+        curl_easy_setopt(easy, CURLOPT_PREREQFUNCTION, request_on_prereq);
+        curl_easy_setopt(easy, CURLOPT_PREREQDATA, t);
+#endif
         curl_easy_setopt(easy, CURLOPT_SOCKOPTFUNCTION, request_on_socket);
         curl_easy_setopt(easy, CURLOPT_SOCKOPTDATA, t);
         /* Every encoding this libcurl decodes is offered and decoded (the
@@ -803,16 +836,20 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
         lua_pop(L, 1);
     }
 
-    /* libcurl silently re-sends a request whose reused connection turns out
-     * to be dead, even one the server may have acted on; a request that must
-     * not be replayed asks for a connection of its own. */
-    if ((transport & RF_BIT(RF_FRESH_CONNECT))
-        && request_opt_field(src, RF_FRESH_CONNECT, LUA_TBOOLEAN, "a boolean")) {
-        if (lua_toboolean(L, -1)) {
+    /* A request that must not be replayed keeps its kept connection; libcurl
+     * is kept from sending it twice by request_on_prereq. A libcurl older
+     * than 7.80 has no such callback: the request asks for a connection of
+     * its own, where libcurl never retries. */
+    t->no_replay = t->replay_refused = 0;
+    if ((transport & RF_BIT(RF_NO_REPLAY)) && request_opt_field(src, RF_NO_REPLAY, LUA_TBOOLEAN, "a boolean")) {
+        t->no_replay = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+#if LIBCURL_VERSION_NUM < 0x075000
+        if (t->no_replay) {
             t->dirty |= DIRTY_FRESH;
             curl_easy_setopt(easy, CURLOPT_FRESH_CONNECT, 1L);
         }
-        lua_pop(L, 1);
+#endif
     }
 
     if (!same_reset) request_set_reset_options(L, t);

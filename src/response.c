@@ -322,6 +322,7 @@ int rw_response_l_headers(lua_State *L)
 
 static int response_retryable(const transfer *t)
 {
+    if (t->replay_refused) return 1; /* as CURLE_GOT_NOTHING: retried only if replay-safe (fetch) */
     switch (t->code) {
     case CURLE_UNSUPPORTED_PROTOCOL:
         /* With no status line, the server answered with something that is
@@ -534,6 +535,9 @@ int rw_response_result(lua_State *L, transfer *t, int lazy)
         lua_pushfstring(L, "response headers too large (limit %d bytes)", ENGINE_MAX_HEADER_BYTES);
     else if (t->out_of_memory) lua_pushliteral(L, "out of memory buffering the response");
     else if (line_too_long) lua_pushliteral(L, "a response header line too large (libcurl's limit is 100 KiB)");
+    else if (t->replay_refused)
+        /* libcurl went to send it again (request_on_prereq, request.c) */
+        lua_pushliteral(L, "the kept connection closed with no answer after the request went out");
     else if (request_too_large)
         lua_pushliteral(L, "the request is too large to send (libcurl's limit is 1 MiB for the request line "
                            "and headers: a long URL?)");
@@ -545,7 +549,7 @@ int rw_response_result(lua_State *L, transfer *t, int lazy)
     response_setfield_bool(L, "retryable", !t->aborted && !t->body_too_large
                            && !t->headers_too_large && response_retryable(t));
     /* Nothing reached the server: safe to try again whatever the method. */
-    response_setfield_bool(L, "sent", t->request_size > 0);
+    response_setfield_bool(L, "sent", t->request_size > 0 || t->replay_refused);
     response_setfield_bool(L, "timeout", t->code == CURLE_OPERATION_TIMEDOUT);
     response_setfield_bool(L, "tls", response_tls_failure(t->code));
     response_setfield_bool(L, "too_large", t->body_too_large || t->headers_too_large);

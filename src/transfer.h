@@ -35,7 +35,7 @@ enum transfer_method { METHOD_GET, METHOD_HEAD, METHOD_POST, METHOD_OTHER };
  * handle gets back only those the last request on it changed. */
 #define DIRTY_BODY 1u       /* POSTFIELDS (and the POST it implies) */
 #define DIRTY_METHOD 2u     /* NOBODY, POST or CUSTOMREQUEST */
-#define DIRTY_FRESH 8u
+#define DIRTY_FRESH 8u      /* FRESH_CONNECT (a libcurl without CURLOPT_PREREQFUNCTION) */
 #define DIRTY_NOVERIFY 16u
 
 /* Transfer user values */
@@ -91,6 +91,9 @@ typedef struct transfer {
     int lines_ok;
     int lists_set; /* the handle's CURLOPT_HTTPHEADER and PROXYHEADER are those lists */
     int url_ok;
+    /* no_replay: libcurl must never send this request twice; set when
+     * request_on_prereq refused a second sending (see rw_request_configure). */
+    int no_replay, replay_refused;
     int follow;                  /* follow redirects (the engine does: engine_follow) */
     enum transfer_method method; /* as sent on the last hop */
     char *origin;                /* the first URL's origin, from the first redirect on */
@@ -172,7 +175,7 @@ static inline int transfer_lower(int c) { return (c >= 'A' && c <= 'Z') ? c + 32
     REQUEST_FIELD(RF_STREAM, "stream") \
     REQUEST_FIELD(RF_FOLLOW_REDIRECTS, "follow_redirects") \
     REQUEST_FIELD(RF_MAX_BODY, "max_body") \
-    REQUEST_FIELD(RF_FRESH_CONNECT, "fresh_connect") \
+    REQUEST_FIELD(RF_NO_REPLAY, "no_replay") \
     REQUEST_FIELD(RF_VERIFY_TLS, "verify_tls") \
     REQUEST_FIELD(RF_CA_FILE, "ca_file") \
     REQUEST_FIELD(RF_CA_PATH, "ca_path") \

@@ -877,7 +877,7 @@ function fetch.fetch(url, opts, counters)
   -- reads only when listed (rare) but its transport options.
   local safe, follow, stream, rare = true, true, false, transport
   local limiter, circuit, budget, on_event, cost, retry_after, retry_after_max, max_body, verify_tls
-  local first_byte, idle, fresh_connect, empty_body, secret_headers, sleep
+  local first_byte, idle, no_replay, empty_body, secret_headers, sleep
   if not common then
     safe = replay_safe[method] or opts.retry_non_idempotent or key ~= nil or given["idempotency-key"] ~= nil
     limiter, circuit, budget, on_event = opts.limiter, opts.circuit, opts.budget, opts.on_event
@@ -901,7 +901,7 @@ function fetch.fetch(url, opts, counters)
     -- a stream: the bound on the time to its headers, and on a silence in its body
     first_byte = stream and (opts.first_byte_timeout or timeout)
     idle = stream and (opts.idle_timeout or STREAM_IDLE_TIMEOUT)
-    fresh_connect = not safe or nil
+    no_replay = not safe or nil
     if opts.cost and limiter then
       -- A cost no limiter could ever serve would wait forever (or fail deep inside).
       local ok, capacity = pcall(limiter_capacity, limiter)
@@ -915,7 +915,7 @@ function fetch.fetch(url, opts, counters)
     sleep = opts.sleep
     -- whether the request has fields the engine reads only when listed (a
     -- plain GET has none: the engine looks up six fields, not twelve)
-    rare = transport or empty_body or not follow or max_body ~= nil or verify_tls ~= nil or fresh_connect
+    rare = transport or empty_body or not follow or max_body ~= nil or verify_tls ~= nil or no_replay
       or secret_headers ~= nil
   end
   local started = now()
@@ -1007,8 +1007,9 @@ function fetch.fetch(url, opts, counters)
       if max_body ~= nil then put_transport(request, "max_body", max_body) end
       if verify_tls ~= nil then put_transport(request, "verify_tls", verify_tls) end
       -- libcurl re-sends a request on its own when a reused connection
-      -- turns out to be dead; only a replay-safe request may take that chance.
-      if fresh_connect then put_transport(request, "fresh_connect", true) end
+      -- turns out to be dead; only a replay-safe request may take that chance
+      -- (the engine keeps any other from it: src/request.c, no_replay).
+      if no_replay then put_transport(request, "no_replay", true) end
       -- More names whose lines the engine keeps from another origin.
       if secret_headers ~= nil then put_transport(request, "secret_headers", secret_headers) end
     else
