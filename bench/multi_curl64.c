@@ -1,6 +1,6 @@
 /*
- * multi_curl64 [--cainfo FILE] [--pipewait] [--warmup K] [--header LINE]... [--keep] [--paths] URL N
- *              [IN_FLIGHT [USER_AGENT]]
+ * multi_curl64 [--cainfo FILE] [--pipewait] [--warmup K] [--header LINE]... [--keep] [--paths]
+ *              [--post BODY] URL N [IN_FLIGHT [USER_AGENT]]
  *
  * The baseline of `make bench`'s concurrent part: N keep-alive GETs of URL
  * driven by ONE libcurl multi handle that keeps IN_FLIGHT (default 64)
@@ -29,7 +29,9 @@
  * request, after the User-Agent line, where ratewise sends a secret line
  * (bench's `headers` and `client` shapes). --paths gives each handle a URL
  * of its own, URL?task=I for handle I (1 to IN_FLIGHT), as the tasks of the
- * `client_paths` shape each call a path of their own. --warmup K runs K
+ * `client_paths` shape each call a path of their own. --post BODY sends
+ * each request as a POST of BODY (CURLOPT_POSTFIELDS, on the handle's kept
+ * connection, as libcurl does by default: the `post_json` shape). --warmup K runs K
  * requests on the same handles before the clock
  * starts, so that the measured ones find their connections open (and their
  * TLS handshakes done), as a contender that runs in a process of its own
@@ -176,7 +178,7 @@ static int run_batch(CURLM *multi, slot *slots, long conc, long n, batch *b)
 
 static int usage(const char *prog)
 {
-    fprintf(stderr, "usage: %s [--cainfo FILE] [--pipewait] [--warmup K] [--header LINE]... [--keep] [--paths] URL N "
+    fprintf(stderr, "usage: %s [--cainfo FILE] [--pipewait] [--warmup K] [--header LINE]... [--keep] [--paths] [--post BODY] URL N "
                     "[IN_FLIGHT [USER_AGENT]]\n",
             prog);
     return 2;
@@ -184,7 +186,7 @@ static int usage(const char *prog)
 
 int main(int argc, char **argv)
 {
-    const char *url, *agent, *cainfo = NULL;
+    const char *url, *agent, *cainfo = NULL, *post = NULL;
     char *end;
     long n, conc, warmup = 0, i;
     int pipewait = 0, keep = 0, paths = 0, arg = 1, rest, nextra = 0;
@@ -206,6 +208,9 @@ int main(int argc, char **argv)
         } else if (strcmp(argv[arg], "--paths") == 0) {
             paths = 1;
             arg++;
+        } else if (strcmp(argv[arg], "--post") == 0 && arg + 1 < argc) {
+            post = argv[arg + 1];
+            arg += 2;
         } else if (strcmp(argv[arg], "--header") == 0 && arg + 1 < argc) {
             if (nextra == (int)(sizeof extra / sizeof extra[0])) {
                 fprintf(stderr, "multi_curl64: at most %d --header lines\n", (int)(sizeof extra / sizeof extra[0]));
@@ -293,6 +298,10 @@ int main(int argc, char **argv)
         curl_easy_setopt(easy, CURLOPT_WRITEDATA, &s->body);
         curl_easy_setopt(easy, CURLOPT_PRIVATE, s);
         if (cainfo) curl_easy_setopt(easy, CURLOPT_CAINFO, cainfo);
+        if (post) {
+            curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)strlen(post));
+            curl_easy_setopt(easy, CURLOPT_POSTFIELDS, post);
+        }
         if (pipewait) curl_easy_setopt(easy, CURLOPT_PIPEWAIT, 1L);
         if (keep) {
             curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, bench_on_body);

@@ -23,7 +23,8 @@
 --    (what most API code writes), vs the same multi sending that line;
 --    client_paths: client:get on a client left with its defaults (dedupe
 --    on), each task calling a path of its own, vs the multi with a URL per
---    handle (--paths). Target 0.90.
+--    handle (--paths); post_json: rw.fetch POSTing a JSON table (not
+--    replay-safe), vs the multi POSTing the same bytes (--post). Target 0.90.
 -- 6. body_64k, body_1m: 64 tasks looping rw.fetch on a 64 KiB (1 MiB) body,
 --    each body's length read in Lua, vs the multi keeping each body in
 --    memory (its bytes are counted and checked). Target 0.90.
@@ -45,9 +46,9 @@
 --   BENCH_REQUESTS       sequential: requests per round and contender (default 20000)
 --   BENCH_ROUNDS         sequential: rounds (default 5)
 --   BENCH_WARMUP         sequential: warm-up requests per contender (default 2000)
---   BENCH_CONC_REQUESTS  loop64, headers, client*, floor: requests per round and contender (default 40000)
---   BENCH_CONC_ROUNDS    loop64, headers, client*, floor: rounds (default 5)
---   BENCH_CONC_WARMUP    loop64, headers, client*, floor: warm-up requests per contender (default 5000)
+--   BENCH_CONC_REQUESTS  loop64, headers, client*, post_json, floor: requests per round and contender (default 40000)
+--   BENCH_CONC_ROUNDS    loop64, headers, client*, post_json, floor: rounds (default 5)
+--   BENCH_CONC_WARMUP    loop64, headers, client*, post_json, floor: warm-up requests per contender (default 5000)
 --   BENCH_CONCURRENCY    every concurrent shape: transfers in flight, tasks (default 64)
 --   BENCH_MAP_REQUESTS   map_*: requests (the list's length) per round and contender (default 40000)
 --   BENCH_MAP_ROUNDS     map_*: rounds (default 5)
@@ -217,6 +218,7 @@ local function shape_list(base)
     headers = { format("%d tasks, rw.fetch with a header / multi", CONC), knobs.concurrent },
     client = { format("%d tasks, client:get with a header / multi", CONC), knobs.concurrent },
     client_paths = { format("%d tasks, client:get, a path each / multi", CONC), knobs.concurrent },
+    post_json = { format("%d tasks, rw.fetch POSTing JSON / multi", CONC), knobs.concurrent },
     body_64k = { format("%d tasks, 64 KiB bodies / multi", CONC), knobs.body_64k },
     body_1m = { format("%d tasks, 1 MiB bodies / multi", CONC), knobs.body_1m },
     floor = { format("floor: %d on the engine, bare loop / multi", CONC), knobs.concurrent },

@@ -22,6 +22,9 @@
 --   client_paths    the same on a client with its defaults (dedupe on),
 --                   each task calling a path of its own ("/?task=3"): the
 --                   URL changes from one call to the next
+--   post_json       `conc` tasks looping rw.fetch with method = "POST" and
+--                   a `json` table (an API's chat call): not replay-safe,
+--                   each body encoded at its call
 --   floor           not a shape users write: `conc` transfers kept in flight
 --                   on ratewise's engine (ratewise.core) by a bare Lua loop,
 --                   with no fetch, no tasks and no scheduler. What the
@@ -232,6 +235,15 @@ function shapes.client_paths(base, n, conc)
   end)
 end
 
+-- What most calls to a model's API are: a JSON body POSTed, without an
+-- idempotency key (not replay-safe: libcurl must never send it twice).
+shapes.POST_PAYLOAD = { model = "bench-model", max_tokens = 16,
+  messages = { { role = "user", content = "Say ok." } } }
+
+function shapes.post_json(url, n, conc)
+  return shapes.loop(url, n, conc, nil, { on_retry = false, method = "POST", json = shapes.POST_PAYLOAD })
+end
+
 -- The floor: the request fetch makes for a GET of `url` with no options
 -- (the same bytes on the wire), started again on the engine as each one
 -- finishes, `conc` in flight; each response is made as fetch's is (the
@@ -295,6 +307,8 @@ shapes.list = {
     run = function(base, n, conc) return shapes.client(base, "/", n, conc) end },
   { key = "client_paths", path = "/", target = 0.90, header = true, paths = true,
     run = function(base, n, conc) return shapes.client_paths(base, n, conc) end },
+  { key = "post_json", path = "/", target = 0.90, post = true,
+    run = function(base, n, conc) return shapes.post_json(base .. "/", n, conc) end },
   { key = "body_64k", path = "/body/64k", target = 0.90, size = 65536,
     run = function(base, n, conc) return shapes.loop(base .. "/body/64k", n, conc, 65536) end },
   { key = "body_1m", path = "/body/1m", target = 0.90, size = 1048576,
@@ -313,9 +327,16 @@ end
 
 --- flags = shapes.multi_flags(shape, quote): the flags of shape's
 -- multi_curl64 contender ("--keep", "--header 'Authorization: ...'",
--- "--paths"), or nil for none; quote: the shell quoting of bench/common.lua.
+-- "--paths", "--post BODY ..."), or nil for none; quote: the shell quoting
+-- of bench/common.lua.
 function shapes.multi_flags(shape, quote)
   local flags = {}
+  if shape.post then
+    -- the bytes fetch sends for POST_PAYLOAD, and the lines it adds for JSON
+    local body = require("ratewise.json").encode(shapes.POST_PAYLOAD)
+    flags[#flags + 1] = "--post " .. quote(body) .. " --header " .. quote("Content-Type: application/json")
+      .. " --header " .. quote("Accept: application/json")
+  end
   if shape.keep then flags[#flags + 1] = "--keep" end
   if shape.header then flags[#flags + 1] = "--header " .. quote("Authorization: " .. shapes.AUTHORIZATION) end
   if shape.paths then flags[#flags + 1] = "--paths" end
