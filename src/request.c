@@ -310,7 +310,7 @@ static size_t request_check_line(lua_State *L, const char *line, size_t len, int
 
 /* The rarer options (TLS files, a proxy, decompression, the stream and its
  * timeouts, and those a plain GET does not have: an empty body, redirects
- * not followed, a body limit, no TLS checks, a fresh connection, more
+ * not followed, a body limit, no TLS checks, no replay by libcurl, more
  * secret header names), as bits of request fields: a request's `transport`
  * says which of them to look for (request_transport). */
 #define RF_BIT(f) (1ULL << (f))
