@@ -6,6 +6,13 @@ local nginx = require "spec.support.nginx"
 
 local SERVER = [[
     location = /who { return 200 "$connection $server_protocol"; }
+    location = /read {
+      content_by_lua_block {
+        ngx.req.read_body()
+        ngx.print(ngx.var.connection, " ", ngx.var.server_protocol, " ", ngx.req.get_method(), " ",
+          ngx.req.get_body_data() or "")
+      }
+    }
     location = /slow {
       content_by_lua_block {
         ngx.sleep(0.2)
@@ -23,14 +30,17 @@ local function certificate()
 end
 
 -- 64 tasks, 4 requests each: the protocols and the connections seen.
-local function burst(url, ca_file)
+-- extra: more options for each call (a POST's); per: requests a task (4).
+local function burst(url, ca_file, extra, per)
   local protocols, connections, versions = {}, {}, {}
   rw.run(function()
     for _ = 1, 64 do
       rw.spawn(function()
-        for _ = 1, 4 do
-          local res = assert(rw.fetch(url, { ca_file = ca_file, on_retry = false }))
-          local conn, protocol = res.body:match("^(%d+) (%S+)$")
+        for _ = 1, per or 4 do
+          local opts = { ca_file = ca_file, on_retry = false }
+          for k, v in pairs(extra or {}) do opts[k] = v end
+          local res = assert(rw.fetch(url, opts))
+          local conn, protocol = res.body:match("^(%d+) (%S+)")
           connections[conn] = true
           protocols[protocol] = true
           versions[res.http_version] = true
@@ -74,6 +84,23 @@ describe("HTTP/2", function()
     local _, third = burst(h2:url("/who"), dir .. "/cert.pem")
     assert.equal(1, second)
     assert.equal(1, third)
+  end)
+
+  it("sends POSTs, which are not replay-safe, over kept HTTP/1.1 connections, past the server's GOAWAY", function()
+    -- Over HTTP/2 libcurl sends a refused stream again (nginx refuses those
+    -- above the GOAWAY it sends every 1,000 requests of a connection), and
+    -- the engine cannot tell that retry from one after a dead connection,
+    -- which it must refuse (docs/reference.md, "No unsafe replays"): so an
+    -- unsafe request goes over HTTP/1.1, on connections kept for it.
+    local opts = { method = "POST", json = { n = 1 } }
+    local protocols, connections = burst(h2:url("/read"), dir .. "/cert.pem", opts, 18) -- 1,152 requests
+    assert.same({ ["HTTP/1.1"] = true }, protocols)
+    assert.is_true(connections <= 64, connections .. " connections")
+    local again = select(2, burst(h2:url("/read"), dir .. "/cert.pem", opts, 4))
+    assert.is_true(again <= 64, again .. " connections")
+    local res = assert(rw.fetch(h2:url("/read"), { ca_file = dir .. "/cert.pem", on_retry = false, body = "x=1" }))
+    assert.matches("^%d+ HTTP/1.1 POST x=1$", res.body)
+    assert.equal("1.1", res.http_version)
   end)
 
   it("multiplexes the first burst after the server closed its idle connection, on one connection", function()

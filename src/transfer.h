@@ -37,6 +37,7 @@ enum transfer_method { METHOD_GET, METHOD_HEAD, METHOD_POST, METHOD_OTHER };
 #define DIRTY_METHOD 2u     /* NOBODY, POST or CUSTOMREQUEST */
 #define DIRTY_FRESH 8u      /* FRESH_CONNECT (a libcurl without CURLOPT_PREREQFUNCTION) */
 #define DIRTY_NOVERIFY 16u
+#define DIRTY_HTTP1 32u     /* HTTP_VERSION 1.1 (a no_replay request over https) */
 
 /* Transfer user values */
 #define TRANSFER_UV_ENGINE 1 /* keeps the engine alive while the transfer is */
