@@ -213,6 +213,20 @@ describe("proxies", function()
       assert.is_true(tunnels[1].proxy_auth)
       assert.equal(1, #tls:log("/secure")) -- the origin saw the request, through the tunnel
       assert.is_nil(tls:log("/secure")[1].headers["proxy-authorization"]) -- the proxy's credentials stay with it
+      -- a POST goes through the tunnel too (libcurl counts the CONNECT as
+      -- bytes sent: the guard against its own replay must not take it for
+      -- the request: src/request.c, request_on_prereq), on the kept tunnel,
+      -- and a POST the origin drops unanswered there is not sent again
+      local posted = assert(rw.fetch(tls:url("/post"), opts { proxy = proxy_url, ca_file = tls.ca_file, body = "a=1" }))
+      assert.equal(200, posted.status)
+      assert.equal("a=1", tls:log("/post")[1].body)
+      tls:script("/drop", { { action = "drop" }, { status = 200 } })
+      local dropped, derr = rw.fetch(tls:url("/drop"), opts { proxy = proxy_url, ca_file = tls.ca_file, body = "b=2",
+        base = 0.01 })
+      assert.is_nil(dropped)
+      assert.equal("unsafe", derr.kind)
+      assert.equal(1, #tls:log("/drop"))
+      assert.equal(tls:log("/post")[1].conn, tls:log("/drop")[1].conn)
       -- the certificate is still the origin's to prove: without its CA, no tunnel makes it trusted
       local res2, err2 = rw.fetch(tls:url("/secure"), opts { proxy = proxy_url, max_retries = 0 })
       assert.is_nil(res2)

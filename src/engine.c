@@ -296,7 +296,7 @@ static void engine_give(engine *e, transfer *t)
     t->gate_slot = t->gate_probe = t->held = 0;
     t->held_next = NULL;
     t->delivered = 0;
-    t->no_replay = t->replay_refused = 0;
+    t->no_replay = t->replay_refused = t->prereq_asked = 0;
     t->first_byte_timeout = t->idle_timeout = t->last_byte = 0;
     t->status = t->request_size = t->redirects = t->http_version = 0;
     t->total_time = 0;
@@ -956,6 +956,7 @@ static int engine_follow(engine *e, transfer *t, CURLcode *code)
         curl_easy_setopt(t->easy, CURLOPT_TIMEOUT_MS, t->timeout_ms);
     }
     t->body.len = 0; /* the redirect's own body is not the answer */
+    t->prereq_asked = 0; /* a new hop: its first sending is its own (request_on_prereq) */
     t->redirects++;
     mc = curl_multi_add_handle(e->multi, t->easy);
     if (mc != CURLM_OK) {

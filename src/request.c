@@ -46,11 +46,13 @@ static int request_on_socket(void *ud, curl_socket_t fd, curlsocktype purpose)
  * "Connection died, retrying a fresh connect"), though the server may have
  * acted on it; and asks this callback first, each time it is about to send
  * it. For a request that must not be replayed (no_replay), a second sending
- * after any byte of the first went out on this hop (CURLINFO_REQUEST_SIZE,
- * which a hop starts at 0) is refused: the transfer ends with
+ * on this hop after bytes went out since the first was asked for
+ * (CURLINFO_REQUEST_SIZE, which counts a proxy's CONNECT too: hence the
+ * count at the first question, not 0) is refused: the transfer ends with
  * CURLE_ABORTED_BY_CALLBACK and replay_refused. A second sending when
  * nothing went out (the connection was found dead as the request was
- * written) goes ahead: the server cannot have seen it. */
+ * written) goes ahead: the server cannot have seen it; through a proxy the
+ * new tunnel's CONNECT counts, and it is refused too, the safe way. */
 #if LIBCURL_VERSION_NUM >= 0x075000
 static int request_on_prereq(void *ud, char *conn_primary_ip, char *conn_local_ip, int conn_primary_port,
                              int conn_local_port)
@@ -62,7 +64,13 @@ static int request_on_prereq(void *ud, char *conn_primary_ip, char *conn_local_i
     (void)conn_primary_port;
     (void)conn_local_port;
     if (!t->no_replay) return CURL_PREREQFUNC_OK;
-    if (curl_easy_getinfo(t->easy, CURLINFO_REQUEST_SIZE, &sent) == CURLE_OK && sent > 0) {
+    if (curl_easy_getinfo(t->easy, CURLINFO_REQUEST_SIZE, &sent) != CURLE_OK) sent = 0;
+    if (!t->prereq_asked) {
+        t->prereq_asked = 1;
+        t->prereq_sent = sent;
+        return CURL_PREREQFUNC_OK;
+    }
+    if (sent > t->prereq_sent) {
         t->replay_refused = 1;
         return CURL_PREREQFUNC_ABORT;
     }
@@ -841,7 +849,7 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
      * is kept from sending it twice by request_on_prereq. A libcurl older
      * than 7.80 has no such callback: the request asks for a connection of
      * its own, where libcurl never retries. */
-    t->no_replay = t->replay_refused = 0;
+    t->no_replay = t->replay_refused = t->prereq_asked = 0;
     if ((transport & RF_BIT(RF_NO_REPLAY)) && request_opt_field(src, RF_NO_REPLAY, LUA_TBOOLEAN, "a boolean")) {
         t->no_replay = lua_toboolean(L, -1);
         lua_pop(L, 1);

@@ -92,9 +92,11 @@ typedef struct transfer {
     int lines_ok;
     int lists_set; /* the handle's CURLOPT_HTTPHEADER and PROXYHEADER are those lists */
     int url_ok;
-    /* no_replay: libcurl must never send this request twice; set when
-     * request_on_prereq refused a second sending (see rw_request_configure). */
-    int no_replay, replay_refused;
+    /* no_replay: libcurl must never send this request twice; replay_refused:
+     * request_on_prereq refused a second sending; prereq_asked, prereq_sent:
+     * libcurl asked it on this hop, and the request bytes counted then. */
+    int no_replay, replay_refused, prereq_asked;
+    long prereq_sent;
     int follow;                  /* follow redirects (the engine does: engine_follow) */
     enum transfer_method method; /* as sent on the last hop */
     char *origin;                /* the first URL's origin, from the first redirect on */
