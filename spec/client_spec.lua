@@ -245,6 +245,22 @@ describe("rw.client", function()
       assert.equal(1, #s:log("/same"))
     end)
 
+    it("makes the request itself when the call it joined never ends (its coroutine left suspended)", function()
+      s:script("/same", { { status = 200, body = "first", delay = 0.2 }, { status = 200, body = "second" } })
+      local c = new { max_elapsed = 0.5 }
+      -- a plain coroutine that starts the request, waits, and is never resumed
+      local abandoned = coroutine.create(function() return c:get("/same") end)
+      assert(coroutine.resume(abandoned))
+      local t0 = rw.now()
+      local res = assert(c:get("/same"))
+      local waited = rw.now() - t0
+      assert.equal("second", res.body)
+      -- its budget (0.5 s from its start) and a second's grace, not for ever
+      assert.is_true(waited > 1.2 and waited < 3, "waited " .. waited .. " s")
+      assert.equal(2, #s:log("/same"))
+      assert.equal(0, c:stats().deduped)
+    end)
+
     it("does not share requests that differ in headers or method", function()
       s:script("/same", { { status = 200, delay = 0.05 } })
       local c = new()

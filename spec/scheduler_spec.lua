@@ -512,6 +512,59 @@ describe("a run that goes on and on", function()
   end)
 end)
 
+describe("scheduler.event", function()
+  local scheduler = require "ratewise.scheduler"
+
+  it("wakes every task waiting when set, and later waits return at once", function()
+    local ev = scheduler.event()
+    local woke = {}
+    rw.run(function()
+      for i = 1, 3 do rw.spawn(function() woke[i] = ev:wait() end) end
+      rw.sleep(0.05)
+      assert.same({}, woke)
+      ev:set()
+      ev:set() -- a second set changes nothing
+    end)
+    assert.same({ true, true, true }, woke)
+    assert.is_true(ev:wait())
+    assert.equal("ratewise.Event (set)", tostring(ev))
+  end)
+
+  it("stops waiting after timeout seconds, answering false, in a task and outside any", function()
+    local ev = scheduler.event()
+    local answer, waited
+    rw.run(function()
+      local t0 = rw.now()
+      answer = ev:wait(0.1)
+      waited = rw.now() - t0
+    end)
+    assert.is_false(answer)
+    assert.is_true(waited >= 0.09 and waited < 1, waited)
+    local t0 = rw.now()
+    assert.is_false(ev:wait(0.1))
+    assert.is_true(rw.now() - t0 >= 0.09)
+    assert.equal("ratewise.Event (not set)", tostring(ev))
+  end)
+
+  it("leaves a cancelled waiter out when set", function()
+    local ev = scheduler.event()
+    local waiter, other
+    local after = 0
+    rw.run(function()
+      waiter = rw.spawn(function() ev:wait() after = after + 1 end)
+      other = rw.spawn(function() ev:wait() after = after + 1 end)
+      rw.sleep(0.02)
+      waiter:cancel()
+      rw.sleep(0.02)
+      ev:set()
+    end)
+    assert.equal("cancelled", select(2, waiter:join()))
+    assert.equal(1, after)
+    assert.equal("done", other:status())
+    assert.is_nil(select(2, other:join()))
+  end)
+end)
+
 describe("rw.pcall", function()
   it("lets a task wait inside it on every Lua, and catches what it raises", function()
     local order = {}

@@ -462,6 +462,10 @@ end
 
 local NO_OPTIONS, NO_LIMITER = {}, {}
 
+-- How long past the end of its budget a call waits for the identical one
+-- it joined before it makes the request itself (seconds).
+local SHARED_GRACE = 1
+
 -- The methods of client:get, :post, ... and OPTIONS, as they are sent.
 local plain_methods = { GET = true, POST = true, PUT = true, DELETE = true, PATCH = true, HEAD = true,
   OPTIONS = true }
@@ -537,17 +541,22 @@ function Client:request(method, path, opts)
     -- within this call's own time budget.
     if shared and shared.deadline <= deadline then
       counters.deduped = counters.deduped + 1
-      shared.done:wait()
+      -- Its caller's coroutine may never run again (a host that drops a
+      -- request's coroutine, a coroutine left suspended): no wait past the
+      -- end of its budget, and a little more.
+      local set = shared.done:wait(shared.deadline - now() + SHARED_GRACE)
       -- An error raised in the shared call (a bad option, a failing hook)
       -- is raised here too, as it would be without sharing.
       if shared.raised ~= nil then error(shared.raised, 0) end
-      if not shared.cancelled then
+      if set and not shared.cancelled then
         res, err = shared.res, shared.err
         if res then res = copy_response(res) end
         break
       end
       -- The caller that made the request was cancelled, and its transfer
-      -- with it: this call makes it again (or joins whoever does first).
+      -- with it, or it never ended: this call makes it again (or joins
+      -- whoever does first).
+      if self.in_flight[key] == shared then self.in_flight[key] = nil end
       counters.deduped = counters.deduped - 1
     elseif share and not shared then
       -- The first of identical calls makes the request itself, in its own

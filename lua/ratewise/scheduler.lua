@@ -829,16 +829,18 @@ function scheduler.event()
   return setmetatable({ is_set = false }, Event)
 end
 
---- ev:wait(): returns once ev is set (at once if it is). A task yields; a
--- caller outside any task drives the scheduler (or its host's wait) meanwhile.
--- A task cancelled meanwhile raises, as from any other wait; set() then
--- passes it by (its wait number is stale).
-function Event:wait()
-  if self.is_set then return end
+--- set = ev:wait([timeout]): waits until ev is set (true), or at most
+-- timeout seconds (false). A task yields; a caller outside any task drives
+-- the scheduler (or its host's wait) meanwhile. A task cancelled meanwhile
+-- raises, as from any other wait; set() then passes it by (its wait number
+-- is stale).
+function Event:wait(timeout)
+  if self.is_set then return true end
+  local deadline = timeout and now() + max(timeout, 0)
   local me = scheduler.current()
   if not me then
-    outside_wait(function() return self.is_set end)
-    return
+    outside_wait(function() return self.is_set end, deadline)
+    return self.is_set
   end
   local waiters = self.waiters
   if not waiters then
@@ -848,7 +850,10 @@ function Event:wait()
   me.wait_id = me.wait_id + 1
   waiters[#waiters + 1] = me
   waiters[#waiters + 1] = me.wait_id
+  -- the timer and set() wake the same wait: whichever comes first
+  if deadline then heap_push(deadline, me, me.wait_id) end
   wait_here(me)
+  return self.is_set
 end
 
 --- ev:set(): wakes every waiter; later waits return at once.
