@@ -404,6 +404,34 @@ describe("rw.client", function()
       assert(c:get("/other"))
       assert.is_true(search:tokens() < 1.5 and search:tokens() > 0.5) -- one search call took one
     end)
+
+    -- The client keeps what each path called without options made (its
+    -- URL and call table), for up to 256 paths, then starts over.
+    it("send each path to its own URL under its own route's limiter, however many paths come and go", function()
+      local search = rw.bucket { capacity = 1000, rate = 0.01 }
+      local c = new { routes = { ["/search/"] = search }, dedupe = false }
+      for round = 1, 2 do
+        for i = 1, 300 do
+          assert(c:get("/p" .. i .. "?round=" .. round))
+          if i % 100 == 0 then assert(c:get("/search/q" .. round)) end
+        end
+      end
+      local log = s:log()
+      assert.equal(606, #log)
+      local k = 0
+      for round = 1, 2 do
+        for i = 1, 300 do
+          k = k + 1
+          assert.equal("/p" .. i, log[k].path)
+          assert.equal("round=" .. round, log[k].query)
+          if i % 100 == 0 then
+            k = k + 1
+            assert.equal("/search/q" .. round, log[k].path)
+          end
+        end
+      end
+      assert.near(994, search:tokens(), 0.5) -- the six search calls, and no other
+    end)
   end)
 end)
 

@@ -180,8 +180,9 @@ function client.new(opts)
     -- the call tables of calls that add no options, by method and limiter
     plain_calls = {},
     last_path = false, last_url = false, -- the last path joined to base_url, and the URL it made
-    -- the last call that gave no options: its method and path, URL and call table
-    plain_method = false, plain_path = false, plain_url = false, plain_call = false,
+    -- the calls that gave no options, by method and path: { URL, call table }
+    -- (PLAIN_PATHS_KEPT at most)
+    plain_paths = {}, plain_paths_kept = 0,
   }, Client)
   for k in pairs(fetch_defaults) do c.defaults[k] = opts[k] end
   -- The defaults and objects are checked now, where they were given, not at the first request.
@@ -489,12 +490,30 @@ function Client:_plain_call(method, url, route_path)
   return call
 end
 
+-- How many paths' calls a client keeps (Client:_keep_plain): a program
+-- that calls a new path each time (an id apiece) starts them over.
+local PLAIN_PATHS_KEPT = 256
+
+function Client:_keep_plain(method, path, url, call)
+  if self.plain_paths_kept >= PLAIN_PATHS_KEPT then self.plain_paths, self.plain_paths_kept = {}, 0 end
+  local known = self.plain_paths[method]
+  if not known then
+    known = {}
+    self.plain_paths[method] = known
+  end
+  known[path] = { url, call }
+  self.plain_paths_kept = self.plain_paths_kept + 1
+end
+
 function Client:request(method, path, opts)
   local url, call, h
-  if opts == nil and path == self.plain_path and method == self.plain_method then
-    -- The call before's, again (most programs call a few paths again and
-    -- again): its URL and call table are what the same method and path made.
-    url, call, h = self.plain_url, self.plain_call, self.headers
+  local known = opts == nil and self.plain_paths[method]
+  local made = known and known[path]
+  if made then
+    -- A path called before with this method and no options (most programs
+    -- call a few paths again and again): its URL and call table are what
+    -- they made then.
+    url, call, h = made[1], made[2], self.headers
   else
     if type(method) ~= "string" then
       error(format("client:request: method must be a string (got %s)", type(method)), 2)
@@ -511,7 +530,7 @@ function Client:request(method, path, opts)
     if not plain_methods[method] then method = upper(method) end
     if opts == nil and not foreign and not self.semaphore and plain_methods[method] then
       call, h = self:_plain_call(method, url, route_path), self.headers
-      self.plain_method, self.plain_path, self.plain_url, self.plain_call = method, path, url, call
+      self:_keep_plain(method, path, url, call)
     else
       call, h, url = self:_call(method, opts or NO_OPTIONS, url, route_path, foreign)
     end
@@ -544,7 +563,12 @@ function Client:request(method, path, opts)
       -- Its caller's coroutine may never run again (a host that drops a
       -- request's coroutine, a coroutine left suspended): no wait past the
       -- end of its budget, and a little more.
-      local set = shared.done:wait(shared.deadline - now() + SHARED_GRACE)
+      local done = shared.done
+      if not done then -- the first to join: most shared calls have none
+        done = scheduler.event()
+        shared.done = done
+      end
+      local set = done:wait(shared.deadline - now() + SHARED_GRACE)
       -- An error raised in the shared call (a bad option, a failing hook)
       -- is raised here too, as it would be without sharing.
       if shared.raised ~= nil then error(shared.raised, 0) end
@@ -622,7 +646,7 @@ end
 -- The call in flight that identical ones join (Client:request): what it
 -- ended with is theirs too, or, if it was cancelled, they go on by themselves.
 function Client:_send_shared(key, deadline, url, call)
-  local entry = { deadline = deadline, done = scheduler.event() }
+  local entry = { deadline = deadline } -- done: the event of those that join it
   local in_flight = self.in_flight
   in_flight[key] = entry
   local ok, res, err = compat.pcall(self._send, self, url, call)
@@ -634,7 +658,7 @@ function Client:_send_shared(key, deadline, url, call)
   else
     entry.raised = res
   end
-  entry.done:set()
+  if entry.done then entry.done:set() end
   if not ok then error(res, 0) end
   return res, err
 end
