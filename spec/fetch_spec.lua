@@ -817,6 +817,41 @@ describe("rw.fetch", function()
       assert.equal(1, asked)
     end)
 
+    -- fetch keeps what its check of the last table found (one table passed
+    -- to every call): a table changed since is checked again.
+    it("checks a table passed again once anything in it changed, whatever changed", function()
+      local opts = { on_retry = false, timeout = 5 }
+      for _ = 1, 3 do assert(rw.fetch(s:url("/same"), opts)) end
+      opts.timeout = -1
+      assert.error_matches(function() rw.fetch(s:url("/same"), opts) end, "option 'timeout' must be a positive number")
+      opts.timeout = 5
+      assert(rw.fetch(s:url("/same"), opts))
+      opts.timeout = nil
+      opts.retries = 3
+      assert.error_matches(function() rw.fetch(s:url("/same"), opts) end, "unknown option 'retries'")
+      opts.retries = nil
+      -- a method, then a body: the request they make, not the GET before
+      assert(rw.fetch(s:url("/same"), opts))
+      opts.method = "PUT"
+      assert(rw.fetch(s:url("/same"), opts))
+      opts.body = "b"
+      assert(rw.fetch(s:url("/same"), opts))
+      opts.method = "GET"
+      assert.error_matches(function() rw.fetch(s:url("/same"), opts) end, "a GET request cannot carry a body")
+      local log = s:log("/same")
+      assert.equal("PUT", log[#log - 1].method)
+      assert.equal("PUT", log[#log].method)
+      assert.equal("b", log[#log].body)
+      -- a table whose option is checked for its contents is checked at every call
+      local named = { on_retry = false, secret_headers = { "X-Token" } }
+      assert(rw.fetch(s:url("/named"), named))
+      assert(rw.fetch(s:url("/named"), named))
+      named.secret_headers[2] = 5
+      assert.error_matches(function() rw.fetch(s:url("/named"), named) end,
+        "^fetch: option 'secret_headers' must be an array of header names")
+      assert.equal(2, #s:log("/named"))
+    end)
+
     it("reads options through an __index function; a loop of __index tables raises", function()
       local base = { on_retry = false, decompress = false }
       local proxy = setmetatable({}, { __index = function(_, k) return base[k] end })

@@ -123,6 +123,10 @@ for _, name in ipairs { "headers", "timeout", "max_elapsed", "max_retries", "on_
   "pinned_public_key", "tls_min_version", "proxy", "proxy_ca_file", "decompress", "connect_timeout" } do
   is_common_option[name] = true
 end
+-- The options a call with a body may add and still take a shorter path
+-- (fetch.fetch's "body" class): a POST of JSON with headers and timeouts
+-- reads the method, body and json, and none of the other options.
+local is_body_option = { method = true, body = true, json = true }
 
 -- A streamed response may go on for as long as the server sends: it has
 -- no total timeout. The time to its headers is bounded (first_byte_timeout,
@@ -489,29 +493,74 @@ local function spread_hint(delay, spread, left, cap)
   return wait
 end
 
+-- The last options table check_options found good, its names and values
+-- then (three at most), and what it answered; kept from a table's second
+-- call in a row on (seen_before: the table of the call before), so that a
+-- table made for each call costs a comparison, not a copy. A table whose
+-- options hold objects checked for their contents (contents_checked: an
+-- array of names, a limiter's methods) is checked again at each call.
+local last_checked, last_k1, last_v1, last_k2, last_v2, last_k3, last_v3, last_transport, last_common
+local seen_before
+local contents_checked = { secret_headers = true, limiter = true, circuit = true, budget = true, policy = true }
+
 -- Checks the options a call gives, its table's own and those it inherits
 -- through __index tables (a per-call table over a base), and returns
 -- whether any is a transport option, whether they could all be listed (an
 -- __index that is a function cannot be, and the options behind it go
--- unchecked), and whether all are common ones (is_common_option). `depth`
--- is check_option's.
+-- unchecked), and whether all are common ones (is_common_option: true),
+-- or common ones and a method, body or json ("body"), or not (false).
+-- `depth` is check_option's.
 local function check_options(opts, depth)
   if getmetatable(opts) == nil then
-    -- A table of one or two options (most calls' own) is checked without a
-    -- loop: a loop of one turn keeps LuaJIT from compiling the calls
+    -- A table of one to three options (most calls' own) is checked without
+    -- a loop: a loop of one turn keeps LuaJIT from compiling the calls
     -- around it ("inner loop in root trace"), and fetch ran interpreted.
     local k1, v1 = next(opts)
     if k1 == nil then return false, true, true end
     local k2, v2 = next(opts, k1)
-    if k2 == nil or next(opts, k2) == nil then
+    local k3, v3
+    if k2 ~= nil then k3, v3 = next(opts, k2) end
+    if k3 == nil or next(opts, k3) == nil then
+      -- The table of the call before, with the same names and values (one
+      -- options table made once and passed to every call): what its check
+      -- found then.
+      if opts == last_checked and k1 == last_k1 and v1 == last_v1 and k2 == last_k2 and v2 == last_v2
+        and k3 == last_k3 and v3 == last_v3 then
+        return last_transport, true, last_common
+      end
       check_option(k1, v1, depth)
       local common1 = is_common_option[k1]
-      common1 = common1 == true or common1 == v1
-      if k2 == nil then return is_transport_option[k1] == true, true, common1 end
+      common1 = common1 == true or common1 == v1 or is_body_option[k1] and "body"
+      if k2 == nil then
+        local transport = is_transport_option[k1] == true
+        common1 = common1 or false
+        if opts ~= seen_before then
+          seen_before = opts
+        elseif not contents_checked[k1] then
+          last_checked, last_k1, last_v1, last_k2, last_v2, last_k3, last_v3 = opts, k1, v1, nil, nil, nil, nil
+          last_transport, last_common = transport, common1
+        end
+        return transport, true, common1
+      end
       check_option(k2, v2, depth)
       local common2 = is_common_option[k2]
-      return is_transport_option[k1] == true or is_transport_option[k2] == true, true,
-        common1 and (common2 == true or common2 == v2)
+      common2 = common2 == true or common2 == v2 or is_body_option[k2] and "body"
+      local transport = is_transport_option[k1] == true or is_transport_option[k2] == true
+      local common = common1 == true and common2 or common1 and common2 and "body" or false
+      if k3 ~= nil then -- three (a POST of JSON: its method, its json and a hook or a timeout)
+        check_option(k3, v3, depth)
+        local common3 = is_common_option[k3]
+        common3 = common3 == true or common3 == v3 or is_body_option[k3] and "body"
+        transport = transport or is_transport_option[k3] == true
+        common = common == true and common3 or common and common3 and "body" or false
+      end
+      if opts ~= seen_before then
+        seen_before = opts
+      elseif not (contents_checked[k1] or contents_checked[k2] or contents_checked[k3]) then
+        last_checked, last_k1, last_v1, last_k2, last_v2, last_k3, last_v3 = opts, k1, v1, k2, v2, k3, v3
+        last_transport, last_common = transport, common
+      end
+      return transport, true, common
     end
   end
   local transport, common = false, true
@@ -522,7 +571,9 @@ local function check_options(opts, depth)
         check_option(k, v, depth)
         if is_transport_option[k] then transport = true end
         local common_as = is_common_option[k]
-        if common_as ~= true and common_as ~= v then common = false end
+        if common_as ~= true and common_as ~= v then
+          if not is_body_option[k] then common = false elseif common then common = "body" end
+        end
       end
     end
     local mt = getmetatable(t)
@@ -697,13 +748,14 @@ local checked = setmetatable({}, { __mode = "k" })
 -- no transport option; one at least; options behind an __index function;
 -- common options only (is_common_option), without or with transport ones
 local OPTIONS_PLAIN, OPTIONS_TRANSPORT, OPTIONS_UNLISTED, OPTIONS_COMMON, OPTIONS_COMMON_TRANSPORT = 1, 2, 3, 4, 5
+local OPTIONS_BODY, OPTIONS_BODY_TRANSPORT = 6, 7
 
 -- A mark's word on the table, as check_options says it: (transport,
 -- listed, common). Apart from fetch.fetch, which has all the upvalues
 -- Lua 5.1 allows a function but two.
 local function marked(mark)
-  return mark == OPTIONS_TRANSPORT or mark == OPTIONS_COMMON_TRANSPORT, mark ~= OPTIONS_UNLISTED,
-    mark >= OPTIONS_COMMON
+  return mark == OPTIONS_TRANSPORT or mark == OPTIONS_COMMON_TRANSPORT or mark == OPTIONS_BODY_TRANSPORT,
+    mark ~= OPTIONS_UNLISTED, mark >= OPTIONS_BODY and "body" or mark >= OPTIONS_COMMON
 end
 
 --- fetch.check(url, opts [, depth [, kept]]): raises, as fetch would, for a
@@ -720,7 +772,8 @@ function fetch.check(url, opts, depth, kept)
   local transport, listed, common = check_options(opts, depth + 2)
   request_method(opts, 4 + depth)
   if opts.query ~= nil then headers.with_query(url, opts.query, "fetch", 3 + depth) end
-  local mark = common and (transport and OPTIONS_COMMON_TRANSPORT or OPTIONS_COMMON)
+  local mark = common == true and (transport and OPTIONS_COMMON_TRANSPORT or OPTIONS_COMMON)
+    or common == "body" and (transport and OPTIONS_BODY_TRANSPORT or OPTIONS_BODY)
     or not listed and OPTIONS_UNLISTED or transport and OPTIONS_TRANSPORT or OPTIONS_PLAIN
   checked[opts] = kept and -mark or mark
 end
@@ -777,8 +830,9 @@ function fetch.fetch(url, opts, counters)
   if counters ~= nil then counting.check(counters) end
   -- whether the call names a transport option: one pass over what it
   -- gives, instead of a look for each of them
-  -- common: a GET whose options are all common ones (is_common_option),
-  -- which need not look for the others
+  -- common: true for a GET whose options are all common ones
+  -- (is_common_option), "body" for common ones and a method, body or json
+  -- (is_body_option): neither need look for the others
   local transport, listed, common
   local found = checked[opts]
   if found then -- fetch.check's
@@ -788,7 +842,9 @@ function fetch.fetch(url, opts, counters)
     transport, listed, common = check_options(opts, 1)
   end
   local query, json_value
-  if not common then
+  if common == "body" then
+    json_value = opts.json
+  elseif not common then
     query, json_value = opts.query, opts.json
     if query ~= nil then
       url_facts(url)
@@ -803,8 +859,11 @@ function fetch.fetch(url, opts, counters)
   end
 
   local method, body, policy, header_table, key, extra_secrets
-  if common then
+  if common == true then
     method, header_table = "GET", opts.headers
+  elseif common == "body" then
+    method, body, header_table = request_method(opts, 3), opts.body, opts.headers
+    if json_value ~= nil then body = json.encode(json_value, "fetch: option 'json'", 2) end
   else
     method, body = opts.method, opts.body
     if method == nil and body == nil and json_value == nil then
@@ -878,7 +937,14 @@ function fetch.fetch(url, opts, counters)
   local safe, follow, stream, rare = true, true, false, transport
   local limiter, circuit, budget, on_event, cost, retry_after, retry_after_max, max_body, verify_tls
   local first_byte, idle, no_replay, empty_body, secret_headers, sleep
-  if not common then
+  if common == "body" then
+    -- a request with a body, and no key, hook, limiter or stream: its
+    -- method or an Idempotency-Key header says whether it is replay-safe
+    safe = replay_safe[method] or given["idempotency-key"] ~= nil
+    no_replay = not safe or nil
+    empty_body = body == nil and has_body[method] or nil
+    rare = transport or empty_body or no_replay
+  elseif not common then
     safe = replay_safe[method] or opts.retry_non_idempotent or key ~= nil or given["idempotency-key"] ~= nil
     limiter, circuit, budget, on_event = opts.limiter, opts.circuit, opts.budget, opts.on_event
     cost = limiter and (opts.cost or 1)
