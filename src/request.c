@@ -859,16 +859,17 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
             curl_easy_setopt(easy, CURLOPT_FRESH_CONNECT, 1L);
         }
 #else
-        /* Over HTTP/1.1 only. On an HTTP/2 connection libcurl also sends a
-         * request again when the server refused its stream (REFUSED_STREAM,
-         * or above a GOAWAY's last stream, as nginx sends every 1,000
-         * requests): the server has not acted on it, but request_on_prereq
-         * cannot tell that retry from one after the connection died, and
-         * would fail it. An HTTP/1.1 connection has no such retry; and
-         * libcurl 7.88 loses an HTTP/2 answer that comes before the body has
-         * gone (docs/http.md). Not on the gate either: such a request never
-         * multiplexes, and must not teach the engine that its origin does not. */
-        if (t->no_replay && t->gate_key) {
+        /* Over HTTP/1.1 only (on every hop: a redirect may lead to https).
+         * On an HTTP/2 connection libcurl also sends a request again when
+         * the server refused its stream (REFUSED_STREAM, or above a GOAWAY's
+         * last stream, as nginx sends every 1,000 requests): the server has
+         * not acted on it, but request_on_prereq cannot tell that retry from
+         * one after the connection died, and would fail it. An HTTP/1.1
+         * connection has no such retry; and libcurl 7.88 loses an HTTP/2
+         * answer that comes before the body has gone (docs/http.md). Not on
+         * the gate either: such a request never multiplexes, and must not
+         * teach the engine that its origin does not. */
+        if (t->no_replay) {
             t->dirty |= DIRTY_HTTP1;
             t->gate_key = 0;
             curl_easy_setopt(easy, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
