@@ -820,24 +820,25 @@ describe("rw.fetch", function()
     -- fetch keeps what its check of the last table found (one table passed
     -- to every call): a table changed since is checked again.
     it("checks a table passed again once anything in it changed, whatever changed", function()
-      local opts = { on_retry = false, timeout = 5 }
-      for _ = 1, 3 do assert(rw.fetch(s:url("/same"), opts)) end
-      opts.timeout = -1
-      assert.error_matches(function() rw.fetch(s:url("/same"), opts) end, "option 'timeout' must be a positive number")
-      opts.timeout = 5
-      assert(rw.fetch(s:url("/same"), opts))
-      opts.timeout = nil
-      opts.retries = 3
-      assert.error_matches(function() rw.fetch(s:url("/same"), opts) end, "unknown option 'retries'")
-      opts.retries = nil
+      local passed = { on_retry = false, timeout = 5 }
+      for _ = 1, 3 do assert(rw.fetch(s:url("/same"), passed)) end
+      passed.timeout = -1
+      assert.error_matches(function() rw.fetch(s:url("/same"), passed) end,
+        "option 'timeout' must be a positive number")
+      passed.timeout = 5
+      assert(rw.fetch(s:url("/same"), passed))
+      passed.timeout = nil
+      passed.retries = 3
+      assert.error_matches(function() rw.fetch(s:url("/same"), passed) end, "unknown option 'retries'")
+      passed.retries = nil
       -- a method, then a body: the request they make, not the GET before
-      assert(rw.fetch(s:url("/same"), opts))
-      opts.method = "PUT"
-      assert(rw.fetch(s:url("/same"), opts))
-      opts.body = "b"
-      assert(rw.fetch(s:url("/same"), opts))
-      opts.method = "GET"
-      assert.error_matches(function() rw.fetch(s:url("/same"), opts) end, "a GET request cannot carry a body")
+      assert(rw.fetch(s:url("/same"), passed))
+      passed.method = "PUT"
+      assert(rw.fetch(s:url("/same"), passed))
+      passed.body = "b"
+      assert(rw.fetch(s:url("/same"), passed))
+      passed.method = "GET"
+      assert.error_matches(function() rw.fetch(s:url("/same"), passed) end, "a GET request cannot carry a body")
       local log = s:log("/same")
       assert.equal("PUT", log[#log - 1].method)
       assert.equal("PUT", log[#log].method)
