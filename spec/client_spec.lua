@@ -261,6 +261,31 @@ describe("rw.client", function()
       assert.equal(0, c:stats().deduped)
     end)
 
+    it("does not share a request made before the client's credential changed with one made after", function()
+      -- (what a path without options made, its key included, is kept: a
+      -- token refreshed in place must make another key)
+      s:script("/same", { { status = 200, body = "for a", delay = 0.15 }, { status = 200, body = "for b" } })
+      local h = { Authorization = "Bearer a" }
+      local c = new { headers = h }
+      assert(c:get("/same", { query = { warm = 1 } })) -- not the plain path
+      local bodies = {}
+      rw.run(function()
+        assert(c:get("/same"))
+        s:reset()
+        s:script("/same", { { status = 200, body = "for a", delay = 0.15 }, { status = 200, body = "for b" } })
+        rw.spawn(function() bodies.a = assert(c:get("/same")).body end)
+        rw.sleep(0.05)
+        h.Authorization = "Bearer b"
+        rw.spawn(function() bodies.b = assert(c:get("/same")).body end)
+      end)
+      assert.same({ a = "for a", b = "for b" }, bodies)
+      local log = s:log("/same")
+      assert.equal(2, #log)
+      assert.equal("Bearer a", log[1].headers.authorization)
+      assert.equal("Bearer b", log[2].headers.authorization)
+      assert.equal(0, c:stats().deduped)
+    end)
+
     it("does not share requests that differ in headers or method", function()
       s:script("/same", { { status = 200, delay = 0.05 } })
       local c = new()

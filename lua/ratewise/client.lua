@@ -280,6 +280,19 @@ local function request_key(method, url, h, body)
   return concat(parts, "\n")
 end
 
+-- The key of a call without options (made: what its path made, Client:
+-- _keep_plain; it has no body), kept with it while the client's headers
+-- hold the same one name and value, or none: a new key is a new string of
+-- a hundred bytes or so to build and hash at every call.
+local function plain_key(made, method, url, h)
+  local name, value = next(h)
+  local single = name == nil or next(h, name) == nil
+  if single and made[3] and made[4] == name and made[5] == value then return made[3] end
+  local key = request_key(method, url, h, nil)
+  if single then made[3], made[4], made[5] = key, name, value else made[3] = nil end
+  return key
+end
+
 -- The cache's entries in the order they were stored, oldest first:
 -- self.cache_order is a queue of keys, order[head..tail], and each entry
 -- knows its slot. An entry that expires, or is stored again, leaves its old
@@ -543,7 +556,12 @@ function Client:request(method, path, opts)
   -- Neither shared nor cached: nothing is left to do here once fetch has
   -- answered (a tail call: the task waiting in it keeps no frame of this one).
   if not share and not cacheable then return self:_send(url, call) end
-  local key = (share or cacheable) and request_key(method, url, h, call.body) or nil
+  local key
+  if made then
+    key = plain_key(made, method, url, h)
+  else
+    key = request_key(method, url, h, call.body)
+  end
   if cacheable then
     local hit = self:_cache_get(key)
     if hit then

@@ -12,7 +12,7 @@ local CANCELLED = require("ratewise.scheduler").CANCELLED
 
 local classify, now = core.classify, core.now
 local format, lower, upper = string.format, string.lower, string.upper
-local find, match, sub = string.find, string.match, string.sub
+local find, match, sub, byte = string.find, string.match, string.sub, string.byte
 local min, huge = math.min, math.huge
 local type, tostring, pcall, pairs, getmetatable = type, tostring, pcall, pairs, getmetatable
 
@@ -226,30 +226,51 @@ local last_url, last_shown, last_secrets, last_origin
 
 -- The origins of the URLs seen, by their scheme://host[:port] as written:
 -- a program calls many URLs (a path or a query apiece) on a few origins,
--- and a URL on one of them is checked and printed with two finds, not a
--- dozen patterns. Emptied when it grows past ORIGINS_KEPT.
+-- and a URL on one of them is checked and printed with a few plain finds,
+-- not a dozen patterns. Emptied when it grows past ORIGINS_KEPT. last_head:
+-- the origin of the URL before, found without a pattern at all (a Lua
+-- pattern's character class costs tens of instructions a byte).
 local origin_of, origins_kept = {}, 0
 local ORIGINS_KEPT = 256
+local last_head, last_head_origin = false, false
+local SLASH, QUESTION, HASH = byte("/"), byte("?"), byte("#")
+
+-- What is printed of a URL on a known origin (head: its scheme://authority
+-- as written, n = #head) with no "@" (which redact_url reads closely), no
+-- space and no control character (check_url's): the URL up to its query or
+-- fragment. nil when it is not one (the full parse then decides).
+local function shown_on(url, n)
+  local c = byte(url, n + 1)
+  if c ~= nil and c ~= SLASH and c ~= QUESTION and c ~= HASH then return nil end
+  if find(url, "@", n + 1, true) or find(url, " ", 1, true) or find(url, "%c") then return nil end
+  local query, fragment = find(url, "?", n + 1, true), find(url, "#", n + 1, true)
+  local cut = query and fragment and (query < fragment and query or fragment) or query or fragment
+  return cut and sub(url, 1, cut - 1) or url
+end
 
 local function url_facts(url)
   if url ~= last_url then
-    local head = type(url) == "string" and match(url, "^%a[%w+.-]*://[^/?#@]*")
-    local origin = head and origin_of[head]
-    -- Known origin, no userinfo and no "@" anywhere (which redact_url reads
-    -- closely), nothing check_url refuses: what is printed is the URL up to
-    -- its query or fragment.
-    if origin and not find(url, "[%c @]") then
-      local cut = find(url, "[?#]", #head + 1)
-      last_shown = cut and sub(url, 1, cut - 1) or url
-      last_secrets, last_origin = false, origin
+    local shown = last_head and type(url) == "string" and find(url, last_head, 1, true) == 1
+      and shown_on(url, #last_head)
+    if shown then
+      last_shown, last_secrets, last_origin = shown, false, last_head_origin
     else
-      check_url(url)
-      last_shown = headers.redact_url(url)
-      last_secrets = url:find("@", 1, true) and headers.url_secrets(url, {}) or false
-      last_origin = headers.origin(url)
-      if head and not find(url, "@", 1, true) then -- head is then the whole authority
-        if origins_kept >= ORIGINS_KEPT then origin_of, origins_kept = {}, 0 end
-        origin_of[head], origins_kept = last_origin, origins_kept + 1
+      local head = type(url) == "string" and match(url, "^%a[%w+.-]*://[^/?#@]*")
+      local origin = head and origin_of[head]
+      shown = origin and shown_on(url, #head)
+      if shown then
+        last_shown, last_secrets, last_origin = shown, false, origin
+        last_head, last_head_origin = head, origin
+      else
+        check_url(url)
+        last_shown = headers.redact_url(url)
+        last_secrets = url:find("@", 1, true) and headers.url_secrets(url, {}) or false
+        last_origin = headers.origin(url)
+        if head and not find(url, "@", 1, true) then -- head is then the whole authority
+          if origins_kept >= ORIGINS_KEPT then origin_of, origins_kept = {}, 0 end
+          origin_of[head], origins_kept = last_origin, origins_kept + 1
+          last_head, last_head_origin = head, last_origin
+        end
       end
     end
     last_url = url
