@@ -185,6 +185,26 @@ describe("rw.fetch", function()
       assert.equal("application/json", seen.headers["content-type"])
     end)
 
+    it("labels JSON calls without headers of their own, a key on the call that has one only", function()
+      local function call(o)
+        o.on_retry, o.max_retries = false, 0
+        assert(rw.fetch(s:url("/jn"), o))
+        local log = s:log("/jn")
+        return log[#log].headers
+      end
+      for round = 1, 3 do
+        for _, keyed in ipairs { false, true, false } do
+          local seen = call { method = "POST", json = { round = round },
+            idempotency_key = keyed and ("key-" .. round) or nil }
+          assert.equal("application/json", seen["content-type"])
+          assert.equal("application/json", seen.accept)
+          assert.matches("^ratewise/", seen["user-agent"])
+          assert.equal(keyed and ("key-" .. round) or nil, seen["idempotency-key"])
+        end
+      end
+      assert.equal(9, #s:log("/jn"))
+    end)
+
     it("sends Content-Length: 0 on a POST without a body", function()
       assert(rw.fetch(s:url("/echo"), opts { method = "POST" }))
       assert.equal("0", s:log("/echo")[1].headers["content-length"])
@@ -707,14 +727,19 @@ describe("rw.fetch", function()
         "http://" .. authority .. "?only-query",
         "http://" .. authority,
       }
-      for _, url in ipairs(urls) do
+      -- and again, in the other order: each URL then is one fetch has seen
+      -- (what it found is kept by URL), never the URL of the call before
+      local calls = {}
+      for i = 1, #urls do calls[i] = urls[i] end
+      for i = #urls, 1, -1 do calls[#calls + 1] = urls[i] end
+      for _, url in ipairs(calls) do
         local res = assert(rw.fetch(url, { on_retry = false, circuit = circuit }))
         assert.equal(200, res.status)
         assert.equal(headers.redact_url(url), res.url, url)
         assert.equal(headers.origin(url), origins[#origins], url)
         assert.is_nil(res.url:find("secret", 1, true))
       end
-      assert.equal(#urls, #origins)
+      assert.equal(#calls, #origins)
       -- a 404's message names the URL the same way
       s:script("/gone", { { status = 404 } })
       local _, err = rw.fetch(s:url("/gone?api_key=key-secret-000"), quiet)

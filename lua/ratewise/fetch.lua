@@ -233,6 +233,15 @@ local last_url, last_shown, last_secrets, last_origin
 local origin_of, origins_kept = {}, 0
 local ORIGINS_KEPT = 256
 local last_head, last_head_origin = false, false
+
+-- What is printed of each URL seen (with no credentials in it), and its
+-- origin, by URL: a program's tasks call a few URLs each, interleaved, so
+-- the URL of the call before is seldom the same, and a lookup costs less
+-- than the finds of shown_on (a client calling a path per task spent a
+-- tenth of its instructions there). Emptied when it grows past URLS_KEPT;
+-- a URL longer than URL_KEPT_MAX (a query carrying a payload) is not kept.
+local shown_of, origin_of_url, urls_kept = {}, {}, 0
+local URLS_KEPT, URL_KEPT_MAX = 256, 512
 local SLASH, QUESTION, HASH = byte("/"), byte("?"), byte("#")
 
 -- What is printed of a URL on a known origin (head: its scheme://authority
@@ -250,7 +259,13 @@ end
 
 local function url_facts(url)
   if url ~= last_url then
-    local shown = last_head and type(url) == "string" and find(url, last_head, 1, true) == 1
+    local shown = shown_of[url]
+    if shown then
+      last_shown, last_secrets, last_origin = shown, false, origin_of_url[url]
+      last_url = url
+      return shown, false, last_origin
+    end
+    shown = last_head and type(url) == "string" and find(url, last_head, 1, true) == 1
       and shown_on(url, #last_head)
     if shown then
       last_shown, last_secrets, last_origin = shown, false, last_head_origin
@@ -273,6 +288,10 @@ local function url_facts(url)
         end
       end
     end
+    if not last_secrets and #url <= URL_KEPT_MAX then
+      if urls_kept >= URLS_KEPT then shown_of, origin_of_url, urls_kept = {}, {}, 0 end
+      shown_of[url], origin_of_url[url], urls_kept = last_shown, last_origin, urls_kept + 1
+    end
     last_url = url
   end
   return last_shown, last_secrets, last_origin
@@ -283,6 +302,11 @@ local user_agent_line = "User-Agent: ratewise/" .. core.version
 -- The header lines of a call that gives no headers of its own: shared,
 -- since the engine only reads them.
 local default_lines = { user_agent_line }
+
+-- What a call with a JSON body and no headers of its own sends: shared
+-- as default_lines is (made_lines' shape).
+local json_default_made = { lines = { "Content-Type: application/json", "Accept: application/json",
+  user_agent_line }, given = no_names }
 
 -- The options of a call that gives none: one table for all of them (fetch
 -- only reads its options, and hands the table to no one).
@@ -912,6 +936,7 @@ function fetch.fetch(url, opts, counters)
       and header_table == opts.headers -- the caller's own, not a policy's for this call
     local made_from = json_value ~= nil and lines_made_json or lines_made
     local made = keep and made_lines(made_from, header_table)
+      or header_table == nil and key == nil and extra_secrets == nil and json_value ~= nil and json_default_made
     if made then
       lines, given, header_secrets = made.lines, made.given, made.secrets
     else
@@ -964,7 +989,7 @@ function fetch.fetch(url, opts, counters)
     safe = replay_safe[method] or given["idempotency-key"] ~= nil
     no_replay = not safe or nil
     empty_body = body == nil and has_body[method] or nil
-    rare = transport or empty_body or no_replay
+    rare = transport or empty_body or no_replay and "no_replay"
   elseif not common then
     safe = replay_safe[method] or opts.retry_non_idempotent or key ~= nil or given["idempotency-key"] ~= nil
     limiter, circuit, budget, on_event = opts.limiter, opts.circuit, opts.budget, opts.on_event
@@ -1087,7 +1112,10 @@ function fetch.fetch(url, opts, counters)
     request.timeout, request.body = attempt_timeout, body
     -- The rare fields are copied (or cleared after a call that had them)
     -- only when there is something to copy or clear.
-    if rare or scratch_transport_n > 0 then
+    if rare == "no_replay" and scratch_transport_n == 1 and request.no_replay then -- luacheck: ignore 542
+      -- The call before listed no_replay alone (a POST without a key, as
+      -- most are), and the request holds it still.
+    elseif rare or scratch_transport_n > 0 then
       set_transport(request, opts, transport)
       if empty_body then put_transport(request, "empty_body", true) end
       if not follow then put_transport(request, "follow_redirects", false) end

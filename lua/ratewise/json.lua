@@ -35,6 +35,10 @@ end
 -- example "fetch: option 'json'"), when lua-cjson is missing or the value
 -- cannot be written as JSON (a function, a sparse array, a cycle).
 function json.encode(value, who, level)
+  if cjson then -- loaded: most calls, which encode without fault
+    local ok, text = pcall(cjson.encode, value)
+    if ok then return text end
+  end
   level = (level or 1) + 1
   local encoder, _, why = modules()
   if not encoder then error(format("%s needs lua-cjson, which cannot be loaded %s", who, why), level) end
