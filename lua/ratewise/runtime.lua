@@ -27,6 +27,7 @@ local cqueues = require "ratewise.hosts.cqueues"
 
 local now = core.now
 local bad_seconds = scheduler.bad_seconds
+local run_transfer = scheduler.run_transfer
 local running, isyieldable, pcall = compat.running, compat.isyieldable, compat.pcall
 local yield = coroutine.yield
 local format, min = string.format, math.min
@@ -274,14 +275,12 @@ end
 -- Runs one request to completion. A wait that is interrupted (a cancelled
 -- task, a host sleep that raised) aborts the transfer before the error goes on.
 function runtime.transfer(request, per_call)
-  -- The host first: where no wait is possible (a phase of nginx that
-  -- cannot yield) it raises, and nothing may have been started that the
-  -- next turn of the engine would send.
-  local task = scheduler.current()
-  local host = not task and runtime.host(per_call)
-  -- the task is the transfer's owner: the poll that sees it end names it
-  local transfer, err = scheduler.engine():start(request, task)
-  if not transfer then
+  -- In a task, rule 1 whatever sleep the call gave: the scheduler starts
+  -- the transfer with the task for its owner (the poll that sees it end
+  -- names it) and wakes the task then; a cancellation closes the transfer
+  -- from inside the scheduler, with no pcall frame per request.
+  local transfer, err = run_transfer(request)
+  if transfer == nil then
     return nil, { message = err, retryable = false, sent = false }
   end
   -- recycle: the transfer's object goes back to the engine for the next,
@@ -289,12 +288,15 @@ function runtime.transfer(request, per_call)
   -- the hosts' await_transfer let go of it); a host of the caller's may
   -- keep await's closure over it
   local recycle = true
-  if task then
-    -- Rule 1, whatever sleep the call gave (the scheduler wakes the task
-    -- when its transfer ends): a cancellation closes the transfer from
-    -- inside the scheduler, with no pcall frame per request.
-    scheduler.await_transfer(transfer, task, true)
-  else
+  if transfer == false then
+    -- The host first: where no wait is possible (a phase of nginx that
+    -- cannot yield) it raises, and nothing may have been started that the
+    -- next turn of the engine would send.
+    local host = runtime.host(per_call)
+    transfer, err = scheduler.engine():start(request)
+    if not transfer then
+      return nil, { message = err, retryable = false, sent = false }
+    end
     local ok, werr
     if host.await_transfer then
       ok, werr = pcall(host.await_transfer, transfer)

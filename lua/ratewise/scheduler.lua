@@ -606,14 +606,12 @@ function scheduler.await_started(transfer)
   repeat turn(huge, nil, true) until transfer:done()
 end
 
--- scheduler.await_transfer(transfer [, task [, owned]]): task, when the
--- caller has it at hand, is scheduler.current(); owned: the transfer was
--- started with the task for its owner (engine:start(request, task)), and
--- the poll that reports it names the task.
-function scheduler.await_transfer(transfer, task, owned)
-  task = task or scheduler.current()
+--- scheduler.await_transfer(transfer): waits for a transfer started
+-- without an owner (a stream's, asking for news), inside a task or not.
+function scheduler.await_transfer(transfer)
+  local task = scheduler.current()
   if task then
-    if not owned then transfer_waiter[transfer] = task end
+    transfer_waiter[transfer] = task
     task.wait_id = task.wait_id + 1
     task.transfer = transfer
     wait_here(task, abort_transfer, transfer, task)
@@ -621,6 +619,24 @@ function scheduler.await_transfer(transfer, task, owned)
   elseif not transfer:done() then
     scheduler.await_started(transfer)
   end
+end
+
+--- transfer | nil, err | false = scheduler.run_transfer(request): inside a
+-- task, starts request on the engine with the task for its owner and waits
+-- until it ends (as await_transfer does; a cancellation aborts it); nil
+-- and the engine's word when it would not start. false outside any task,
+-- where nothing was started. One call where a fetch made three (current,
+-- engine, await_transfer).
+function scheduler.run_transfer(request)
+  local task = current
+  if not task or task.co ~= running() then return false end
+  local transfer, err = (engine or scheduler.engine()):start(request, task)
+  if not transfer then return nil, err end
+  task.wait_id = task.wait_id + 1
+  task.transfer = transfer
+  wait_here(task, abort_transfer, transfer, task)
+  task.transfer = nil
+  return transfer
 end
 
 -- A task cancelled while it waits for a bucket's place gives the place up.
