@@ -31,7 +31,9 @@
 -- 7. floor: no shape users write, and no target: the engine driven by a
 --    bare Lua loop (no fetch, no tasks), vs the same multi; the share of
 --    plain libcurl that the binding of libcurl to Lua leaves to any code
---    above it (bench/shapes.lua).
+--    above it (bench/shapes.lua). floor_tasks: the same with a coroutine
+--    per transfer in flight, yielding until a bare poll loop resumes it:
+--    what waiting by yielding costs at the least.
 -- 8. waiters: 10,000 tasks waiting on a bucket, in a fresh process
 --    (bench/waiters.lua): resident memory per waiting task, CPU used while
 --    they wait, cancel.
@@ -46,9 +48,9 @@
 --   BENCH_REQUESTS       sequential: requests per round and contender (default 20000)
 --   BENCH_ROUNDS         sequential: rounds (default 5)
 --   BENCH_WARMUP         sequential: warm-up requests per contender (default 2000)
---   BENCH_CONC_REQUESTS  loop64, headers, client*, post_json, floor: requests per round and contender (default 40000)
---   BENCH_CONC_ROUNDS    loop64, headers, client*, post_json, floor: rounds (default 5)
---   BENCH_CONC_WARMUP    loop64, headers, client*, post_json, floor: warm-up requests per contender (default 5000)
+--   BENCH_CONC_REQUESTS  loop64, headers, client*, post_json, floor*: requests per round and contender (default 40000)
+--   BENCH_CONC_ROUNDS    loop64, headers, client*, post_json, floor*: rounds (default 5)
+--   BENCH_CONC_WARMUP    loop64, headers, client*, post_json, floor*: warm-up requests per contender (default 5000)
 --   BENCH_CONCURRENCY    every concurrent shape: transfers in flight, tasks (default 64)
 --   BENCH_MAP_REQUESTS   map_*: requests (the list's length) per round and contender (default 40000)
 --   BENCH_MAP_ROUNDS     map_*: rounds (default 5)
@@ -222,6 +224,7 @@ local function shape_list(base)
     body_64k = { format("%d tasks, 64 KiB bodies / multi", CONC), knobs.body_64k },
     body_1m = { format("%d tasks, 1 MiB bodies / multi", CONC), knobs.body_1m },
     floor = { format("floor: %d on the engine, bare loop / multi", CONC), knobs.concurrent },
+    floor_tasks = { format("floor: %d coroutines on the engine / multi", CONC), knobs.concurrent },
   }
   local list = {}
   for _, shape in ipairs(shapes.list) do

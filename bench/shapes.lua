@@ -30,6 +30,9 @@
 --                   with no fetch, no tasks and no scheduler. What the
 --                   binding of libcurl to Lua costs on its own: no code on
 --                   top of the engine can beat it.
+--   floor_tasks     the floor with a coroutine per request in flight, each
+--                   yielding until a bare poll loop resumes it: the least
+--                   any design that waits by yielding can cost.
 --
 -- Each returns a measure for rounds.lua: { rate, failed, cpu_us, faults }
 -- (CPU microseconds and minor page faults per request, of this process).
@@ -283,6 +286,54 @@ function shapes.floor(url, n, conc)
   return measured
 end
 
+-- The floor with the seam's coroutines: `conc` coroutines, each starting
+-- fetch's request on the engine with itself for the owner, yielding until
+-- a bare loop on the engine's poll resumes it, then making the response
+-- and checking its status. No fetch and no scheduler: what a design that
+-- waits by yielding a coroutine per request costs at the least, and so the
+-- most any such library's own code can score.
+function shapes.floor_tasks(url, n, conc)
+  local core = require "ratewise.core"
+  local engine = core.engine {}
+  local request = { url = url, method = "GET", headers = { "User-Agent: ratewise/" .. core.version },
+    follow_redirects = true, timeout = 30, transport = false }
+  local create, resume, yield, running = coroutine.create, coroutine.resume, coroutine.yield, coroutine.running
+  local measured = measure(n, function()
+    local failed, finished = 0, 0
+    local function worker(count)
+      local co = running()
+      for _ = 1, count do
+        local transfer, err = engine:start(request, co)
+        if not transfer then error("bench: the engine could not start a transfer: " .. tostring(err), 0) end
+        yield()
+        local res, rerr = transfer:result(true, true, true)
+        finished = finished + 1
+        if not (res and res.status == 200) then
+          failed = failed + 1
+          note_failure(res, rerr and rerr.message)
+        end
+      end
+    end
+    for w = 1, conc do
+      local count = floor(n / conc) + (w <= n % conc and 1 or 0)
+      if count > 0 then assert(resume(create(worker), count)) end
+    end
+    local done, owners = {}, {}
+    while finished < n do
+      local _, k = engine:poll(1, done, nil, owners)
+      for i = 1, k do
+        local co = owners[i]
+        done[i], owners[i] = nil, nil
+        local ok, err = resume(co)
+        if not ok then error(err, 0) end
+      end
+    end
+    return failed
+  end)
+  engine:close()
+  return measured
+end
+
 -- Every shape `make bench` (run.lua) and `make bench-instructions`
 -- (instructions.lua) measure, in their order: its key (BENCH_ONLY's
 -- names), the path it fetches, its target (nil: none), the size of each
@@ -315,6 +366,8 @@ shapes.list = {
     run = function(base, n, conc) return shapes.loop(base .. "/body/1m", n, conc, 1048576) end },
   { key = "floor", path = "/", target = nil,
     run = function(base, n, conc) return shapes.floor(base .. "/", n, conc) end },
+  { key = "floor_tasks", path = "/", target = nil,
+    run = function(base, n, conc) return shapes.floor_tasks(base .. "/", n, conc) end },
 }
 
 --- shape = shapes.find(key): the shape of shapes.list with that key, or nil.
