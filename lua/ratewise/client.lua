@@ -260,6 +260,10 @@ function Client:_limiter_for(path, explicit)
   return route.both
 end
 
+-- made once, not at each call: a closure made in request_key would keep
+-- LuaJIT from compiling it, and the calls around it (NYI: UCLO)
+local function by_lower_name(a, b) return lower(a) < lower(b) end
+
 local function request_key(method, url, h, body)
   local name, value = next(h)
   if name == nil or next(h, name) == nil then
@@ -274,7 +278,7 @@ local function request_key(method, url, h, body)
   for k in pairs(h) do
     if not not_in_key[lower(k)] then names[#names + 1] = k end
   end
-  sort(names, function(a, b) return lower(a) < lower(b) end)
+  sort(names, by_lower_name)
   local parts = { method, url, body or "" }
   for _, k in ipairs(names) do parts[#parts + 1] = lower(k) .. ":" .. tostring(h[k]) end
   return concat(parts, "\n")
