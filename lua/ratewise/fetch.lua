@@ -981,6 +981,10 @@ function fetch.fetch(url, opts, counters)
   -- redirects, with no hooks, limiter or stream, and no field the engine
   -- reads only when listed (rare) but its transport options.
   local safe, follow, stream, rare = true, true, false, transport
+  -- Whether the call has anything to tell of an attempt or to ask before
+  -- one (a policy, limiter, circuit, budget, hook or stream): without, a
+  -- 2xx is returned as soon as it is made a response.
+  local hooked = false
   local limiter, circuit, budget, on_event, cost, retry_after, retry_after_max, max_body, verify_tls
   local first_byte, idle, no_replay, empty_body, secret_headers, sleep
   if common == "body" then
@@ -1029,6 +1033,7 @@ function fetch.fetch(url, opts, counters)
     -- plain GET has none: the engine looks up six fields, not twelve)
     rare = transport or empty_body or not follow or max_body ~= nil or verify_tls ~= nil or no_replay
       or secret_headers ~= nil
+    hooked = policy or limiter or circuit or budget or on_event or stream
   end
   local started = now()
   local deadline = started + max_elapsed
@@ -1094,7 +1099,8 @@ function fetch.fetch(url, opts, counters)
         return limiter_failed(state, method .. " " .. shown_url, why)
       end
     end
-    local sent_at = now()
+    -- (the first attempt of a call with nothing to wait for goes out as it starts)
+    local sent_at = attempts == 0 and not hooked and started or now()
     local left = deadline - sent_at
     if left <= 0 then
       state = state or new_state(started, method, shown_url, max_elapsed, on_event)
@@ -1161,8 +1167,17 @@ function fetch.fetch(url, opts, counters)
       if final_url == nil or final_url == url then res.url = shown_url else res.url = headers.redact_url(final_url) end
       res.attempts = attempts
       res.elapsed = now() - started
-      if policy and policy.observe then call_hook("observe", policy.observe, res, limiter) end
       local status = res.status
+      if not hooked and status >= 200 and status < 300 then
+        -- what the rest would conclude, with nothing to tell
+        res.throttled = false
+        if counters then counting.attempt(counters, status) end
+        return res
+      end
+      if policy and policy.observe then
+        call_hook("observe", policy.observe, res, limiter)
+        status = res.status
+      end
       if status >= 200 and status < 300 and not (policy and policy.classify) then
         class = "success"
       else
