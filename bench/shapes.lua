@@ -251,11 +251,23 @@ end
 -- (the same bytes on the wire), started again on the engine as each one
 -- finishes, `conc` in flight; each response is made as fetch's is (the
 -- header table left to be read lazily) and its status checked.
-function shapes.floor(url, n, conc)
+-- A fresh engine, and the request fetch makes for a GET of url with no
+-- options: the floors'.
+local function floor_setup(url)
   local core = require "ratewise.core"
-  local engine = core.engine {}
-  local request = { url = url, method = "GET", headers = { "User-Agent: ratewise/" .. core.version },
+  return core.engine {}, { url = url, method = "GET", headers = { "User-Agent: ratewise/" .. core.version },
     follow_redirects = true, timeout = 30, transport = false }
+end
+
+-- 1 for a result that is not a 200 (noted), else 0.
+local function floor_failed(res, err)
+  if res and res.status == 200 then return 0 end
+  note_failure(res, err and err.message)
+  return 1
+end
+
+function shapes.floor(url, n, conc)
+  local engine, request = floor_setup(url)
   local measured = measure(n, function()
     local failed, started, finished = 0, 0, 0
     local done = {}
@@ -273,10 +285,7 @@ function shapes.floor(url, n, conc)
         local res, err = transfer:result(true)
         transfer:close()
         finished = finished + 1
-        if not (res and res.status == 200) then
-          failed = failed + 1
-          note_failure(res, err and err.message)
-        end
+        failed = failed + floor_failed(res, err)
         if started < n then start() end
       end
     end
@@ -293,10 +302,7 @@ end
 -- waits by yielding a coroutine per request costs at the least, and so the
 -- most any such library's own code can score.
 function shapes.floor_tasks(url, n, conc)
-  local core = require "ratewise.core"
-  local engine = core.engine {}
-  local request = { url = url, method = "GET", headers = { "User-Agent: ratewise/" .. core.version },
-    follow_redirects = true, timeout = 30, transport = false }
+  local engine, request = floor_setup(url)
   local create, resume, yield, running = coroutine.create, coroutine.resume, coroutine.yield, coroutine.running
   local measured = measure(n, function()
     local failed, finished = 0, 0
@@ -308,10 +314,7 @@ function shapes.floor_tasks(url, n, conc)
         yield()
         local res, rerr = transfer:result(true, true, true)
         finished = finished + 1
-        if not (res and res.status == 200) then
-          failed = failed + 1
-          note_failure(res, rerr and rerr.message)
-        end
+        failed = failed + floor_failed(res, rerr)
       end
     end
     for w = 1, conc do
