@@ -207,16 +207,16 @@ end
 
 local function check_url(url)
   if type(url) ~= "string" then
-    error(format("fetch: url must be a string (got %s)", type(url)), 4)
+    error(format("fetch: url must be a string (got %s)", type(url)), 5)
   end
   local scheme = url:match("^(%a[%w+.-]*)://")
   scheme = scheme and lower(scheme)
   if scheme ~= "http" and scheme ~= "https" then
     error(format("fetch: url must be http:// or https:// (got %s)",
-      scheme and (scheme .. "://...") or "a string without a scheme"), 4)
+      scheme and (scheme .. "://...") or "a string without a scheme"), 5)
   end
   if url:find("[%c ]") then
-    error("fetch: url contains a space or a control character (CR, LF, NUL or another)", 4)
+    error("fetch: url contains a space or a control character (CR, LF, NUL or another)", 5)
   end
 end
 
@@ -257,40 +257,46 @@ local function shown_on(url, n)
   return cut and sub(url, 1, cut - 1) or url
 end
 
+-- What fetch derives from a URL it has not kept (url_facts): checked,
+-- printed, its credentials and origin, into last_shown, last_secrets and
+-- last_origin; the URL kept by URL when it carries no credentials.
+local function learn_url(url)
+  local shown = last_head and type(url) == "string" and find(url, last_head, 1, true) == 1
+    and shown_on(url, #last_head)
+  if shown then
+    last_shown, last_secrets, last_origin = shown, false, last_head_origin
+  else
+    local head = type(url) == "string" and match(url, "^%a[%w+.-]*://[^/?#@]*")
+    local origin = head and origin_of[head]
+    shown = origin and shown_on(url, #head)
+    if shown then
+      last_shown, last_secrets, last_origin = shown, false, origin
+      last_head, last_head_origin = head, origin
+    else
+      check_url(url)
+      last_shown = headers.redact_url(url)
+      last_secrets = url:find("@", 1, true) and headers.url_secrets(url, {}) or false
+      last_origin = headers.origin(url)
+      if head and not find(url, "@", 1, true) then -- head is then the whole authority
+        if origins_kept >= ORIGINS_KEPT then origin_of, origins_kept = {}, 0 end
+        origin_of[head], origins_kept = last_origin, origins_kept + 1
+        last_head, last_head_origin = head, last_origin
+      end
+    end
+  end
+  if not last_secrets and #url <= URL_KEPT_MAX then
+    if urls_kept >= URLS_KEPT then shown_of, origin_of_url, urls_kept = {}, {}, 0 end
+    shown_of[url], origin_of_url[url], urls_kept = last_shown, last_origin, urls_kept + 1
+  end
+end
+
 local function url_facts(url)
   if url ~= last_url then
     local shown = shown_of[url]
     if shown then
       last_shown, last_secrets, last_origin = shown, false, origin_of_url[url]
-      last_url = url
-      return shown, false, last_origin
-    end
-    shown = last_head and type(url) == "string" and find(url, last_head, 1, true) == 1
-      and shown_on(url, #last_head)
-    if shown then
-      last_shown, last_secrets, last_origin = shown, false, last_head_origin
     else
-      local head = type(url) == "string" and match(url, "^%a[%w+.-]*://[^/?#@]*")
-      local origin = head and origin_of[head]
-      shown = origin and shown_on(url, #head)
-      if shown then
-        last_shown, last_secrets, last_origin = shown, false, origin
-        last_head, last_head_origin = head, origin
-      else
-        check_url(url)
-        last_shown = headers.redact_url(url)
-        last_secrets = url:find("@", 1, true) and headers.url_secrets(url, {}) or false
-        last_origin = headers.origin(url)
-        if head and not find(url, "@", 1, true) then -- head is then the whole authority
-          if origins_kept >= ORIGINS_KEPT then origin_of, origins_kept = {}, 0 end
-          origin_of[head], origins_kept = last_origin, origins_kept + 1
-          last_head, last_head_origin = head, last_origin
-        end
-      end
-    end
-    if not last_secrets and #url <= URL_KEPT_MAX then
-      if urls_kept >= URLS_KEPT then shown_of, origin_of_url, urls_kept = {}, {}, 0 end
-      shown_of[url], origin_of_url[url], urls_kept = last_shown, last_origin, urls_kept + 1
+      learn_url(url)
     end
     last_url = url
   end

@@ -35,16 +35,17 @@ end
 -- example "fetch: option 'json'"), when lua-cjson is missing or the value
 -- cannot be written as JSON (a function, a sparse array, a cycle).
 function json.encode(value, who, level)
-  if cjson then -- loaded: most calls, which encode without fault
-    local ok, text = pcall(cjson.encode, value)
-    if ok then return text end
+  local encoder = cjson -- loaded: most calls ask no more
+  if not encoder then
+    local _, why
+    encoder, _, why = modules()
+    if not encoder then
+      error(format("%s needs lua-cjson, which cannot be loaded %s", who, why), (level or 1) + 1)
+    end
   end
-  level = (level or 1) + 1
-  local encoder, _, why = modules()
-  if not encoder then error(format("%s needs lua-cjson, which cannot be loaded %s", who, why), level) end
   local ok, text = pcall(encoder.encode, value)
   if not ok then
-    error(format("%s cannot be encoded as JSON: %s", who, tostring(text):gsub("^.-:%d+: ", "")), level)
+    error(format("%s cannot be encoded as JSON: %s", who, tostring(text):gsub("^.-:%d+: ", "")), (level or 1) + 1)
   end
   return text
 end

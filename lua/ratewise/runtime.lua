@@ -271,6 +271,11 @@ local function await_done(host, transfer)
   return host.await(function() return transfer:done() end)
 end
 
+-- The transport error of a transfer the engine would not start.
+local function not_started(err)
+  return nil, { message = err, retryable = false, sent = false }
+end
+
 --- res | nil, transport_err = runtime.transfer(request [, per_call_sleep])
 -- Runs one request to completion. A wait that is interrupted (a cancelled
 -- task, a host sleep that raised) aborts the transfer before the error goes on.
@@ -280,9 +285,7 @@ function runtime.transfer(request, per_call)
   -- names it) and wakes the task then; a cancellation closes the transfer
   -- from inside the scheduler, with no pcall frame per request.
   local transfer, err = run_transfer(request)
-  if transfer == nil then
-    return nil, { message = err, retryable = false, sent = false }
-  end
+  if transfer == nil then return not_started(err) end
   -- recycle: the transfer's object goes back to the engine for the next,
   -- where nothing else holds it once the wait is over (the scheduler and
   -- the hosts' await_transfer let go of it); a host of the caller's may
@@ -294,9 +297,7 @@ function runtime.transfer(request, per_call)
     -- next turn of the engine would send.
     local host = runtime.host(per_call)
     transfer, err = scheduler.engine():start(request)
-    if not transfer then
-      return nil, { message = err, retryable = false, sent = false }
-    end
+    if not transfer then return not_started(err) end
     local ok, werr
     if host.await_transfer then
       ok, werr = pcall(host.await_transfer, transfer)

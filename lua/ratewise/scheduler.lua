@@ -606,16 +606,24 @@ function scheduler.await_started(transfer)
   repeat turn(huge, nil, true) until transfer:done()
 end
 
+-- Task `task` waits until the poll reports `transfer` (its own, or one it
+-- is listed for in transfer_waiter); a cancellation aborts the transfer.
+-- Returns the transfer.
+local function await_in_task(task, transfer)
+  task.wait_id = task.wait_id + 1
+  task.transfer = transfer
+  wait_here(task, abort_transfer, transfer, task)
+  task.transfer = nil
+  return transfer
+end
+
 --- scheduler.await_transfer(transfer): waits for a transfer started
 -- without an owner (a stream's, asking for news), inside a task or not.
 function scheduler.await_transfer(transfer)
   local task = scheduler.current()
   if task then
     transfer_waiter[transfer] = task
-    task.wait_id = task.wait_id + 1
-    task.transfer = transfer
-    wait_here(task, abort_transfer, transfer, task)
-    task.transfer = nil
+    await_in_task(task, transfer)
   elseif not transfer:done() then
     scheduler.await_started(transfer)
   end
@@ -629,14 +637,10 @@ end
 -- engine, await_transfer).
 function scheduler.run_transfer(request)
   local task = current
-  if not task or task.co ~= running() then return false end
+  if not task or task.co ~= running() then return false end -- scheduler.current's test, without its call
   local transfer, err = (engine or scheduler.engine()):start(request, task)
   if not transfer then return nil, err end
-  task.wait_id = task.wait_id + 1
-  task.transfer = transfer
-  wait_here(task, abort_transfer, transfer, task)
-  task.transfer = nil
-  return transfer
+  return await_in_task(task, transfer)
 end
 
 -- A task cancelled while it waits for a bucket's place gives the place up.
