@@ -251,12 +251,17 @@ end
 -- (the same bytes on the wire), started again on the engine as each one
 -- finishes, `conc` in flight; each response is made as fetch's is (the
 -- header table left to be read lazily) and its status checked.
--- A fresh engine, and the request fetch makes for a GET of url with no
--- options: the floors'.
-local function floor_setup(url)
+-- Measures n requests of a floor: run(engine, request) -> failures, on a
+-- fresh engine (closed after) with the request fetch makes for a GET of
+-- url with no options.
+local function on_floor(url, n, run)
   local core = require "ratewise.core"
-  return core.engine {}, { url = url, method = "GET", headers = { "User-Agent: ratewise/" .. core.version },
+  local engine = core.engine {}
+  local request = { url = url, method = "GET", headers = { "User-Agent: ratewise/" .. core.version },
     follow_redirects = true, timeout = 30, transport = false }
+  local measured = measure(n, function() return run(engine, request) end)
+  engine:close()
+  return measured
 end
 
 -- 1 for a result that is not a 200 (noted), else 0.
@@ -267,8 +272,7 @@ local function floor_failed(res, err)
 end
 
 function shapes.floor(url, n, conc)
-  local engine, request = floor_setup(url)
-  local measured = measure(n, function()
+  return on_floor(url, n, function(engine, request)
     local failed, started, finished = 0, 0, 0
     local done = {}
     local function start()
@@ -291,8 +295,6 @@ function shapes.floor(url, n, conc)
     end
     return failed
   end)
-  engine:close()
-  return measured
 end
 
 -- The floor with the seam's coroutines: `conc` coroutines, each starting
@@ -302,9 +304,8 @@ end
 -- waits by yielding a coroutine per request costs at the least, and so the
 -- most any such library's own code can score.
 function shapes.floor_tasks(url, n, conc)
-  local engine, request = floor_setup(url)
   local create, resume, yield, running = coroutine.create, coroutine.resume, coroutine.yield, coroutine.running
-  local measured = measure(n, function()
+  return on_floor(url, n, function(engine, request)
     local failed, finished = 0, 0
     local function worker(count)
       local co = running()
@@ -333,8 +334,6 @@ function shapes.floor_tasks(url, n, conc)
     end
     return failed
   end)
-  engine:close()
-  return measured
 end
 
 -- Every shape `make bench` (run.lua) and `make bench-instructions`

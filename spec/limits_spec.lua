@@ -8,16 +8,7 @@ local core = require "ratewise.core"
 local cubic = require "ratewise.cubic"
 local server = require "spec.support.server"
 local socket = require "socket"
-
--- Asserts that bucket b (refilling at `rate` a second) holds `expected`
--- tokens as of `since` (rw.now()), give or take 0.01, plus what came in
--- since: a test descheduled for a few milliseconds on a busy machine sees
--- a few hundredths more at 10 a second.
-local function tokens_near(b, expected, rate, since, what)
-  local tokens, upper = b:tokens(), expected + rate * (rw.now() - since) + 0.01
-  assert.is_true(tokens >= expected - 0.01 and tokens <= upper,
-    string.format("%s: %.4f tokens, expected %.4f - %.4f", what, tokens, expected - 0.01, upper))
-end
+local drift = require "spec.support.drift"
 
 -- Runs `tasks` tasks that call fetch on url for `seconds`, through limiter.
 local function hammer(url, limiter, tasks, seconds)
@@ -66,12 +57,10 @@ describe("the bucket's queue", function()
     local claimed_at = rw.now()
     assert.equal(0, b:claim(first))
     local more = b:claim(second)
-    -- 0.1 s after the first's claim, less the time since it
-    assert.is_true(more <= 0.1 + 0.01 and more >= 0.1 - (rw.now() - claimed_at) - 0.01,
-      "the second's wait: " .. more)
+    drift.near(more, 0.1, -1, claimed_at, "the second's wait") -- 0.1 s after the first's claim
     assert.is_true(b:tokens() < 0, "the second still waits: " .. b:tokens())
     b:cancel(second)
-    tokens_near(b, 0, 10, claimed_at, "the second's place given back")
+    drift.near(b:tokens(), 0, 10, claimed_at, "the second's place given back")
   end)
 
   it("never lets take jump the queue, and counts what waiters hold in tokens()", function()
@@ -79,7 +68,7 @@ describe("the bucket's queue", function()
     local taken_at = rw.now()
     b:take(2)
     local _, place = b:reserve(2)
-    tokens_near(b, -2, 10, taken_at, "two taken, two reserved")
+    drift.near(b:tokens(), -2, 10, taken_at, "two taken, two reserved")
     socket.sleep(0.15) -- 1.5 tokens back: enough for a take of one, not behind a waiter of two
     local ok, wait = b:take(1)
     assert.is_false(ok)
