@@ -157,6 +157,25 @@ describe("ratewise.core engine", function()
       e:close()
     end)
 
+    it("gives a response the metatable result(lazy, close, recycle, mt) names, and an error none", function()
+      local e = core.engine()
+      local mt = { __index = { kind = "response" } }
+      local t = assert(e:start { url = s:url("/echo") })
+      while not t:done() do e:poll(1) end
+      assert.error_matches(function() t:result(true, false, false, "mt") end, "table expected", 1, true)
+      local res = assert(t:result(true, true, false, mt))
+      assert.equal(mt, getmetatable(res))
+      assert.equal("response", res.kind)
+      assert.equal(200, res.status)
+      local failed = assert(e:start { url = "http://127.0.0.1:9/" }) -- refused
+      while not failed:done() do e:poll(1) end
+      local nothing, err = failed:result(true, true, false, mt)
+      assert.is_nil(nothing)
+      assert.is_nil(getmetatable(err))
+      assert.is_string(err.message)
+      e:close()
+    end)
+
     it("names each finished transfer's owner beside it in poll's owners, false where there is none", function()
       local e = core.engine()
       local a_owner, c_owner = { name = "a" }, { name = "c" }

@@ -1733,18 +1733,26 @@ static void transfer_recycle(lua_State *L)
     RW_STACK_EXPECT(L, mark, 0);
 }
 
-/* transfer:result([lazy [, close [, recycle]]]) -> response table | nil,
- * error table (response.c). close: the transfer is closed once its result
- * is made, as transfer:close() would (one call less for a caller that is
- * done with it). recycle (with close): the caller holds no other reference
- * to this transfer object and drops its own, so that engine:start may hand
- * the object out again for another transfer (runtime.transfer's). */
+/* transfer:result([lazy [, close [, recycle [, mt]]]]) -> response table |
+ * nil, error table (response.c). close: the transfer is closed once its
+ * result is made, as transfer:close() would (one call less for a caller
+ * that is done with it). recycle (with close): the caller holds no other
+ * reference to this transfer object and drops its own, so that
+ * engine:start may hand the object out again for another transfer
+ * (runtime.transfer's). mt: a table made the metatable of a response (not
+ * of an error), which saved fetch a Lua call and two C calls a request. */
 static int transfer_l_result(lua_State *L)
 {
     transfer_box *box = (transfer_box *)luaL_checkudata(L, 1, TRANSFER_MT);
     int n, close = lua_toboolean(L, 3), recycle = close && lua_toboolean(L, 4); /* read before the results go on the stack */
+    int mt = !lua_isnoneornil(L, 5);
+    if (mt) luaL_checktype(L, 5, LUA_TTABLE);
     if (!box->t) return luaL_argerror(L, 1, "transfer is closed");
     n = rw_response_result(L, box->t, lua_toboolean(L, 2));
+    if (mt && n == 1) {
+        lua_pushvalue(L, 5);
+        lua_setmetatable(L, -2);
+    }
     if (close) {
         transfer_release(L, box);
         if (recycle) transfer_recycle(L);

@@ -14,7 +14,7 @@ local classify, now = core.classify, core.now
 local format, lower, upper = string.format, string.lower, string.upper
 local find, match, sub, byte = string.find, string.match, string.sub, string.byte
 local min, huge = math.min, math.huge
-local type, tostring, pcall, pairs, getmetatable = type, tostring, pcall, pairs, getmetatable
+local type, tostring, pcall, pairs, getmetatable, rawget = type, tostring, pcall, pairs, getmetatable, rawget
 
 local fetch = {}
 
@@ -30,6 +30,7 @@ local has_body = { POST = true, PUT = true, PATCH = true }
 local call_hook -- defined with the other callback helpers below
 
 local error_mt = errors.mt
+local response_mt = response.mt
 
 local function fetch_error(kind, message, state, res, transport)
   local err = setmetatable({
@@ -1112,7 +1113,8 @@ function fetch.fetch(url, opts, counters)
       state = state or new_state(started, method, shown_url, max_elapsed, on_event)
       return budget_error(state, "no time left for another attempt", state.last_response)
     end
-    local attempt_timeout = min(timeout, left)
+    local attempt_timeout = timeout
+    if left < timeout then attempt_timeout = left end -- min(), without a call
     -- what a time budget too short for the call's own timeouts cut
     local budget_cut = attempt_timeout < timeout
     -- The engine copies what it needs from the request as it starts the
@@ -1157,19 +1159,20 @@ function fetch.fetch(url, opts, counters)
       end
       -- The response reads its body from here on (and a hook that raises
       -- below drops both, the transfer closing as it is collected).
+      if res then response.new(res) end
       if streaming then response.stream(res, streaming, sleep, method .. " " .. shown_url) end
     elseif sleep then
-      res, terr = guarded("sleep", "a wait for the transfer", runtime.transfer, request, sleep)
+      res, terr = guarded("sleep", "a wait for the transfer", runtime.transfer, request, sleep, response_mt)
     else
-      res, terr = runtime.transfer(request)
+      res, terr = runtime.transfer(request, nil, response_mt)
     end
     attempts = attempts + 1
     if body ~= nil then request.body = nil end -- not kept alive by the next call's table
 
     local why, class, hint, hint_source
     if res then
-      local final_url = res.url -- set when a redirect was followed (read before response.new's __index)
-      response.new(res)
+      -- set when a redirect was followed (raw: the response's __index answers nil for it, at the cost of a call)
+      local final_url = rawget(res, "url")
       if final_url == nil or final_url == url then res.url = shown_url else res.url = headers.redact_url(final_url) end
       res.attempts = attempts
       res.elapsed = now() - started

@@ -276,10 +276,11 @@ local function not_started(err)
   return nil, { message = err, retryable = false, sent = false }
 end
 
---- res | nil, transport_err = runtime.transfer(request [, per_call_sleep])
+--- res | nil, transport_err = runtime.transfer(request [, per_call_sleep [, mt]])
 -- Runs one request to completion. A wait that is interrupted (a cancelled
 -- task, a host sleep that raised) aborts the transfer before the error goes on.
-function runtime.transfer(request, per_call)
+-- mt: the metatable the response gets (fetch's response.mt).
+function runtime.transfer(request, per_call, mt)
   -- In a task, rule 1 whatever sleep the call gave: the scheduler starts
   -- the transfer with the task for its owner (the poll that sees it end
   -- names it) and wakes the task then; a cancellation closes the transfer
@@ -312,7 +313,7 @@ function runtime.transfer(request, per_call)
   end
   -- lazy: the header tables are made when first read (response.lua); the
   -- transfer is closed as the result is made
-  return transfer:result(true, true, recycle)
+  return transfer:result(true, true, recycle, mt)
 end
 
 --- true = runtime.await_news(transfer, ready [, per_call_sleep]): waits

@@ -259,31 +259,26 @@ local function after_resume(task, resumed, ...)
   end
 end
 
-local function step_task(task, value)
-  local fn = task.fn
+-- A task's first run (run_ready makes the others): its coroutine is made,
+-- and gets the arguments.
+local function first_step(task)
+  local fn, args = task.fn, task.args
+  task.fn, task.args = false, nil
+  if task.cancel_requested then -- cancelled before it ever ran
+    return finish(task, false, CANCELLED)
+  end
   task.state = "running"
   local previous = current
   current = task
-  if fn then -- the first run: the coroutine is made, and gets the arguments
-    task.fn = false
-    local args = task.args
-    task.args = nil
-    if task.cancel_requested then -- cancelled before it ever ran
-      current = previous
-      return finish(task, false, CANCELLED)
-    end
-    -- Made where it first runs, not where it was spawned: in OpenResty a
-    -- coroutine belongs to the request (or timer) that made it, and one
-    -- resumed from another crashes the worker; there the driver's light
-    -- thread runs every task (hosts/driven.lua), which then makes them all.
-    task.co = create(fn)
-    if args then
-      after_resume(task, resume(task.co, unpack(args, 1, args.n)))
-    else
-      after_resume(task, resume(task.co))
-    end
+  -- Made where it first runs, not where it was spawned: in OpenResty a
+  -- coroutine belongs to the request (or timer) that made it, and one
+  -- resumed from another crashes the worker; there the driver's light
+  -- thread runs every task (hosts/driven.lua), which then makes them all.
+  task.co = create(fn)
+  if args then
+    after_resume(task, resume(task.co, unpack(args, 1, args.n)))
   else
-    after_resume(task, resume(task.co, value))
+    after_resume(task, resume(task.co))
   end
   current = previous
 end
@@ -354,7 +349,10 @@ function scheduler.poll(timeout, budget)
       -- The task the transfer was started for (runtime.transfer), or a
       -- host's waiter with a wake function (hosts/driven.lua).
       if owner.state == "waiting" then
-        make_ready(owner)
+        -- make_ready(owner), written out: a call less a response
+        owner.state = "ready"
+        ready_n = ready_n + 1
+        ready[ready_n], ready_value[ready_n] = owner, nil
       else
         local wake_waiter = owner.wake
         if wake_waiter then wake_waiter(owner) end
@@ -384,7 +382,18 @@ local function run_ready(until_t)
   while i <= n do
     local task, value = tasks[i], values[i]
     tasks[i], values[i] = nil, nil
-    if task.state == "ready" then step_task(task, value) end
+    if task.state == "ready" then
+      if task.fn then
+        first_step(task)
+      else
+        -- every later run, here rather than in a function: a call less a resume
+        task.state = "running"
+        local previous = current
+        current = task
+        after_resume(task, resume(task.co, value))
+        current = previous
+      end
+    end
     i = i + 1
     if until_t and i <= n and now() >= until_t then break end
   end
