@@ -120,6 +120,22 @@ function common.agent()
 end
 
 common.MULTI = common.here .. "/multi_curl64"
+common.PLAIN = common.here .. "/plain_curl"
+
+--- m = common.run_plain(url, n): n GETs of url one after the other on one
+-- reused easy handle (bench/plain_curl), the sequential shape's contender.
+-- A failure counts as a failed request (and fails the run); it is not
+-- raised, so that the run goes on to report it.
+function common.run_plain(url, n)
+  local out, ok = common.run_cmd(format("%s %s %d %s", common.sh_quote(common.PLAIN), common.sh_quote(url), n,
+    common.sh_quote(common.agent())))
+  local rate = tonumber(out:match("rate=([%d.]+)"))
+  if not ok or not rate then
+    io.stderr:write("plain_curl failed: ", out, "\n")
+    return { rate = 0, failed = 1 }
+  end
+  return { rate = rate, failed = 0, cpu_us = tonumber(out:match("cpu_us=([%d.]+)")) }
+end
 
 --- m = common.run_multi(url, n, conc [, {size = bytes, flags = "--cainfo ..."}]):
 -- one libcurl multi handle, `conc` transfers in flight (bench/multi_curl64).

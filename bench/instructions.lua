@@ -18,8 +18,10 @@
 -- flags `make bench` gives them (--keep for the map shapes, --header for
 -- headers and client).
 --
--- Then the OpenResty shapes of `make bench-openresty` (openresty_loop64,
--- openresty_map_shared, openresty_body_64k): ratewise's side is an
+-- Then the OpenResty shapes of `make bench-openresty` (openresty_sequential,
+-- openresty_loop64, openresty_map_shared, openresty_map_fresh,
+-- openresty_body_64k; not body_1m, whose warm-up round alone would take
+-- callgrind minutes): ratewise's side is an
 -- OpenResty nginx's one process under callgrind (spec.support.nginx's
 -- `under`), which runs a warm-up round, then a round of K (or 3K) requests
 -- in its worker (bench/openresty_handler.lua); so the worker's own event
@@ -49,7 +51,7 @@ local SHARE = { body_64k = 4, body_1m = 32 }
 -- The plain contender's command for shape (shapes.list) on url, n requests.
 local function plain_command(shape, url, n)
   if shape.plain == "plain_curl" then
-    return format("%s %s %d %s", sh_quote(common.here .. "/plain_curl"), sh_quote(url), n, sh_quote(common.agent()))
+    return format("%s %s %d %s", sh_quote(common.PLAIN), sh_quote(url), n, sh_quote(common.agent()))
   end
   local flags = shapes.multi_flags(shape, sh_quote)
   return format("%s %s%s %d %d %s", sh_quote(common.MULTI), flags and (flags .. " ") or "", sh_quote(url), n, CONC,
@@ -93,8 +95,10 @@ local rows = {}
 -- The OpenResty shapes, each with the make bench shape whose plain
 -- contender it is measured against, and the handler's kind of round.
 local OPENRESTY = {
+  { key = "openresty_sequential", plain = "sequential", kind = "sequential" },
   { key = "openresty_loop64", plain = "loop64", kind = "loop" },
   { key = "openresty_map_shared", plain = "map_shared", kind = "map" },
+  { key = "openresty_map_fresh", plain = "map_fresh", kind = "map_fresh" },
   { key = "openresty_body_64k", plain = "body_64k", kind = "loop", size = 65536 },
 }
 local OPENRESTY_WARMUP = 2000

@@ -5,15 +5,16 @@
 --                              and make -C bench: lua5.4 bench/openresty.lua)
 --
 -- Two private nginx servers on loopback: the target, a plain nginx
--- (bench/nginx.sh: `/` answers "ok", `/body/64k` is a static file of 65,536
--- bytes), and an OpenResty nginx (Debian's nginx with the Lua module, its
+-- (bench/nginx.sh: `/` answers "ok", `/body/64k` and `/body/1m` are static
+-- files of 65,536 and 1,048,576 bytes), and an OpenResty nginx (Debian's nginx with the Lua module, its
 -- LuaJIT luajit2's, ratewise from this tree: lua/ and build-luajit/, as
 -- spec/support/nginx.lua starts it) with one worker. One request to that
 -- nginx runs one round of a shape inside its worker, in a content handler
 -- (bench/openresty_handler.lua), as user code would, and answers with the
 -- rate and the worker's CPU time per request (/proc/self/stat of the
 -- worker). The plain contender is bench/multi_curl64 against the same
--- target: one libcurl multi handle, 64 transfers in flight, each body kept.
+-- target: one libcurl multi handle, 64 transfers in flight, each body kept
+-- (bench/plain_curl, one easy handle, for the sequential shape).
 -- Alternating rounds (bench/rounds.lua), the ratio ratewise / plain (median
 -- of the rounds' ratios, and their range). First, one request of each goes
 -- to bench/capture_request.py: the request heads must be the same bytes.
@@ -34,11 +35,18 @@
 --               {concurrency = 64}), one shared opts: its tasks run in
 --               ratewise's driver (docs/hosts.md#openresty); the multi
 --               keeps every response, as rw.map returns every result
+--   map_fresh   the same with a fresh options table a call (the time left
+--               to a deadline in it)
+--   body_1m     loop64's threads on /body/1m
+--   sequential  rw.fetch in a loop of the handler, one request at a time,
+--               against bench/plain_curl (one reused easy handle); target 0.95
 --
 -- A benchmark, not a test: it fails only when a request fails (a worker that
 -- dies fails every request of its round), never on a ratio. Knobs:
 --   BENCH_OPENRESTY_REQUESTS      loop64, map_shared: requests a round and contender (default 20000)
 --   BENCH_OPENRESTY_64K_REQUESTS  body_64k: requests a round and contender (default 10000)
+--   BENCH_OPENRESTY_1M_REQUESTS   body_1m: requests a round and contender (default 2000)
+--   BENCH_OPENRESTY_SEQ_REQUESTS  sequential: requests a round and contender (default 10000)
 --   BENCH_OPENRESTY_ROUNDS        rounds (default 5)
 --   BENCH_OPENRESTY_WARMUP        warm-up requests per contender (default: a tenth of a round)
 --   BENCH_CONCURRENCY             light threads, map's concurrency, transfers in flight (default 64)
@@ -53,13 +61,15 @@ local env_int, sh_quote, capture = common.env_int, common.sh_quote, common.captu
 
 local N = env_int("BENCH_OPENRESTY_REQUESTS", 20000)
 local N_64K = env_int("BENCH_OPENRESTY_64K_REQUESTS", 10000)
+local N_1M = env_int("BENCH_OPENRESTY_1M_REQUESTS", 2000)
+local N_SEQ = env_int("BENCH_OPENRESTY_SEQ_REQUESTS", 10000)
 local ROUNDS = env_int("BENCH_OPENRESTY_ROUNDS", 5)
 local WARMUP = env_int("BENCH_OPENRESTY_WARMUP", nil)
 local CONC = env_int("BENCH_CONCURRENCY", 64)
 local wanted = common.only()
 
 local NGINX_SH = common.here .. "/nginx.sh"
-local BODY_64K = 65536
+local BODY_64K, BODY_1M = 65536, 1048576
 
 
 -- The OpenResty nginx: /bench runs a round (bench/openresty_handler.lua).
@@ -93,19 +103,25 @@ end
 local rows, failed = {}, 0
 
 local function bench(base)
-  local root_url, url_64k = base .. "/", base .. "/body/64k"
+  local root_url, url_64k, url_1m = base .. "/", base .. "/body/64k", base .. "/body/1m"
   local function shape(key, name, kind, url, n, size)
     -- rw.map hands back every result: the multi keeps every response too (--keep)
-    local flags = kind == "map" and "--keep" or nil
-    return { key = key, name = name, n = n, rounds = ROUNDS, warmup = WARMUP or math.ceil(n / 10), target = 0.90,
-      plain = function(k) return common.run_multi(url, k, CONC, { size = size, flags = flags }) end,
+    local flags = (kind == "map" or kind == "map_fresh") and "--keep" or nil
+    local plain = function(k) return common.run_multi(url, k, CONC, { size = size, flags = flags }) end
+    if kind == "sequential" then plain = function(k) return common.run_plain(url, k) end end
+    return { key = key, name = name, n = n, rounds = ROUNDS, warmup = WARMUP or math.ceil(n / 10),
+      target = kind == "sequential" and 0.95 or 0.90, plain = plain,
       ours = function(k) return ours(kind, url, k, size) end }
   end
   local shapes = {
+    shape("sequential", "OpenResty, sequential rw.fetch / one easy handle", "sequential", root_url, N_SEQ),
     shape("loop64", format("OpenResty, %d threads looping rw.fetch / multi", CONC), "loop", root_url, N),
     shape("map_shared", "OpenResty, rw.map, shared opts / multi", "map", root_url, N),
+    shape("map_fresh", "OpenResty, rw.map, fresh opts per call / multi", "map_fresh", root_url, N),
     shape("body_64k", format("OpenResty, %d threads, 64 KiB bodies / multi", CONC), "loop", url_64k, N_64K,
       BODY_64K),
+    shape("body_1m", format("OpenResty, %d threads, 1 MiB bodies / multi", CONC), "loop", url_1m, N_1M,
+      BODY_1M),
   }
   local jit = rawget(_G, "jit")
   io.write(format("target nginx on %s; OpenResty worker pid %d (nginx's Lua module, LuaJIT); ratewise %s; %s; "

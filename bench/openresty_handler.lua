@@ -4,8 +4,11 @@
 -- inside its worker, as user code in a handler would, and answers with its
 -- figures. Query arguments:
 --   shape   loop (`conc` light threads, ngx.thread.spawn, each looping
---           rw.fetch with one options table), or map (rw.map over a list
---           of n URLs with one shared options table, concurrency `conc`)
+--           rw.fetch with one options table), map (rw.map over a list of
+--           n URLs with one shared options table, concurrency `conc`),
+--           map_fresh (the same with a fresh options table a call, which
+--           carries the time left to a deadline), or sequential (rw.fetch
+--           in a loop of the handler itself, one request at a time)
 --   url     the target (a plain nginx, bench/nginx.sh)
 --   n       requests in all; conc: light threads, or map's concurrency
 --   size    when given, every body must be that many bytes (#res.body)
@@ -37,9 +40,10 @@ end
 local args = ngx.req.get_uri_args()
 local shape, url = args.shape, args.url
 local n, conc, size = tonumber(args.n), tonumber(args.conc), tonumber(args.size)
-if (shape ~= "loop" and shape ~= "map") or type(url) ~= "string" or not n or not conc then
+local shapes = { loop = true, map = true, map_fresh = true, sequential = true }
+if not shapes[shape] or type(url) ~= "string" or not n or not conc then
   ngx.status = 400
-  ngx.say("usage: ?shape=loop|map&url=URL&n=N&conc=C[&size=BYTES]")
+  ngx.say("usage: ?shape=loop|map|map_fresh|sequential&url=URL&n=N&conc=C[&size=BYTES]")
   return
 end
 
@@ -81,13 +85,26 @@ if shape == "loop" then
       if not ok then error(err, 0) end
     end
   end
+elseif shape == "sequential" then
+  work = function()
+    for _ = 1, n do
+      local res, err = fetch(url, opts)
+      if not good(res) then note(res, err) end
+    end
+  end
 else
   -- rw.map as it is written outside OpenResty; the list made before the
   -- clock starts, the results read after it stops.
   local list = {}
   for i = 1, n do list[i] = url end
+  local call = function(u) return fetch(u, opts) end
+  if shape == "map_fresh" then
+    -- far enough off that no call runs out of it (as bench/shapes.lua's)
+    local deadline = now() + 3600
+    call = function(u) return fetch(u, { max_elapsed = deadline - now(), on_retry = false }) end
+  end
   work = function()
-    local results, errors = rw.map(list, function(u) return fetch(u, opts) end, { concurrency = conc })
+    local results, errors = rw.map(list, call, { concurrency = conc })
     return function()
       for i = 1, n do
         if not good(results[i]) then note(results[i], errors[i]) end

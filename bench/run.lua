@@ -94,7 +94,6 @@ local wanted = common.only()
 
 local here = common.here
 local NGINX_SH = here .. "/nginx.sh"
-local PLAIN = here .. "/plain_curl"
 local MULTI = common.MULTI
 local WAITERS_LUA = here .. "/waiters.lua"
 -- The interpreter running this script, for the fresh process of the waiters part.
@@ -105,17 +104,6 @@ local LUA = common.lua
 
 local agent = common.agent() -- what rw.fetch sends as User-Agent
 
--- A failure of a plain contender counts as a failed request (and fails the
--- run); it is not raised, so that the run goes on to report it.
-local function run_plain(url, n)
-  local out, ok = run_cmd(format("%s %s %d %s", sh_quote(PLAIN), sh_quote(url), n, sh_quote(agent)))
-  local rate = tonumber(out:match("rate=([%d.]+)"))
-  if not ok or not rate then
-    io.stderr:write("plain_curl failed: ", out, "\n")
-    return { rate = 0, failed = 1 }
-  end
-  return { rate = rate, failed = 0, cpu_us = tonumber(out:match("cpu_us=([%d.]+)")) }
-end
 
 -- A full collection before each of ratewise's runs (see rounds.compare).
 local function collect()
@@ -131,7 +119,7 @@ end
 local function check_wire()
   local function c_run(cmd) return function(url) run_cmd(format(cmd, sh_quote(url), sh_quote(agent))) end end
   common.check_wire { contenders = {
-    { "plain_curl", c_run(sh_quote(PLAIN) .. " %s 1 %s") },
+    { "plain_curl", c_run(sh_quote(common.PLAIN) .. " %s 1 %s") },
     { "multi_curl64", c_run(sh_quote(MULTI) .. " %s 1 1 %s") },
     { "rw.fetch", function(url) rw.fetch(url, { on_retry = false }) end },
     { "floor", function(url) shapes.floor(url, 1, 1) end },
@@ -232,7 +220,7 @@ local function shape_list(base)
     local url = base .. shape.path
     local plain
     if shape.plain == "plain_curl" then
-      plain = function(n) return run_plain(url, n) end
+      plain = function(n) return common.run_plain(url, n) end
     else
       local flags = shapes.multi_flags(shape, sh_quote)
       plain = function(n) return common.run_multi(url, n, CONC, { size = shape.size, flags = flags }) end
