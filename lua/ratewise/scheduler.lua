@@ -339,7 +339,7 @@ local work_until
 -- of the wait, when the step's work has not begun).
 function scheduler.poll(timeout, budget)
   local left = budget and (work_until and max(work_until - now(), 1e-6) or budget) or nil
-  local _, n = scheduler.engine():poll(timeout, finished, left, owners)
+  local _, n = (engine or scheduler.engine()):poll(timeout, finished, left, owners)
   if budget and not work_until then work_until = now() + budget end
   if n > 0 then progress = progress + 1 end
   for i = 1, n do
@@ -612,7 +612,13 @@ end
 -- turns need not ask the engine whether anything runs (it does). A
 -- sequential fetch's wait.
 function scheduler.await_started(transfer)
-  repeat turn(huge, nil, true) until transfer:done()
+  repeat
+    if ready_n == 0 and heap_n == 0 then
+      scheduler.poll(huge) -- the turn, with nothing ready and no timer (most sequential calls)
+    else
+      turn(huge, nil, true)
+    end
+  until transfer:done()
 end
 
 -- Task `task` waits until the poll reports `transfer` (its own, or one it
