@@ -33,7 +33,9 @@
 --    plain libcurl that the binding of libcurl to Lua leaves to any code
 --    above it (bench/shapes.lua). floor_tasks: the same with a coroutine
 --    per transfer in flight, yielding until a bare poll loop resumes it:
---    what waiting by yielding costs at the least.
+--    what waiting by yielding costs at the least. floor_scheduler: 64
+--    tasks under rw.run looping the seam's transfer, no fetch: the
+--    scheduler's cost over floor_tasks, and so fetch's over it.
 -- 8. waiters: 10,000 tasks waiting on a bucket, in a fresh process
 --    (bench/waiters.lua): resident memory per waiting task, CPU used while
 --    they wait, cancel.
@@ -213,6 +215,7 @@ local function shape_list(base)
     body_1m = { format("%d tasks, 1 MiB bodies / multi", CONC), knobs.body_1m },
     floor = { format("floor: %d on the engine, bare loop / multi", CONC), knobs.concurrent },
     floor_tasks = { format("floor: %d coroutines on the engine / multi", CONC), knobs.concurrent },
+    floor_scheduler = { format("floor: %d tasks, the seam without fetch / multi", CONC), knobs.concurrent },
   }
   local list = {}
   for _, shape in ipairs(shapes.list) do

@@ -33,6 +33,10 @@
 --   floor_tasks     the floor with a coroutine per request in flight, each
 --                   yielding until a bare poll loop resumes it: the least
 --                   any design that waits by yielding can cost.
+--   floor_scheduler `conc` tasks under rw.run, each looping the seam's own
+--                   transfer (runtime.transfer of fetch's request, the
+--                   response given its methods) with no fetch: what the
+--                   scheduler costs over floor_tasks, and fetch over it.
 --
 -- Each returns a measure for rounds.lua: { rate, failed, cpu_us, faults }
 -- (CPU microseconds and minor page faults per request, of this process).
@@ -336,6 +340,17 @@ function shapes.floor_tasks(url, n, conc)
   end)
 end
 
+function shapes.floor_scheduler(url, n, conc)
+  local core, runtime, response = require "ratewise.core", require "ratewise.runtime", require "ratewise.response"
+  local request = { url = url, method = "GET", headers = { "User-Agent: ratewise/" .. core.version },
+    follow_redirects = true, timeout = 30, transport = false }
+  local transfer, mt = runtime.transfer, response.mt
+  return shapes.loop(url, n, conc, nil, nil, function()
+    local res, err = transfer(request, nil, mt)
+    return res, err and err.message
+  end)
+end
+
 -- Every shape `make bench` (run.lua) and `make bench-instructions`
 -- (instructions.lua) measure, in their order: its key (BENCH_ONLY's
 -- names), the path it fetches, its target (nil: none), the size of each
@@ -370,6 +385,8 @@ shapes.list = {
     run = function(base, n, conc) return shapes.floor(base .. "/", n, conc) end },
   { key = "floor_tasks", path = "/", target = nil,
     run = function(base, n, conc) return shapes.floor_tasks(base .. "/", n, conc) end },
+  { key = "floor_scheduler", path = "/", target = nil,
+    run = function(base, n, conc) return shapes.floor_scheduler(base .. "/", n, conc) end },
 }
 
 --- shape = shapes.find(key): the shape of shapes.list with that key, or nil.
