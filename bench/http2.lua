@@ -18,6 +18,8 @@
 --             requests open the connections (and do the TLS handshakes)
 --             before its clock starts, as ratewise's come from its rounds
 --             before.
+-- The same again on a 64 KiB body (h2_64k, h1_64k): each body's length
+-- checked, as the plain contender counts the bytes it keeps.
 -- Reported: each shape's ratio ratewise / plain (the median of the rounds'
 -- ratios and their range), the CPU per request of each, the connections
 -- each opened in a measured round (ratewise: the distinct $connection
@@ -35,7 +37,8 @@
 --   BENCH_HTTP2_ROUNDS    rounds (default 5)
 --   BENCH_HTTP2_WARMUP    warm-up requests per contender (default 2000)
 --   BENCH_CONCURRENCY     tasks, and transfers in flight (default 64)
---   BENCH_ONLY            h2, h1 or both (default)
+--   BENCH_HTTP2_64K_REQUESTS  h2_64k, h1_64k: requests per round and contender (default 5000)
+--   BENCH_ONLY            among h2, h1, h2_64k, h1_64k (default: all)
 local nginx = require "spec.support.nginx"
 local rw = require "ratewise"
 local common = require "bench.common"
@@ -45,6 +48,7 @@ local format, floor = string.format, math.floor
 local env_int, sh_quote, run_cmd = common.env_int, common.sh_quote, common.run_cmd
 
 local N = env_int("BENCH_HTTP2_REQUESTS", 20000)
+local N_64K = env_int("BENCH_HTTP2_64K_REQUESTS", 5000)
 local ROUNDS = env_int("BENCH_HTTP2_ROUNDS", 5)
 local WARMUP = env_int("BENCH_HTTP2_WARMUP", 2000)
 local TASKS = env_int("BENCH_CONCURRENCY", 64)
@@ -56,8 +60,13 @@ assert(os.execute("mkdir -p " .. dir .. " && openssl req -x509 -newkey rsa:2048 
   .. "-addext subjectAltName=IP:127.0.0.1 -keyout " .. dir .. "/key.pem -out " .. dir .. "/cert.pem 2>/dev/null"))
 local CERT, KEY = dir .. "/cert.pem", dir .. "/key.pem"
 local tls = { cert = CERT, key = KEY }
+-- A body of 64 KiB, for the large-body shapes (h2_64k, h1_64k).
+local BODY_64K = 65536
+assert(os.execute("head -c " .. BODY_64K .. " /dev/zero | tr '\\0' x > " .. dir .. "/64k && chmod 644 " .. dir
+  .. "/64k && chmod 755 " .. dir))
 local SERVER = [[
     location = /c { return 200 "$connection"; }
+    location = /body/64k { alias ]] .. dir .. [[/64k; }
 ]]
 local h2 = nginx.start { server = SERVER, tls = tls, http2 = true, http = "keepalive_requests 1000000;" }
 local h1 = nginx.start { server = SERVER, tls = tls, http = "keepalive_requests 1000000;" }
@@ -126,7 +135,7 @@ end
 
 -- ratewise: TASKS tasks under rw.run, each looping rw.fetch over its share
 -- of the n requests. A measure for rounds.lua, with the connections seen.
-local function ours(url, n)
+local function ours(url, n, size)
   local seen, failed, first_failure = {}, 0, nil
   local fetch = rw.fetch
   local c0, t0 = os.clock(), rw.now()
@@ -137,11 +146,12 @@ local function ours(url, n)
         rw.spawn(function()
           for _ = 1, count do
             local res, err = fetch(url, opts)
-            if res and res.status == 200 then
-              seen[res.body] = true
+            if res and res.status == 200 and (size == nil or #res.body == size) then
+              if size == nil then seen[res.body] = true end
             else
               failed = failed + 1
-              first_failure = first_failure or (res and ("status " .. res.status) or tostring(err))
+              first_failure = first_failure or (res and res.status ~= 200 and ("status " .. res.status))
+                or (res and format("a body of %d bytes, not %d", #res.body, size)) or tostring(err)
             end
           end
         end)
@@ -152,29 +162,33 @@ local function ours(url, n)
   if first_failure then io.stderr:write("rw.fetch failed: ", first_failure, "\n") end
   local connections = 0
   for _ in pairs(seen) do connections = connections + 1 end
-  return { rate = n / secs, failed = failed, cpu_us = cpu * 1e6 / n, connections = connections }
+  -- the body names the connection only on /c
+  return { rate = n / secs, failed = failed, cpu_us = cpu * 1e6 / n, connections = size == nil and connections or nil }
 end
 
-local function plain(key, url, n)
-  return common.run_multi(url, n, TASKS, { flags = FLAGS[key] .. " --warmup " .. WARMUP })
+local function plain(protocol, url, n, size)
+  return common.run_multi(url, n, TASKS, { flags = FLAGS[protocol] .. " --warmup " .. WARMUP, size = size })
 end
 
 ---------------------------------------------------------------------------
 
 local rows, failed, notes = {}, 0, {}
 
-local function shape(key, name, server)
-  local url = server:url("/c")
+-- A shape: key, its name, the server, its protocol ("h2" or "h1": the plain
+-- contender's flags), and for the body shapes the size of each body.
+local function shape(key, name, server, protocol, size)
+  local url = server:url(size and "/body/64k" or "/c")
   local conns = { ours = {}, plain = {} }
   local function note(list, m)
     if m.connections then list[#list + 1] = m.connections end
     return m
   end
   local first
-  local row = rounds.compare({ key = key, name = name, n = N, rounds = ROUNDS, warmup = WARMUP, target = 0.90,
-    plain = function(n) return note(conns.plain, plain(key, url, n)) end,
+  local row = rounds.compare({ key = key, name = name, n = size and N_64K or N, rounds = ROUNDS, warmup = WARMUP,
+    target = 0.90,
+    plain = function(n) return note(conns.plain, plain(protocol, url, n, size)) end,
     ours = function(n)
-      local m = ours(url, n)
+      local m = ours(url, n, size)
       if not first then first = m.connections return m end -- the warm-up: the first burst
       return note(conns.ours, m)
     end }, function() collectgarbage("collect") collectgarbage("collect") end)
@@ -185,6 +199,7 @@ local function shape(key, name, server)
     if #list == 0 then return "?" end
     return list[1] == list[#list] and tostring(list[1]) or (list[1] .. " - " .. list[#list])
   end
+  if size then return row end -- a body does not name its connection
   notes[#notes + 1] = format("  %-48s ratewise %s (its first burst on a fresh engine: %s), plain %s", key
     .. ": connections opened a round", span(conns.ours), tostring(first), span(conns.plain))
   return row
@@ -197,10 +212,16 @@ local ok, err = pcall(function()
   check_wire()
   local r2, r1
   if wanted("h2") then
-    r2 = shape("h2", format("HTTP/2: %d tasks looping rw.fetch / multi", TASKS), h2)
+    r2 = shape("h2", format("HTTP/2: %d tasks looping rw.fetch / multi", TASKS), h2, "h2")
   end
   if wanted("h1") then
-    r1 = shape("h1", format("HTTP/1.1 over TLS: %d tasks / multi", TASKS), h1)
+    r1 = shape("h1", format("HTTP/1.1 over TLS: %d tasks / multi", TASKS), h1, "h1")
+  end
+  if wanted("h2_64k") then
+    shape("h2_64k", format("HTTP/2: %d tasks, 64 KiB bodies / multi", TASKS), h2, "h2", BODY_64K)
+  end
+  if wanted("h1_64k") then
+    shape("h1_64k", format("HTTP/1.1 over TLS: %d tasks, 64 KiB bodies / multi", TASKS), h1, "h1", BODY_64K)
   end
   io.write("\n")
   rounds.report(rows)
