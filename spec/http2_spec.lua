@@ -13,6 +13,11 @@ local SERVER = [[
           ngx.req.get_body_data() or "")
       }
     }
+    location = /big {
+      content_by_lua_block {
+        ngx.print(ngx.var.connection, " ", string.rep(ngx.var.arg_c, 65536))
+      }
+    }
     location = /slow {
       content_by_lua_block {
         ngx.sleep(0.2)
@@ -84,6 +89,30 @@ describe("HTTP/2", function()
     local _, third = burst(h2:url("/who"), dir .. "/cert.pem")
     assert.equal(1, second)
     assert.equal(1, third)
+  end)
+
+  it("hands each of 64 streams multiplexed on shared connections its own whole 64 KiB body", function()
+    -- an event on a socket serves every stream on it at once (engine_drive).
+    -- (libcurl 7.88 opens a few connections for such a burst, ~25, where
+    -- small answers share one: the streams still share them.)
+    local letters, seen, bad = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_", {}, {}
+    rw.run(function()
+      for t = 1, 64 do
+        local c = letters:sub(t, t)
+        rw.spawn(function()
+          for _ = 1, 4 do
+            local res = assert(rw.fetch(h2:url("/big?c=" .. c), { ca_file = dir .. "/cert.pem", on_retry = false }))
+            local conn, body = res.body:match("^(%d+) (.*)$")
+            if body ~= string.rep(c, 65536) or res.http_version ~= "2" then bad[#bad + 1] = c end
+            seen[conn] = true
+          end
+        end)
+      end
+    end)
+    assert.same({}, bad)
+    local n = 0
+    for _ in pairs(seen) do n = n + 1 end
+    assert.is_true(n < 64, n .. " connections for 64 streams")
   end)
 
   it("sends POSTs, which are not replay-safe, over kept HTTP/1.1 connections, past the server's GOAWAY", function()
