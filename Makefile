@@ -153,8 +153,9 @@ bench-rate: deps $(CORE)
 bench-redis: deps $(CORE)
 	@$(LUA_ENV) $(SPEC_ENV) $(LUA) bench/redis.lua
 
-# The 64-task loop over HTTPS, HTTP/2 and HTTP/1.1, each against plain
-# libcurl (bench/multi_curl64) in alternating rounds (bench/http2.lua).
+# The 64-task loop over HTTPS, HTTP/2 and HTTP/1.1, small and 64 KiB
+# answers, each against plain libcurl (bench/multi_curl64) in alternating
+# rounds (bench/http2.lua).
 bench-http2: deps $(CORE)
 	@$(MAKE) -s -C bench
 	@$(LUA_ENV) $(SPEC_ENV) $(LUA) bench/http2.lua

@@ -1,5 +1,6 @@
--- bench/http2.lua: the 64-task loop over HTTPS, HTTP/2 and HTTP/1.1, each
--- against plain libcurl (issue 15: "the same shapes ... with HTTP/2").
+-- bench/http2.lua: the 64-task loop over HTTPS, HTTP/2 and HTTP/1.1, on a
+-- small answer and on a 64 KiB body, each against plain libcurl (issue 15:
+-- "the same shapes ... with HTTP/2").
 --
 --   make bench-http2          (or: lua5.4 bench/http2.lua, from the root,
 --                              after make and make -C bench)
