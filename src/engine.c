@@ -1055,10 +1055,12 @@ static void engine_drive(engine *e, double seconds, double budget)
      * makes 8; 1.5 times its CPU, bench/http2.lua h2_64k). Then libcurl is
      * given every socket at once, one pass over the transfers as
      * curl_multi_perform makes, which is what the plain contender does.
-     * Not with a budget (a frame's step), nor with many sockets (a pass
-     * would poll each connection that has nothing to read): socket by
-     * socket there. */
-    int all = budget <= 0 && e->nwanted > 0 && e->nwanted <= ENGINE_ALL_SOCKETS
+     * Not with many sockets (a pass would poll each connection that has
+     * nothing to read), and with a budget (a frame's step, OpenResty's
+     * driver) only on one socket, where a pass is no longer than that
+     * socket's own turn: socket by socket there, so that a step can stop
+     * between them. */
+    int all = e->nwanted > 0 && e->nwanted <= (budget > 0 ? 1 : ENGINE_ALL_SOCKETS)
               && e->running.n >= 2 * e->nwanted,
         any = 0;
     double until;
