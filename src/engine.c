@@ -89,10 +89,10 @@
  * and down to its minimum when the responses are small; see
  * engine_buffer_size. */
 #define ENGINE_RECV_MAX 16384L
+#define ENGINE_RECV_MIN 1024L
 /* At most this many sockets for libcurl to be given them all at once when
  * they are multiplexed (engine_drive). */
 #define ENGINE_ALL_SOCKETS 16
-#define ENGINE_RECV_MIN 1024L
 
 /* A pooled record keeps its body buffer for the next response, so that a
  * steady stream of large responses does not allocate (and, past glibc's

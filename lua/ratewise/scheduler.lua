@@ -349,10 +349,7 @@ function scheduler.poll(timeout, budget)
       -- The task the transfer was started for (runtime.transfer), or a
       -- host's waiter with a wake function (hosts/driven.lua).
       if owner.state == "waiting" then
-        -- make_ready(owner), written out: a call less a response
-        owner.state = "ready"
-        ready_n = ready_n + 1
-        ready[ready_n], ready_value[ready_n] = owner, nil
+        make_ready(owner)
       else
         local wake_waiter = owner.wake
         if wake_waiter then wake_waiter(owner) end
@@ -438,7 +435,7 @@ end
 -- blocking are never in the same turn, so that the caller can look at what
 -- the tasks did before waiting again.
 local function turn(max_wait, budget, in_flight)
-  fire_timers()
+  if heap_n > 0 then fire_timers() end -- most turns have no timer: no call
   if ready_n > 0 then
     if budget and not work_until then work_until = now() + budget end
     run_ready(budget and work_until)
@@ -449,7 +446,7 @@ local function turn(max_wait, budget, in_flight)
     if max_wait == huge and not in_flight and not transfers_running() then return end
     scheduler.poll(max_wait, budget)
   end
-  fire_timers()
+  if heap_n > 0 then fire_timers() end
 end
 
 -- With no task left, nothing here needs a connection: the engine may close
@@ -612,13 +609,7 @@ end
 -- turns need not ask the engine whether anything runs (it does). A
 -- sequential fetch's wait.
 function scheduler.await_started(transfer)
-  repeat
-    if ready_n == 0 and heap_n == 0 then
-      scheduler.poll(huge) -- the turn, with nothing ready and no timer (most sequential calls)
-    else
-      turn(huge, nil, true)
-    end
-  until transfer:done()
+  repeat turn(huge, nil, true) until transfer:done()
 end
 
 -- Task `task` waits until the poll reports `transfer` (its own, or one it
