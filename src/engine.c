@@ -90,9 +90,6 @@
  * engine_buffer_size. */
 #define ENGINE_RECV_MAX 16384L
 #define ENGINE_RECV_MIN 1024L
-/* At most this many sockets for libcurl to be given them all at once when
- * they are multiplexed (engine_drive). */
-#define ENGINE_ALL_SOCKETS 16
 
 /* A pooled record keeps its body buffer for the next response, so that a
  * steady stream of large responses does not allocate (and, past glibc's
@@ -158,7 +155,6 @@ typedef struct engine {
     int *fired;      /* descriptors of engine:watch that became ready, not yet reported */
     int nfired, capfired;
     int nwatching;   /* descriptors of engine:watch armed and not yet ready */
-    int nwanted;     /* descriptors libcurl waits on now (WATCH_WANTED) */
     int coarse_wait; /* the kernel has no epoll_pwait2: waits are whole milliseconds */
 #ifdef RW_FAULTS
     CURLMcode fail_next; /* RW_FAULTS builds: the next drive fails with this */
@@ -391,13 +387,6 @@ static unsigned char *engine_watch_slot(engine *e, curl_socket_t s)
     return &e->watch[s];
 }
 
-/* Sets a descriptor's WATCH_* bits, counting those libcurl waits on. */
-static void engine_watch_put(engine *e, unsigned char *slot, unsigned char bits)
-{
-    e->nwanted += ((bits & WATCH_WANTED) != 0) - ((*slot & WATCH_WANTED) != 0);
-    *slot = bits;
-}
-
 /* libcurl says which sockets it waits on, and for what: the engine keeps
  * them in its epoll set. C only. */
 static int engine_on_watch(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
@@ -409,12 +398,12 @@ static int engine_on_watch(CURL *easy, curl_socket_t s, int what, void *userp, v
     (void)socketp;
     if (!slot) return -1; /* out of memory: libcurl gives the multi handle up (engine_drive) */
     if (what == CURL_POLL_REMOVE) {
-        engine_watch_put(e, slot, (unsigned char)(*slot & ~WATCH_WANTED));
+        *slot &= (unsigned char)~WATCH_WANTED;
         return 0;
     }
     want = (unsigned char)(((what & CURL_POLL_IN) ? WATCH_IN : 0u) | ((what & CURL_POLL_OUT) ? WATCH_OUT : 0u));
     if ((*slot & WATCH_IN_SET) && (*slot & (WATCH_IN | WATCH_OUT)) == want) {
-        engine_watch_put(e, slot, (unsigned char)(*slot | WATCH_WANTED));
+        *slot |= WATCH_WANTED;
         return 0;
     }
     memset(&ev, 0, sizeof ev);
@@ -424,7 +413,7 @@ static int engine_on_watch(CURL *easy, curl_socket_t s, int what, void *userp, v
         && !(errno == ENOENT && epoll_ctl(e->epfd, EPOLL_CTL_ADD, s, &ev) == 0)
         && !(errno == EEXIST && epoll_ctl(e->epfd, EPOLL_CTL_MOD, s, &ev) == 0))
         return -1; /* out of kernel memory: libcurl gives the multi handle up (engine_drive) */
-    engine_watch_put(e, slot, (unsigned char)(want | WATCH_IN_SET | WATCH_WANTED));
+    *slot = (unsigned char)(want | WATCH_IN_SET | WATCH_WANTED);
     return 0;
 }
 
@@ -472,7 +461,7 @@ static int engine_on_close(void *userp, curl_socket_t s)
 {
     engine *e = (engine *)userp;
     if (s < 0) return 0;
-    if ((size_t)s < e->nwatch) engine_watch_put(e, &e->watch[s], 0);
+    if ((size_t)s < e->nwatch) e->watch[s] = 0;
     engine_socket_gone(e, s);
     return close(s);
 }
@@ -1048,21 +1037,6 @@ static void engine_drive(engine *e, double seconds, double budget)
     struct epoll_event ev[ENGINE_EVENTS];
     CURLMcode mc = CURLM_OK;
     int n, i, running, spent = 0; /* spent: the budget is, and the clock need not be read again */
-    /* Multiplexed connections (HTTP/2: two transfers a socket or more, on
-     * a few sockets): an event on a socket makes libcurl 7.88 run every
-     * transfer on it, drive after drive, each after the first polling the
-     * socket again (19 poll(2)s a 64 KiB response, where the plain multi
-     * makes 8; 1.5 times its CPU, bench/http2.lua h2_64k). Then libcurl is
-     * given every socket at once, one pass over the transfers as
-     * curl_multi_perform makes, which is what the plain contender does.
-     * Not with many sockets (a pass would poll each connection that has
-     * nothing to read), and with a budget (a frame's step, OpenResty's
-     * driver) only on one socket, where a pass is no longer than that
-     * socket's own turn: socket by socket there, so that a step can stop
-     * between them. */
-    int all = e->nwanted > 0 && e->nwanted <= (budget > 0 ? 1 : ENGINE_ALL_SOCKETS)
-              && e->running.n >= 2 * e->nwanted,
-        any = 0;
     double until;
     n = engine_wait(e, ev, ENGINE_EVENTS, seconds);
     until = budget > 0 ? rw_clock_monotonic() + budget : 0;
@@ -1086,24 +1060,7 @@ static void engine_drive(engine *e, double seconds, double budget)
         }
         if (!spent && until > 0 && rw_clock_monotonic() >= until) spent = 1;
         if (spent) continue; /* watched descriptors still fire */
-        if (all) {
-            any = 1;
-            continue;
-        }
         mc = curl_multi_socket_action(e->multi, fd, flags, &running);
-    }
-    if (any && mc == CURLM_OK) {
-        /* curl_multi_socket_all: deprecated for curl_multi_socket_action,
-         * which has no form for "every socket" but this one (libcurl keeps it) */
-#if defined(__GNUC__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-#endif
-        /* cppcheck-suppress curl_multi_socket_allCalled */
-        mc = curl_multi_socket_all(e->multi, &running);
-#if defined(__GNUC__)
-#pragma GCC diagnostic pop
-#endif
     }
     if (mc == CURLM_OK && !spent && e->timer_at != HUGE_VAL) {
         double now = rw_clock_monotonic();
