@@ -121,7 +121,6 @@ describe("HTTP/2", function()
   end
 
   it("hands each of 64 streams multiplexed on shared connections its own whole 64 KiB body", function()
-    -- an event on a socket serves every stream on it at once (engine_drive).
     -- (libcurl 7.88 opens a few connections for such a burst, ~25, where
     -- small answers share one: the streams still share them.)
     local bad, connections = letters_burst(false)
