@@ -102,9 +102,11 @@ LUAJIT_CORE := build-luajit/ratewise/core.so
 luajit-core:
 	@$(MAKE) -s --no-print-directory LUA=luajit BUILD=build-luajit $(LUAJIT_CORE)
 
+# SPECS names a part of the suite: `make test SPECS="spec/cli_spec.lua"`.
+SPECS ?= spec/
 test: deps $(CORE) $(HOST) luajit-core
 	$(LUA_ENV) $(SPEC_ENV) $(LUA) /usr/bin/busted --ignore-lua --cpath="./$(BUILD)/?.so" \
-	  -o spec/support/summary.lua spec/
+	  -o spec/support/summary.lua $(SPECS)
 
 demo: deps $(CORE)
 	@$(LUA_ENV) $(LUA) examples/demo.lua
