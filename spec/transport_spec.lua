@@ -201,6 +201,46 @@ describe("proxies", function()
     assert.is_nil(tostring(err):find("s3cret", 1, true))
   end)
 
+  -- libcurl quotes a proxy URL it cannot read whole in its error
+  -- ("Unsupported proxy syntax in '...'"), password and all.
+  local REFUSED_PROXIES = {
+    "http://user:p@ssSECRET@127.0.0.1:1", "http://user:pa#ssSECRET@127.0.0.1:1", "http://user:pa ssSECRET@127.0.0.1:1",
+    "http://user:passSECRET@127.0.0.1:99999", "http://user:pa/ssSECRET@127.0.0.1:1", "user:p@ssSECRET@127.0.0.1:1",
+    "http://user:x?ySECRET@127.0.0.1:1", "http://user:pa%zzSECRET@bad host:1", "http://:p@@SECRET@127.0.0.1:1",
+    "http://user:" .. string.rep("SECRET", 60) .. "@@127.0.0.1:1", -- past libcurl's error buffer
+  }
+
+  it("names no part of a proxy's credentials in any error, event or retry when libcurl refuses its URL", function()
+    for _, proxy_url in ipairs(REFUSED_PROXIES) do
+      local seen = {}
+      local function keep(t)
+        for k, v in pairs(t) do seen[#seen + 1] = k .. "=" .. tostring(v) end
+      end
+      local res, err = rw.fetch(origin:url("/refused"), { proxy = proxy_url, max_retries = 1, base = 0.001,
+        on_event = keep, on_retry = keep })
+      assert.is_nil(res)
+      local said = table.concat(seen, " ") .. " " .. tostring(err) .. " " .. tostring(err.transport.message)
+      assert.is_nil(said:find("SECRET", 1, true), proxy_url .. " leaked: " .. said)
+      assert.is_nil(said:find("user", 1, true), proxy_url .. " leaked: " .. said)
+    end
+    assert.equal(0, #origin:log("/refused"))
+  end)
+
+  it("names no part of the credentials of http_proxy (the variable) in an error or the retry line", function()
+    for _, proxy_url in ipairs { "http://user:p@ssSECRET@127.0.0.1:1", "user:pa ssSECRET@127.0.0.1:1" } do
+      local out = subprocess.run_lua([[
+        local rw = require "ratewise"
+        local res, err = rw.fetch(arg[1], { max_retries = 1, base = 0.001 })
+        print(res and res.status or tostring(err))
+      ]], { args = origin:url("/env-refused"), seconds = 20,
+        shell = "env -u https_proxy -u HTTPS_PROXY -u all_proxy -u ALL_PROXY -u no_proxy -u NO_PROXY "
+          .. "http_proxy='" .. proxy_url .. "' " })
+      assert.matches("retrying GET", out) -- the default retry line, on stderr
+      assert.matches("ratewise: exhausted", out)
+      assert.is_nil(out:find("SECRET", 1, true), out)
+    end
+  end)
+
   it("tunnels HTTPS through the proxy with CONNECT, the TLS checks end to end", function()
     local tls = server.start_tls_ca()
     local ok, err = pcall(function()

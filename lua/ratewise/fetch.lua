@@ -1232,6 +1232,7 @@ function fetch.fetch(url, opts, counters)
       local message = terr.message or "transport failure"
       if url_secrets then message = headers.scrub(message, url_secrets) end
       if header_secrets then message = headers.scrub(message, header_secrets) end
+      message = headers.scrub_proxies(message, opts.proxy)
       terr.message = message
       if counters then counting.attempt(counters, "network") end
       if on_event then

@@ -268,6 +268,57 @@ function headers.scrub(message, secrets)
   return message
 end
 
+-- The variables libcurl takes a proxy from, and HTTP_PROXY, which it
+-- ignores but which may hold a password all the same.
+local PROXY_VARIABLES = { "http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY" }
+
+-- The user, the password and both together of a userinfo, as written and
+-- percent-decoded.
+local function userinfo_secrets(userinfo)
+  local secrets = { userinfo }
+  local user, password = string.match(userinfo, "^([^:]*):(.*)$")
+  for _, part in ipairs { user or userinfo, password } do
+    secrets[#secrets + 1] = part
+    secrets[#secrets + 1] = gsub(part, "%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end)
+  end
+  return secrets
+end
+
+-- libcurl quotes a proxy URL it cannot read as it was given ("Unsupported
+-- proxy syntax in '...'"), a password holding "@", "#", "/" or a space
+-- and all, cut at its error buffer's end when long. The userinfo of a
+-- proxy runs to its last "@" (a proxy URL has no path to hold one).
+local function scrub_proxy(message, proxy)
+  if type(proxy) ~= "string" then return message end
+  local at = string.match(proxy, "^.*()@")
+  if not at then return message end
+  local _, scheme_end = find(proxy, "^%a[%w+.-]*://")
+  scheme_end = scheme_end or 0
+  local head, redacted = sub(proxy, 1, scheme_end + 1), sub(proxy, 1, scheme_end) .. "[redacted]"
+  local from = 1
+  while true do
+    local i = find(message, head, from, true)
+    if not i then break end
+    local quoted = sub(message, i, i + #proxy - 1)
+    if quoted == proxy then
+      message = sub(message, 1, i - 1) .. redacted .. sub(proxy, at) .. sub(message, i + #proxy)
+    elseif quoted == sub(proxy, 1, #quoted) then -- the message ends in the proxy, cut short
+      message = sub(message, 1, i - 1) .. redacted
+    end
+    from = i + #redacted
+  end
+  return headers.scrub(message, userinfo_secrets(sub(proxy, scheme_end + 1, at - 1)))
+end
+
+--- message = headers.scrub_proxies(message, proxy): a transport error's
+-- message without the credentials of the proxy option (proxy, or nil) or
+-- of a proxy variable.
+function headers.scrub_proxies(message, proxy)
+  message = scrub_proxy(message, proxy)
+  for i = 1, #PROXY_VARIABLES do message = scrub_proxy(message, os.getenv(PROXY_VARIABLES[i])) end
+  return message
+end
+
 -- Query parameters: unreserved bytes (RFC 3986 2.3) stay, the rest are
 -- percent-encoded, spaces too (as %20, which every server reads).
 local function url_encode(s)
