@@ -235,6 +235,11 @@ function headers.origin(url)
   return scheme .. "://" .. authority
 end
 
+--- s = headers.percent_decode(s): %XX sequences as the bytes they stand for.
+function headers.percent_decode(s)
+  return (gsub(s, "%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end))
+end
+
 -- The user and password of a URL, for scrubbing from messages.
 function headers.url_secrets(url, secrets)
   local rest = string.match(url, "^%a[%w+.-]*://(.*)$")
@@ -244,8 +249,7 @@ function headers.url_secrets(url, secrets)
     secrets[#secrets + 1] = userinfo
     for part in string.gmatch(userinfo, "[^:]+") do
       secrets[#secrets + 1] = part
-      local decoded = gsub(part, "%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end)
-      secrets[#secrets + 1] = decoded
+      secrets[#secrets + 1] = headers.percent_decode(part)
     end
   end
   return secrets
@@ -279,15 +283,17 @@ local function userinfo_secrets(userinfo)
   local user, password = string.match(userinfo, "^([^:]*):(.*)$")
   for _, part in ipairs { user or userinfo, password } do
     secrets[#secrets + 1] = part
-    secrets[#secrets + 1] = gsub(part, "%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end)
+    secrets[#secrets + 1] = headers.percent_decode(part)
   end
   return secrets
 end
 
 -- libcurl quotes a proxy URL it cannot read as it was given ("Unsupported
 -- proxy syntax in '...'"), a password holding "@", "#", "/" or a space
--- and all, cut at its error buffer's end when long. The userinfo of a
--- proxy runs to its last "@" (a proxy URL has no path to hold one).
+-- and all, cut at its error buffer's end when long (a cut past three
+-- bytes of the userinfo is taken for one, as scrub takes no shorter
+-- secret). The userinfo of a proxy runs to its last "@" (a proxy URL has
+-- no path to hold one).
 local function scrub_proxy(message, proxy)
   if type(proxy) ~= "string" then return message end
   local at = string.match(proxy, "^.*()@")
@@ -300,12 +306,13 @@ local function scrub_proxy(message, proxy)
     local i = find(message, head, from, true)
     if not i then break end
     local quoted = sub(message, i, i + #proxy - 1)
+    from = i + 1
     if quoted == proxy then
       message = sub(message, 1, i - 1) .. redacted .. sub(proxy, at) .. sub(message, i + #proxy)
-    elseif quoted == sub(proxy, 1, #quoted) then -- the message ends in the proxy, cut short
+      from = i + #redacted
+    elseif #quoted >= scheme_end + 3 and quoted == sub(proxy, 1, #quoted) then -- ends in it, cut short
       message = sub(message, 1, i - 1) .. redacted
     end
-    from = i + #redacted
   end
   return headers.scrub(message, userinfo_secrets(sub(proxy, scheme_end + 1, at - 1)))
 end

@@ -12,6 +12,7 @@ local scheduler = require "ratewise.scheduler"
 local now = core.now
 local format, tonumber, type, tostring, setmetatable = string.format, tonumber, type, tostring, setmetatable
 local sub = string.sub
+local percent_decode = headers.percent_decode
 
 local redis = {}
 
@@ -23,10 +24,6 @@ redis.RECONNECT_AFTER = RECONNECT_AFTER
 -- What is kept of an error the server answers with: its words go into
 -- error messages and log lines, and a broken server may send a megabyte.
 local MAX_SERVER_WORDS = 200
-
-local function percent_decode(s)
-  return (s:gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end))
-end
 
 --- host, port, db, username, password = redis.parse_url(url) | nil, err
 -- redis://[[username]:password@]host[:port][/db]; an IPv6 host in brackets.
