@@ -223,6 +223,10 @@ describe("proxies", function()
       assert.is_nil(said:find("SECRET", 1, true), proxy_url .. " leaked: " .. said)
       assert.is_nil(said:find("user", 1, true), proxy_url .. " leaked: " .. said)
     end
+    -- a client's proxy too
+    local api = rw.client { base_url = origin.base, proxy = REFUSED_PROXIES[1], on_retry = false, max_retries = 0 }
+    local _, err = api:get("/refused")
+    assert.matches("Unsupported proxy syntax in 'http://[redacted]@127.0.0.1:1'", tostring(err), 1, true)
     assert.equal(0, #origin:log("/refused"))
   end)
 
