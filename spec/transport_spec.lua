@@ -230,6 +230,21 @@ describe("proxies", function()
     assert.equal(0, #origin:log("/refused"))
   end)
 
+  it("does not retry a proxy URL libcurl refuses (no retry mends it, as curl's --retry)", function()
+    for _, proxy_url in ipairs { "http://127.0.0.1:99999", "http://user:pa ssSECRET@127.0.0.1:1",
+                                 "http://user:pa#ssSECRET@127.0.0.1:1", "socks9://127.0.0.1:1" } do
+      local retries = 0
+      local res, err = rw.fetch(origin:url("/refused-once"), { proxy = proxy_url, max_retries = 3, base = 0.001,
+        on_retry = function() retries = retries + 1 end })
+      assert.is_nil(res)
+      assert.equal("network", err.kind, proxy_url .. ": " .. tostring(err))
+      assert.matches("Unsupported proxy", tostring(err), 1, true)
+      assert.equal(0, retries, proxy_url)
+      assert.equal(1, err.attempts, proxy_url)
+    end
+    assert.equal(0, #origin:log("/refused-once"))
+  end)
+
   it("names no part of the credentials of http_proxy (the variable) in an error or the retry line", function()
     for _, proxy_url in ipairs { "http://user:p@ssSECRET@127.0.0.1:1", "user:pa ssSECRET@127.0.0.1:1" } do
       local out = subprocess.run_lua([[
@@ -239,8 +254,8 @@ describe("proxies", function()
       ]], { args = origin:url("/env-refused"), seconds = 20,
         shell = "env -u https_proxy -u HTTPS_PROXY -u all_proxy -u ALL_PROXY -u no_proxy -u NO_PROXY "
           .. "http_proxy='" .. proxy_url .. "' " })
-      assert.matches("retrying GET", out) -- the default retry line, on stderr
-      assert.matches("ratewise: exhausted", out)
+      assert.is_nil(out:find("retrying", 1, true), out) -- not retried: no retry mends the URL
+      assert.matches("ratewise: network", out)
       assert.is_nil(out:find("SECRET", 1, true), out)
     end
   end)

@@ -330,8 +330,13 @@ static int response_retryable(const transfer *t)
          * that is refused, which no retry will change. */
         return t->status == 0 && t->request_size > 0;
     case CURLE_COULDNT_RESOLVE_PROXY:
-    case CURLE_COULDNT_RESOLVE_HOST:
     case CURLE_COULDNT_CONNECT:
+        /* libcurl 7.88 reports a proxy URL it cannot parse ("Unsupported
+         * proxy syntax in ...", "Unsupported proxy scheme for ...") with the
+         * codes of a proxy that did not resolve or answer; no retry mends
+         * the URL, and curl's --retry does not retry it either. */
+        return strncmp(t->errbuf, "Unsupported proxy", 17) != 0;
+    case CURLE_COULDNT_RESOLVE_HOST:
     case CURLE_WEIRD_SERVER_REPLY:
     case CURLE_PARTIAL_FILE:
     case CURLE_OPERATION_TIMEDOUT:
