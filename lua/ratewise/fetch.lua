@@ -4,6 +4,7 @@ local core = require "ratewise.core"
 local errors = require "ratewise.errors"
 local headers = require "ratewise.headers"
 local json = require "ratewise.json"
+local log = require "ratewise.log"
 local response = require "ratewise.response"
 local retry = require "ratewise.retry"
 local runtime = require "ratewise.runtime"
@@ -74,8 +75,8 @@ local warned_insecure = false
 local function warn_insecure()
   if warned_insecure or not runtime.tls_warning() then return end
   warned_insecure = true
-  runtime.log("ratewise: verify_tls = false: TLS certificates are not checked; an attacker on the path "
-    .. "can read and change the traffic (said once; rw.configure{tls_warning = false} silences this)")
+  log.write("ratewise: verify_tls = false: TLS certificates are not checked; an attacker on the path "
+    .. "can read and change the traffic (said once; rw.configure{tls_warning = false} silences this)", "warn")
 end
 
 -- The time budget of a call that gives none.
@@ -448,8 +449,8 @@ local function default_on_retry(info)
   else
     why = "network error: " .. (info.error or "unknown")
   end
-  runtime.log(format("retrying %s %s in %.2f s (%s, attempt %d/%d, %s)",
-    info.method, info.url, info.delay, why, info.attempt, info.max_retries, info.source))
+  log.write(format("retrying %s %s in %.2f s (%s, attempt %d/%d, %s)",
+    info.method, info.url, info.delay, why, info.attempt, info.max_retries, info.source), "info")
 end
 
 function call_hook(name, fn, ...)

@@ -24,6 +24,7 @@ local core = require "ratewise.core"
 local scheduler = require "ratewise.scheduler"
 local openresty = require "ratewise.hosts.openresty"
 local cqueues = require "ratewise.hosts.cqueues"
+local log = require "ratewise.log"
 
 local now = core.now
 local bad_seconds = scheduler.bad_seconds
@@ -156,7 +157,8 @@ local MAX_LIMIT = 1000000
 local HOST_OPTIONS = { sleep = true, wait = true }
 local tls_warning = true
 
---- runtime.configure{sleep = fn | false, wait = fn | false, max_connections = n, max_idle_connections = n}
+--- runtime.configure{sleep = fn | false, wait = fn | false, log = fn | false | true,
+--   max_connections = n, max_idle_connections = n, tls_warning = bool}
 function runtime.configure(opts)
   if type(opts) ~= "table" then
     error(format("configure: expected a table of options (got %s)", type(opts)), 2)
@@ -175,6 +177,11 @@ function runtime.configure(opts)
         error(format("configure: option 'tls_warning' must be a boolean (got %s)", type(v)), 2)
       end
       tls_warning = v
+    elseif k == "log" then
+      if type(v) ~= "function" and type(v) ~= "boolean" then
+        error(format("configure: option 'log' must be a function, false (silence) or true (the default) (got %s)",
+          type(v)), 2)
+      end
     elseif not HOST_OPTIONS[k] then
       error(format("configure: unknown option '%s'", tostring(k)), 2)
     elseif v ~= false and type(v) ~= "function" then
@@ -192,6 +199,7 @@ function runtime.configure(opts)
     configured = host_of(configured.sleep, opts.wait or nil)
   end
   if limits then scheduler.engine(limits) end
+  if opts.log ~= nil then log.configure(opts.log) end
 end
 
 --- Whether fetch says once that verify_tls = false checks no certificate.
@@ -371,13 +379,6 @@ function runtime.open_stream(request, per_call)
   transfer:close()
   if res and #chunks > 0 then res.body = table.concat(chunks) .. res.body end
   return res, terr
-end
-
---- runtime.log(line): a line for the operator (the default retry line):
--- nginx's error log inside OpenResty, standard error elsewhere.
-function runtime.log(line)
-  if openresty.log(line) then return end
-  io.stderr:write(line, "\n")
 end
 
 return runtime

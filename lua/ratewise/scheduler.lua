@@ -3,6 +3,7 @@
 -- sockets or the next timer, whichever comes first.
 local compat = require "ratewise.compat"
 local core = require "ratewise.core"
+local log = require "ratewise.log"
 
 local now = core.now
 local create, resume, yield, status = coroutine.create, coroutine.resume, coroutine.yield, coroutine.status
@@ -208,7 +209,7 @@ local function finish(task, ok, ...)
       if group then
         group.unjoined[#group.unjoined + 1] = task
       else
-        io.stderr:write("ratewise: a task failed and nobody joined it: ", tostring(failed), "\n")
+        log.write("ratewise: a task failed and nobody joined it: " .. tostring(failed), "error")
       end
     end
   end
