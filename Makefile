@@ -54,9 +54,10 @@ LUA_ENV   = LUA_PATH="./lua/?.lua;./lua/?/init.lua;./?.lua;;" LUA_CPATH="./$(BUI
 # Debian packages each target needs; installed by `make deps` when missing.
 DEB_BUILD := gcc make pkg-config $(DEB_LUA) libcurl4-openssl-dev libhiredis-dev
 # The hosts the suite runs ratewise in: OpenResty (nginx with the Lua
-# module, whose LuaJIT is luajit2's), cqueues and luv.
+# module, whose LuaJIT is luajit2's), cqueues, luv, and LÖVE (on the same
+# LuaJIT) under a virtual X server.
 DEB_HOSTS := nginx libnginx-mod-http-lua lua-resty-core luajit2 libluajit2-5.1-dev lua-compat53-dev \
-             lua-cqueues lua-luv lua-nginx-redis
+             lua-cqueues lua-luv lua-nginx-redis love xvfb
 DEB_TEST  := lua-busted lua-socket lua-cjson python3 openssl redis-server brotli zstd $(DEB_HOSTS)
 DEB_TOOLS := lua-check luarocks
 # For lint, fuzz, test-asan and test-valgrind (`make deps-check`);
@@ -96,8 +97,9 @@ deps-check:
 # this host in processes of their own, and how to build C against this Lua.
 SPEC_ENV = RATEWISE_LUA="$$(command -v $(LUA))" RATEWISE_CPATH="./$(BUILD)/?.so" RATEWISE_HOST="$(HOST)" \
            RATEWISE_LUA_CFLAGS="$(PKG_LUA)" RATEWISE_LUA_LIBS="$(PKG_LUA_LIBS)"
-# spec/openresty_spec.lua runs nginx's Lua module, which is LuaJIT: it loads
-# the LuaJIT build of the core, whichever Lua the suite runs under.
+# spec/openresty_spec.lua runs nginx's Lua module, and spec/love_spec.lua
+# LÖVE, both LuaJIT: they load the LuaJIT build of the core, whichever Lua
+# the suite runs under.
 LUAJIT_CORE := build-luajit/ratewise/core.so
 luajit-core:
 	@$(MAKE) -s --no-print-directory LUA=luajit BUILD=build-luajit $(LUAJIT_CORE)

@@ -113,6 +113,9 @@ local function host_of(sleep, wait)
 end
 
 local configured -- rw.configure{sleep = fn [, wait = fn]}
+-- A host whose loop runs on a thread that must never wait (a game's frame,
+-- hosts/love.lua): it raises there, before anything is started.
+local frame_guard = nil
 local per_call_hosts = setmetatable({}, { __mode = "k" })
 
 local function per_call_host(sleep)
@@ -135,9 +138,16 @@ function runtime.host(per_call)
     return openresty.host() -- raises in a phase that cannot yield
   end
   if configured then return configured end
+  if frame_guard then frame_guard() end
   if loaded.cqueues ~= nil and cqueues.active() then return cqueues.host() end
   if running() ~= nil and isyieldable() then return coroutine_host end
   return main_host
+end
+
+--- runtime.set_frame_guard(fn | nil): fn() raises where a wait outside a
+-- task would hold up the host's loop; asked before rules 4 to 6.
+function runtime.set_frame_guard(fn)
+  frame_guard = fn
 end
 
 scheduler.set_outside_wait(function(done, deadline)

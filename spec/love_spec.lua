@@ -1,0 +1,152 @@
+-- ratewise in a real LÖVE game (Debian's love 11.4, on the installed
+-- LuaJIT) under Xvfb: spec/support/love_game/ spawns requests that wait out
+-- a Retry-After while it keeps its frames, tries a bare rw.fetch from
+-- love.update, and lets a task fail unjoined; its love.errorhandler writes
+-- what the game saw and the game ends. Run from its folder (the core found
+-- on the cpath), and zipped into a .love with the core inside, which LÖVE
+-- cannot load from there: the host extracts it to the save directory.
+local server = require "spec.support.server"
+local subprocess = require "spec.support.subprocess"
+
+local GAME = "spec/support/love_game/"
+local LUAJIT_CORE = "build-luajit/ratewise/core.so" -- love runs LuaJIT (make luajit-core)
+local REQUESTS = 8
+local RETRY_AFTER = 1
+
+local read_file = server.read_file
+
+local function write_file(path, data)
+  local f = assert(io.open(path, "wb"))
+  f:write(data)
+  f:close()
+end
+
+local function sh(command)
+  local out, code = subprocess.shell(command)
+  assert(code == 0, command .. " failed:\n" .. out)
+  return out
+end
+
+local function q(s)
+  return "'" .. s:gsub("'", "'\\''") .. "'"
+end
+
+local function temp_dir()
+  return (sh("mktemp -d"):gsub("%s+$", ""))
+end
+
+-- The game's folder: the spec's game and a config.lua for this run.
+local function game_dir(config)
+  local dir = temp_dir()
+  sh("cp " .. GAME .. "main.lua " .. GAME .. "conf.lua " .. q(dir))
+  local lines = {}
+  for k, v in pairs(config) do
+    lines[#lines + 1] = string.format("  %s = %s,", k, type(v) == "string" and string.format("%q", v) or tostring(v))
+  end
+  write_file(dir .. "/config.lua", "return {\n" .. table.concat(lines, "\n") .. "\n}\n")
+  return dir
+end
+
+-- Runs the game (a folder or a .love) with its save directory under
+-- data_home; the output and what the game wrote to its results file.
+local function play(game, data_home, results_file)
+  -- love runs LuaJIT: the suite's LUA_PATH and LUA_CPATH name this Lua's build
+  local out, code = subprocess.shell("cd /tmp && env -u LUA_PATH -u LUA_CPATH XDG_DATA_HOME=" .. q(data_home)
+    .. " timeout 90 xvfb-run -a love " .. q(game))
+  local text = read_file(results_file)
+  assert(text, "the game wrote no results (exit " .. tostring(code) .. "):\n" .. out)
+  local results = { logged = {} }
+  for key, value in text:gmatch("(%S+) ([^\n]*)\n") do
+    if key == "logged" then
+      results.logged[#results.logged + 1] = value
+    else
+      results[key] = tonumber(value) or value
+    end
+  end
+  return results, out
+end
+
+describe("ratewise.hosts.love in a LÖVE game under Xvfb", function()
+  local api, root
+
+  setup(function()
+    api = server.start()
+    root = (sh("pwd"):gsub("%s+$", ""))
+    assert(read_file(LUAJIT_CORE), "no " .. LUAJIT_CORE .. ": make luajit-core")
+  end)
+  teardown(function() api:stop() end)
+  before_each(function()
+    api:reset()
+    local busy = { status = 429, headers = { ["Retry-After"] = tostring(RETRY_AFTER) } }
+    local steps = {}
+    for i = 1, REQUESTS do steps[i] = busy end
+    steps[REQUESTS + 1] = { status = 200, body = "ok", delay = 0.2 }
+    api:script("/api", steps)
+  end)
+
+  -- What every run of the game must show.
+  local function check_game(results)
+    -- every request answered after its Retry-After, and the server saw each attempt
+    local statuses = {}
+    for i = 1, REQUESTS do statuses[i] = "200" end
+    assert.equal(table.concat(statuses, ","), results.statuses)
+    assert.equal(2 * REQUESTS, #api:log("/api"))
+    -- the bare fetch raised on the frame's thread, before anything was sent
+    assert.truthy(tostring(results.bare):find("would freeze LÖVE's frame", 1, true), results.bare)
+    assert.equal(0, #api:log("/bare"))
+    -- frames went on while the requests waited: a frame that waited for a
+    -- request would have lasted the Retry-After at least
+    assert.is_true(results.frames >= 30, "frames: " .. tostring(results.frames))
+    assert.is_true(results.max_frame < RETRY_AFTER / 2, "slowest frame: " .. tostring(results.max_frame))
+    assert.is_true(results.max_frame_cpu < 0.2, "most CPU in a frame: " .. tostring(results.max_frame_cpu))
+    -- the unjoined task's error reached the game's love.errorhandler
+    assert.truthy(results.handled:find("a task failed and nobody joined it", 1, true), results.handled)
+    assert.truthy(results.handled:find("the leaderboard task failed", 1, true), results.handled)
+  end
+
+  it("keeps its frames while requests wait, and hands lines and task errors to the game", function()
+    local results_file = os.tmpname()
+    local dir = game_dir {
+      url = api:url(""), out = results_file, requests = REQUESTS, custom_log = true,
+      lua_path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua", cpath = root .. "/build-luajit/?.so",
+    }
+    local data_home = temp_dir()
+    local results = play(dir, data_home, results_file)
+    check_game(results)
+    -- the retry lines went to the game's log function, not to stderr
+    local retries, error_lines = 0, 0
+    for _, line in ipairs(results.logged) do
+      if line:find("^info: retrying GET ") then retries = retries + 1 end
+      if line:find("^error: ratewise: a task failed and nobody joined it") then error_lines = error_lines + 1 end
+    end
+    assert.equal(REQUESTS, retries)
+    assert.equal(1, error_lines)
+    -- the core came from the cpath: nothing was extracted
+    assert.is_nil(read_file(data_home .. "/love/ratewise-spec/ratewise-core/core.so"))
+    sh("rm -rf " .. q(dir) .. " " .. q(data_home))
+    os.remove(results_file)
+  end)
+
+  it("runs as a .love with the core inside, extracting it to the save directory", function()
+    local results_file = os.tmpname()
+    local dir = game_dir { url = api:url(""), out = results_file, requests = REQUESTS }
+    sh("mkdir -p " .. q(dir .. "/ratewise") .. " && cp -r lua/ratewise/. " .. q(dir .. "/ratewise/")
+      .. " && cp " .. LUAJIT_CORE .. " " .. q(dir .. "/ratewise/core.so"))
+    local love_file = dir .. ".love"
+    sh("cd " .. q(dir) .. " && /usr/bin/python3 -m zipfile -c " .. q(love_file)
+      .. " main.lua conf.lua config.lua ratewise")
+    -- a stale copy from an earlier version of the game: replaced
+    local data_home = temp_dir()
+    local extracted = data_home .. "/love/ratewise-spec/ratewise-core/core.so"
+    sh("mkdir -p " .. q(data_home .. "/love/ratewise-spec/ratewise-core"))
+    write_file(extracted, "an older core")
+    local results, out = play(love_file, data_home, results_file)
+    check_game(results)
+    assert.equal(read_file(LUAJIT_CORE), read_file(extracted))
+    -- the default log: the console, and the last lines kept for the screen
+    assert.truthy(out:find("retrying GET ", 1, true), out)
+    assert.is_true(results.on_screen > 0)
+    sh("rm -rf " .. q(dir) .. " " .. q(love_file) .. " " .. q(data_home))
+    os.remove(results_file)
+  end)
+end)
