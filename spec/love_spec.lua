@@ -54,7 +54,7 @@ local function play(game, data_home, results_file)
   local out, code = subprocess.shell("cd /tmp && env -u LUA_PATH -u LUA_CPATH XDG_DATA_HOME=" .. q(data_home)
     .. " timeout 90 xvfb-run -a love " .. q(game))
   local text = read_file(results_file)
-  assert(text, "the game wrote no results (exit " .. tostring(code) .. "):\n" .. out)
+  assert(text and text ~= "", "the game wrote no results (exit " .. tostring(code) .. "):\n" .. out)
   local results = { logged = {} }
   for key, value in text:gmatch("(%S+) ([^\n]*)\n") do
     if key == "logged" then
@@ -64,6 +64,14 @@ local function play(game, data_home, results_file)
     end
   end
   return results, out
+end
+
+-- docs/hosts.md's LÖVE example: the ```lua block that begins "-- main.lua".
+local function docs_example()
+  local text = read_file("docs/hosts.md")
+  local code = text:match("\n```lua\n(%-%- main%.lua\n.-)```\n")
+  assert(code, "docs/hosts.md has no ```lua block that begins with -- main.lua")
+  return code
 end
 
 describe("ratewise.hosts.love in a LÖVE game under Xvfb", function()
@@ -124,6 +132,53 @@ describe("ratewise.hosts.love in a LÖVE game under Xvfb", function()
     -- the core came from the cpath: nothing was extracted
     assert.is_nil(read_file(data_home .. "/love/ratewise-spec/ratewise-core/core.so"))
     sh("rm -rf " .. q(dir) .. " " .. q(data_home))
+    os.remove(results_file)
+  end)
+
+  it("runs docs/hosts.md's example: the answer and the retry line reach the screen", function()
+    api:script("/leaderboard", { { status = 429, headers = { ["Retry-After"] = "1" } },
+      { status = 200, body = "alice 120, bob 95" } })
+    local results_file = os.tmpname()
+    local dir = game_dir {
+      out = results_file, lua_path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua",
+      cpath = root .. "/build-luajit/?.so",
+    }
+    write_file(dir .. "/example.lua", (docs_example():gsub("https://api%.example%.com", api:url(""))))
+    -- main.lua runs the example, and reads what it draws until the answer is there
+    write_file(dir .. "/main.lua", [[
+local cfg = require "config"
+package.path = cfg.lua_path .. ";" .. package.path
+package.cpath = cfg.cpath .. ";" .. package.cpath
+local drawn, print_text = {}, love.graphics.print
+love.graphics.print = function(text, ...)
+  drawn[#drawn + 1] = tostring(text)
+  return print_text(text, ...)
+end
+require "example"
+local draw, started = love.draw, love.timer.getTime()
+local function finish(what)
+  local out = assert(io.open(cfg.out, "w"))
+  out:write((what:gsub("\n", " | ")), "\n")
+  out:close()
+  love.event.quit(0)
+end
+function love.errorhandler(msg) finish("error " .. tostring(msg)) end
+function love.draw()
+  draw()
+  local screen = table.concat(drawn, "\n")
+  drawn = {}
+  if screen:find("alice 120", 1, true) then return finish("shown " .. screen) end
+  if love.timer.getTime() - started > 20 then finish("timeout " .. screen) end
+end
+]])
+    local out = subprocess.shell("cd /tmp && env -u LUA_PATH -u LUA_CPATH XDG_DATA_HOME=" .. q(temp_dir())
+      .. " timeout 30 xvfb-run -a love " .. q(dir))
+    local shown = read_file(results_file)
+    assert(shown and shown ~= "", "the example wrote nothing:\n" .. out)
+    assert.truthy(shown:find("^shown alice 120, bob 95 | "), shown)
+    assert.truthy(shown:find("retrying GET " .. api:url("/leaderboard"), 1, true), shown)
+    assert.equal(2, #api:log("/leaderboard"))
+    sh("rm -rf " .. q(dir))
     os.remove(results_file)
   end)
 

@@ -10,6 +10,8 @@
 --      an ngx.semaphore (hosts/openresty.lua); the phases that cannot
 --      yield raise a clear error instead of blocking the worker;
 --   3. a host given to rw.configure{sleep = fn [, wait = fn]};
+--      past it, a host whose loop's thread must never wait (a LÖVE game's
+--      frame, hosts/love.lua) raises there instead;
 --   4. a coroutine of a cqueues controller: cqueues.sleep, and
 --      cqueues.poll on the scheduler's descriptor (hosts/cqueues.lua);
 --   5. any other coroutine: it yields ("ratewise.sleep", seconds, pollable),
