@@ -205,3 +205,96 @@ end
     os.remove(results_file)
   end)
 end)
+
+-- The host's contract, in this process: `love` is a table of the spec's
+-- (the core is on the cpath, so nothing of LÖVE's is used but the slots
+-- install keeps), and the requests go to the test server.
+-- luacheck: globals love
+describe("ratewise.hosts.love's install", function()
+  local rw = require "ratewise"
+  local api, love_host
+
+  setup(function()
+    api = server.start()
+    _G.love = { filesystem = {} }
+    love_host = require "ratewise.hosts.love"
+  end)
+  teardown(function()
+    love_host.uninstall()
+    _G.love = nil
+    api:stop()
+  end)
+  after_each(function() love_host.uninstall() end)
+
+  it("refuses options it does not know, and bad ones, by name", function()
+    assert.has_error(function() love_host.install { budgte = 0.001 } end,
+      "ratewise.hosts.love.install: unknown option 'budgte'")
+    assert.has_error(function() love_host.install { budget = 0 } end,
+      "ratewise.hosts.love.install: budget must be a positive number of seconds (got 0)")
+    assert.has_error(function() love_host.install { on_error = "print" } end,
+      "ratewise.hosts.love.install: on_error must be a function (got string)")
+    assert.has_error(function() love_host.install "quiet" end,
+      "ratewise.hosts.love.install: expected a table of options (got string)")
+  end)
+
+  it("steps ratewise before the game's love.update, whenever the game sets it", function()
+    local calls = {}
+    function love.update(dt) calls[#calls + 1] = "before install " .. dt end
+    assert.equal(rw, love_host.install())
+    love.update(1)
+    function love.update(dt) calls[#calls + 1] = "after install " .. dt end
+    local done = false
+    rw.spawn(function() done = true end)
+    love.update(2)
+    assert.is_true(done) -- the step ran the task, then the game's update ran
+    assert.same({ "before install 1", "after install 2" }, calls)
+    love_host.uninstall()
+    love.update(3) -- the game's own again
+    assert.equal(3, #calls)
+    assert.is_nil(getmetatable(love))
+  end)
+
+  it("raises on a wait outside a task, before anything is sent; tasks and the per-call sleep wait", function()
+    api:reset()
+    love_host.install()
+    local ok, err = pcall(rw.fetch, api:url("/bare"))
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("would freeze LÖVE's frame", 1, true), err)
+    assert.has_error(function() rw.sleep(0.01) end)
+    assert.equal(0, #api:log("/bare"))
+    local status
+    rw.spawn(function() status = rw.fetch(api:url("/task"), { on_retry = false }).status end)
+    local deadline = rw.now() + 5
+    while status == nil and rw.now() < deadline do love.update(0) end
+    assert.equal(200, status)
+    assert.equal(200, rw.fetch(api:url("/blocking"), { sleep = require("socket").sleep }).status)
+    love_host.uninstall()
+    assert.equal(200, rw.fetch(api:url("/bare")).status) -- blocking again
+  end)
+
+  it("hands an unjoined task's error to on_error after the step, and lines to the log function", function()
+    local lines, errors = {}, {}
+    love_host.install {
+      log = function(line, level) lines[#lines + 1] = level .. ": " .. line end,
+      on_error = function(line) errors[#errors + 1] = line end,
+    }
+    rw.spawn(function() error("the save failed") end)
+    love.update(0)
+    assert.equal(1, #errors)
+    assert.truthy(errors[1]:find("a task failed and nobody joined it: .*the save failed"), errors[1])
+    assert.truthy(lines[1]:find("^error: ratewise: a task failed and nobody joined it"), lines[1])
+  end)
+
+  it("raises an unjoined task's error from love.update by default", function()
+    love_host.install()
+    rw.spawn(function() error("the save failed") end)
+    local printed, real_print = {}, print
+    _G.print = function(line) printed[#printed + 1] = line end -- the default log's console
+    local ok, err = pcall(love.update, 0)
+    _G.print = real_print
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("a task failed and nobody joined it: .*the save failed"), err)
+    assert.truthy(printed[1]:find("the save failed", 1, true), printed[1])
+    assert.equal(printed[1], love_host.lines[#love_host.lines])
+  end)
+end)

@@ -12,8 +12,8 @@
 --   raised from love.update, which LÖVE hands to love.errorhandler).
 local compat = require "ratewise.compat"
 
-local rawget, rawset, type, error, pcall, require, tostring, ipairs, print, format =
-  rawget, rawset, type, error, pcall, require, tostring, ipairs, print, string.format
+local rawget, rawset, type, error, pcall, require, tostring, ipairs, format =
+  rawget, rawset, type, error, pcall, require, tostring, ipairs, string.format
 local getmetatable, setmetatable, remove = getmetatable, setmetatable, table.remove
 
 local love_host = {}
@@ -118,6 +118,7 @@ local function keep(line)
   if #lines > KEEP_LINES then remove(lines, 1) end
 end
 
+-- print as it is when called: a game may have made it its own console's
 local function console(line)
   print(line)
   keep(line)
@@ -142,11 +143,16 @@ end
 -- The frame
 
 local budget = nil -- rw.step's own
+-- The thread that runs LÖVE's callbacks (the one that steps ratewise): a
+-- wait there outside a task would hold every frame until it ended.
+local frame_thread = nil
+local guarding = false
 
 --- love_host.update(): what the hook does before the game's love.update:
 -- one rw.step(0, budget), then on_error for each task error it met. A game
 -- whose love.run never calls love.update calls this once a frame instead.
 function love_host.update()
+  frame_thread = compat.running()
   rw.step(0, budget)
   while failed_n > 0 do
     local err = failed[1]
@@ -176,10 +182,6 @@ local hook_mt = {
   end,
 }
 
--- The thread that runs LÖVE's callbacks (the main thread): a wait there
--- outside a task would hold every frame until it ended.
-local frame_thread = nil
-local guarding = false
 
 local function refuse_frame_waits()
   if guarding and compat.running() == frame_thread then
@@ -238,6 +240,7 @@ end
 --- love_host.uninstall(): love.update is the game's own again, waits
 -- block again, and the lines go where they went before.
 function love_host.uninstall()
+  if not guarding then return end
   if installed_on then
     setmetatable(installed_on, nil)
     rawset(installed_on, "update", game_update)
