@@ -49,10 +49,11 @@ end
 
 -- Runs the game (a folder or a .love) with its save directory under
 -- data_home; the output and what the game wrote to its results file.
-local function play(game, data_home, results_file)
+-- fused: the game is love's executable with the .love after it, run as it is.
+local function play(game, data_home, results_file, fused)
   -- love runs LuaJIT: the suite's LUA_PATH and LUA_CPATH name this Lua's build
   local out, code = subprocess.shell("cd /tmp && env -u LUA_PATH -u LUA_CPATH XDG_DATA_HOME=" .. q(data_home)
-    .. " timeout 90 xvfb-run -a love " .. q(game))
+    .. " timeout 90 xvfb-run -a " .. (fused and "" or "love ") .. q(game))
   local text = read_file(results_file)
   assert(text and text ~= "", "the game wrote no results (exit " .. tostring(code) .. "):\n" .. out)
   local results = { logged = {} }
@@ -83,14 +84,26 @@ describe("ratewise.hosts.love in a LÖVE game under Xvfb", function()
     assert(read_file(LUAJIT_CORE), "no " .. LUAJIT_CORE .. ": make luajit-core")
   end)
   teardown(function() api:stop() end)
-  before_each(function()
+  local function script_api()
     api:reset()
     local busy = { status = 429, headers = { ["Retry-After"] = tostring(RETRY_AFTER) } }
     local steps = {}
     for i = 1, REQUESTS do steps[i] = busy end
     steps[REQUESTS + 1] = { status = 200, body = "ok", delay = 0.2 }
     api:script("/api", steps)
-  end)
+  end
+  before_each(script_api)
+
+  -- The game zipped with ratewise and the core inside: the .love's path.
+  local function love_file_of(results_file)
+    local dir = game_dir { url = api:url(""), out = results_file, requests = REQUESTS }
+    sh("mkdir -p " .. q(dir .. "/ratewise") .. " && cp -r lua/ratewise/. " .. q(dir .. "/ratewise/")
+      .. " && cp " .. LUAJIT_CORE .. " " .. q(dir .. "/ratewise/core.so"))
+    local love_file = dir .. ".love"
+    sh("cd " .. q(dir) .. " && /usr/bin/python3 -m zipfile -c " .. q(love_file)
+      .. " main.lua conf.lua config.lua ratewise && rm -rf " .. q(dir))
+    return love_file
+  end
 
   -- What every run of the game must show.
   local function check_game(results)
@@ -184,12 +197,7 @@ end
 
   it("runs as a .love with the core inside, extracting it to the save directory", function()
     local results_file = os.tmpname()
-    local dir = game_dir { url = api:url(""), out = results_file, requests = REQUESTS }
-    sh("mkdir -p " .. q(dir .. "/ratewise") .. " && cp -r lua/ratewise/. " .. q(dir .. "/ratewise/")
-      .. " && cp " .. LUAJIT_CORE .. " " .. q(dir .. "/ratewise/core.so"))
-    local love_file = dir .. ".love"
-    sh("cd " .. q(dir) .. " && /usr/bin/python3 -m zipfile -c " .. q(love_file)
-      .. " main.lua conf.lua config.lua ratewise")
+    local love_file = love_file_of(results_file)
     -- a stale copy from an earlier version of the game: replaced
     local data_home = temp_dir()
     local extracted = data_home .. "/love/ratewise-spec/ratewise-core/core.so"
@@ -201,7 +209,27 @@ end
     -- the default log: the console, and the last lines kept for the screen
     assert.truthy(out:find("retrying GET ", 1, true), out)
     assert.is_true(results.on_screen > 0)
-    sh("rm -rf " .. q(dir) .. " " .. q(love_file) .. " " .. q(data_home))
+    sh("rm -rf " .. q(love_file) .. " " .. q(data_home))
+    os.remove(results_file)
+  end)
+
+  it("runs fused (love's executable and the .love in one file), and keeps a copy that is the same", function()
+    local results_file = os.tmpname()
+    local love_file = love_file_of(results_file)
+    local game = love_file:gsub("%.love$", "")
+    sh("cat \"$(command -v love)\" " .. q(love_file) .. " > " .. q(game) .. " && chmod +x " .. q(game))
+    local data_home = temp_dir()
+    local extracted = data_home .. "/ratewise-spec/ratewise-core/core.so" -- a fused game's own save directory
+    check_game((play(game, data_home, results_file, true)))
+    assert.equal(read_file(LUAJIT_CORE), read_file(extracted))
+    -- the next start finds the same bytes there and leaves the file alone
+    local function modified() return sh("stat -c %y " .. q(extracted)) end
+    local first = modified()
+    os.remove(results_file)
+    script_api()
+    check_game((play(game, data_home, results_file, true)))
+    assert.equal(first, modified())
+    sh("rm -rf " .. q(love_file) .. " " .. q(game) .. " " .. q(data_home))
     os.remove(results_file)
   end)
 end)
