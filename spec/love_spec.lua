@@ -118,8 +118,11 @@ describe("ratewise.hosts.love in a LÖVE game under Xvfb", function()
     -- frames went on while the requests waited: a frame that waited for a
     -- request would have lasted the Retry-After at least
     assert.is_true(results.frames >= 30, "frames: " .. tostring(results.frames))
-    assert.is_true(results.max_frame < RETRY_AFTER / 2, "slowest frame: " .. tostring(results.max_frame))
+    assert.is_true(results.max_frame < RETRY_AFTER * 0.75, "slowest frame: " .. tostring(results.max_frame))
     assert.is_true(results.max_frame_cpu < 0.2, "most CPU in a frame: " .. tostring(results.max_frame_cpu))
+    -- ratewise's step in each frame: its budget of work, and libcurl's
+    -- connecting the requests in the first
+    assert.is_true(results.max_step_cpu < 0.05, "most CPU in a step: " .. tostring(results.max_step_cpu))
     -- the unjoined task's error reached the game's love.errorhandler
     assert.truthy(results.handled:find("a task failed and nobody joined it", 1, true), results.handled)
     assert.truthy(results.handled:find("the leaderboard task failed", 1, true), results.handled)
