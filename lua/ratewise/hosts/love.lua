@@ -124,8 +124,12 @@ local function console(line)
   keep(line)
 end
 
+local function raise(err)
+  error(err, 0)
+end
+
 local game_log = console
-local on_error = function(err) error(err, 0) end
+local on_error = raise
 -- The errors of tasks nobody joined, met while ratewise's step ran: they
 -- reach on_error after the step, from love.update, and not from inside
 -- the scheduler, which is in the middle of ending the task.
@@ -182,7 +186,6 @@ local hook_mt = {
   end,
 }
 
-
 local function refuse_frame_waits()
   if guarding and compat.running() == frame_thread then
     error("ratewise: a wait outside a task (a bare rw.fetch, rw.sleep, rw.run, task:join()) would freeze LÖVE's "
@@ -224,7 +227,7 @@ function love_host.install(opts)
   end
   budget = b
   game_log = opts.log or console
-  on_error = opts.on_error or function(err) error(err, 0) end
+  on_error = opts.on_error or raise
   if mt == nil then
     game_update = rawget(love, "update")
     rawset(love, "update", nil)
