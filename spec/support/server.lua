@@ -321,7 +321,8 @@ end
 --- Request records, oldest first; only those for `path` if given.
 -- Always a plain Lua sequence (an empty log is {}). Fields: seq, path,
 -- query, method, headers (lowercase names), body, t, wall, conn, conn_seq,
--- active, t_answer (when the handler began its last send; nil before).
+-- active, t_answer (when the handler began its last send; nil before);
+-- an endless answer's sent and gone, once it ended (server.py).
 -- Strings hold the exact request bytes.
 function Server:log(path)
   local q = path and ("?path=" .. url_encode(path)) or ""

@@ -21,6 +21,11 @@ What it offers (see spec/support/server.lua for the Lua driver):
   connection is reset, with "hang" it stays silent).
   A step's ``encoding`` (gzip, deflate, br or zstd) sends the body
   compressed, with its Content-Encoding.
+  endless: a chunked body of ``body`` (default 64 KiB of "x"), again and
+  again as fast as the client takes it (every ``interval`` s if given),
+  until the client goes away or ``cap`` bytes (default 1 GiB) went out;
+  the request's log record then says ``sent`` (body bytes written) and
+  ``gone`` (true: the client disconnected; false: the cap was reached).
 * A request in absolute form (``GET http://host:port/x``, as a client sends
   it to a proxy) is answered as its path would be, and logged with
   ``proxied`` true and whether it carried Proxy-Authorization.
@@ -57,7 +62,7 @@ from urllib.parse import parse_qs
 
 ACTIONS = (
     "respond", "drop", "reset", "garbage", "hang", "slow", "truncate",
-    "chunked_forever", "redirect", "reset_body", "raw", "stream",
+    "chunked_forever", "redirect", "reset_body", "raw", "stream", "endless",
 )
 
 # Errors that only mean "the client went away"; never worth a traceback.
@@ -514,6 +519,8 @@ class Handler(BaseHTTPRequestHandler):
                 self.close_now()
             else:
                 self.write(b"0\r\n\r\n")
+        elif action == "endless":
+            self.endless(status, headers, step)
         elif action == "chunked_forever":
             interval = float(step.get("interval", 0.2))
             self.head(status, headers + [("Transfer-Encoding", "chunked")])
@@ -525,6 +532,33 @@ class Handler(BaseHTTPRequestHandler):
             if action == "redirect":
                 headers.append(("Location", str(step.get("location", "/"))))
             self.respond(status, body, headers)
+
+    def endless(self, status, headers, step):
+        """A chunked body that goes on until the client leaves (or ``cap``)."""
+        data = step_bytes(step["body"]) if step.get("body") else b"x" * 65536
+        interval = float(step.get("interval", 0))
+        cap = int(step.get("cap", 1 << 30))
+        chunk = b"%x\r\n%s\r\n" % (len(data), data)
+        rec = self.rec
+        sent, gone = 0, False
+        try:
+            self.head(status, headers + [("Transfer-Encoding", "chunked")])
+            self.wfile.flush()
+            while sent < cap:
+                if interval > 0 and not self.wait(interval):
+                    gone = True
+                    break
+                self.write(chunk)
+                self.wfile.flush()
+                sent += len(data)
+            else:
+                self.write(b"0\r\n\r\n")
+        except OSError:  # CLIENT_GONE and the like: the client went away
+            gone = True
+        with self.server.state.lock:
+            rec["sent"], rec["gone"] = sent, gone
+        if gone:
+            self.close_now()
 
     # --- demo rate-limited API ----------------------------------------
 
@@ -586,7 +620,7 @@ def validate_script(spec):
             raise ValueError("step %d: body must be a string" % i)
         if not isinstance(step.get("headers") or {}, dict):
             raise ValueError("step %d: headers must be an object" % i)
-        for key in ("status", "delay", "interval", "sent"):
+        for key in ("status", "delay", "interval", "sent", "cap"):
             if key in step:
                 float(step[key])  # raises ValueError if not a number
     return steps
