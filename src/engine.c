@@ -295,7 +295,7 @@ static void engine_give(engine *e, transfer *t)
     t->gate_key = 0;
     t->gate_slot = t->gate_probe = t->held = 0;
     t->held_next = NULL;
-    t->delivered = 0;
+    t->delivered = t->skipped = 0;
     t->no_replay = t->replay_refused = t->prereq_asked = 0;
     t->first_byte_timeout = t->idle_timeout = t->last_byte = 0;
     t->status = t->request_size = t->redirects = t->http_version = 0;
@@ -772,7 +772,9 @@ static double engine_expiry(const transfer *t, enum engine_expiry_kind *kind)
 {
     double at = HUGE_VAL;
     *kind = EXPIRY_NONE;
-    if (t->expires > 0) {
+    /* A stream's timeout bounds it until a 2xx's headers are in; an answer
+     * read whole (any other) stays under it to its end. */
+    if (t->expires > 0 && !(t->stream && t->head_ready)) {
         at = t->expires;
         *kind = EXPIRY_TIMEOUT;
     }
@@ -951,7 +953,7 @@ static int engine_follow(engine *e, transfer *t, CURLcode *code)
     curl_easy_setopt(t->easy, CURLOPT_URL, next_url);        /* copied */
     free(t->effective_url);
     t->effective_url = next_url;
-    if (t->timeout > 0) {
+    if (t->timeout > 0 && !t->stream) { /* a stream's is the engine's (engine_expiry) */
         t->timeout_ms = transfer_ms(left);
         curl_easy_setopt(t->easy, CURLOPT_TIMEOUT_MS, t->timeout_ms);
     }
@@ -1669,12 +1671,16 @@ static int transfer_l_head(lua_State *L)
  * one string | nil when none has come yet (the engine's poll reports the
  * transfer when some do) | false once the transfer has finished and every
  * byte was read (result() then says whether it ended well). For a request
- * made with stream = true, whose headers are in. A transfer paused because
+ * made with stream = true, whose headers are in and a 2xx's (any other
+ * answer is read whole, under the request's timeout and max_body, for
+ * result() to give). A transfer paused because
  * its buffer filled up resumes as its buffer is taken. */
 static int transfer_l_read(lua_State *L)
 {
     transfer *t = transfer_check(L);
-    if (!t->stream) return luaL_argerror(L, 1, "the transfer was not started with stream = true");
+    if (!t->stream)
+        return luaL_argerror(L, 1, "the transfer is not streamed (not started with stream = true, or its answer "
+                                   "is not a 2xx: result() has its body)");
     if (t->body.len > 0 && (t->head_ready || t->state == TRANSFER_DONE)) {
         lua_pushlstring(L, t->body.data, t->body.len);
         t->delivered += t->body.len;

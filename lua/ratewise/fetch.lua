@@ -1147,12 +1147,15 @@ function fetch.fetch(url, opts, counters)
     end
     local res, terr, streaming
     if stream then
-      -- No total timeout: `timeout` bounds the time to the headers (unless
-      -- first_byte_timeout does), which fits what is left of max_elapsed.
-      request.timeout = nil
+      -- No total timeout for a 2xx: `timeout` bounds the time to the
+      -- headers (unless first_byte_timeout does), which fits what is left
+      -- of max_elapsed. An answer read whole (not a 2xx) is bounded as a
+      -- call without stream is, given at least the time to its headers.
+      local whole = first_byte > timeout and first_byte or timeout
+      request.timeout = min(whole, left)
       put_transport(request, "first_byte_timeout", min(first_byte, left))
       put_transport(request, "idle_timeout", idle)
-      budget_cut = left < first_byte
+      budget_cut = left < first_byte or left < whole and "after_headers"
       if sleep then
         res, terr, streaming = guarded("sleep", "a wait for the transfer", runtime.open_stream, request, sleep)
       else
@@ -1161,7 +1164,7 @@ function fetch.fetch(url, opts, counters)
       -- The response reads its body from here on (and a hook that raises
       -- below drops both, the transfer closing as it is collected).
       if res then response.new(res) end
-      if streaming then response.stream(res, streaming, sleep, method .. " " .. shown_url) end
+      if streaming then response.stream(res, streaming, sleep, method .. " " .. shown_url, max_body) end
     elseif sleep then
       res, terr = guarded("sleep", "a wait for the transfer", runtime.transfer, request, sleep, response_mt)
     else
@@ -1240,7 +1243,8 @@ function fetch.fetch(url, opts, counters)
         call_hook("on_event", on_event, { type = "response", error = message, class = "retryable", attempt = attempts })
       end
       if circuit and not terr.tls then guarded("circuit", "record", circuit.record, circuit, origin, "failure") end
-      if terr.timeout and budget_cut then
+      -- (a stream's own time to its headers was not cut when only its time read whole was)
+      if terr.timeout and budget_cut and (budget_cut ~= "after_headers" or terr.status) then
         return budget_error(state, "the attempt was cut short by the time budget", nil, terr)
       end
       if not terr.retryable then

@@ -362,8 +362,9 @@ end
 -- A 2xx answers them (status, headers; no body) and the transfer still
 -- running, whose body the caller reads as it arrives. Anything else is
 -- answered as runtime.transfer would, whole: a transfer that ended before
--- its headers came, and an answer that is not 2xx (read to its end, so
--- that retries and errors see its body).
+-- its headers came, and an answer that is not 2xx (which the engine reads
+-- to its end under the request's timeout and max_body, so that retries
+-- and errors see its body).
 function runtime.open_stream(request, per_call)
   local in_task = scheduler.current() ~= nil
   if not in_task then runtime.host(per_call) end -- raises where no wait is possible, before anything starts
@@ -377,19 +378,9 @@ function runtime.open_stream(request, per_call)
     return head ~= nil or transfer:done()
   end, per_call)
   if head and head.status >= 200 and head.status < 300 then return head, nil, transfer end
-  -- Not a stream to hand over: its body read whole (a stream pauses when
-  -- nobody reads it).
-  local chunks, chunk = {}, nil
-  runtime.await_news(transfer, function()
-    while true do
-      chunk = transfer:read()
-      if not chunk then return chunk == false end
-      chunks[#chunks + 1] = chunk
-    end
-  end, per_call)
+  runtime.await_news(transfer, function() return transfer:done() end, per_call)
   local res, terr = transfer:result(true)
   transfer:close()
-  if res and #chunks > 0 then res.body = table.concat(chunks) .. res.body end
   return res, terr
 end
 
