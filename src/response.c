@@ -161,10 +161,12 @@ size_t rw_response_on_header(char *ptr, size_t size, size_t nmemb, void *ud)
                     t->stream = 0;
                     if (t->max_body == (size_t)-1) t->max_body = (size_t)ENGINE_DEFAULT_MAX_BODY;
                 }
-                if (t->gate_probe) rw_engine_answered(t);
                 if (t->idle_timeout > 0) t->last_byte = rw_clock_monotonic();
                 if (streamed || t->idle_timeout > 0) rw_engine_progress(t);
             }
+            /* The probed origin has answered, if only with a redirect: its
+             * protocol is known. */
+            if (status >= 200 && t->gate_probe) rw_engine_answered(t);
         }
         t->headers_done = 1;
     }
