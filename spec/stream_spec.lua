@@ -401,6 +401,18 @@ describe("a stream's bounds", function()
     assert.is_true(ended("/e200").gone)
   end)
 
+  it("reads a 2xx a policy does not take for an answer within the call's time", function()
+    s:script("/t200", { { action = "endless", body = "partial\n", interval = 0.05 } })
+    local res, err, took = timed(function()
+      return rw.fetch(s:url("/t200"), opts { max_elapsed = 1, timeout = 0.5, policy = rw.policy {
+        classify = function() return "retryable" end } })
+    end)
+    assert.is_nil(res)
+    assert.is_true(took < 1.6, ("ended after %.2f s"):format(took))
+    assert.is_true(err.kind == "budget" or err.kind == "exhausted", err.kind)
+    assert.is_true(ended("/t200").gone)
+  end)
+
   it("follows a redirect to a stream without taking the redirect for the answer", function()
     s:script("/to-sse", { { action = "redirect", location = "/sse" } })
     s:script("/sse", { { action = "endless", headers = SSE, body = "data: x\n\n", interval = 0.02 } })

@@ -296,6 +296,7 @@ static void engine_give(engine *e, transfer *t)
     t->gate_slot = t->gate_probe = t->held = 0;
     t->held_next = NULL;
     t->delivered = t->skipped = 0;
+    t->bounded = 0;
     t->no_replay = t->replay_refused = t->prereq_asked = 0;
     t->first_byte_timeout = t->idle_timeout = t->last_byte = 0;
     t->status = t->request_size = t->redirects = t->http_version = 0;
@@ -774,7 +775,7 @@ static double engine_expiry(const transfer *t, enum engine_expiry_kind *kind)
     *kind = EXPIRY_NONE;
     /* A stream's timeout bounds it until a 2xx's headers are in; an answer
      * read whole (any other) stays under it to its end. */
-    if (t->expires > 0 && !(t->stream && t->head_ready)) {
+    if (t->expires > 0 && !(t->stream && t->head_ready && !t->bounded)) {
         at = t->expires;
         *kind = EXPIRY_TIMEOUT;
     }
@@ -1716,6 +1717,22 @@ static int transfer_l_read(lua_State *L)
     return 1;
 }
 
+/* transfer:bound(): a streamed transfer's timeout (the request's) applies
+ * to its body too, as it does to a transfer not streamed: for a reader
+ * that reads the whole body within a call's time. */
+static int transfer_l_bound(lua_State *L)
+{
+    transfer *t = transfer_check(L);
+    if (t->state == TRANSFER_RUNNING && t->stream && !t->bounded) {
+        enum engine_expiry_kind kind;
+        double at;
+        t->bounded = 1;
+        at = engine_expiry(t, &kind);
+        if (t->engine && at < t->engine->next_expiry) t->engine->next_expiry = at;
+    }
+    return 0;
+}
+
 /* Keeps the closed box at index 1 for engine:start to hand out again
  * (ENGINE_UV_SPARE), unless its engine is closed or keeps enough. The stack
  * is left as it was. */
@@ -1804,6 +1821,7 @@ void rw_engine_register(lua_State *L)
         { "result", transfer_l_result },
         { "head", transfer_l_head },
         { "read", transfer_l_read },
+        { "bound", transfer_l_bound },
         { "cancel", transfer_l_cancel },
         { "close", transfer_l_close },
         { NULL, NULL }

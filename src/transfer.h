@@ -133,6 +133,7 @@ typedef struct transfer {
     int in_news;        /* on its engine's list of transfers with news */
     size_t delivered;   /* stream: body bytes transfer:read() has handed over */
     size_t skipped;     /* stream: body bytes of redirects, not kept (rw_response_on_body) */
+    int bounded;        /* stream: its timeout applies after the headers too (transfer:bound) */
     /* https: a hash of the URL's "host:port" (0: none), by which the engine
      * holds a burst to an origin it knows nothing of until the first
      * answer says whether it multiplexes (engine_gate_hold) */

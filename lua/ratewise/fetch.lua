@@ -1219,7 +1219,7 @@ function fetch.fetch(url, opts, counters)
       end
       if streaming and class ~= "success" then
         -- A policy that does not take this 2xx for an answer sees it whole.
-        local _, derr = response.drain(res)
+        local _, derr = response.drain(res, true)
         if derr then res.body = "" end
       end
       if class == "success" then return res end

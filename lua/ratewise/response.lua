@@ -183,13 +183,15 @@ function methods:close()
   if st and not st.ended then finish(st, nil) end
 end
 
---- body | nil, err = response.drain(res): the rest of a streamed body,
--- read whole into res.body; a body over the call's max_body (64 MiB
--- unless it names one), counting what was read before, ends the stream
--- with an error of kind "stream" instead.
-function response.drain(res)
+--- body | nil, err = response.drain(res [, timed]): the rest of a
+-- streamed body, read whole into res.body; a body over the call's max_body
+-- (64 MiB unless it names one), counting what was read before, ends the
+-- stream with an error of kind "stream" instead. timed: the attempt's
+-- timeout bounds the body too (a read within a call).
+function response.drain(res, timed)
   local st = streams[res]
   if not st then return res.body end
+  if timed and st.transfer then st.transfer:bound() end
   local parts = {}
   while true do
     local chunk, err = res:read()
