@@ -59,13 +59,15 @@ DEB_BUILD := gcc make pkg-config $(DEB_LUA) libcurl4-openssl-dev libhiredis-dev
 DEB_HOSTS := nginx libnginx-mod-http-lua lua-resty-core luajit2 libluajit2-5.1-dev lua-compat53-dev \
              lua-cqueues lua-luv lua-nginx-redis love xvfb
 DEB_TEST  := lua-busted lua-socket lua-cjson python3 openssl redis-server brotli zstd $(DEB_HOSTS)
+# spec/nvim_spec.lua runs a plugin in Neovim (whose LuaJIT is luajit2's).
+DEB_TEST  += neovim
 DEB_TOOLS := lua-check luarocks
 # For lint, fuzz, test-asan and test-valgrind (`make deps-check`);
 # libclang-rt-14-dev has libFuzzer and the sanitizer runtimes.
 DEB_CHECK := clang libclang-rt-14-dev clang-tidy cppcheck valgrind \
              lua5.1 liblua5.1-0-dev lua5.3 liblua5.3-dev luajit2 libluajit2-5.1-dev lua-compat53-dev
 
-.PHONY: all deps deps-check test demo bench examples install lint clean soak \
+.PHONY: all deps deps-check test demo bench examples install lint clean soak nvim \
         fuzz test-asan test-valgrind luajit-core bench-hosts bench-rate bench-redis bench-http2 \
         bench-openresty bench-baseline bench-instructions
 
@@ -104,9 +106,18 @@ LUAJIT_CORE := build-luajit/ratewise/core.so
 luajit-core:
 	@$(MAKE) -s --no-print-directory LUA=luajit BUILD=build-luajit $(LUAJIT_CORE)
 
+# A Neovim plugin tree in this checkout (lazy.nvim: build = "make nvim"):
+# the core built against LuaJIT where Neovim's runtimepath loader looks for
+# it, lua/ratewise/core.so (git-ignored). A new file takes the old one's
+# name (mv): a Neovim that has the old one loaded keeps it, where writing
+# over it in place would crash that Neovim.
+NVIM_CORE := lua/ratewise/core.so
+nvim: luajit-core
+	@cmp -s $(LUAJIT_CORE) $(NVIM_CORE) || { cp $(LUAJIT_CORE) $(NVIM_CORE).new && mv -f $(NVIM_CORE).new $(NVIM_CORE); }
+
 # SPECS names a part of the suite: `make test SPECS="spec/cli_spec.lua"`.
 SPECS ?= spec/
-test: deps $(CORE) $(HOST) luajit-core
+test: deps $(CORE) $(HOST) luajit-core nvim
 	$(LUA_ENV) $(SPEC_ENV) $(LUA) /usr/bin/busted --ignore-lua --cpath="./$(BUILD)/?.so" \
 	  -o spec/support/summary.lua $(SPECS)
 
@@ -318,5 +329,6 @@ test-valgrind: deps deps-check $(CORE) examples luajit-core
 	esac
 
 clean:
-	rm -rf build build-lua5.3 build-lua5.1 build-luajit $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) src/*.o ./*.so examples/host
+	rm -rf build build-lua5.3 build-lua5.1 build-luajit $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) src/*.o ./*.so examples/host \
+	  $(NVIM_CORE)
 	@$(MAKE) -s -C bench clean 2>/dev/null || true

@@ -2,9 +2,9 @@
 -- (a retry, a warning, the error of a task nobody joined) comes here, and
 -- goes to the first of
 --   1. the function given to rw.configure{log = fn} (false: nowhere);
---   2. the sink of the host ratewise runs in (Neovim's vim.notify, set by
---      ratewise.hosts.nvim);
---   3. nginx's error log inside OpenResty;
+--   2. the sink a host set (log.set_host);
+--   3. nginx's error log inside OpenResty, vim.notify inside Neovim
+--      (ratewise/hosts/nvim.lua);
 --   4. standard error.
 -- A line has one of three levels:
 --   "info"   the library did its job and says so (a retry);
@@ -34,11 +34,12 @@ end
 -- Rules 3 and 4.
 local function fallback(line, level)
   local ngx = ngx_api()
-  if ngx then
-    ngx.log(ngx[LEVELS[level]], line)
-  else
-    io.stderr:write(line, "\n")
+  if ngx then return ngx.log(ngx[LEVELS[level]], line) end
+  if rawget(_G, "vim") ~= nil then
+    local nvim = require "ratewise.hosts.nvim"
+    if nvim.active() then return nvim.notify(line, level) end
   end
+  io.stderr:write(line, "\n")
 end
 
 local function to(sink, line, level)

@@ -26,6 +26,7 @@ local core = require "ratewise.core"
 local scheduler = require "ratewise.scheduler"
 local openresty = require "ratewise.hosts.openresty"
 local cqueues = require "ratewise.hosts.cqueues"
+local nvim = require "ratewise.hosts.nvim"
 local log = require "ratewise.log"
 
 local now = core.now
@@ -159,6 +160,10 @@ scheduler.set_kick(function()
   openresty.kick()
   cqueues.kick()
 end)
+
+-- Inside Neovim the editor's loop runs ratewise's tasks (hosts/nvim.lua):
+-- a task spawned by any plugin runs with nothing more to set up.
+if nvim.active() then nvim.start() end
 
 ---------------------------------------------------------------------------
 -- rw.configure
