@@ -226,9 +226,13 @@ lint: deps deps-check
 # LuaJIT loads Lua 5.1 modules: its rocks go to luarocks' 5.1 tree (which
 # LuaJIT searches too), built against LuaJIT's own headers.
 ROCKS_LUA = $(if $(filter luajit,$(LUA)),5.1 LUA_INCDIR=/usr/include/luajit-2.1,$(subst lua,,$(LUA)))
+# luarocks' builtin copies all of lua/: `make nvim`'s LuaJIT core is set
+# aside meanwhile, so that it does not land among the installed Lua files.
 install: deps
-	luarocks --lua-version $(ROCKS_LUA) make --deps-mode=none rockspec/ratewise-scm-1.rockspec
-	rm -rf ratewise src/*.o
+	@if [ -e $(NVIM_CORE) ]; then mv -f $(NVIM_CORE) $(NVIM_CORE).aside; fi; \
+	luarocks --lua-version $(ROCKS_LUA) make --deps-mode=none rockspec/ratewise-scm-1.rockspec; rc=$$?; \
+	if [ -e $(NVIM_CORE).aside ]; then mv -f $(NVIM_CORE).aside $(NVIM_CORE); fi; \
+	rm -rf ratewise src/*.o; exit $$rc
 
 # ---- fuzzing: one libFuzzer target per parser of src/parse.c (fuzz/) ----
 # `make fuzz FUZZ_SECONDS=600` for a long run; each target prints one line.
@@ -299,7 +303,7 @@ $(ASAN_HOST): examples/host.c Makefile | deps-check
 # Any ASan, LeakSanitizer or UBSan report fails the run (exit status), as a
 # failed spec does. --ignore-lua: .busted's `lua` would re-run busted
 # through a plain lua5.4; --cpath puts build-asan/ before .busted's build/.
-test-asan: deps $(CORE) examples $(ASAN_CORE) $(ASAN_HOST) luajit-core
+test-asan: deps $(CORE) examples $(ASAN_CORE) $(ASAN_HOST) luajit-core nvim
 	LUA_PATH="./lua/?.lua;./lua/?/init.lua;./?.lua;;" LUA_CPATH="./$(ASAN_BUILD)/?.so;;" $(ASAN_ENV) \
 	  $(ASAN_LUA) /usr/bin/busted --ignore-lua --cpath="./$(ASAN_BUILD)/?.so" -o spec/support/summary.lua spec/
 
@@ -315,7 +319,7 @@ VALGRIND_SPECS ?= spec/
 VALGRIND_FLAGS := -q --trace-children=no --leak-check=full --show-leak-kinds=definite,indirect \
                   --errors-for-leak-kinds=definite,indirect --error-exitcode=99 --num-callers=30
 
-test-valgrind: deps deps-check $(CORE) examples luajit-core
+test-valgrind: deps deps-check $(CORE) examples luajit-core nvim
 	@start=$$(date +%s); \
 	$(LUA_ENV) LD_PRELOAD=libcurl.so.4 valgrind $(VALGRIND_FLAGS) $$(command -v $(LUA)) /usr/bin/busted \
 	  --ignore-lua -o utfTerminal $(VALGRIND_SPECS); rc=$$?; \

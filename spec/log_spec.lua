@@ -61,6 +61,26 @@ describe("the log sink", function()
     assert.equal(1, #lines)
   end)
 
+  it("goes to a host's own sink unless the caller gave one; log = true goes back to it", function()
+    local log = require "ratewise.log"
+    local hosted = {}
+    log.set_host(function(line, level) hosted[#hosted + 1] = level .. " " .. line end)
+    finally(function() log.set_host(nil) end)
+    rw.spawn(function() error("first") end)
+    while rw.step(1) > 0 do end
+    rw.configure { log = collect }
+    rw.spawn(function() error("second") end)
+    while rw.step(1) > 0 do end
+    rw.configure { log = true }
+    rw.spawn(function() error("third") end)
+    while rw.step(1) > 0 do end
+    assert.equal(2, #hosted)
+    assert.matches("^error ratewise: a task failed and nobody joined it: .*first", hosted[1])
+    assert.matches("^error ratewise: a task failed and nobody joined it: .*third", hosted[2])
+    assert.equal(1, #lines)
+    assert.matches("second", lines[1].line)
+  end)
+
   it("refuses what is not a function or a boolean, naming the option", function()
     for _, bad in ipairs { 42, "stderr", {} } do
       local ok, err = pcall(rw.configure, { log = bad })
