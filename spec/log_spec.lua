@@ -81,6 +81,25 @@ describe("the log sink", function()
     assert.matches("second", lines[1].line)
   end)
 
+  it("sends a line written while the log function runs to the default place, not into the function again", function()
+    s:script("/busy", { { status = 503, headers = { ["Retry-After"] = "0" } }, { status = 200, body = "ok" } })
+    s:script("/ship", { { status = 503, headers = { ["Retry-After"] = "0" } }, { status = 200, body = "ok" } })
+    local out, err = run_apart(([[
+      local rw = require "ratewise"
+      local seen = 0
+      rw.configure { log = function(line)
+        seen = seen + 1
+        io.stdout:write("sink ", line:match("^%%S+ %%S+ (%%S+)"), "\n")
+        assert(rw.fetch("%s", { base = 0.01 }))  -- ships the line, and retries once itself
+      end }
+      assert(rw.fetch("%s", { base = 0.01 }))
+      io.stdout:write("seen ", seen, "\n")
+    ]]):format(s:url("/ship"), s:url("/busy")))
+    assert.equal("sink " .. s:url("/busy") .. "\nseen 1\n", out)
+    assert.matches("^retrying GET " .. s:url("/ship"):gsub("%p", "%%%0") .. " in ", err)
+    assert.equal(2, #s:log("/ship"))
+  end)
+
   it("refuses what is not a function or a boolean, naming the option", function()
     for _, bad in ipairs { 42, "stderr", {} } do
       local ok, err = pcall(rw.configure, { log = bad })

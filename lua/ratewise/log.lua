@@ -13,17 +13,21 @@
 --            a host driver's failed step).
 -- Neither the line nor the failure of a log function may break the call
 -- that wrote it: a log function that raises has its line written to the
--- default place instead, and the failure said there once.
+-- default place instead, and the failure said there once. Rules 1 and 2
+-- must not wait (a line may come from the scheduler itself).
 local rawget, type, tostring, pcall = rawget, type, tostring, pcall
 
 local log = {}
 
 local LEVELS = { info = "INFO", warn = "WARN", error = "ERR" }
-log.LEVELS = LEVELS
 
 local configured = nil -- rw.configure{log = fn | false}
 local host_sink = nil  -- a host's own sink (log.set_host)
 local told_failure = false
+-- A line written while the log function runs (one that fetches, and whose
+-- fetch retries) goes to the default place: handed to the log function
+-- again, it could write lines without end.
+local in_sink = false
 
 local function ngx_api()
   local ngx = rawget(_G, "ngx")
@@ -43,7 +47,10 @@ local function fallback(line, level)
 end
 
 local function to(sink, line, level)
+  if in_sink then return fallback(line, level) end
+  in_sink = true
   local ok, err = pcall(sink, line, level)
+  in_sink = false
   if ok then return end
   fallback(line, level)
   if not told_failure then

@@ -63,14 +63,19 @@ end
 -- its own, on a descriptor of its own).
 local function new_driver(vim)
   local uv = vim.loop
+  -- An engine without a descriptor to watch (a poll(2) build) says in its
+  -- timeout when to look again: the timer alone drives it.
   local fd = scheduler.pollable.pollfd()
-  local poll, why = uv.new_poll(fd)
-  if not poll then
-    error("ratewise: cannot watch the scheduler's descriptor in Neovim's loop (" .. tostring(why) .. "): another "
-      .. "poll handle watches it already (the luv adapter of docs/hosts.md?); in Neovim ratewise drives itself", 0)
+  local poll, why
+  if fd then
+    poll, why = uv.new_poll(fd)
+    if not poll then
+      error("ratewise: cannot watch the scheduler's descriptor in Neovim's loop (" .. tostring(why) .. "): another "
+        .. "poll handle watches it already (the luv adapter of docs/hosts.md?); in Neovim ratewise drives itself", 0)
+    end
   end
   local timer, prepare = uv.new_timer(), uv.new_prepare()
-  local driver = { steps = 0, fd = fd }
+  local driver = { fd = fd }
   -- scheduled: a step is queued with vim.schedule; stepping: a step runs
   -- (a task inside it that lets Neovim handle events, vim.wait, may see
   -- the callbacks come again: the step on the stack arms the handles when
@@ -83,7 +88,7 @@ local function new_driver(vim)
   local function request()
     if scheduled then return end
     scheduled = true
-    poll:stop()
+    if poll then poll:stop() end
     timer:stop()
     vim.schedule(step)
   end
@@ -95,14 +100,13 @@ local function new_driver(vim)
     -- 0 (ready tasks, or a step whose budget ran out) is the next turn of
     -- the loop, after it has read the keyboard: the editor stays responsive
     if t then timer:start(ceil(t * 1000), 0, request) end
-    poll:start("r", request)
+    if poll then poll:start("r", request) end
   end
 
   function step()
     scheduled = false
     if stepping then return end
     stepping = true
-    driver.steps = driver.steps + 1
     local ok, err = pcall(scheduler.step, 0)
     stepping = false
     if not ok then log.write("ratewise: the driver's step failed: " .. tostring(err), "error") end
