@@ -271,6 +271,7 @@ int luaopen_ratewise_core(lua_State *L)
     rw_bucket_register(L);
     rw_engine_register(L);
     rw_redis_register(L);
+    rw_term_register(L);
     lua_pushliteral(L, RW_VERSION);
     lua_setfield(L, -2, "version");
     lua_pushstring(L, curl_version());
