@@ -31,16 +31,16 @@ static void term_on_sigint(int sig)
 #define TERM_SAVED "ratewise.term_saved_sigint"
 
 /* core.trap_sigint() -> saved: from now on SIGINT sets the flag that
- * core.interrupted() reads. Once only (SA_RESETHAND): a second Ctrl-C ends
- * the process as it would have without the trap. saved holds the action
- * that was in place, for core.release_sigint. */
+ * core.interrupted() reads, however many come (timeout(1) relays one to
+ * the process and again to its group: a second one must not kill). saved
+ * holds the action that was in place, for core.release_sigint. */
 static int term_l_trap_sigint(lua_State *L)
 {
     struct sigaction action;
     struct sigaction *saved = (struct sigaction *)lua_newuserdata(L, sizeof *saved);
     memset(&action, 0, sizeof action);
     action.sa_handler = term_on_sigint;
-    action.sa_flags = SA_RESETHAND;
+    action.sa_flags = 0;
     (void)sigemptyset(&action.sa_mask);
     term_interrupted = 0;
     if (sigaction(SIGINT, &action, saved) != 0) {
