@@ -34,7 +34,7 @@ build = {
    install = { bin = { ratewise = "bin/ratewise" } },
    -- The Lua modules need no list: builtin copies the top-level lua/ folder,
    -- whose paths mirror the module names (ratewise/init.lua, ratewise/*.lua,
-   -- ratewise/providers/*.lua).
+   -- ratewise/providers/*.lua, ratewise/hosts/*.lua, ratewise/cli/*.lua).
    modules = {
       ["ratewise.core"] = {
          sources = { "src/bucket.c", "src/core.c", "src/engine.c", "src/lparse.c", "src/parse.c", "src/request.c",
