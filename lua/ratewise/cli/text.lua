@@ -4,8 +4,7 @@
 -- takes surrogates), and base64 would otherwise bring in a dependency
 -- (luasocket's mime) for the command-line tool alone: libcurl keeps its own
 -- private.
-local byte, char, find, sub, gsub, concat = string.byte, string.char, string.find, string.sub, string.gsub,
-  table.concat
+local byte, char, find, sub, concat = string.byte, string.char, string.find, string.sub, table.concat
 local floor = math.floor
 
 local text = {}
@@ -109,12 +108,6 @@ function text.base64_decode(s)
     if (pad_c or pad_d) and i + 4 <= #s then return nil end
   end
   return concat(out)
-end
-
---- s with each control character but tab as \ddd (for a message that
--- quotes what a caller wrote).
-function text.quote(s)
-  return (gsub(text.printable(s), "[%z\1-\8\10-\31\127]", function(ch) return "\\" .. byte(ch) end))
 end
 
 return text
