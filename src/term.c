@@ -44,6 +44,7 @@ static int term_l_trap_sigint(lua_State *L)
     (void)sigemptyset(&action.sa_mask);
     term_interrupted = 0;
     if (sigaction(SIGINT, &action, saved) != 0) {
+        lua_pop(L, 1);
         lua_pushnil(L);
         lua_pushstring(L, strerror(errno));
         return 2;

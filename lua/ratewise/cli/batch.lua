@@ -143,7 +143,9 @@ function batch.run(path, o, err_out, base, fail)
         local sent, why_not = compat.pcall(send, item)
         in_flight[task] = nil
         slots:release()
-        if not sent and why_not ~= scheduler.CANCELLED then
+        if why_not == scheduler.CANCELLED then
+          cancelled(item, true)
+        elseif not sent then
           record(item, nil, nil, { kind = "internal", message = tostring(why_not) })
         end
       end)
@@ -176,7 +178,7 @@ function batch.run(path, o, err_out, base, fail)
     end
     watcher:cancel()
   end)
-  core.release_sigint(trap)
+  if trap then core.release_sigint(trap) end
   if not ok then error(err, 0) end
   if show_progress then
     draw()
