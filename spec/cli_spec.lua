@@ -360,9 +360,12 @@ describe("the ratewise command", function()
         assert.matches("ratewise: cannot write to .*: No space left on device", shown)
         assert.matches("6 requests in [%d.]+ s .*; 6 results not written", shown)
       end
+      -- one result at a time, 0.15 s apart: head has gone by the second
+      local slow = slow_batch(4)
       local status, err = os.tmpname(), os.tmpname()
-      subprocess.shell("{ " .. command("batch --no-progress " .. file) .. " 2>" .. err .. "; echo $? >" .. status
-        .. "; } | head -c 1 >/dev/null")
+      subprocess.shell("{ " .. command("batch --no-progress --concurrency 1 " .. slow) .. " 2>" .. err .. "; echo $? >"
+        .. status .. "; } | head -c 1 >/dev/null")
+      os.remove(slow)
       assert.equal("23", slurp(status):match("%d+"))
       assert.matches("^ratewise: cannot write to standard output: Broken pipe", slurp(err))
       local _, why, code = ratewise("batch -o /nonexistent/dir/out " .. file)
@@ -438,6 +441,29 @@ describe("the ratewise command", function()
         assert.is_true(took < 5, ("took %.2f s"):format(took))
       end
       os.remove(file)
+    end)
+
+    it("on Ctrl-C sends none of the requests still queued for --rate's tokens", function()
+      s:script("/slow", { { status = 200, delay = 1, body = "done" } })
+      local urls = {}
+      for i = 1, 6 do urls[i] = s:url("/slow") end
+      local file = write_file(table.concat(urls, "\n"))
+      local out_file, err_file = os.tmpname(), os.tmpname()
+      local _, code = subprocess.shell(command("batch --no-progress --rate 2 --concurrency 4 " .. file)
+        .. " >" .. out_file .. " 2>" .. err_file .. " & pid=$!; "
+        .. "for i in $(seq 200); do curl -s " .. quote(s:url("/_log?path=/slow")) .. " | grep -q slow && break; "
+        .. "sleep 0.05; done; kill -INT $pid; wait $pid")
+      os.remove(file)
+      local out, err = slurp(out_file), slurp(err_file)
+      assert.equal(130, code, err)
+      local rows = json_lines(out)
+      assert.equal(6, #rows, out .. err)
+      assert.is_true(rows[1].ok, out)
+      for i = 2, 6 do
+        assert.equal("cancelled", rows[i].error.kind)
+        assert.matches("^not sent", rows[i].error.message)
+      end
+      assert.equal(1, #s:log("/slow"))
     end)
 
     it("fits the bar to the terminal's width and clears it before a result line on the same terminal", function()

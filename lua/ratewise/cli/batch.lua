@@ -67,6 +67,32 @@ function batch.run(path, o, err_out, base, fail)
   end
   base.on_event, base.on_retry = events, false
 
+  -- task coroutine -> true once a request of it may have reached the
+  -- server; refused: those the limiter turned away after a stop
+  local started, refused = {}, {}
+  local limited = base.limiter ~= nil
+  if limited then
+    -- The limiter's tokens tell a request that goes out from one still
+    -- queued (which a stop cancels at once: it was never sent); after a
+    -- stop none is given, not even to a retry. Every other method (wait_time,
+    -- observe, a provider's sync) is the bucket's own.
+    local bucket = base.limiter
+    base.limiter = setmetatable({
+      acquire = function(_, n, sleep, max_wait)
+        local me = compat.running() or "main"
+        local granted, wait = false, nil
+        if not stop_reason then granted, wait = bucket:acquire(n, sleep, max_wait) end
+        if granted and stop_reason then granted = false end
+        if granted then started[me] = true elseif stop_reason then refused[me] = true end
+        return granted, wait
+      end,
+    }, { __index = function(_, name)
+      local value = bucket[name]
+      if type(value) ~= "function" then return value end
+      return function(_, ...) return value(bucket, ...) end
+    end })
+  end
+
   -- One result: counted, then written (unless a write failed before).
   local function record(item, req, res, err)
     st.waits[compat.running() or "main"] = nil
@@ -101,6 +127,8 @@ function batch.run(path, o, err_out, base, fail)
   local function send(item)
     local req, line_why = input.parse_line(item.text, item.n)
     if not req then return record(item, nil, nil, { kind = "input", message = line_why }) end
+    local me = compat.running() or "main"
+    if not limited then started[me] = true end
     local opts = setmetatable({}, { __index = base })
     local h = {}
     for k, v in pairs(base.headers) do h[k] = v end
@@ -108,8 +136,8 @@ function batch.run(path, o, err_out, base, fail)
     opts.headers, opts.method, opts.body, opts.json = h, req.method, req.body, req.json
     if req.idempotency_key ~= nil then opts.idempotency_key = req.idempotency_key end
     local ok, res, err = compat.pcall(rw.fetch, req.url, opts)
-    if ok then return record(item, req, res, err) end
-    if res == scheduler.CANCELLED then return cancelled(item, true) end
+    if ok and not (res == nil and refused[me]) then return record(item, req, res, err) end
+    if ok or res == scheduler.CANCELLED then return cancelled(item, started[me]) end
     record(item, req, nil, { kind = "input", message = tostring(res) })
   end
 
@@ -117,6 +145,7 @@ function batch.run(path, o, err_out, base, fail)
   local ok, err = compat.pcall(rw.run, function()
     local slots = rw.semaphore(o.concurrency or 4)
     local in_flight = {} -- task -> item
+    local coroutine_of = {} -- task -> its coroutine (the key of started)
     local watcher = rw.spawn(function()
       while true do
         if not stop_reason and core.interrupted() then stop_reason = "interrupt" end
@@ -140,14 +169,17 @@ function batch.run(path, o, err_out, base, fail)
       end
       local task
       task = rw.spawn(function()
+        local me = compat.running()
+        coroutine_of[task] = me
         local sent, why_not = compat.pcall(send, item)
-        in_flight[task] = nil
+        in_flight[task], coroutine_of[task] = nil, nil
         slots:release()
         if why_not == scheduler.CANCELLED then
-          cancelled(item, true)
+          cancelled(item, started[me])
         elseif not sent then
           record(item, nil, nil, { kind = "internal", message = tostring(why_not) })
         end
+        started[me], refused[me] = nil, nil
       end)
       in_flight[task] = item
     end
@@ -156,14 +188,14 @@ function batch.run(path, o, err_out, base, fail)
     while next(in_flight) do
       if stop_reason then
         grace_ends = grace_ends or rw.now() + batch.GRACE
-        if rw.now() >= grace_ends then
-          for task, item in pairs(in_flight) do
-            if task:status() == "done" then -- cancelled before it ever ran
-              in_flight[task] = nil
-              cancelled(item, false)
-            else
-              task:cancel()
-            end
+        local graced = rw.now() >= grace_ends
+        for task, item in pairs(in_flight) do
+          if task:status() == "done" then -- cancelled before it ever ran
+            in_flight[task] = nil
+            cancelled(item, false)
+          elseif graced or not started[coroutine_of[task]] then
+            -- (one queued for a token has sent nothing: it goes at once)
+            task:cancel()
           end
         end
       end
