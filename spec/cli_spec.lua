@@ -185,6 +185,19 @@ describe("the ratewise command", function()
       assert.is_nil(s:log("/pay")[2].headers["idempotency-key"])
     end)
 
+    it("on Ctrl-C stops the request, says so and exits 130", function()
+      s:script("/stuck", { { status = 200, delay = 20 } })
+      local err_file = os.tmpname()
+      local t0 = require("ratewise").now()
+      local _, code = subprocess.shell(command("get " .. s:url("/stuck")) .. " >/dev/null 2>" .. err_file
+        .. " & pid=$!; for i in $(seq 200); do curl -s " .. quote(s:url("/_log?path=/stuck"))
+        .. " | grep -q stuck && break; sleep 0.05; done; kill -INT $pid; wait $pid")
+      local err = slurp(err_file)
+      assert.equal(130, code, err)
+      assert.equal("ratewise: interrupted\n", err)
+      assert.is_true(require("ratewise").now() - t0 < 5)
+    end)
+
     it("takes rates per second, minute, hour or day", function()
       local t0 = require("ratewise").now()
       local _, err, code = ratewise("batch --no-progress --rate 300/m --concurrency 4 -",

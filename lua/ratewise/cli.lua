@@ -7,6 +7,7 @@ local rw = require "ratewise"
 local core = require "ratewise.core"
 local compat = require "ratewise.compat"
 local json = require "ratewise.json"
+local scheduler = require "ratewise.scheduler"
 local batch = require "ratewise.cli.batch"
 local input = require "ratewise.cli.input"
 local output = require "ratewise.cli.output"
@@ -50,7 +51,7 @@ options:
   -h, --help                  this text
 
 exit status: 0 when every request succeeded, 1 when one failed, 2 for bad usage,
-23 when the output could not be written, 130 when batch was interrupted.
+23 when the output could not be written, 130 when interrupted (Ctrl-C).
 ]]
 
 -- Raised for a command that cannot run; main() prints its message, with a
@@ -202,6 +203,28 @@ end
 ---------------------------------------------------------------------------
 -- ratewise get
 
+-- fn's result, run as a task that Ctrl-C cancels (nil then); fn's error is
+-- raised. The interpreter's own handler would raise "interrupted!" from
+-- whatever Lua code runs next, inside the scheduler or a transfer's wait.
+local function until_interrupted(fn)
+  local trap = core.trap_sigint()
+  local ok, ran, result = compat.pcall(rw.run, function()
+    local worker = rw.spawn(function() return compat.pcall(fn) end)
+    local watcher = rw.spawn(function()
+      while not core.interrupted() do rw.sleep(0.1) end
+      worker:cancel()
+    end)
+    local fn_ok, value = worker:join()
+    watcher:cancel()
+    return fn_ok, value
+  end)
+  if trap then core.release_sigint(trap) end
+  if not ok then error(ran, 0) end
+  if ran == nil or result == scheduler.CANCELLED then return nil end
+  if ran == false then error(result, 0) end
+  return result
+end
+
 local function print_head(out, res)
   local lines = { format("HTTP/%s %d\r\n", res.http_version or "1.1", res.status) }
   local names = {}
@@ -232,23 +255,30 @@ local function run_get(url, o, err_out)
   opts.stream = o.stream or nil
   local out, why = output.open(o.output)
   if not out then fail(output.WRITE_FAILED, "%s", why) end
-  local res, err = rw.fetch(url, opts)
-  local shown = res or (err and err.response)
-  if shown then
-    local written = not o.include or print_head(out, shown)
-    if res and o.stream then
-      while written do
-        local chunk, cerr = res:read()
-        if cerr then err = cerr end
-        if not chunk then break end
-        written = out:write(chunk)
+  local err = until_interrupted(function()
+    local res, fetch_err = rw.fetch(url, opts)
+    local shown = res or (fetch_err and fetch_err.response)
+    if shown then
+      local written = not o.include or print_head(out, shown)
+      if res and o.stream then
+        while written do
+          local chunk, cerr = res:read()
+          if cerr then fetch_err = cerr end
+          if not chunk then break end
+          written = out:write(chunk)
+        end
+        if not written then res:close() end
+      elseif written then
+        out:write(shown.body or "")
       end
-      if not written then res:close() end
-    elseif written then
-      out:write(shown.body or "")
     end
-  end
+    return fetch_err or false
+  end)
   out:close()
+  if err == nil then
+    err_out:write("ratewise: interrupted\n")
+    return batch.INTERRUPTED
+  end
   if out.failed then
     err_out:write("ratewise: ", out.failed, "\n")
     return output.WRITE_FAILED

@@ -23,7 +23,7 @@ batch.GRACE = 2
 
 -- The exit status after an interrupt: 128 + SIGINT, as a shell reports a
 -- command that SIGINT ended.
-local INTERRUPTED = 130
+batch.INTERRUPTED = 130
 
 local CANCEL_MESSAGES = {
   interrupt = "the batch was interrupted",
@@ -223,7 +223,7 @@ function batch.run(path, o, err_out, base, fail)
   if st.unwritten > 0 then line = line .. format("; %d result%s not written", st.unwritten,
     st.unwritten == 1 and "" or "s") end
   err_out:write(line, "\n")
-  if stop_reason == "interrupt" then return INTERRUPTED end
+  if stop_reason == "interrupt" then return batch.INTERRUPTED end
   if out.failed then return output.WRITE_FAILED end
   return st.failed == 0 and 0 or 1
 end
