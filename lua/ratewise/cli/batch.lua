@@ -217,6 +217,7 @@ function batch.run(path, o, err_out, base, fail)
     err_out:write("\n")
   end
   out:close()
+  if reader.failed then err_out:write("ratewise: ", reader.failed, "\n") end
   if out.failed then err_out:write("ratewise: ", out.failed, "\n") end
   st.total = st.done
   local line = progress.summary(st)
@@ -225,6 +226,7 @@ function batch.run(path, o, err_out, base, fail)
   err_out:write(line, "\n")
   if stop_reason == "interrupt" then return batch.INTERRUPTED end
   if out.failed then return output.WRITE_FAILED end
+  if reader.failed then return 2 end
   return st.failed == 0 and 0 or 1
 end
 

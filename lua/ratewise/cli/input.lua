@@ -158,7 +158,8 @@ end
 -- More bytes of standard input: waits on the scheduler (the requests in
 -- flight go on meanwhile) until some come, the input ends or stop() says
 -- to give up. A descriptor epoll cannot watch (a regular file, /dev/null)
--- never blocks a read.
+-- never blocks a read. A read that fails ends the input (reader.failed
+-- says why).
 function Reader:fill(stop)
   while true do
     if stop() then return false end
@@ -170,7 +171,10 @@ function Reader:fill(stop)
         self.buffer, self.at = sub(self.buffer, self.at) .. bytes, 1
         return true
       end
-      if why ~= "interrupted" then error({ message = "cannot read standard input: " .. why }, 0) end
+      if why ~= "interrupted" then
+        self.failed = "cannot read standard input: " .. why -- the input ends there
+        return false
+      end
     end
   end
 end
