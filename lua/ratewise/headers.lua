@@ -138,7 +138,10 @@ function headers.request_lines(t, extra_secrets)
   local bytes = 0
   for name, value in pairs(t) do
     if type(name) ~= "string" or not is_token(name) then
-      error(format("fetch: header name %q is not a valid HTTP field name", tostring(name)), 3)
+      -- not repeated: a pasted "Authorization Bearer ..." holds a credential
+      error(type(name) == "string"
+        and "fetch: a header name is not a valid HTTP field name (not shown: it may hold a credential)"
+        or format("fetch: a header name is a %s, not a string", type(name)), 3)
     end
     local tv = type(value)
     if tv == "number" then
