@@ -39,8 +39,14 @@ local function sequence_at(s, i)
   return n
 end
 
+-- Lua 5.4's utf8.len refuses what the check below refuses (overlong forms,
+-- surrogates, past U+10FFFF), many times faster; 5.3's takes surrogates.
+local utf8_lib = rawget(_G, "utf8")
+local utf8_len = _VERSION == "Lua 5.4" and utf8_lib and utf8_lib.len
+
 --- text.is_utf8(s): whether s is well-formed UTF-8.
 function text.is_utf8(s)
+  if utf8_len then return utf8_len(s) ~= nil end
   local i = find(s, "[\128-\255]")
   while i do
     local n = sequence_at(s, i)
