@@ -505,3 +505,30 @@ describe("the ratewise command", function()
     end)
   end)
 end)
+
+describe("the ratewise command's text helpers", function()
+  local text = require "ratewise.cli.text"
+
+  it("tells well-formed UTF-8 from the rest, as RFC 3629 does", function()
+    for _, good in ipairs { "", "ascii", "é", "日本", "\240\159\152\128", "\244\143\191\191", "\237\159\191" } do
+      assert.is_true(text.is_utf8(good), good)
+    end
+    -- overlong forms, surrogates, past U+10FFFF, cut short, a stray continuation
+    for _, bad in ipairs { "\192\128", "\224\128\128", "\237\160\128", "\244\144\128\128", "\248\136\128\128\128",
+      "\195", "a\226\130", "\128", "\255" } do
+      assert.is_false(text.is_utf8(bad), (bad:gsub(".", function(c) return "\\" .. c:byte() end)))
+    end
+    assert.equal("a\239\191\189b\239\191\189é", text.printable("a\255b\195é"))
+  end)
+
+  it("writes and reads base64 (RFC 4648 test vectors)", function()
+    for plain, encoded in pairs { [""] = "", f = "Zg==", fo = "Zm8=", foo = "Zm9v", foob = "Zm9vYg==",
+      fooba = "Zm9vYmE=", foobar = "Zm9vYmFy", ["\0\255\254"] = "AP/+" } do
+      assert.equal(encoded, text.base64(plain))
+      assert.equal(plain, text.base64_decode(encoded))
+    end
+    for _, bad in ipairs { "Zg=", "Zg", "Z===", "Zg==Zg==", "Zm9v!", "=Zg=" } do
+      assert.is_nil(text.base64_decode(bad), bad)
+    end
+  end)
+end)
