@@ -502,6 +502,35 @@ describe("the first burst to an https origin", function()
     assert.is_true(rw.now() - t0 < 3)
   end)
 
+  -- A held request waits for the probe's answer at most half its own
+  -- timeout, then goes on without it, on a connection of its own.
+  it("lets held requests go on unheld when the first answer is slower than their timeout", function()
+    with_origin(function(s, url)
+      s:script("/late", { { status = 200, delay = 1.5, body = "first" }, { status = 200, body = "next" } })
+      local results, ends = {}, {}
+      local t0 = rw.now()
+      rw.run(function()
+        local first = rw.spawn(function() return rw.fetch(url("/late"), opts { ca_file = s.ca_file }) end)
+        rw.sleep(0.05)
+        local held = {}
+        for i = 1, 3 do
+          held[i] = rw.spawn(function()
+            local res, err = rw.fetch(url("/late"), opts { ca_file = s.ca_file, timeout = 0.8 })
+            ends[i] = rw.now() - t0
+            results[i] = res and res.body or tostring(err)
+          end)
+        end
+        for i = 1, 3 do held[i]:join() end
+        assert.equal("first", assert(first:join()).body)
+      end)
+      assert.same({ "next", "next", "next" }, results)
+      assert.equal(4, #s:log("/late"))
+      for i = 1, 3 do
+        assert.is_true(ends[i] < 1.2, ("held request %d ended at %.2f s, after the first answer"):format(i, ends[i]))
+      end
+    end)
+  end)
+
   it("lets a held request that is cancelled leave the line, sending nothing", function()
     with_origin(function(s, url)
       s:script("/slow", { { status = 200, delay = 0.3 }, { status = 200 } })

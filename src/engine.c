@@ -129,6 +129,13 @@ typedef struct engine_gate {
  * (engine_gate_stale). */
 #define ENGINE_GATE_RECHECK 1.0
 
+/* A held transfer waits for its probe's answer at most this share of its
+ * timeout (and of its first_byte_timeout), then goes on without it, on a
+ * connection of its own: a probe the server is slow to answer must not end
+ * the transfers behind it unsent, and what is left of their time is theirs
+ * to be answered in (engine_expiry). */
+#define ENGINE_HOLD_SHARE 0.5
+
 typedef struct engine {
     CURLM *multi;
     engine_list running;  /* on the multi handle (running or queued by libcurl) */
@@ -624,27 +631,48 @@ static int engine_gate_hold(engine *e, transfer *t)
     return 0;
 }
 
-/* The transfers a gate held go on, in order. Not from a libcurl callback:
- * curl_multi_add_handle refuses to run inside one. */
+/* Held transfer t, out of its gate's line, goes on: onto the multi
+ * handle. Not from a libcurl callback: curl_multi_add_handle refuses to run
+ * inside one. */
+static void engine_gate_go(engine *e, transfer *t)
+{
+    CURLMcode mc;
+    t->held = 0;
+    t->gate_slot = 0;
+    t->held_next = NULL;
+    mc = curl_multi_add_handle(e->multi, t->easy);
+    if (mc != CURLM_OK) {
+        engine_finish(t, CURLE_OUT_OF_MEMORY, ABORT_NONE);
+        (void)snprintf(t->errbuf, sizeof t->errbuf, "libcurl could not start the transfer (%s)",
+                       curl_multi_strerror(mc));
+        engine_queue(e, t);
+    }
+}
+
+/* The transfers a gate held go on, in order. */
 static void engine_gate_open(engine *e, engine_gate *g)
 {
     transfer *t = g->held;
     g->held = g->held_tail = NULL;
     while (t) {
         transfer *next = t->held_next;
-        CURLMcode mc;
-        t->held = 0;
-        t->gate_slot = 0;
-        t->held_next = NULL;
-        mc = curl_multi_add_handle(e->multi, t->easy);
-        if (mc != CURLM_OK) {
-            engine_finish(t, CURLE_OUT_OF_MEMORY, ABORT_NONE);
-            (void)snprintf(t->errbuf, sizeof t->errbuf, "libcurl could not start the transfer (%s)",
-                           curl_multi_strerror(mc));
-            engine_queue(e, t);
-        }
+        engine_gate_go(e, t);
         t = next;
     }
+}
+
+/* Held transfer t leaves its gate's line. */
+static void engine_gate_unlink(engine_gate *g, transfer *t)
+{
+    transfer **p, *prev = NULL;
+    for (p = &g->held; *p; prev = *p, p = &(*p)->held_next) {
+        if (*p == t) {
+            *p = t->held_next;
+            if (g->held_tail == t) g->held_tail = prev;
+            break;
+        }
+    }
+    t->held = 0;
 }
 
 void rw_engine_answered(transfer *t)
@@ -675,15 +703,7 @@ static void engine_gate_leave(engine *e, transfer *t)
 {
     engine_gate *g = &e->gates[t->gate_slot - 1];
     if (t->held) {
-        transfer **p, *prev = NULL;
-        for (p = &g->held; *p; prev = *p, p = &(*p)->held_next) {
-            if (*p == t) {
-                *p = t->held_next;
-                if (g->held_tail == t) g->held_tail = prev;
-                break;
-            }
-        }
-        t->held = 0;
+        engine_gate_unlink(g, t);
     } else if (t->gate_probe) {
         t->gate_probe = 0;
         if (g->state == GATE_PROBING) {
@@ -762,13 +782,15 @@ static void engine_fail_all(engine *e, CURLMcode mc)
 }
 
 /* What the engine ends a transfer for, libcurl having no timer for it. */
-enum engine_expiry_kind { EXPIRY_NONE, EXPIRY_TIMEOUT, EXPIRY_FIRST_BYTE, EXPIRY_IDLE };
+enum engine_expiry_kind { EXPIRY_NONE, EXPIRY_TIMEOUT, EXPIRY_FIRST_BYTE, EXPIRY_IDLE, EXPIRY_HOLD };
 
 /* When the engine ends a running transfer if libcurl has not: its timeout
  * (libcurl's own, but not for a transfer queued for a connection: see
  * ENGINE_EXPIRY_GRACE); until its final headers are in, its
  * first_byte_timeout; then, while the reader keeps up (not paused), its
- * idle_timeout after the last body bytes. HUGE_VAL: never. */
+ * idle_timeout after the last body bytes. A held transfer is not ended but
+ * let go unheld, at its share of those (ENGINE_HOLD_SHARE). HUGE_VAL:
+ * never. */
 static double engine_expiry(const transfer *t, enum engine_expiry_kind *kind)
 {
     double at = HUGE_VAL;
@@ -786,6 +808,10 @@ static double engine_expiry(const transfer *t, enum engine_expiry_kind *kind)
     if (t->idle_timeout > 0 && t->head_ready && !t->paused && t->last_byte + t->idle_timeout < at) {
         at = t->last_byte + t->idle_timeout;
         *kind = EXPIRY_IDLE;
+    }
+    if (t->held && at != HUGE_VAL) {
+        at = t->started + (at - t->started) * ENGINE_HOLD_SHARE;
+        *kind = EXPIRY_HOLD;
     }
     return at;
 }
@@ -824,6 +850,15 @@ static void engine_expire(engine *e)
         after = t->next;
         if (now < at) {
             if (at < next) next = at;
+            continue;
+        }
+        if (kind == EXPIRY_HOLD) {
+            engine_gate_unlink(&e->gates[t->gate_slot - 1], t);
+            engine_gate_go(e, t);
+            if (t->state == TRANSFER_RUNNING) {
+                at = engine_expiry(t, &kind);
+                if (at < next) next = at;
+            }
             continue;
         }
         engine_finish(t, CURLE_OPERATION_TIMEDOUT, ABORT_NONE);
