@@ -56,6 +56,31 @@ describe("TLS", function()
     assert.equal(1, #s:log("/pin"))
   end)
 
+  -- libcurl reports a pin file it cannot read as a mismatch; the error names
+  -- the file and why it cannot be read instead.
+  it("names a pinned_public_key file that is missing or cannot be read, not a mismatch", function()
+    for _, path in ipairs { s.ca_dir .. "/no-such-pin.pem", s.ca_dir } do -- missing; a folder
+      local res, err = rw.fetch(s:url("/pin-file"), opts { ca_file = s.ca_file, pinned_public_key = path })
+      assert.is_nil(res)
+      assert.equal("network", err.kind)
+      local text = tostring(err)
+      assert.matches("pinned_public_key file " .. path .. " cannot be read", text, 1, true)
+      assert.matches(path == s.ca_dir and "Is a directory" or "No such file or directory", text, 1, true)
+      assert.not_matches("does not match", text, 1, true)
+    end
+    assert.equal(0, #s:log("/pin-file"))
+  end)
+
+  it("names a ca_path folder that does not exist", function()
+    local path = s.ca_dir .. "/no-such-folder"
+    local res, err = rw.fetch(s:url("/ca-path"), opts { ca_path = path })
+    assert.is_nil(res)
+    assert.equal("network", err.kind)
+    assert.matches("ca_path folder " .. path .. " cannot be read", tostring(err), 1, true)
+    assert.matches("No such file or directory", tostring(err), 1, true)
+    assert.equal(0, #s:log("/ca-path"))
+  end)
+
   it("keeps a handle's TLS options to its own request: the next one on it is back to the defaults", function()
     for _ = 1, 3 do
       assert(rw.fetch(s:url("/a"), opts { ca_file = s.ca_file }))
