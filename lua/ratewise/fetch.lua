@@ -68,33 +68,6 @@ end
 
 fetch.error_mt = error_mt
 
--- Why file `path` cannot be read (nil: it can), and whether it is a folder.
-local function unreadable(path)
-  local f, err = io.open(path, "rb")
-  if not f then return match(err, ": ([^:]*)$") or err, false end
-  local _, read_err = f:read(1)
-  f:close()
-  if read_err then return read_err, match(read_err, "[Ii]s a directory") ~= nil end
-  return nil, false
-end
-
--- libcurl reports a pin file it cannot read as a pin mismatch, and a
--- ca_path folder that is not there as an unknown issuer: the error names
--- the file and says what is wrong with it. (CURLcode numbers never change.)
-local CURLE_PEER_FAILED_VERIFICATION, CURLE_SSL_PINNEDPUBKEYNOTMATCH = 60, 90
-local function tls_file_problem(opts, code)
-  local pin, folder = opts.pinned_public_key, opts.ca_path
-  if code == CURLE_SSL_PINNEDPUBKEYNOTMATCH and type(pin) == "string" and sub(pin, 1, 8) ~= "sha256//" then
-    local why = unreadable(pin)
-    if why then return format("the pinned_public_key file %s cannot be read (%s)", pin, why) end
-  elseif code == CURLE_PEER_FAILED_VERIFICATION and type(folder) == "string" then
-    local why, is_folder = unreadable(folder)
-    if why and not is_folder then return format("the ca_path folder %s cannot be read (%s)", folder, why) end
-    if not why then return format("ca_path %s is a file, not a folder (ca_file takes a file)", folder) end
-  end
-  return nil
-end
-
 -- verify_tls = false is said once per process, on the operator's log
 -- (rw.configure{tls_warning = false} silences it): a setting copied from a
 -- test into production should not go unnoticed.
@@ -1260,7 +1233,7 @@ function fetch.fetch(url, opts, counters)
     else
       state = state or new_state(started, method, shown_url, max_elapsed, on_event)
       state.attempts, state.last_transport, state.hint = attempts, terr, nil
-      local message = terr.tls and tls_file_problem(opts, terr.code) or terr.message or "transport failure"
+      local message = terr.tls and response.tls_file_problem(opts, terr.code) or terr.message or "transport failure"
       if url_secrets then message = headers.scrub(message, url_secrets) end
       if header_secrets then message = headers.scrub(message, header_secrets) end
       message = headers.scrub_proxies(message, opts.proxy)

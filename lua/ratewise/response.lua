@@ -9,7 +9,7 @@ local headers = require "ratewise.headers"
 local json = require "ratewise.json"
 local runtime = require "ratewise.runtime"
 
-local format, concat = string.format, table.concat
+local format, concat, match, sub = string.format, table.concat, string.match, string.sub
 local error, setmetatable, rawget = error, setmetatable, rawget
 local response_headers = core.response_headers
 
@@ -55,6 +55,37 @@ response.mt = {
 local streams = setmetatable({}, { __mode = "k" })
 -- Responses not streamed whose body res:read() has given.
 local read_whole = setmetatable({}, { __mode = "k" })
+
+-- Why file `path` cannot be read (nil: it can), and whether it is a folder.
+local function unreadable(path)
+  local f, err = io.open(path, "rb")
+  if not f then return match(err, ": ([^:]*)$") or err, false end
+  local _, read_err = f:read(1)
+  f:close()
+  if read_err then return read_err, match(read_err, "[Ii]s a directory") ~= nil end
+  return nil, false
+end
+
+-- libcurl reports a pin file it cannot read as a pin mismatch, and a
+-- ca_path folder that is not there as an unknown issuer: the error names
+-- the file and says what is wrong with it. (CURLcode numbers never change.)
+local CURLE_PEER_FAILED_VERIFICATION, CURLE_SSL_PINNEDPUBKEYNOTMATCH = 60, 90
+
+--- why | nil = response.tls_file_problem(opts, code): for a transport
+-- failure of CURLcode `code`, what is wrong with a file the request's
+-- options name, when that is what failed.
+function response.tls_file_problem(opts, code)
+  local pin, folder = opts.pinned_public_key, opts.ca_path
+  if code == CURLE_SSL_PINNEDPUBKEYNOTMATCH and type(pin) == "string" and sub(pin, 1, 8) ~= "sha256//" then
+    local why = unreadable(pin)
+    if why then return format("the pinned_public_key file %s cannot be read (%s)", pin, why) end
+  elseif code == CURLE_PEER_FAILED_VERIFICATION and type(folder) == "string" then
+    local why, is_folder = unreadable(folder)
+    if why and not is_folder then return format("the ca_path folder %s cannot be read (%s)", folder, why) end
+    if not why then return format("ca_path %s is a file, not a folder (ca_file takes a file)", folder) end
+  end
+  return nil
+end
 
 --- res = response.new(res): gives a response table its methods, and its
 -- header tables their case-insensitive lookup (now, or when first read).
