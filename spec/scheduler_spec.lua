@@ -136,6 +136,22 @@ describe("the scheduler", function()
       assert.equal("woke", result)
     end)
 
+    -- A generic for calls its iterator with the last item: a wait that is
+    -- resumed with its own "ratewise.sleep" was taken for an item.
+    it("says so when a for loop over coroutine.wrap takes a wait's yield for an item", function()
+      local items = {}
+      local ok, err = pcall(function()
+        for item in coroutine.wrap(function()
+          for i = 1, 2 do coroutine.yield(assert(rw.fetch(s:url("/item/" .. i), quiet)).body) end
+        end) do
+          items[#items + 1] = item
+        end
+      end)
+      assert.is_false(ok)
+      assert.matches("ratewise: a wait's yield (\"ratewise.sleep\") was taken for an item", err, 1, true)
+      assert.same({ "ratewise.sleep" }, items) -- one, not one per wait
+    end)
+
     it("calls the host sleep set with rw.configure outside tasks", function()
       local asked = {}
       rw.configure { sleep = function(sec) asked[#asked + 1] = sec end }
@@ -325,6 +341,68 @@ describe("the scheduler", function()
         end
       end)
       assert.same({ 1, 2, 3, 4, 5, 6 }, order)
+    end)
+  end)
+
+  -- A task's wait is a yield: from a function Lua calls from C (a
+  -- table.sort comparator, a string.gsub callback) it cannot be made, and a
+  -- coroutine of the caller's own inside a task would yield to the task's
+  -- code, not to the scheduler. Each says so, sends nothing, and the other
+  -- tasks go on.
+  describe("a wait where a task cannot yield to the scheduler", function()
+    local function failure_of(fn)
+      local err, sibling
+      rw.run(function()
+        local other = rw.spawn(function() return assert(rw.fetch(s:url("/sibling"), quiet)).status end)
+        local _, e = rw.spawn(fn):join()
+        err = e
+        sibling = other:join()
+      end)
+      assert.equal(200, sibling)
+      return tostring(err)
+    end
+
+    it("says so when rw.fetch is called from a table.sort comparator", function()
+      local err = failure_of(function()
+        table.sort({ 3, 1, 2 }, function(a, b)
+          rw.fetch(s:url("/sorted"), quiet)
+          return a < b
+        end)
+      end)
+      assert.matches("ratewise: a task cannot wait inside a function that Lua calls from C", err, 1, true)
+      assert.matches("table.sort", err, 1, true)
+      assert.equal(0, #s:log("/sorted"))
+    end)
+
+    it("says so when rw.fetch is called from a string.gsub callback", function()
+      local err = failure_of(function()
+        return (("a b"):gsub("%a", function(word)
+          return assert(rw.fetch(s:url("/word/" .. word), quiet)).body
+        end))
+      end)
+      assert.matches("ratewise: a task cannot wait inside a function that Lua calls from C", err, 1, true)
+      assert.equal(0, #s:log("/word/a"))
+    end)
+
+    it("says so when rw.sleep is called from a table.sort comparator", function()
+      local err = failure_of(function()
+        table.sort({ 3, 1, 2 }, function(a, b) rw.sleep(0.01); return a < b end)
+      end)
+      assert.matches("ratewise: a task cannot wait inside a function that Lua calls from C", err, 1, true)
+    end)
+
+    it("says so when a coroutine.wrap iterator inside a task calls ratewise", function()
+      local items = {}
+      local err = failure_of(function()
+        for item in coroutine.wrap(function()
+          for i = 1, 2 do coroutine.yield(assert(rw.fetch(s:url("/item/" .. i), quiet)).body) end
+        end) do
+          items[#items + 1] = item
+        end
+      end)
+      assert.matches("ratewise: a coroutine of your own inside a task", err, 1, true)
+      assert.same({}, items) -- no "ratewise.sleep" items
+      assert.equal(0, #s:log("/item/1"))
     end)
   end)
 

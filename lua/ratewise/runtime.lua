@@ -89,8 +89,21 @@ local main_host = {
 -- can only count time resumes the coroutine on each of its turns (a
 -- frame): resumed early, a wait looks at what it waits for and yields
 -- again with what is left.
+--
+-- A generic for calls its iterator with the last item it got: a wait
+-- resumed with its own "ratewise.sleep" was taken for an item by a `for
+-- ... in coroutine.wrap(fn)` loop, which resumes it at once, and would
+-- have gone on handing the loop such items.
+local TAKEN_FOR_ITEM = "ratewise: a wait's yield (\"ratewise.sleep\") was taken for an item: a coroutine "
+  .. "that calls ratewise is the iterator of a for loop (for x in coroutine.wrap(fn)), which does not wait "
+  .. "before resuming it. Call ratewise outside the iterator, or run the work as ratewise tasks (rw.run, "
+  .. "rw.spawn, rw.map), whose waits need no resumer (docs/hosts.md)"
+local function resumed(_, last_item)
+  if last_item == "ratewise.sleep" then error(TAKEN_FOR_ITEM, 0) end
+end
+
 local function yield_for(seconds)
-  yield("ratewise.sleep", seconds, scheduler.pollable)
+  resumed(yield("ratewise.sleep", seconds, scheduler.pollable))
 end
 
 -- A sleep resumed early asks again for what is left, so the wait is never
@@ -99,7 +112,7 @@ local coroutine_host = {
   sleep = function(seconds)
     local deadline = now() + seconds
     repeat
-      yield("ratewise.sleep", deadline - now())
+      resumed(yield("ratewise.sleep", deadline - now()))
     until now() >= deadline
   end,
   await = function(done, deadline) return await_with(yield_for, false, done, deadline) end,
@@ -114,6 +127,15 @@ local function host_of(sleep, wait)
     await = function(done, deadline) return await_with(block, not wait, done, deadline) end,
   }
 end
+
+-- A coroutine of the caller's own that a task resumes (its code, or one
+-- that code resumed) cannot reach the scheduler: its yield goes to the
+-- task's code (as items of a `for ... in coroutine.wrap(fn)` loop), and
+-- the thread cannot block in the scheduler's poll while a task runs.
+local NESTED_IN_TASK = "ratewise: a coroutine of your own inside a task (coroutine.wrap, say) called ratewise, "
+  .. "which would have to wait: its yield would go to the task's code, not to the scheduler. Call ratewise "
+  .. "from the task itself, or make each item a task of its own (rw.spawn, rw.map) and collect the results"
+local task_resuming = scheduler.in_task
 
 local configured -- rw.configure{sleep = fn [, wait = fn]}
 -- A host whose loop runs on a thread that must never wait (a game's frame,
@@ -143,6 +165,7 @@ function runtime.host(per_call)
   if configured then return configured end
   if frame_guard then frame_guard() end
   if loaded.cqueues ~= nil and cqueues.active() then return cqueues.host() end
+  if task_resuming() then error(NESTED_IN_TASK, 0) end
   if running() ~= nil and isyieldable() then return coroutine_host end
   return main_host
 end

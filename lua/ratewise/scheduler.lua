@@ -8,7 +8,7 @@ local log = require "ratewise.log"
 local now = core.now
 local create, resume, yield, status = coroutine.create, coroutine.resume, coroutine.yield, coroutine.status
 local running, unpack, pack = compat.coroutine_of_task, compat.unpack, compat.pack
-local format, huge, min, max = string.format, math.huge, math.min, math.max
+local format, find, huge, min, max = string.format, string.find, math.huge, math.min, math.max
 local type, tostring, setmetatable = type, tostring, setmetatable
 
 local scheduler = {}
@@ -147,9 +147,25 @@ end
 -- scheduler met while finishing the task's wait for it (claim_wait).
 local WAIT_FAILED = setmetatable({}, { __tostring = function() return "ratewise: wait failed" end })
 
+-- A wait from a function Lua calls from C cannot yield. Lua 5.2 on and
+-- LuaJIT say so beforehand (coroutine.isyieldable); on PUC Lua 5.1 the
+-- yield itself fails, and the task is found dead while still "waiting"
+-- (after_resume), its wait's on_cancel kept in task.undo to be called then.
+local isyieldable = rawget(coroutine, "isyieldable")
+local CANNOT_YIELD = "ratewise: a task cannot wait inside a function that Lua calls from C (a table.sort "
+  .. "comparator, a string.gsub callback, a for loop's iterator on Lua 5.1): Lua cannot yield out of it "
+  .. "(\"attempt to yield across a C-call boundary\"). Make the requests (or sleeps) outside it: fetch what "
+  .. "it needs first, then sort or substitute with the results"
+scheduler.CANNOT_YIELD = CANNOT_YIELD
+
 local function wait_here(task, on_cancel, a, b)
   if not task.cancel_requested then
+    if isyieldable and not isyieldable() then
+      if on_cancel then on_cancel(a, b) end
+      error(CANNOT_YIELD, 0)
+    end
     task.state = "waiting"
+    if not isyieldable then task.undo, task.undo_a, task.undo_b = on_cancel, a, b end
     local value = yield(task)
     if value == WAIT_FAILED then
       local err = task.wait_error
@@ -228,11 +244,18 @@ end
 -- a waiting task small; a dead coroutine keeps its stack, so the traceback
 -- of an error is still there to read.
 local function after_resume(task, resumed, ...)
-  -- waiting (wait_here yielded): alive, and nothing more to do
-  if resumed and task.state == "waiting" then return end
+  if resumed and task.state == "waiting" then
+    -- waiting (wait_here yielded itself): alive, and nothing more to do
+    if ... == task then return end
+    task.state = "running" -- a wait whose yield failed on Lua 5.1, its error caught by the task
+  end
   if status(task.co) == "dead" then
     if resumed then return finish(task, true, ...) end
     local err = ...
+    if task.state == "waiting" then -- its wait's yield failed (Lua 5.1)
+      if task.undo then task.undo(task.undo_a, task.undo_b) end
+      if type(err) == "string" and find(err, "attempt to yield across", 1, true) then err = CANNOT_YIELD end
+    end
     if err ~= CANCELLED then err = debug.traceback(task.co, tostring(err)) end
     return finish(task, false, err)
   end
@@ -308,6 +331,12 @@ function scheduler.current()
   local task = current
   if task and task.co == running() then return task end
   return nil
+end
+
+--- Whether a task is being run, by the code running now or by a coroutine
+-- that code resumed (a plain coroutine started from inside a task).
+function scheduler.in_task()
+  return current ~= nil
 end
 
 ---------------------------------------------------------------------------
