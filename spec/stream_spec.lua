@@ -141,6 +141,37 @@ describe("streamed responses", function()
     assert.equal(3, rerr.delivered)
   end)
 
+  -- docs/streaming.md: a POST is replayed after a 429 with Retry-After only
+  -- when an idempotency key makes it safe; res.elapsed is the time to the
+  -- headers.
+  it("does not replay a streamed POST after a 429 without an idempotency key, and does with one", function()
+    local steps = { { status = 429, headers = { ["Retry-After"] = "0" } },
+      { action = "stream", headers = SSE, chunks = { { 0, "data: a\n\n" } } } }
+    s:script("/chat", steps)
+    local res, err = rw.fetch(s:url("/chat"), opts { json = { q = 1 } })
+    assert.is_nil(res)
+    assert.equal("unsafe", err.kind)
+    assert.equal(1, #s:log("/chat"))
+    s:reset()
+    s:script("/chat", steps)
+    res = assert(rw.fetch(s:url("/chat"), opts { json = { q = 1 }, idempotency_key = true }))
+    assert.same({ "a" }, event_data(res))
+    local log = s:log("/chat")
+    assert.equal(2, #log)
+    assert.equal(log[1].headers["idempotency-key"], log[2].headers["idempotency-key"])
+  end)
+
+  it("gives res.elapsed as the time to the headers, not to the end of the body", function()
+    s:script("/late", { { action = "stream", headers = SSE, delay = 0.2,
+      chunks = { { 0, "data: a\n\n" }, { 0.5, "data: b\n\n" } } } })
+    local t0 = rw.now()
+    local res = assert(rw.fetch(s:url("/late"), opts()))
+    assert.same({ "a", "b" }, event_data(res))
+    local whole = rw.now() - t0
+    assert.is_true(res.elapsed >= 0.15 and res.elapsed < 0.45, "elapsed " .. res.elapsed)
+    assert.is_true(whole >= 0.6, "read in " .. whole .. " s")
+  end)
+
   it("ends a stream that falls silent for idle_timeout, and not one that keeps talking", function()
     s:script("/quiet", { { action = "stream", chunks = { { 0, "data: x\n\n" } }, ["end"] = "hang" } })
     local res = assert(rw.fetch(s:url("/quiet"), opts { idle_timeout = 0.3 }))

@@ -5,6 +5,7 @@
 local bucket = require "ratewise.bucket"
 local core = require "ratewise.core"
 local cubic = require "ratewise.cubic"
+local errors = require "ratewise.errors"
 
 local now = core.now
 local format, huge = string.format, math.huge
@@ -32,7 +33,7 @@ local known_options = { rate = true, max_rate = true, min_rate = true, burst = t
 local function positive(opts, name)
   local v = opts[name]
   if v ~= nil and (type(v) ~= "number" or v ~= v or v <= 0 or v == huge) then
-    error(format("adaptive: option '%s' must be a positive number (got %s)", name, tostring(v)), 3)
+    errors.bad_option("adaptive", name, "a positive number", v, 3)
   end
   return v
 end
@@ -81,7 +82,7 @@ function adaptive.new(opts)
   for _, name in ipairs { "beta", "near" } do
     local v = opts[name]
     if v ~= nil and (type(v) ~= "number" or not (v > 0 and v < 1)) then
-      error(format("adaptive: option '%s' must be a number between 0 and 1 (got %s)", name, tostring(v)), 2)
+      errors.bad_option("adaptive", name, "a number between 0 and 1", v, 2)
     end
   end
   if max_rate and start > max_rate then

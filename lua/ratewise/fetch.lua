@@ -151,9 +151,9 @@ end
 
 -- `depth` counts the frames between fetch's caller and the function that
 -- checks (0 for fetch itself), so that the error names the caller's line.
+local secret_options = { client_key_password = true, proxy = true }
 local function bad_option(name, expected, v, depth)
-  error(format("fetch: option '%s' must be %s (got %s)", name, expected,
-    type(v) == "string" and format("%q", v) or tostring(v)), 4 + depth)
+  errors.bad_option("fetch", name, expected, v, 4 + depth, secret_options[name])
 end
 
 -- What each kind of option must be: a check of value v (of type t), and

@@ -234,7 +234,7 @@ function redis_bucket.new(opts)
   end
   local key = opts.key
   if type(key) ~= "string" or key == "" then
-    error(format("redis_bucket: option 'key' must be a non-empty string (got %s)", tostring(key)), 2)
+    errors.bad_option("redis_bucket", "key", "a non-empty string", key, 2)
   end
   local capacity, rate = gcra.limits("redis_bucket", opts)
   local timeout = gcra.positive("redis_bucket", opts, "timeout", DEFAULT_TIMEOUT)
@@ -242,8 +242,7 @@ function redis_bucket.new(opts)
   if local_share > 1 then error("redis_bucket: option 'local_share' must be at most 1", 2) end
   local on_error = opts.on_error or "closed"
   if on_error ~= "closed" and on_error ~= "local" then
-    error(format("redis_bucket: option 'on_error' must be \"closed\" or \"local\" (got %s)", tostring(on_error)),
-      2)
+    errors.bad_option("redis_bucket", "on_error", '"closed" or "local"', on_error, 2)
   end
   local self = setmetatable({
     name = key,

@@ -23,6 +23,7 @@
 -- so that tasks and transfers of others go on meanwhile.
 local compat = require "ratewise.compat"
 local core = require "ratewise.core"
+local errors = require "ratewise.errors"
 local scheduler = require "ratewise.scheduler"
 local openresty = require "ratewise.hosts.openresty"
 local cqueues = require "ratewise.hosts.cqueues"
@@ -207,14 +208,13 @@ function runtime.configure(opts)
   for k, v in pairs(opts) do
     if ENGINE_OPTIONS[k] then
       if type(v) ~= "number" or v % 1 ~= 0 or v < 1 or v > MAX_LIMIT then
-        error(format("configure: option '%s' must be an integer from 1 to %d (got %s)", k, MAX_LIMIT,
-          type(v) == "number" and tostring(v) or type(v)), 2)
+        errors.bad_option("configure", k, format("an integer from 1 to %d", MAX_LIMIT), v, 2)
       end
       limits = limits or {}
       limits[k] = v
     elseif k == "tls_warning" then
       if type(v) ~= "boolean" then
-        error(format("configure: option 'tls_warning' must be a boolean (got %s)", type(v)), 2)
+        errors.bad_option("configure", "tls_warning", "a boolean", v, 2)
       end
       tls_warning = v
     elseif k == "log" then
@@ -225,7 +225,7 @@ function runtime.configure(opts)
     elseif not HOST_OPTIONS[k] then
       error(format("configure: unknown option '%s'", tostring(k)), 2)
     elseif v ~= false and type(v) ~= "function" then
-      error(format("configure: option '%s' must be a function or false (got %s)", k, type(v)), 2)
+      errors.bad_option("configure", k, "a function or false", v, 2)
     end
   end
   if opts.wait and not (opts.sleep or (opts.sleep == nil and configured)) then

@@ -4,12 +4,14 @@
 local compat = require "ratewise.compat"
 local core = require "ratewise.core"
 local log = require "ratewise.log"
+local misuse = require "ratewise.errors" -- (map has errors of its own)
 
 local now = core.now
 local create, resume, yield, status = coroutine.create, coroutine.resume, coroutine.yield, coroutine.status
 local running, unpack, pack = compat.coroutine_of_task, compat.unpack, compat.pack
 local format, find, huge, min, max = string.format, string.find, math.huge, math.min, math.max
 local type, tostring, setmetatable = type, tostring, setmetatable
+local shown, bad_option = misuse.shown, misuse.bad_option
 
 local scheduler = {}
 
@@ -119,7 +121,7 @@ Task.__index = Task
 
 --- text | nil = scheduler.bad_seconds(seconds): nil when seconds is a
 -- finite number (a negative one is no wait); else the value as an error
--- shows it (nan whatever its sign bit, inf, -inf, "5", nil).
+-- shows it (nan whatever its sign bit, inf, -inf, string "5", nil).
 function scheduler.bad_seconds(seconds)
   local t = type(seconds)
   if t == "number" then
@@ -127,8 +129,7 @@ function scheduler.bad_seconds(seconds)
     if seconds == huge or seconds == -huge then return tostring(seconds) end
     return nil
   end
-  if t == "string" then return format("%q", seconds) end
-  return tostring(seconds)
+  return shown(seconds)
 end
 local bad_seconds = scheduler.bad_seconds
 
@@ -502,14 +503,14 @@ local STEP_BUDGET = 0.0005
 function scheduler.step(timeout, budget)
   timeout = timeout or 0
   if type(timeout) ~= "number" or timeout ~= timeout or timeout < 0 then
-    error(format("step: timeout must be a non-negative number of seconds (got %s)", tostring(timeout)), 2)
+    error(format("step: timeout must be a non-negative number of seconds (got %s)", shown(timeout)), 2)
   end
   if budget == nil then
     budget = timeout == 0 and STEP_BUDGET or nil
   elseif budget == false then
     budget = nil
   elseif type(budget) ~= "number" or budget ~= budget or budget <= 0 or budget == huge then
-    error(format("step: budget must be a positive number of seconds or false (got %s)", tostring(budget)), 2)
+    error(format("step: budget must be a positive number of seconds or false (got %s)", shown(budget)), 2)
   end
   if scheduler.current() then error("step: called from inside a task; a task waits with rw.sleep instead", 2) end
   local deadline = now() + timeout
@@ -802,7 +803,7 @@ Semaphore.__index = Semaphore
 --- sem = scheduler.semaphore(n)
 function scheduler.semaphore(n)
   if type(n) ~= "number" or n < 1 or n % 1 ~= 0 then
-    error(format("semaphore: size must be a positive integer (got %s)", tostring(n)), 2)
+    error(format("semaphore: size must be a positive integer (got %s)", shown(n)), 2)
   end
   return setmetatable({ available = n, size = n, queue = {}, head = 1, tail = 0 }, Semaphore)
 end
@@ -820,7 +821,7 @@ end
 function Semaphore:acquire(timeout)
   if timeout ~= nil and (type(timeout) ~= "number" or timeout ~= timeout or timeout < 0) then
     error(format("semaphore: acquire: timeout must be a non-negative number of seconds (got %s)",
-      tostring(timeout)), 2)
+      shown(timeout)), 2)
   end
   if self.available > 0 and self.head > self.tail then
     self.available = self.available - 1
@@ -998,7 +999,7 @@ function scheduler.map(list, fn, opts)
     local c = opts.concurrency
     if c ~= nil then
       if type(c) ~= "number" or c < 1 or c % 1 ~= 0 then
-        error(format("map: option 'concurrency' must be a positive integer (got %s)", tostring(c)), 2)
+        bad_option("map", "concurrency", "a positive integer", c, 2)
       end
       concurrency = c
     end
