@@ -444,6 +444,14 @@ describe("misuse", function()
       local msg = message_of(function() rw.fetch(URL, { client_key_password = 271828 }) end)
       assert.matches("'client_key_password'", msg, 1, true)
       assert.not_matches("271828", msg, 1, true)
+      for _, call in ipairs {
+        function() rw.fetch(URL, { headers = "Bearer sk-secret" }) end,
+        function() rw.fetch(URL, { proxy = { "http://u:sk-secret@proxy:1" } }) end,
+        function() rw.client { base_url = URL, headers = "Bearer sk-secret" } end,
+      } do
+        msg = message_of(call)
+        assert.not_matches("sk-secret", msg, 1, true)
+      end
     end)
   end)
 

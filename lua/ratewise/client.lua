@@ -134,7 +134,7 @@ function client.new(opts)
       type(base) == "string" and "a URL of another scheme" or type(base)), 2)
   end
   if opts.headers ~= nil and type(opts.headers) ~= "table" then
-    errors.bad_option("client", "headers", "a table", opts.headers, 2)
+    errors.bad_option("client", "headers", "a table", opts.headers, 2, true) -- a string may hold a token
   end
   local conc = opts.concurrency
   if conc ~= nil and (type(conc) ~= "number" or conc < 1 or conc % 1 ~= 0) then

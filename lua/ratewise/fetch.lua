@@ -151,7 +151,8 @@ end
 
 -- `depth` counts the frames between fetch's caller and the function that
 -- checks (0 for fetch itself), so that the error names the caller's line.
-local secret_options = { client_key_password = true, proxy = true }
+-- Shown by their type only: a string given for them may hold a credential.
+local secret_options = { client_key_password = true, proxy = true, headers = true }
 local function bad_option(name, expected, v, depth)
   errors.bad_option("fetch", name, expected, v, 4 + depth, secret_options[name])
 end

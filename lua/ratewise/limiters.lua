@@ -51,7 +51,9 @@ end
 
 local function not_a_limiter(what, v, level)
   error(format("limiters: %s must be a limiter with wait_time, take and refund, such as rw.bucket "
-    .. "(got %s)", what, type(v) == "table" and "a table without them" or errors.shown(v)), level)
+    .. "(got %s)", what, type(v) == "table" and "a table without them"
+      or type(v) == "string" and "a string" -- a Redis URL, say, with its password
+      or errors.shown(v)), level)
 end
 
 -- The members of the `cost` option: one limiter or an array of them.
