@@ -121,16 +121,15 @@ static const char *bucket_shown(lua_State *L, int idx)
 {
     luaL_Buffer buf;
     const char *s;
-    size_t len, shown, i;
+    size_t len, i;
     int t = lua_type(L, idx);
     if (t == LUA_TNUMBER && isnan(lua_tonumber(L, idx))) return lua_pushliteral(L, "nan");
     if (t == LUA_TNUMBER || t == LUA_TBOOLEAN || t == LUA_TNIL) return luaL_tolstring(L, idx, NULL);
     if (t != LUA_TSTRING) return lua_pushstring(L, lua_typename(L, t));
     s = lua_tolstring(L, idx, &len);
-    shown = len > BUCKET_SHOWN_MAX ? BUCKET_SHOWN_MAX : len;
     luaL_buffinit(L, &buf);
     luaL_addstring(&buf, "string \"");
-    for (i = 0; i < shown; i++) {
+    for (i = 0; i < len && i < BUCKET_SHOWN_MAX; i++) {
         unsigned char c = (unsigned char)s[i];
         char escaped[8];
         if (c == '"' || c == '\\') {
@@ -144,7 +143,7 @@ static const char *bucket_shown(lua_State *L, int idx)
         }
     }
     luaL_addchar(&buf, '"');
-    if (shown < len) {
+    if (len > BUCKET_SHOWN_MAX) {
         char more[40];
         (void)snprintf(more, sizeof more, "... (%lu bytes)", (unsigned long)len);
         luaL_addstring(&buf, more);
