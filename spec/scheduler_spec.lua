@@ -7,6 +7,16 @@ local quiet = { on_retry = false }
 
 local max_active = server.max_active
 
+-- A for loop over a coroutine.wrap iterator that fetches its two items
+-- from server s, putting what the loop gets in `items`.
+local function iterate_fetches(s, items)
+  for item in coroutine.wrap(function()
+    for i = 1, 2 do coroutine.yield(assert(rw.fetch(s:url("/item/" .. i), quiet)).body) end
+  end) do
+    items[#items + 1] = item
+  end
+end
+
 describe("the scheduler", function()
   local s
 
@@ -140,13 +150,7 @@ describe("the scheduler", function()
     -- resumed with its own "ratewise.sleep" was taken for an item.
     it("says so when a for loop over coroutine.wrap takes a wait's yield for an item", function()
       local items = {}
-      local ok, err = pcall(function()
-        for item in coroutine.wrap(function()
-          for i = 1, 2 do coroutine.yield(assert(rw.fetch(s:url("/item/" .. i), quiet)).body) end
-        end) do
-          items[#items + 1] = item
-        end
-      end)
+      local ok, err = pcall(iterate_fetches, s, items)
       assert.is_false(ok)
       assert.matches("ratewise: a wait's yield (\"ratewise.sleep\") was taken for an item", err, 1, true)
       assert.same({ "ratewise.sleep" }, items) -- one, not one per wait
@@ -393,13 +397,7 @@ describe("the scheduler", function()
 
     it("says so when a coroutine.wrap iterator inside a task calls ratewise", function()
       local items = {}
-      local err = failure_of(function()
-        for item in coroutine.wrap(function()
-          for i = 1, 2 do coroutine.yield(assert(rw.fetch(s:url("/item/" .. i), quiet)).body) end
-        end) do
-          items[#items + 1] = item
-        end
-      end)
+      local err = failure_of(function() iterate_fetches(s, items) end)
       assert.matches("ratewise: a coroutine of your own inside a task", err, 1, true)
       assert.same({}, items) -- no "ratewise.sleep" items
       assert.equal(0, #s:log("/item/1"))

@@ -157,7 +157,6 @@ local CANNOT_YIELD = "ratewise: a task cannot wait inside a function that Lua ca
   .. "comparator, a string.gsub callback, a for loop's iterator on Lua 5.1): Lua cannot yield out of it "
   .. "(\"attempt to yield across a C-call boundary\"). Make the requests (or sleeps) outside it: fetch what "
   .. "it needs first, then sort or substitute with the results"
-scheduler.CANNOT_YIELD = CANNOT_YIELD
 
 local function wait_here(task, on_cancel, a, b)
   if not task.cancel_requested then
