@@ -1202,6 +1202,9 @@ function fetch.fetch(url, opts, counters)
       -- read by a provider's policy).
       if class == "retryable" then hint, hint_source = server_hint(policy, res, retries) end
       res.throttled = status == 429 or hint ~= nil
+      -- A zero hint (a reset already past, "Retry-After: 0") would send
+      -- the retry at once, and the one after it: backoff instead.
+      if hint == 0 then hint, hint_source = nil, nil end
       if limiter then
         local observe = limiter_methods(limiter).observe
         if observe then guarded("limiter", "observe", observe, limiter, res, sent_at) end

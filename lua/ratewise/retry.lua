@@ -124,9 +124,27 @@ function retry.server_now(h)
   local date = headers.get(h, "date")
   local server = date and core.parse_http_date(date)
   if server and server - local_now <= DATE_TRUST and local_now - server <= DATE_TRUST then
+    -- A Date is the server's clock cut to the whole second: the server's
+    -- now is somewhere in [Date, Date + 1). A local clock within that
+    -- second agrees with it, to a finer grain: taken as it is, a reset
+    -- rounded up to the second is not waited for a second more than asked.
+    if local_now >= server and local_now < server + 1 then return local_now end
     return server
   end
   return local_now
+end
+
+-- A reset more than this far below the current epoch is not a time (in
+-- 1970) but a count of seconds from now, as @fastify/rate-limit and many
+-- gateways send x-ratelimit-reset.
+local DELTA_BELOW = 365 * 86400
+
+--- seconds = retry.reset_in(value, now): a reset header's number (epoch
+-- seconds, or seconds from now when it is far below the epoch `now`) as
+-- seconds from now; 0 for a time already past.
+function retry.reset_in(value, now)
+  if value < now - DELTA_BELOW then return value end
+  return value > now and value - now or 0
 end
 
 --- seconds | nil = retry.retry_after(headers [, now]): the response's own
@@ -152,8 +170,8 @@ function retry.hint(h, now)
   local remaining = reset and headers.get(h, "x-ratelimit-remaining")
   remaining = remaining and core.parse_seconds(remaining)
   if reset and not (remaining and remaining >= 1) then
-    local epoch = core.parse_seconds(reset)
-    if epoch then return epoch > now and epoch - now or 0, "x-ratelimit-reset" end
+    local value = core.parse_seconds(reset)
+    if value then return retry.reset_in(value, now), "x-ratelimit-reset" end
   end
   return nil
 end
@@ -169,7 +187,9 @@ function retry.delay(h, attempt, opts)
     errors.bad_option("retry_delay", "now", "a number of epoch seconds", opts.now, 2)
   end
   local seconds, source = retry.hint(h, opts.now)
-  if seconds then return seconds, source end
+  -- A zero hint (a reset already past, "Retry-After: 0") would send the
+  -- retry at once, and the one after it: backoff instead, as urllib3 does.
+  if seconds and seconds > 0 then return seconds, source end
   return backoff("retry_delay", attempt, opts), "backoff"
 end
 

@@ -35,6 +35,20 @@ What it offers (see spec/support/server.lua for the Lua driver):
   refilled at R a second, as a rate-limited API's server does: ``200 ok``,
   or ``429`` with the given Retry-After (none when it is absent).
   ``GET /_limit?path=/x`` answers ``{"ok": n, "limited": n}``.
+  With ``"window": W`` and ``"limit": N`` instead, the limit is a fixed
+  window of N requests per W seconds, opened by the first request after the
+  last one ended (as the memory stores of express-rate-limit 7 and
+  @fastify/rate-limit 9 do), and answers with the headers of ``"as"``:
+  ``express`` (X-RateLimit-* with the reset in epoch seconds rounded up, a
+  whole-second Date, Retry-After in whole seconds rounded up),
+  ``express-draft-6`` (RateLimit-Limit/-Remaining/-Reset as seconds and
+  RateLimit-Policy ``N;w=W``), ``express-draft-7`` (RateLimit
+  ``limit=N, remaining=n, reset=s`` and RateLimit-Policy), ``fastify``
+  (x-ratelimit-* with the reset as seconds until it, rounded up) or
+  ``flexible`` (rate-limiter-flexible's documented headers: the reset in
+  epoch seconds rounded up, Retry-After in fractional seconds).
+  ``"retry_after": false`` leaves Retry-After out (fastify's
+  ``addHeaders: {'retry-after': false}``).
 * ``POST /_reset``: forget scripts, log and the demo rate limiter.
 * ``/echo``: describes the request as JSON.
 * ``/api/...``: a demo rate-limited API (token bucket, random 503s).
@@ -45,6 +59,7 @@ in ``active``.
 """
 
 import argparse
+import email.utils
 import json
 import math
 import os
@@ -129,10 +144,71 @@ class State:
             return False, self.tokens, wait, False
 
 
+WINDOW_HEADERS = ("express", "express-draft-6", "express-draft-7", "fastify", "flexible")
+
+
+def validate_window(spec):
+    """Check a fixed-window /_limit payload; return its window."""
+    limit, window, kind = spec.get("limit"), spec.get("window"), spec.get("as", "express")
+    for name, v in (("limit", limit), ("window", window)):
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
+            raise ValueError("limit: %s must be a positive number" % name)
+    if kind not in WINDOW_HEADERS:
+        raise ValueError("limit: 'as' must be one of %s" % ", ".join(WINDOW_HEADERS))
+    retry_after = spec.get("retry_after", True)
+    if not isinstance(retry_after, bool):
+        raise ValueError("limit: retry_after must be a boolean for a window")
+    return {"window": float(window), "limit": int(limit), "as": kind, "retry_after": retry_after,
+            "hits": 0, "reset_at": 0.0, "ok": 0, "limited": 0}
+
+
+def window_headers(w, now, allowed):
+    """The headers a fixed-window limiter of the kind w["as"] sends."""
+    kind, limit = w["as"], w["limit"]
+    remaining = max(0, limit - w["hits"])
+    left_ms = max(0.0, (w["reset_at"] - now) * 1000)
+    window_s = math.ceil(w["window"])
+    retry = None
+    if kind == "express":
+        # express-rate-limit's setLegacyHeaders and setRetryAfterHeader
+        headers = [("X-RateLimit-Limit", str(limit)), ("X-RateLimit-Remaining", str(remaining)),
+                   ("Date", email.utils.formatdate(now, usegmt=True)),
+                   ("X-RateLimit-Reset", str(math.ceil(w["reset_at"])))]
+        retry = str(math.ceil(left_ms / 1000))
+    elif kind == "express-draft-6":
+        headers = [("RateLimit-Policy", "%d;w=%d" % (limit, window_s)),
+                   ("RateLimit-Limit", str(limit)), ("RateLimit-Remaining", str(remaining))]
+        reset = math.ceil(left_ms / 1000)
+        if reset:
+            headers.append(("RateLimit-Reset", str(reset)))
+        retry = str(reset)
+    elif kind == "express-draft-7":
+        reset = math.ceil(left_ms / 1000)
+        headers = [("RateLimit-Policy", "%d;w=%d" % (limit, window_s)),
+                   ("RateLimit", "limit=%d, remaining=%d, reset=%d" % (limit, remaining, reset))]
+        retry = str(reset)
+    elif kind == "fastify":
+        # @fastify/rate-limit: timeLeftInSeconds = Math.ceil(ttl / 1000)
+        left = math.ceil(left_ms / 1000)
+        headers = [("x-ratelimit-limit", str(limit)), ("x-ratelimit-remaining", str(remaining)),
+                   ("x-ratelimit-reset", str(left)), ("Date", email.utils.formatdate(now, usegmt=True))]
+        retry = str(left)
+    else:  # flexible
+        headers = [("X-RateLimit-Limit", str(limit)), ("X-RateLimit-Remaining", str(remaining)),
+                   ("X-RateLimit-Reset", str(math.ceil(w["reset_at"]))),
+                   ("Date", email.utils.formatdate(now, usegmt=True))]
+        retry = num_str(round(left_ms) / 1000)
+    if not allowed and w["retry_after"]:
+        headers.append(("Retry-After", retry))
+    return headers
+
+
 def validate_limit(spec):
     """Check a /_limit payload; return its bucket. Raises ValueError."""
     if not isinstance(spec, dict) or not isinstance(spec.get("path"), str):
         raise ValueError("limit needs a path")
+    if "window" in spec:
+        return validate_window(spec)
     rate, burst = spec.get("rate"), spec.get("burst", 1)
     for name, v in (("rate", rate), ("burst", burst)):
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
@@ -563,6 +639,9 @@ class Handler(BaseHTTPRequestHandler):
     # --- demo rate-limited API ----------------------------------------
 
     def limited(self, bucket, rec):
+        if "window" in bucket:
+            self.windowed(bucket, rec)
+            return
         with self.server.state.lock:
             now = time.monotonic()
             bucket["tokens"] = min(bucket["burst"], bucket["tokens"] + (now - bucket["at"]) * bucket["rate"])
@@ -577,6 +656,21 @@ class Handler(BaseHTTPRequestHandler):
         else:
             headers = [("Retry-After", bucket["retry_after"])] if bucket["retry_after"] is not None else []
             self.respond(429, b"slow down", headers, "text/plain")
+
+    def windowed(self, w, rec):
+        with self.server.state.lock:
+            now = time.time()
+            if w["reset_at"] <= now:
+                w["hits"], w["reset_at"] = 0, now + w["window"]
+            w["hits"] += 1
+            allowed = w["hits"] <= w["limit"]
+            w["ok" if allowed else "limited"] += 1
+            rec["limited"] = not allowed
+            headers = window_headers(w, now, allowed)
+        if allowed:
+            self.respond(200, b"ok", headers, "text/plain")
+        else:
+            self.respond(429, b"Too many requests, please try again later.", headers, "text/plain")
 
     def api(self, path, seq):
         args = self.server.state.args

@@ -63,10 +63,11 @@ function common.retry_after(res)
 end
 
 --- seconds | nil = common.reset_at(res, name): an epoch-seconds header
--- ("1735732830") as seconds from the server's now.
+-- ("1735732830") as seconds from the server's now; a number far below the
+-- epoch ("10", as @fastify/rate-limit sends it) is seconds from now.
 function common.reset_at(res, name)
-  local epoch = common.number(res, name)
-  return epoch and common.until_epoch(res, epoch) or nil
+  local value = common.number(res, name)
+  return value and retry.reset_in(value, common.server_now(res)) or nil
 end
 
 --- seconds | nil = common.reset_rfc3339(res, name): an RFC 3339 header as
