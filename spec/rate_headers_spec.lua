@@ -132,4 +132,63 @@ describe("rate headers of real servers", function()
         seen[1].delay, fair))
     end)
   end)
+  describe("the limit the server states", function()
+    -- Runs `tasks` tasks calling fetch on url through limiter for `seconds`.
+    local function hammer(url, opts, tasks, seconds)
+      local stop_at = rw.now() + seconds
+      local failures = 0
+      rw.run(function()
+        for _ = 1, tasks do
+          rw.spawn(function()
+            while rw.now() < stop_at do
+              local res = rw.fetch(url, opts)
+              if not res then failures = failures + 1 end
+            end
+          end)
+        end
+      end)
+      return failures
+    end
+
+    local cases = {
+      { as = "express-draft-7", provider = "ietf" },
+      { as = "express-draft-6", provider = "ietf" },
+      { as = "fastify", provider = "github" },
+      { as = "express", provider = "github" },
+    }
+    for _, case in ipairs(cases) do
+      it("seeds rw.adaptive through the provider, which then keeps to it (" .. case.as .. ")", function()
+        s:limit("/w", { window = 1, limit = 40, as = case.as })
+        local limiter = rw.adaptive {}
+        local opts = { limiter = limiter, policy = rw.providers[case.provider], on_retry = false,
+          max_retries = 100, max_elapsed = 10 }
+        assert.equal(0, hammer(s:url("/w"), opts, 8, 3))
+        local ok, limited = s:counted("/w")
+        local rate = limiter:rate()
+        -- it never climbs past the 40 a second stated (slow start took it
+        -- to hundreds), and draws few 429s
+        assert.is_true(rate <= 40 * 1.0001 and rate >= 40 * 0.5, "rate " .. rate)
+        assert.is_true(ok >= 0.6 * 40 * 3, ok .. " accepted")
+        assert.is_true(limited <= 0.15 * (ok + limited), limited .. " of " .. (ok + limited) .. " answered 429")
+      end)
+    end
+
+    it("takes the slowest of several IETF policies, and a window of the caller's max_rate", function()
+      local limiter = rw.adaptive { max_rate = 3 }
+      rw.providers.ietf.observe({ status = 200, headers = {
+        ratelimit = '"burst";r=9;t=1, "hour";r=50;t=3000',
+        ["ratelimit-policy"] = '"burst";q=10;w=1, "hour";q=3600;w=3600' } }, limiter)
+      assert.equal(1, limiter:rate())
+      limiter = rw.adaptive { max_rate = 0.5, min_rate = 0.1 }
+      rw.providers.ietf.observe({ status = 200, headers = {
+        ratelimit = '"burst";r=9;t=1', ["ratelimit-policy"] = '"burst";q=10;w=1' } }, limiter)
+      assert.equal(0.5, limiter:rate())
+    end)
+
+    it("refuses a limit or window that is not a number, naming it", function()
+      local limiter = rw.adaptive {}
+      assert.error_matches(function() limiter:sync(1, 1, "10") end, "limit must be a number of requests", 1, true)
+      assert.error_matches(function() limiter:sync(1, 1, 10, 0) end, "window must be a positive number", 1, true)
+    end)
+  end)
 end)

@@ -8,7 +8,7 @@ local cubic = require "ratewise.cubic"
 local errors = require "ratewise.errors"
 
 local now = core.now
-local format, huge = string.format, math.huge
+local format, huge, floor = string.format, math.huge, math.floor
 local type, tostring, pairs, ipairs, error, setmetatable = type, tostring, pairs, ipairs, error, setmetatable
 
 local adaptive = {}
@@ -151,7 +151,33 @@ end
 function Adaptive:refund(n) return self.bucket:refund(n) end
 function Adaptive:capacity() return self.bucket:capacity() end
 function Adaptive:tokens() return self.bucket:tokens() end
-function Adaptive:sync(remaining, reset_in) return self.bucket:sync(remaining, reset_in) end
+--- l:sync(remaining [, reset_in [, limit [, window]]]): what a provider
+-- reads of the server's quota. remaining and reset_in go to the bucket (as
+-- rw.bucket's sync); a limit of `limit` requests per `window` seconds is
+-- the rate the server states, which the controller takes at once and never
+-- climbs above (cubic.lua, stated). Without a window, it is the longest
+-- reset_in seen, in the whole seconds servers count resets in: a quota's
+-- reset counts down from its window.
+function Adaptive:sync(remaining, reset_in, limit, window)
+  self.bucket:sync(remaining, reset_in)
+  if limit == nil then return end
+  if type(limit) ~= "number" or limit ~= limit or limit < 1 or limit == huge then
+    error(format("adaptive: sync: limit must be a number of requests, at least 1 (got %s)", tostring(limit)), 2)
+  end
+  if window ~= nil and (type(window) ~= "number" or window ~= window or window <= 0 or window == huge) then
+    error(format("adaptive: sync: window must be a positive number of seconds (got %s)", tostring(window)), 2)
+  end
+  if window == nil then
+    if type(reset_in) == "number" and reset_in > (self.longest_reset or 0) and reset_in < huge then
+      self.longest_reset = reset_in
+    end
+    local longest = self.longest_reset
+    if not longest then return end
+    window = longest >= 1 and floor(longest) or longest
+  end
+  self.controller:stated(limit / window)
+  follow(self, now())
+end
 
 Adaptive.__tostring = function(l)
   return format("ratewise.Adaptive (%.3g/s now, burst %g)", l.controller:current(now()), l.bucket:capacity())

@@ -264,13 +264,14 @@ function Limiters:acquire(n, sleep, max_wait)
   end
 end
 
---- l:sync(remaining [, reset_in]): what a server says of its request quota
--- (a provider's observe hook) goes to the members that count requests, the
--- ones taking 1 per acquire; a cost member meters something else (tokens).
-function Limiters:sync(remaining, reset_in)
+--- l:sync(remaining [, reset_in [, limit [, window]]]): what a server says
+-- of its request quota (a provider's observe hook) goes to the members that
+-- count requests, the ones taking 1 per acquire; a cost member meters
+-- something else (tokens).
+function Limiters:sync(remaining, reset_in, limit, window)
   local each = self.each
   for i = 1, #each do
-    if type(each[i].sync) == "function" then each[i]:sync(remaining, reset_in) end
+    if type(each[i].sync) == "function" then each[i]:sync(remaining, reset_in, limit, window) end
   end
 end
 
