@@ -185,6 +185,23 @@ describe("rate headers of real servers", function()
       assert.equal(0.5, limiter:rate())
     end)
 
+    it("is not moved by a hostile statement: a limit past any rate, a reset of centuries", function()
+      local limiter = rw.adaptive { rate = 20 }
+      local function observe(limit, reset)
+        rw.providers.github.observe({ status = 200, headers = { ["x-ratelimit-remaining"] = "5",
+          ["x-ratelimit-limit"] = limit, ["x-ratelimit-reset"] = reset } }, limiter)
+      end
+      assert.has_no.errors(function() observe("100000000000000000000", "0.5") end)
+      assert.equal(20, limiter:rate())
+      assert.has_no.errors(function() observe("10", "100000000000000000000") end)
+      assert.equal(20, limiter:rate())
+      -- another quota (another limit) is reckoned afresh
+      observe("60", "60")
+      assert.equal(1, limiter:rate())
+      observe("10", "2")
+      assert.equal(5, limiter:rate())
+    end)
+
     it("refuses a limit or window that is not a number, naming it", function()
       local limiter = rw.adaptive {}
       assert.error_matches(function() limiter:sync(1, 1, "10") end, "limit must be a number of requests", 1, true)

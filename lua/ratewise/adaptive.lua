@@ -23,6 +23,9 @@ local MIN_RATE = 0.5
 -- 88-90 % of its rate with it, 80-88 % when such a throttle also took the
 -- rate as the new w_max, 68-79 % when every throttle dropped to 0.7.
 local NEAR = 0.95
+-- A stated limit above this is no limit a client could reach: a broken or
+-- hostile header, left alone (a bucket refuses rates far above it).
+local MAX_STATED_RATE = 1e9
 
 local Adaptive = {}
 Adaptive.__index = Adaptive
@@ -168,14 +171,21 @@ function Adaptive:sync(remaining, reset_in, limit, window)
     error(format("adaptive: sync: window must be a positive number of seconds (got %s)", tostring(window)), 2)
   end
   if window == nil then
-    if type(reset_in) == "number" and reset_in > (self.longest_reset or 0) and reset_in < huge then
+    -- A new limit is another quota (GitHub's search has a minute's, its
+    -- core an hour's), and a reset further off than the bucket believes
+    -- any (its sync_horizon) is not a window.
+    if limit ~= self.window_of then self.window_of, self.longest_reset = limit, nil end
+    if type(reset_in) == "number" and reset_in > (self.longest_reset or 0)
+      and reset_in <= self.bucket:sync_horizon() then
       self.longest_reset = reset_in
     end
     local longest = self.longest_reset
     if not longest then return end
     window = longest >= 1 and floor(longest) or longest
   end
-  self.controller:stated(limit / window)
+  local stated = limit / window
+  if stated > MAX_STATED_RATE then return end
+  self.controller:stated(stated)
   follow(self, now())
 end
 
