@@ -124,8 +124,8 @@ function common.sync(limiter, remaining, reset_in, limit, window)
   if remaining == nil then return end
   local sync = sync_method(limiter)
   if not sync then return end
-  if limit ~= nil and not (limit >= 1) then limit, window = nil, nil end
-  if window ~= nil and not (window > 0) then window = nil end
+  if limit ~= nil and limit < 1 then limit, window = nil, nil end
+  if window ~= nil and window <= 0 then window = nil end
   if limit ~= nil then
     sync(limiter, remaining, reset_in, limit, window)
   elseif reset_in == nil then

@@ -247,11 +247,11 @@ local function from_list(res, list)
     local remaining = count(params.r)
     if remaining then
       if known == nil then known = policies(res) or false end
-      local policy = known and known[list[i].value] or nil
-      local quota = { remaining = remaining, reset = count(params.t) or (policy and policy.w) }
+      local stated = known and known[list[i].value] or nil
+      local quota = { remaining = remaining, reset = count(params.t) or (stated and stated.w) }
       if more_restrictive(best, quota) then best = quota end
-      if policy and policy.q and policy.w > 0 and (not slowest or policy.q / policy.w < slowest.q / slowest.w) then
-        slowest = policy
+      if stated and stated.q and stated.w > 0 and (not slowest or stated.q / stated.w < slowest.q / slowest.w) then
+        slowest = stated
       end
     end
   end
@@ -262,8 +262,8 @@ end
 -- The window of the policy whose quota is `limit` (drafts 06 and 07).
 local function window_of(res, limit)
   local known = limit and policies(res)
-  local policy = known and known[limit]
-  return policy and policy.w or nil
+  local stated = known and known[limit]
+  return stated and stated.w or nil
 end
 
 local function from_dictionary(res, dict)
