@@ -159,8 +159,20 @@ bench-instructions: deps $(CORE) luajit-core
 	@$(LUA_ENV) $(LUA) bench/instructions.lua
 
 # The share of a rate-limited server's rate each limiter gets, and the
-# share of 429s (bench/ratelimit.lua): a private nginx at 200 requests/s.
+# share of 429s (bench/ratelimit.lua): a private nginx at 200 requests/s
+# (a token bucket, and its limit_req), and the fixed windows of
+# express-rate-limit and @fastify/rate-limit (bench/fixed_window, node;
+# npm ci installs the versions of its package-lock.json).
+# Debian's nodejs and npm, unless node and npm are there already (a
+# NodeSource nodejs holds npm, and Debian's npm would conflict with it).
+DEB_BENCH_RATE := nodejs npm
 bench-rate: deps $(CORE)
+	@if ! command -v node >/dev/null || ! command -v npm >/dev/null; then \
+	  echo "installing Debian packages: $(DEB_BENCH_RATE)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEB_BENCH_RATE) >/dev/null; \
+	fi
+	@test -d bench/fixed_window/node_modules || \
+	  (cd bench/fixed_window && npm ci --no-audit --no-fund --loglevel=error)
 	@$(LUA_ENV) $(SPEC_ENV) $(LUA) bench/ratelimit.lua
 
 # What one acquire of rw.redis_bucket costs next to redis-benchmark's
