@@ -17,6 +17,24 @@ local function at_fraction(from, to)
   end
 end
 
+-- Runs `tasks` tasks calling fetch on url with opts for `seconds`; answers
+-- how many calls failed.
+local function hammer(url, opts, tasks, seconds)
+  local stop_at = rw.now() + seconds
+  local failures = 0
+  rw.run(function()
+    for _ = 1, tasks do
+      rw.spawn(function()
+        while rw.now() < stop_at do
+          local res = rw.fetch(url, opts)
+          if not res then failures = failures + 1 end
+        end
+      end)
+    end
+  end)
+  return failures
+end
+
 describe("rate headers of real servers", function()
   local s
   setup(function() s = server.start() end)
@@ -43,18 +61,7 @@ describe("rate headers of real servers", function()
 
     it("keeps 16 tasks to the window instead of hammering it", function()
       s:limit("/f", { window = 1, limit = 20, as = "fastify", retry_after = false })
-      local stop_at = rw.now() + 2
-      local failures = 0
-      rw.run(function()
-        for _ = 1, 16 do
-          rw.spawn(function()
-            while rw.now() < stop_at do
-              local res = rw.fetch(s:url("/f"), { on_retry = false, max_elapsed = 3 })
-              if not res then failures = failures + 1 end
-            end
-          end)
-        end
-      end)
+      local failures = hammer(s:url("/f"), { on_retry = false, max_elapsed = 3 }, 16, 2)
       local ok, limited = s:counted("/f")
       assert.is_true(ok >= 20 and ok <= 80, ok .. " accepted")
       -- each task draws about one 429 per window (and a second near its end)
@@ -133,23 +140,6 @@ describe("rate headers of real servers", function()
     end)
   end)
   describe("the limit the server states", function()
-    -- Runs `tasks` tasks calling fetch on url through limiter for `seconds`.
-    local function hammer(url, opts, tasks, seconds)
-      local stop_at = rw.now() + seconds
-      local failures = 0
-      rw.run(function()
-        for _ = 1, tasks do
-          rw.spawn(function()
-            while rw.now() < stop_at do
-              local res = rw.fetch(url, opts)
-              if not res then failures = failures + 1 end
-            end
-          end)
-        end
-      end)
-      return failures
-    end
-
     local cases = {
       { as = "express-draft-7", provider = "ietf" },
       { as = "express-draft-6", provider = "ietf" },
