@@ -20,6 +20,16 @@ local function read(path)
   return text
 end
 
+-- The file at path as a function whose globals are env's.
+local function load_in(path, env)
+  local setfenv = rawget(_G, "setfenv") -- Lua 5.1 and LuaJIT
+  if setfenv then
+    local chunk = assert(rawget(_G, "loadstring")(read(path), "@" .. path))
+    return setfenv(chunk, env)
+  end
+  return assert(load(read(path), "@" .. path, "t", env))
+end
+
 local function library_files()
   local list = {}
   local p = assert(io.popen("find " .. LIBRARY .. " -name '*.lua' | sort"))
@@ -376,9 +386,10 @@ local function same_api(obj, class, model, opts)
 end
 
 -- Every string key reachable from fn through upvalues and the tables they
--- hold, a few steps deep: the names a constructor's checks may know.
+-- hold, a few steps deep: the names a constructor's checks may know. The
+-- globals (_ENV) are not the library's.
 local function reachable_names(fn, depth)
-  local names, seen = {}, {}
+  local names, seen = {}, { [_G] = true }
   local function visit(v, d)
     if d < 0 or seen[v] then return end
     seen[v] = true
@@ -386,7 +397,7 @@ local function reachable_names(fn, depth)
       for i = 1, math.huge do
         local name, value = debug.getupvalue(v, i)
         if not name then break end
-        if type(value) == "function" or type(value) == "table" then visit(value, d - 1) end
+        if name ~= "_ENV" and (type(value) == "function" or type(value) == "table") then visit(value, d - 1) end
       end
     elseif type(v) == "table" then
       for k, value in pairs(v) do
@@ -460,15 +471,7 @@ describe("the editor types", function()
       assert.is_not_nil(model.files[path], path .. " does not start with ---@meta")
       local set = {}
       local env = setmetatable({}, { __newindex = function(_, k) set[#set + 1] = k end })
-      local chunk
-      local setfenv = rawget(_G, "setfenv") -- Lua 5.1 and LuaJIT
-      if setfenv then
-        chunk = assert(rawget(_G, "loadstring")(read(path), "@" .. path))
-        setfenv(chunk, env)
-      else
-        chunk = assert(load(read(path), "@" .. path, "t", env))
-      end
-      local ok, err = pcall(chunk)
+      local ok, err = pcall(load_in(path, env))
       assert(ok, err)
       assert.are.same({}, set, path .. " sets globals")
     end
@@ -617,6 +620,24 @@ describe("the editor types", function()
       same_api(refused.transport, "ratewise.TransportError", model, { own_fields = true,
         may_lack = { multi = true } })
     end)
+  end)
+
+  it("are what this checkout's .luarc.json points LuaLS at, and what the rocks install", function()
+    local luarc = require("cjson").decode(read(".luarc.json"))
+    assert.are.same({ "types/library" }, luarc["workspace.library"])
+    assert.is_true(luarc["runtime.pathStrict"]) -- require "ratewise" finds the types, not lua/ratewise
+    local p = assert(io.popen("ls rockspec/*.rockspec"))
+    local rockspecs = 0
+    for path in p:lines() do
+      rockspecs = rockspecs + 1
+      local spec = {}
+      load_in(path, spec)()
+      local copied = {}
+      for _, dir in ipairs(spec.build.copy_directories or {}) do copied[dir] = true end
+      assert(copied.types, path .. ": build.copy_directories must list \"types\" (the editor types)")
+    end
+    p:close()
+    assert.is_true(rockspecs > 0)
   end)
 
   it("name the error kinds docs/reference.md lists", function()
