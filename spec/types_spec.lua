@@ -14,10 +14,7 @@ local server = require "spec.support.server"
 local LIBRARY = "types/library"
 
 local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local text = f:read("*a")
-  f:close()
-  return text
+  return (assert(server.read_file(path), "cannot read " .. path))
 end
 
 -- The file at path as a function whose globals are env's.
