@@ -403,7 +403,7 @@ local function reachable_names(fn, depth)
       end
     end
   end
-  visit(fn, depth or 4)
+  visit(fn, depth or 6)
   return names
 end
 
