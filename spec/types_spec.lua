@@ -623,6 +623,11 @@ describe("the editor types", function()
     local luarc = require("cjson").decode(read(".luarc.json"))
     assert.are.same({ "types/library" }, luarc["workspace.library"])
     assert.is_true(luarc["runtime.pathStrict"]) -- require "ratewise" finds the types, not lua/ratewise
+    -- the addon's words: what makes an editor offer it for a file
+    local addon = require("cjson").decode(read("types/config.json"))
+    for _, code in ipairs { 'local rw = require "ratewise"', "local rw = require('ratewise')" } do
+      assert.is_truthy(code:find(addon.words[1]), code)
+    end
     local p = assert(io.popen("ls rockspec/*.rockspec"))
     local rockspecs = 0
     for path in p:lines() do
