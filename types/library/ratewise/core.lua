@@ -36,6 +36,37 @@ function core.random_bytes(n) end
 ---@return string? err
 function core.random() end
 
+---The SIGINT action `core.trap_sigint` replaced (src/term.c).
+---@class ratewise.term_saved_sigint
+
+---From now on SIGINT sets the flag `core.interrupted` reads (the CLI's Ctrl-C); the action it replaced, for `core.release_sigint`, or nil, err.
+---@return ratewise.term_saved_sigint|nil saved
+---@return string? err
+function core.trap_sigint() end
+
+---SIGINT does again what it did before `core.trap_sigint`.
+---@param saved ratewise.term_saved_sigint
+function core.release_sigint(saved) end
+
+---Whether SIGINT came since `core.trap_sigint`.
+---@return boolean
+function core.interrupted() end
+
+---A write to a closed pipe fails with EPIPE instead of ending the process.
+function core.ignore_sigpipe() end
+
+---The columns of the terminal at `fd`, or nil when it is not one (or does not say).
+---@param fd integer
+---@return integer|nil
+function core.terminal_width(fd) end
+
+---One read(2) of at most `max` bytes from a descriptor poll found readable: the bytes ("" at the end), or nil, err.
+---@param fd integer
+---@param max integer
+---@return string|nil bytes
+---@return string? err
+function core.read_fd(fd, max) end
+
 ---Whether the descriptor is a terminal.
 ---@param fd integer
 ---@return boolean
@@ -209,6 +240,9 @@ function Transfer:set_owner(owner) end
 ---@return ratewise.Response|nil res
 ---@return ratewise.TransportError|nil err
 function Transfer:result(lazy, close, recycle, mt) end
+
+---A streamed transfer's timeout (the request's) applies to its body too: for a reader that reads the whole body within a call's time.
+function Transfer:bound() end
 
 ---The final response's status and headers once they are in, while the transfer runs.
 ---@return table|nil
