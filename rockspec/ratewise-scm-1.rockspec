@@ -38,7 +38,7 @@ build = {
    modules = {
       ["ratewise.core"] = {
          sources = { "src/bucket.c", "src/core.c", "src/engine.c", "src/lparse.c", "src/parse.c", "src/request.c",
-                     "src/response.c", "src/redis.c", "src/redis_reader.c", "src/sse.c" },
+                     "src/response.c", "src/redis.c", "src/redis_reader.c", "src/sse.c", "src/poller.c" },
          libraries = { "curl", "hiredis" },
          -- On Lua 5.1 and LuaJIT the C core needs lua-compat-5.3's header
          -- (Debian's lua-compat53-dev keeps it beside Lua 5.1's own).
