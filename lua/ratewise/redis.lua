@@ -18,6 +18,12 @@ local redis = {}
 local RECONNECT_AFTER = 0.5
 redis.RECONNECT_AFTER = RECONNECT_AFTER
 
+-- Whether the C core has its Redis connection (built without hiredis, `make
+-- REDIS=0`, it has not), and what a caller who needs it is told.
+redis.available = core.redis == true
+redis.MISSING = "ratewise was built without Redis support (REDIS=0): rebuild with hiredis "
+  .. "(Debian's libhiredis-dev), or pass a client object such as resty.redis"
+
 local function percent_decode(s)
   return (s:gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end))
 end
@@ -57,6 +63,7 @@ Client.__index = Client
 
 --- client = redis.new{host = h, port = p, db = n, username = u, password = pw, timeout = s}
 function redis.new(opts)
+  if not redis.available then error(redis.MISSING, 2) end
   return setmetatable({
     host = opts.host, port = opts.port, db = opts.db or 0,
     username = opts.username, password = opts.password,
