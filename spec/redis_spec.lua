@@ -108,6 +108,12 @@ local NGINX_SERVER = [[
     }
 ]]
 
+-- Without Redis support (`make test REDIS=0`), what needs ratewise's own
+-- Redis connection is pending, and the error a caller gets is checked.
+local needs_redis = rw.features.redis and it or function(name)
+  pending(name .. " [this build has no Redis support: REDIS=0]")
+end
+
 describe("rw.redis_bucket", function()
   local s, r
 
@@ -124,7 +130,7 @@ describe("rw.redis_bucket", function()
     r:cli("FLUSHALL")
   end)
 
-  it("is one bucket for every object that names the same key, on the server's clock", function()
+  needs_redis("is one bucket for every object that names the same key, on the server's clock", function()
     local a = rw.redis_bucket { redis = r.url, key = "k", capacity = 2, rate = 10 }
     local b = rw.redis_bucket { redis = r.url, key = "k", capacity = 2, rate = 10 }
     local other = rw.redis_bucket { redis = r.url, key = "other", capacity = 2, rate = 10 }
@@ -143,7 +149,7 @@ describe("rw.redis_bucket", function()
     assert.is_true((a:take()))
   end)
 
-  it("keeps its key under a hash tag, and lets it expire once the bucket is full again", function()
+  needs_redis("keeps its key under a hash tag, and lets it expire once the bucket is full again", function()
     local b = rw.redis_bucket { redis = r.url, key = "api-key-7", capacity = 1, rate = 20 }
     assert.is_true((b:take()))
     assert.equal("ratewise:{api-key-7}", r:cli("KEYS", "*"))
@@ -154,7 +160,7 @@ describe("rw.redis_bucket", function()
     assert.near(1, b:tokens(), 0.01)
   end)
 
-  it("reloads its script when Redis forgot it (NOSCRIPT), and takes one command per acquire", function()
+  needs_redis("reloads its script when Redis forgot it (NOSCRIPT), and takes one command per acquire", function()
     local b = rw.redis_bucket { redis = r.url, key = "k", capacity = 100, rate = 1000 }
     assert.is_true(b:acquire())
     r:cli("SCRIPT", "FLUSH")
@@ -169,7 +175,7 @@ describe("rw.redis_bucket", function()
     assert.equal(10, #s:log("/x"))
   end)
 
-  it("keeps four processes to one rate: the server sees 100 a second, within 2 %", function()
+  needs_redis("keeps four processes to one rate: the server sees 100 a second, within 2 %", function()
     local results = workers(4, s:url("/shared"), r.url, 3, "closed", 100)
     local total = 0
     for _, out in ipairs(results) do
@@ -186,7 +192,7 @@ describe("rw.redis_bucket", function()
       last - first, rate))
   end)
 
-  it("on_error = closed: with Redis stopped every call ends at once with kind limiter_unavailable", function()
+  needs_redis("on_error = closed: with Redis stopped every call ends at once with kind limiter_unavailable", function()
     local stop, seen_at_stop = stop_redis_once_paced(s, r, "/closed")
     local results = workers(4, s:url("/closed"), r.url, 2, "closed", 50, stop)
     local shared = seen_at_stop()
@@ -209,7 +215,7 @@ describe("rw.redis_bucket", function()
     assert.is_true(#log - shared <= 8 + 2, (#log - shared) .. " requests after Redis stopped")
   end)
 
-  it("on_error = local: with Redis stopped mid-run, four processes go on at their local rate, none fails", function()
+  needs_redis("on_error = local: with Redis stopped mid-run, four processes go on at their local rate, none fails", function()
     local stop, seen_at_stop = stop_redis_once_paced(s, r, "/local")
     local results = workers(4, s:url("/local"), r.url, 2, "local", 40, stop)
     local shared = seen_at_stop()
@@ -238,7 +244,7 @@ describe("rw.redis_bucket", function()
       string.format("%d requests in %.3f s after Redis stopped", after, local_span))
   end)
 
-  it("on_error = local: with Redis stopped each process goes on at its local rate, and back to Redis after", function()
+  needs_redis("on_error = local: with Redis stopped each process goes on at its local rate, and back to Redis after", function()
     local b = rw.redis_bucket { redis = r.url, key = "k", capacity = 1, rate = 20, on_error = "local",
       timeout = 0.1 }
     assert.is_true(b:acquire())
@@ -254,7 +260,7 @@ describe("rw.redis_bucket", function()
     assert.equal("ratewise:{k}", r:cli("KEYS", "*"))
   end)
 
-  it("picks up a restarted Redis: a call after the restart is served by it", function()
+  needs_redis("picks up a restarted Redis: a call after the restart is served by it", function()
     local b = rw.redis_bucket { redis = r.url, key = "k", capacity = 5, rate = 5, timeout = 0.1 }
     assert.is_true((b:take()))
     r:stop()
@@ -268,7 +274,7 @@ describe("rw.redis_bucket", function()
     assert.is_true((b:take()))
   end)
 
-  it("in rw.limiters: a Redis that fails ends the composite's acquire and the call with its error", function()
+  needs_redis("in rw.limiters: a Redis that fails ends the composite's acquire and the call with its error", function()
     local b = rw.redis_bucket { redis = r.url, key = "k", capacity = 5, rate = 5, timeout = 0.1 }
     local local_limit = rw.bucket { capacity = 5, rate = 5 }
     local both = rw.limiters { b, local_limit }
@@ -286,7 +292,7 @@ describe("rw.redis_bucket", function()
     assert.near(4, local_limit:tokens(), 0.3) -- nothing taken from the member that could answer
   end)
 
-  it("takes a broken or hostile server's huge reply for a protocol error, allocating nothing for it", function()
+  needs_redis("takes a broken or hostile server's huge reply for a protocol error, allocating nothing for it", function()
     -- A fake server: to every connection, the answer named, then silence.
     local function fake(kind)
       local p = assert(io.popen("/usr/bin/python3 -c " .. "'" .. [=[
@@ -315,7 +321,7 @@ while True:
     end
   end)
 
-  it("never shows the password of its URL, and refuses options that make no sense", function()
+  needs_redis("never shows the password of its URL, and refuses options that make no sense", function()
     local b = rw.redis_bucket { redis = "redis://:hunter2@127.0.0.1:1", key = "k", capacity = 1, rate = 1,
       timeout = 0.1 }
     local _, err = b:acquire()
@@ -340,7 +346,8 @@ while True:
   end)
 
   for _, client in ipairs { "object", "url" } do
-    it("paces the requests of an nginx through Redis (" .. (client == "object" and "a cosocket client" or
+    local test = client == "object" and it or needs_redis
+    test("paces the requests of an nginx through Redis (" .. (client == "object" and "a cosocket client" or
       "a redis:// URL") .. ")", function()
       local nginx = require "spec.support.nginx"
       local n = nginx.start { server = NGINX_SERVER }
@@ -371,7 +378,7 @@ while True:
     end)
   end
 
-  it("takes a client object with evalsha and eval (the shape of resty.redis)", function()
+  needs_redis("takes a client object with evalsha and eval (the shape of resty.redis)", function()
     local own = require("ratewise.redis").new { host = "127.0.0.1", port = r.port, timeout = 1 }
     local calls = {}
     local object = {
@@ -384,5 +391,25 @@ while True:
     assert.is_true((b:take()))
     assert.is_false((b:take()))
     assert.same({ "eval", "eval", "eval" }, calls) -- no script("load"): EVAL each time
+  end)
+end)
+
+describe("a build without Redis support (make REDIS=0)", function()
+  if rw.features.redis then
+    pending("this build has Redis support: `make test REDIS=0` runs these")
+    return
+  end
+
+  -- (a client object still works: the nginx spec above with a cosocket
+  -- client runs in this build too)
+  it("raises a clear error for a redis:// URL, naming the build and not the password", function()
+    local ok, err = pcall(rw.redis_bucket, { redis = "redis://:hunter2@127.0.0.1:6379", key = "k", capacity = 1,
+      rate = 1 })
+    assert.is_false(ok)
+    assert.matches("ratewise was built without Redis support (REDIS=0): rebuild with hiredis", err, 1, true)
+    assert.no.matches("hunter2", err, 1, true)
+    assert.error_matches(function() require("ratewise.redis").new { host = "127.0.0.1", port = 6379 } end,
+      "built without Redis support", 1, true)
+    assert.is_nil(require("ratewise.core").redis_connect)
   end)
 end)
