@@ -76,7 +76,7 @@ HDR       := $(wildcard src/*.h)
 LUA_ENV   = LUA_PATH="./lua/?.lua;./lua/?/init.lua;./?.lua;;" LUA_CPATH="./$(BUILD)/?.so;;"
 
 # Debian packages each target needs; installed by `make deps` when missing.
-DEB_BUILD := gcc make pkg-config $(DEB_LUA) libcurl4-openssl-dev libhiredis-dev
+DEB_BUILD := gcc make pkg-config $(DEB_LUA) libcurl4-openssl-dev $(if $(filter 1,$(REDIS)),libhiredis-dev)
 # The hosts the suite runs ratewise in: OpenResty (nginx with the Lua
 # module, whose LuaJIT is luajit2's), cqueues and luv.
 DEB_HOSTS := nginx libnginx-mod-http-lua lua-resty-core luajit2 libluajit2-5.1-dev lua-compat53-dev \
@@ -88,7 +88,7 @@ DEB_TOOLS := lua-check luarocks
 DEB_CHECK := clang libclang-rt-14-dev clang-tidy cppcheck valgrind \
              lua5.1 liblua5.1-0-dev lua5.3 liblua5.3-dev luajit2 libluajit2-5.1-dev lua-compat53-dev
 
-.PHONY: all deps deps-check test demo bench examples install lint clean soak \
+.PHONY: all deps deps-build deps-check test demo bench examples install lint clean soak \
         fuzz test-asan test-valgrind luajit-core bench-hosts bench-rate bench-redis bench-http2 \
         bench-openresty bench-baseline bench-instructions
 
@@ -111,6 +111,9 @@ endef
 
 deps:
 	$(call install_missing,$(DEB_BUILD) $(DEB_TEST) $(DEB_TOOLS))
+
+deps-build:
+	$(call install_missing,$(DEB_BUILD) luarocks)
 
 deps-check:
 	$(call install_missing,$(DEB_CHECK))
@@ -249,10 +252,29 @@ lint: deps deps-check
 # to download the rock (and fail offline).
 # LuaJIT loads Lua 5.1 modules: its rocks go to luarocks' 5.1 tree (which
 # LuaJIT searches too), built against LuaJIT's own headers.
-ROCKS_LUA = $(if $(filter luajit,$(LUA)),5.1 LUA_INCDIR=/usr/include/luajit-2.1,$(subst lua,,$(LUA)))
-install: deps
-	luarocks --lua-version $(ROCKS_LUA) make --deps-mode=none rockspec/ratewise-scm-1.rockspec
+# Installs what the build needs, never the suite's servers: the C core,
+# lua/ratewise and bin/ratewise, through luarocks into its system tree or
+# TREE=dir (`luarocks --tree`); with REDIS=0 the rock without Redis
+# (rockspec/ratewise-noredis-scm-1.rockspec). PREFIX=dir copies the same
+# files without luarocks: PREFIX/lib/lua/V/, PREFIX/share/lua/V/,
+# PREFIX/bin/ (DESTDIR first, for packagers; the command runs under LUA). luarocks builds with its own
+# flags: POLLER=poll reaches it as a define in CFLAGS.
+LUA_V     = $(if $(filter luajit,$(LUA)),5.1,$(subst lua,,$(LUA)))
+ROCKS_LUA = $(LUA_V)$(if $(filter luajit,$(LUA)), LUA_INCDIR=/usr/include/luajit-2.1)
+ROCKSPEC  = rockspec/ratewise$(if $(filter 0,$(REDIS)),-noredis)-scm-1.rockspec
+ROCKS_CFLAGS = $(if $(filter command line,$(origin POLLER)),CFLAGS="-O2 -fPIC $(POLLER_DEF)")
+install: deps-build
+ifdef PREFIX
+install: $(CORE)
+	install -d $(DESTDIR)$(PREFIX)/lib/lua/$(LUA_V)/ratewise $(DESTDIR)$(PREFIX)/share/lua/$(LUA_V) $(DESTDIR)$(PREFIX)/bin
+	install -m 644 $(CORE) $(DESTDIR)$(PREFIX)/lib/lua/$(LUA_V)/ratewise/core.so
+	cp -R lua/ratewise $(DESTDIR)$(PREFIX)/share/lua/$(LUA_V)/
+	sed '1s|.*|#!/usr/bin/env $(LUA)|' bin/ratewise > $(DESTDIR)$(PREFIX)/bin/ratewise
+	chmod 755 $(DESTDIR)$(PREFIX)/bin/ratewise
+else
+	luarocks --lua-version $(ROCKS_LUA) $(if $(TREE),--tree $(TREE)) make --deps-mode=none $(ROCKSPEC) $(ROCKS_CFLAGS)
 	rm -rf ratewise src/*.o
+endif
 
 # ---- fuzzing: one libFuzzer target per parser of src/parse.c (fuzz/) ----
 # `make fuzz FUZZ_SECONDS=600` for a long run; each target prints one line.
