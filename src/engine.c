@@ -11,8 +11,9 @@
  * (CURLMOPT_SOCKETFUNCTION, CURLMOPT_TIMERFUNCTION) tells it which sockets
  * to watch, which it keeps in its poller's set (src/poller.c), and when to
  * call back. So a host waits on one descriptor (engine:pollfd(), readable
- * when any socket is ready; none with the poll(2) backend) and one deadline (engine:timeout()), then lets the engine act
- * on what is ready (engine:poll(0), which never blocks). engine:poll(t)
+ * when any socket is ready; none with the poll(2) backend) and one
+ * deadline (engine:timeout()), then lets the engine act on what is ready
+ * (engine:poll(0), which never blocks). engine:poll(t)
  * waits on that descriptor itself, at most t seconds: the one place the
  * engine blocks, and only when asked to.
  * Connections live in the multi handle's cache, so they are reused across
