@@ -232,6 +232,7 @@ lint: deps deps-check
 	@for variant in poll:POLLER=poll noredis:REDIS=0; do \
 	  dir=build-$${variant%%:*}; \
 	  $(MAKE) -s --no-print-directory LUA=lua5.4 $${variant#*:} BUILD=$$dir all || exit 1; \
+	  printf '%s: ' "$${variant#*:}"; \
 	  LUA_PATH="./lua/?.lua;./lua/?/init.lua;;" LUA_CPATH="./$$dir/?.so;;" lua5.4 spec/support/smoke.lua || exit 1; \
 	done
 	@# Each backend's code, and the core without Redis.

@@ -215,7 +215,8 @@ describe("rw.redis_bucket", function()
     assert.is_true(#log - shared <= 8 + 2, (#log - shared) .. " requests after Redis stopped")
   end)
 
-  needs_redis("on_error = local: with Redis stopped mid-run, four processes go on at their local rate, none fails", function()
+  needs_redis("on_error = local: with Redis stopped mid-run, four processes go on at their local rate, none fails",
+    function()
     local stop, seen_at_stop = stop_redis_once_paced(s, r, "/local")
     local results = workers(4, s:url("/local"), r.url, 2, "local", 40, stop)
     local shared = seen_at_stop()
@@ -244,7 +245,8 @@ describe("rw.redis_bucket", function()
       string.format("%d requests in %.3f s after Redis stopped", after, local_span))
   end)
 
-  needs_redis("on_error = local: with Redis stopped each process goes on at its local rate, and back to Redis after", function()
+  needs_redis("on_error = local: with Redis stopped each process goes on at its local rate, and back to Redis after",
+    function()
     local b = rw.redis_bucket { redis = r.url, key = "k", capacity = 1, rate = 20, on_error = "local",
       timeout = 0.1 }
     assert.is_true(b:acquire())
@@ -292,7 +294,8 @@ describe("rw.redis_bucket", function()
     assert.near(4, local_limit:tokens(), 0.3) -- nothing taken from the member that could answer
   end)
 
-  needs_redis("takes a broken or hostile server's huge reply for a protocol error, allocating nothing for it", function()
+  needs_redis("takes a broken or hostile server's huge reply for a protocol error, allocating nothing for it",
+    function()
     -- A fake server: to every connection, the answer named, then silence.
     local function fake(kind)
       local p = assert(io.popen("/usr/bin/python3 -c " .. "'" .. [=[
