@@ -376,5 +376,5 @@ test-valgrind: deps deps-check $(CORE) examples luajit-core
 	esac
 
 clean:
-	rm -rf build build-lua5.3 build-lua5.1 build-luajit $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) src/*.o ./*.so examples/host
+	rm -rf build build-* $(BUILD) src/*.o ./*.so examples/host
 	@$(MAKE) -s -C bench clean 2>/dev/null || true
