@@ -5,3 +5,5 @@ max_line_length = 120
 files["lua/"] = { std = "min" }
 files["spec/"] = { std = "+busted" }
 exclude_files = { "build/" }
+-- The game spec/love_spec.lua runs in LÖVE, whose API is the `love` global.
+files["spec/support/love_game/"] = { globals = { "love" } }

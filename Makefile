@@ -78,17 +78,20 @@ LUA_ENV   = LUA_PATH="./lua/?.lua;./lua/?/init.lua;./?.lua;;" LUA_CPATH="./$(BUI
 # Debian packages each target needs; installed by `make deps` when missing.
 DEB_BUILD := gcc make pkg-config $(DEB_LUA) libcurl4-openssl-dev $(if $(filter 1,$(REDIS)),libhiredis-dev)
 # The hosts the suite runs ratewise in: OpenResty (nginx with the Lua
-# module, whose LuaJIT is luajit2's), cqueues and luv.
+# module, whose LuaJIT is luajit2's), cqueues, luv, and LÖVE (on the same
+# LuaJIT) under a virtual X server.
 DEB_HOSTS := nginx libnginx-mod-http-lua lua-resty-core luajit2 libluajit2-5.1-dev lua-compat53-dev \
-             lua-cqueues lua-luv lua-nginx-redis
+             lua-cqueues lua-luv lua-nginx-redis love xvfb
 DEB_TEST  := lua-busted lua-socket lua-cjson python3 openssl redis-server brotli zstd $(DEB_HOSTS)
+# spec/nvim_spec.lua runs a plugin in Neovim (whose LuaJIT is luajit2's).
+DEB_TEST  += neovim
 DEB_TOOLS := lua-check luarocks
 # For lint, fuzz, test-asan and test-valgrind (`make deps-check`);
 # libclang-rt-14-dev has libFuzzer and the sanitizer runtimes.
 DEB_CHECK := clang libclang-rt-14-dev clang-tidy cppcheck valgrind \
              lua5.1 liblua5.1-0-dev lua5.3 liblua5.3-dev luajit2 libluajit2-5.1-dev lua-compat53-dev
 
-.PHONY: all deps deps-build deps-check test demo bench examples install lint clean soak \
+.PHONY: all deps deps-build deps-check test demo bench examples install lint clean soak nvim \
         fuzz test-asan test-valgrind luajit-core bench-hosts bench-rate bench-redis bench-http2 \
         bench-openresty bench-baseline bench-instructions
 
@@ -125,16 +128,26 @@ SPEC_ENV = RATEWISE_LUA="$$(command -v $(LUA))" RATEWISE_CPATH="./$(BUILD)/?.so"
            RATEWISE_LUA_CFLAGS="$(PKG_LUA)" RATEWISE_LUA_LIBS="$(PKG_LUA_LIBS)" \
            RATEWISE_CORE_CFLAGS="$(POLLER_DEF) $(REDIS_DEF)" RATEWISE_CORE_LIBS="$(PKG_CURL_LIBS) $(REDIS_LIB) -lm" \
            RATEWISE_LUAJIT_CPATH="./$(LUAJIT_BUILD)/?.so"
-# spec/openresty_spec.lua runs nginx's Lua module, which is LuaJIT: it loads
-# the LuaJIT build of the core, whichever Lua the suite runs under.
+# spec/openresty_spec.lua runs nginx's Lua module, and spec/love_spec.lua
+# LÖVE, both LuaJIT: they load the LuaJIT build of the core (of the same
+# variant), whichever Lua the suite runs under.
 LUAJIT_BUILD := build-luajit$(VARIANT)
 LUAJIT_CORE := $(LUAJIT_BUILD)/ratewise/core.so
 luajit-core:
 	@$(MAKE) -s --no-print-directory LUA=luajit BUILD=$(LUAJIT_BUILD) $(LUAJIT_CORE)
 
+# A Neovim plugin tree in this checkout (lazy.nvim: build = "make nvim"):
+# the core built against LuaJIT where Neovim's runtimepath loader looks for
+# it, lua/ratewise/core.so (git-ignored). A new file takes the old one's
+# name (mv): a Neovim that has the old one loaded keeps it, where writing
+# over it in place would crash that Neovim.
+NVIM_CORE := lua/ratewise/core.so
+nvim: luajit-core
+	@cmp -s $(LUAJIT_CORE) $(NVIM_CORE) || { cp $(LUAJIT_CORE) $(NVIM_CORE).new && mv -f $(NVIM_CORE).new $(NVIM_CORE); }
+
 # SPECS names a part of the suite: `make test SPECS="spec/cli_spec.lua"`.
 SPECS ?= spec/
-test: deps $(CORE) $(HOST) luajit-core
+test: deps $(CORE) $(HOST) luajit-core nvim
 	$(LUA_ENV) $(SPEC_ENV) $(LUA) /usr/bin/busted --ignore-lua --cpath="./$(BUILD)/?.so" \
 	  -o spec/support/summary.lua $(SPECS)
 
@@ -176,8 +189,20 @@ bench-instructions: deps $(CORE) luajit-core
 	@$(LUA_ENV) $(LUA) bench/instructions.lua
 
 # The share of a rate-limited server's rate each limiter gets, and the
-# share of 429s (bench/ratelimit.lua): a private nginx at 200 requests/s.
+# share of 429s (bench/ratelimit.lua): a private nginx at 200 requests/s
+# (a token bucket, and its limit_req), and the fixed windows of
+# express-rate-limit and @fastify/rate-limit (bench/fixed_window, node;
+# npm ci installs the versions of its package-lock.json).
+# Debian's nodejs and npm, unless node and npm are there already (a
+# NodeSource nodejs holds npm, and Debian's npm would conflict with it).
+DEB_BENCH_RATE := nodejs npm
 bench-rate: deps $(CORE)
+	@if ! command -v node >/dev/null || ! command -v npm >/dev/null; then \
+	  echo "installing Debian packages: $(DEB_BENCH_RATE)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEB_BENCH_RATE) >/dev/null; \
+	fi
+	@test -d bench/fixed_window/node_modules || \
+	  (cd bench/fixed_window && npm ci --no-audit --no-fund --loglevel=error)
 	@$(LUA_ENV) $(SPEC_ENV) $(LUA) bench/ratelimit.lua
 
 # What one acquire of rw.redis_bucket costs next to redis-benchmark's
@@ -258,8 +283,11 @@ lint: deps deps-check
 # TREE=dir (`luarocks --tree`); with REDIS=0 the rock without Redis
 # (rockspec/ratewise-noredis-scm-1.rockspec). PREFIX=dir copies the same
 # files without luarocks: PREFIX/lib/lua/V/, PREFIX/share/lua/V/,
-# PREFIX/bin/ (DESTDIR first, for packagers; the command runs under LUA). luarocks builds with its own
-# flags: POLLER=poll reaches it as a define in CFLAGS.
+# PREFIX/bin/ (DESTDIR first, for packagers; the command runs under LUA).
+# luarocks builds with its own flags: POLLER=poll reaches it as a define in
+# CFLAGS. luarocks' builtin copies all of lua/: `make nvim`'s LuaJIT core is
+# set aside meanwhile, so that it does not land among the installed Lua
+# files (nor does the copy take it).
 LUA_V     = $(if $(filter luajit,$(LUA)),5.1,$(subst lua,,$(LUA)))
 ROCKS_LUA = $(LUA_V)$(if $(filter luajit,$(LUA)), LUA_INCDIR=/usr/include/luajit-2.1)
 ROCKSPEC  = rockspec/ratewise$(if $(filter 0,$(REDIS)),-noredis)-scm-1.rockspec
@@ -270,11 +298,14 @@ install: $(CORE)
 	install -d $(DESTDIR)$(PREFIX)/lib/lua/$(LUA_V)/ratewise $(DESTDIR)$(PREFIX)/share/lua/$(LUA_V) $(DESTDIR)$(PREFIX)/bin
 	install -m 644 $(CORE) $(DESTDIR)$(PREFIX)/lib/lua/$(LUA_V)/ratewise/core.so
 	cp -R lua/ratewise $(DESTDIR)$(PREFIX)/share/lua/$(LUA_V)/
+	rm -f $(DESTDIR)$(PREFIX)/share/lua/$(LUA_V)/$(NVIM_CORE:lua/%=%)*
 	sed '1s|.*|#!/usr/bin/env $(LUA)|' bin/ratewise > $(DESTDIR)$(PREFIX)/bin/ratewise
 	chmod 755 $(DESTDIR)$(PREFIX)/bin/ratewise
 else
-	luarocks --lua-version $(ROCKS_LUA) $(if $(TREE),--tree $(TREE)) make --deps-mode=none $(ROCKSPEC) $(ROCKS_CFLAGS)
-	rm -rf ratewise src/*.o
+	@if [ -e $(NVIM_CORE) ]; then mv -f $(NVIM_CORE) $(NVIM_CORE).aside; fi; \
+	luarocks --lua-version $(ROCKS_LUA) $(if $(TREE),--tree $(TREE)) make --deps-mode=none $(ROCKSPEC) $(ROCKS_CFLAGS); \
+	rc=$$?; if [ -e $(NVIM_CORE).aside ]; then mv -f $(NVIM_CORE).aside $(NVIM_CORE); fi; \
+	rm -rf ratewise src/*.o; exit $$rc
 endif
 
 # ---- fuzzing: one libFuzzer target per parser of src/parse.c (fuzz/) ----
@@ -346,7 +377,7 @@ $(ASAN_HOST): examples/host.c Makefile | deps-check
 # Any ASan, LeakSanitizer or UBSan report fails the run (exit status), as a
 # failed spec does. --ignore-lua: .busted's `lua` would re-run busted
 # through a plain lua5.4; --cpath puts build-asan/ before .busted's build/.
-test-asan: deps $(CORE) examples $(ASAN_CORE) $(ASAN_HOST) luajit-core
+test-asan: deps $(CORE) examples $(ASAN_CORE) $(ASAN_HOST) luajit-core nvim
 	LUA_PATH="./lua/?.lua;./lua/?/init.lua;./?.lua;;" LUA_CPATH="./$(ASAN_BUILD)/?.so;;" $(ASAN_ENV) \
 	  $(ASAN_LUA) /usr/bin/busted --ignore-lua --cpath="./$(ASAN_BUILD)/?.so" -o spec/support/summary.lua spec/
 
@@ -362,7 +393,7 @@ VALGRIND_SPECS ?= spec/
 VALGRIND_FLAGS := -q --trace-children=no --leak-check=full --show-leak-kinds=definite,indirect \
                   --errors-for-leak-kinds=definite,indirect --error-exitcode=99 --num-callers=30
 
-test-valgrind: deps deps-check $(CORE) examples luajit-core
+test-valgrind: deps deps-check $(CORE) examples luajit-core nvim
 	@start=$$(date +%s); \
 	$(LUA_ENV) LD_PRELOAD=libcurl.so.4 valgrind $(VALGRIND_FLAGS) $$(command -v $(LUA)) /usr/bin/busted \
 	  --ignore-lua -o utfTerminal $(VALGRIND_SPECS); rc=$$?; \
@@ -376,5 +407,5 @@ test-valgrind: deps deps-check $(CORE) examples luajit-core
 	esac
 
 clean:
-	rm -rf build build-* $(BUILD) src/*.o ./*.so examples/host
+	rm -rf build build-* $(BUILD) src/*.o ./*.so examples/host $(NVIM_CORE)
 	@$(MAKE) -s -C bench clean 2>/dev/null || true

@@ -2,36 +2,61 @@
 -- gets, and how many of its requests the server refuses.
 --
 --   make bench-rate           (or: lua5.4 bench/ratelimit.lua, from the
---                              root, after make and make LUA=luajit)
+--                              root, after make, make LUA=luajit and
+--                              npm ci in bench/fixed_window)
 --
--- The server is a private nginx with the Lua module whose one location is
--- a token bucket in a shared dict (RATE a second, a burst of 1 or 2 tokens),
--- answering 429 with Retry-After: 1 when it is empty, as a rate-limited API
--- does. Against it, TASKS tasks call rw.fetch in a loop for SECONDS, through
+-- The servers, each at RATE requests a second:
+--
+--   token bucket     a private nginx with the Lua module whose location is
+--                    a token bucket in a shared dict (a burst of 1 or 2
+--                    tokens), answering 429 with Retry-After: 1 when it is
+--                    empty, as a rate-limited API does;
+--   limit_req        the same nginx's own limit_req (burst 0, and burst 5
+--                    nodelay): a 429 without any header;
+--   fixed windows    real third-party limiters with their memory stores,
+--                    RATE requests a 1 s window (bench/fixed_window, node):
+--                    express-rate-limit 7 with its legacy X-RateLimit-*
+--                    headers (the reset in epoch seconds) or its draft-7
+--                    RateLimit and RateLimit-Policy; @fastify/rate-limit 9
+--                    (x-ratelimit-reset in seconds until the reset), also
+--                    without Retry-After.
+--
+-- Against each, TASKS tasks call rw.fetch in a loop for SECONDS, through
 -- each limiter in turn:
 --
---   reactive             no limiter: Retry-After only;
+--   reactive             no limiter: the server's hints only;
 --   bucket at the limit  rw.bucket{capacity = 1, rate = RATE};
 --   bucket at 90%        rw.bucket{capacity = 1, rate = 0.9 * RATE};
---   adaptive             rw.adaptive{}, told no rate at all.
+--   adaptive             rw.adaptive{}, told no rate at all;
+--   ... + provider       the same with a provider (github for X-RateLimit-*,
+--                        ietf for RateLimit) reading the headers.
 --
 -- Each row is two contenders in one run, the server's rate and what
 -- ratewise got of it: "share" is requests accepted / (RATE * SECONDS), and
 -- "429s" the share of requests the server refused. A benchmark, not a
 -- test: it fails only when a request fails outright.
 local nginx = require "spec.support.nginx"
+local support = require "spec.support.server"
+local socket = require "socket"
 local rw = require "ratewise"
 
 local RATE = tonumber(os.getenv("BENCH_RATE") or "200")
 local SECONDS = tonumber(os.getenv("BENCH_RATE_SECONDS") or "5")
 local TASKS = tonumber(os.getenv("BENCH_RATE_TASKS") or "16")
 local ROUNDS = tonumber(os.getenv("BENCH_RATE_ROUNDS") or "1")
+-- BENCH_RATE_ONLY=limit_req (a Lua pattern) runs only the servers it matches.
+local ONLY = os.getenv("BENCH_RATE_ONLY")
 
--- The server's bucket: time from clock_gettime (ngx.now() is cached per
--- event-loop turn, in milliseconds: too coarse at 200 a second).
+-- Counts what /api (the token bucket) and /lr0, /lr5 (limit_req) answered
+-- until /stop. The bucket's time from clock_gettime (ngx.now() is cached
+-- per event-loop turn, in milliseconds: too coarse at 200 a second).
+local count_status = [[log_by_lua_block {
+      local d = ngx.shared.limiter
+      if not d:get("stopped") then d:incr(ngx.status == 429 and "limited" or "ok", 1, 0) end }]]
 local server = nginx.start {
-  http = "lua_shared_dict limiter 1m;",
+  http = "lua_shared_dict limiter 1m;\n  limit_req_zone $binary_remote_addr zone=lr:1m rate=" .. RATE .. "r/s;",
   server = [[
+    limit_req_status 429;
     location = /reset { content_by_lua_block {
       local d = ngx.shared.limiter
       d:flush_all()
@@ -42,6 +67,9 @@ local server = nginx.start {
       local d = ngx.shared.limiter
       d:set("stopped", true)
       ngx.say(d:get("ok"), " ", d:get("limited")) } }
+    location = /lr0 { limit_req zone=lr; content_by_lua_block { ngx.say("ok") } ]] .. count_status .. [[ }
+    location = /lr5 { limit_req zone=lr burst=5 nodelay; content_by_lua_block { ngx.say("ok") } ]]
+      .. count_status .. [[ }
     location = /api { content_by_lua_block {
       local ffi = require "ffi"
       pcall(ffi.cdef, "typedef struct { long tv_sec; long tv_nsec; } rl_timespec;"
@@ -50,38 +78,60 @@ local server = nginx.start {
       ffi.C.clock_gettime(1, ts)
       local now = tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
       local d = ngx.shared.limiter
-      local burst, rate, counted = d:get("burst"), d:get("rate"), not d:get("stopped")
+      local burst, rate = d:get("burst"), d:get("rate")
       local tokens, at = d:get("tokens") or burst, d:get("at") or now
       tokens = math.min(burst, tokens + (now - at) * rate)
       if tokens >= 1 then
         d:set("tokens", tokens - 1); d:set("at", now)
-        if counted then d:incr("ok", 1) end
         ngx.say("ok")
       else
         d:set("tokens", tokens); d:set("at", now)
-        if counted then d:incr("limited", 1) end
         ngx.status = 429
         ngx.header["Retry-After"] = "1"
         ngx.say("slow down")
-      end } }
+      end }
+      ]] .. count_status .. [[ }
   ]],
 }
 
 local control = { on_retry = false, max_retries = 0, timeout = 5 }
-local function call(path)
-  local res, err = rw.fetch(server:url(path), control)
-  if not res or res.status ~= 200 then error("bench: " .. path .. ": " .. tostring(err or res.status)) end
+local function call(url)
+  local res, err = rw.fetch(url, control)
+  if not res or res.status ~= 200 then error("bench: " .. url .. ": " .. tostring(err or res.status)) end
   return res.body
+end
+
+-- A fixed-window server of bench/fixed_window/server.js, started for each
+-- run (so that every run starts with no window open); answers its base URL
+-- and a function that stops it.
+local function start_node(kind)
+  local port = support.free_port()
+  local out = os.tmpname()
+  local proc = assert(io.popen("echo $$; cd bench/fixed_window && exec node server.js " .. port .. " " .. kind
+    .. " " .. RATE .. " 1000 >" .. out .. " 2>&1", "r"))
+  local pid = assert(tonumber(proc:read("*l")))
+  local deadline = socket.gettime() + 10
+  while not (support.read_file(out) or ""):find("listening", 1, true) do
+    if socket.gettime() > deadline then
+      error("bench: node server.js " .. kind .. " did not start: " .. (support.read_file(out) or ""))
+    end
+    socket.sleep(0.05)
+  end
+  return "http://127.0.0.1:" .. port, function()
+    os.execute("kill " .. pid)
+    proc:close()
+    os.remove(out)
+  end
 end
 
 local failures = 0
 
--- One run: the share of the rate accepted and the share of requests refused.
-local function run(burst, make_limiter)
-  call("/reset?burst=" .. burst .. "&rate=" .. RATE)
+-- One run against url: the share of the rate accepted and the share of
+-- requests refused. `stop` answers "<accepted> <refused>" and stops counting.
+local function run(url, stop, make_limiter, policy)
   local limiter = make_limiter and make_limiter()
-  local url = server:url("/api")
-  local opts = { limiter = limiter, on_retry = false, max_retries = 1000, max_elapsed = 60 }
+  local opts = { limiter = limiter, policy = policy, on_retry = false, max_retries = 1000,
+    max_elapsed = SECONDS + 1 }
   local stop_at = rw.now() + SECONDS
   local ok, limited
   rw.run(function()
@@ -98,37 +148,81 @@ local function run(burst, make_limiter)
     end
     -- counted for SECONDS exactly; what is in flight then is not
     rw.sleep(SECONDS)
-    ok, limited = call("/stop"):match("(%d+) (%d+)")
+    ok, limited = call(stop):match("(%d+) (%d+)")
     ok, limited = tonumber(ok), tonumber(limited)
     stop_at = 0
   end)
   return ok / (RATE * SECONDS), limited / math.max(1, ok + limited)
 end
 
-local limiters = {
-  { "reactive (Retry-After only)", nil },
-  { "bucket at the limit", function() return rw.bucket { capacity = 1, rate = RATE } end },
-  { "bucket at 90%", function() return rw.bucket { capacity = 1, rate = RATE * 0.9 } end },
-  { "adaptive, no rate given", function() return rw.adaptive {} end },
+local reactive = { "reactive (server's hints only)" }
+local bucket = { "bucket at the limit", function() return rw.bucket { capacity = 1, rate = RATE } end }
+local bucket90 = { "bucket at 90%", function() return rw.bucket { capacity = 1, rate = RATE * 0.9 } end }
+local adaptive = { "adaptive, no rate given", function() return rw.adaptive {} end }
+local function with(provider, entry)
+  return { (entry[1] or "no limiter") .. " + " .. provider .. " provider", entry[2], rw.providers[provider] }
+end
+local github_reactive = { "github provider, no limiter", nil, rw.providers.github }
+
+-- Each server: its name, how a run starts (answering the URL to load and
+-- the one that stops the count, and a function to call after), and its
+-- limiters.
+local function nginx_bucket(burst)
+  return function()
+    call(server:url("/reset?burst=" .. burst .. "&rate=" .. RATE))
+    return server:url("/api"), server:url("/stop")
+  end
+end
+local function nginx_limit_req(path)
+  return function()
+    call(server:url("/reset"))
+    socket.sleep(0.1) -- limit_req's state from the last run drains
+    return server:url(path), server:url("/stop")
+  end
+end
+local function node(kind)
+  return function()
+    local base, stop = start_node(kind)
+    return base .. "/api", base .. "/_stop", stop
+  end
+end
+
+local servers = {
+  { "token bucket, burst 1, Retry-After: 1", nginx_bucket(1), { reactive, bucket, bucket90, adaptive } },
+  { "token bucket, burst 2, Retry-After: 1", nginx_bucket(2), { reactive, bucket, bucket90, adaptive } },
+  { "nginx limit_req, burst 0", nginx_limit_req("/lr0"), { reactive, bucket, adaptive } },
+  { "nginx limit_req, burst 5 nodelay", nginx_limit_req("/lr5"), { reactive, bucket, adaptive } },
+  { "express-rate-limit, legacy X-RateLimit-*", node("express-legacy"),
+    { reactive, github_reactive, bucket, adaptive, with("github", adaptive) } },
+  { "express-rate-limit, draft-7 RateLimit", node("express-draft-7"),
+    { reactive, bucket, adaptive, with("ietf", adaptive) } },
+  { "@fastify/rate-limit", node("fastify"), { reactive, github_reactive, bucket, adaptive, with("github", adaptive) } },
+  { "@fastify/rate-limit, no Retry-After", node("fastify-no-retry"),
+    { reactive, github_reactive, adaptive, with("github", adaptive) } },
 }
 
-print(string.format("server: %d requests/s, 429 with Retry-After: 1; %d tasks, %g s a run, %d round(s)",
-  RATE, TASKS, SECONDS, ROUNDS))
+print(string.format("%d requests/s (fixed windows: %d a 1 s window); %d tasks, %g s a run, %d round(s)",
+  RATE, RATE, TASKS, SECONDS, ROUNDS))
 print()
-print("| limiter | server burst | share of the rate | answered 429 |")
+print("| server | limiter | share of the rate | answered 429 |")
 print("|---|---|---|---|")
-for _, burst in ipairs { 1, 2 } do
-  for _, entry in ipairs(limiters) do
-    local shares, refused = {}, {}
-    for round = 1, ROUNDS do
-      shares[round], refused[round] = run(burst, entry[2])
+for _, entry in ipairs(servers) do
+  if not ONLY or entry[1]:find(ONLY) then
+    for _, limiter in ipairs(entry[3]) do
+      local shares, refused = {}, {}
+      for round = 1, ROUNDS do
+        local url, stop, after = entry[2]()
+        shares[round], refused[round] = run(url, stop, limiter[2], limiter[3])
+        if after then after() end
+      end
+      local function span(list)
+        table.sort(list)
+        if #list == 1 then return string.format("%.1f%%", 100 * list[1]) end
+        return string.format("%.1f-%.1f%%", 100 * list[1], 100 * list[#list])
+      end
+      print(string.format("| %s | %s | %s | %s |", entry[1], limiter[1], span(shares), span(refused)))
+      io.stdout:flush()
     end
-    local function span(list)
-      table.sort(list)
-      if #list == 1 then return string.format("%.1f%%", 100 * list[1]) end
-      return string.format("%.1f-%.1f%%", 100 * list[1], 100 * list[#list])
-    end
-    print(string.format("| %s | %d | %s | %s |", entry[1], burst, span(shares), span(refused)))
   end
 end
 server:stop()

@@ -40,11 +40,12 @@ build = {
    install = { bin = { ratewise = "bin/ratewise" } },
    -- The Lua modules need no list: builtin copies the top-level lua/ folder,
    -- whose paths mirror the module names (ratewise/init.lua, ratewise/*.lua,
-   -- ratewise/providers/*.lua).
+   -- ratewise/providers/*.lua, ratewise/hosts/*.lua, ratewise/cli/*.lua).
    modules = {
       ["ratewise.core"] = {
          sources = { "src/bucket.c", "src/core.c", "src/engine.c", "src/lparse.c", "src/parse.c", "src/request.c",
-                     "src/response.c", "src/redis.c", "src/redis_reader.c", "src/sse.c", "src/poller.c" },
+                     "src/poller.c", "src/response.c", "src/redis.c", "src/redis_reader.c", "src/sse.c",
+                     "src/term.c" },
          libraries = { "curl", "hiredis" },
          -- On Lua 5.1 and LuaJIT the C core needs lua-compat-5.3's header
          -- (Debian's lua-compat53-dev keeps it beside Lua 5.1's own).

@@ -7,20 +7,26 @@ local cjson = require "cjson"
 
 local function quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
+local function slurp(path)
+  local f = assert(io.open(path, "rb"))
+  local text = f:read("*a")
+  f:close()
+  os.remove(path)
+  return text
+end
+
+-- The ratewise command line as a shell command (under timeout: a hang
+-- fails one spec).
+local function command(args)
+  return subprocess.env .. "timeout 30 " .. subprocess.lua .. " bin/ratewise " .. args
+end
+
 -- out, err, code: stdout and stderr apart
 local function ratewise(args, opts)
   opts = opts or {}
   local out_file, err_file = os.tmpname(), os.tmpname()
-  local _, code = subprocess.shell((opts.stdin and ("printf %s " .. quote(opts.stdin) .. " | ") or "")
-    .. subprocess.env .. "timeout 30 " .. subprocess.lua .. " bin/ratewise " .. args
-    .. " >" .. out_file .. " 2>" .. err_file)
-  local function slurp(path)
-    local f = assert(io.open(path, "rb"))
-    local text = f:read("*a")
-    f:close()
-    os.remove(path)
-    return text
-  end
+  local _, code = subprocess.shell((opts.stdin and ("printf %s " .. quote(opts.stdin) .. " | ") or opts.shell or "")
+    .. command(args) .. " >" .. out_file .. " 2>" .. err_file)
   return slurp(out_file), slurp(err_file), code
 end
 
@@ -118,9 +124,105 @@ describe("the ratewise command", function()
       out = ratewise("--version")
       assert.matches("^ratewise %d+%.%d+%.%d+\n$", out)
     end)
+
+    it("prints the usage for --help after a command", function()
+      for _, args in ipairs { "get --help", "batch --help", "get -h " .. s:url("/x") } do
+        local out, err, code = ratewise(args)
+        assert.equal(0, code, args .. ": " .. err)
+        assert.matches("^usage: ratewise get URL", out)
+      end
+      assert.equal(0, #s:log())
+    end)
+
+    it("never repeats a header's value in a usage error", function()
+      for _, h in ipairs { "Authorization Bearer sk-SECRET123", "Authorization Bearer: sk-SECRET123",
+        "Authorization=sk-SECRET123" } do
+        local _, err, code = ratewise("get -H 'Accept: */*' -H " .. quote(h) .. " " .. s:url("/x"))
+        assert.equal(2, code, err)
+        assert.is_nil(err:find("SECRET", 1, true), err)
+        assert.matches("the 2nd %-H", err)
+      end
+      assert.equal(0, #s:log())
+    end)
+
+    it("exits 23 when the body cannot be written (a full disk, a closed pipe)", function()
+      s:script("/big", { { status = 200, body = string.rep("x", 1048576) } })
+      for _, args in ipairs { "get -s " .. s:url("/big") .. " >/dev/full", "get -s --stream " .. s:url("/big")
+        .. " >/dev/full", "get -s -o /dev/full " .. s:url("/big") } do
+        local shown, code = subprocess.shell(command(args))
+        assert.equal(23, code, args .. ": " .. shown)
+        assert.matches("ratewise: cannot write to .*: No space left on device", shown)
+      end
+      local status, err = os.tmpname(), os.tmpname()
+      subprocess.shell("{ " .. command("get -s " .. s:url("/big")) .. " 2>" .. err .. "; echo $? >" .. status
+        .. "; } | head -c 1 >/dev/null")
+      assert.equal("23", slurp(status):match("%d+"))
+      assert.matches("^ratewise: cannot write to standard output: Broken pipe", slurp(err))
+    end)
+
+    -- (a 429 without Retry-After: one with it may be taken as "not processed")
+    it("sends an idempotency key, or retries a POST without one with --retry-unsafe", function()
+      s:script("/pay", { { status = 429 }, { status = 200, body = "paid" } })
+      local _, err, code = ratewise("get -s -d x " .. s:url("/pay"))
+      assert.equal(1, code, err)
+      assert.equal(1, #s:log("/pay"))
+      s:reset()
+      s:script("/pay", { { status = 429 }, { status = 200, body = "paid" } })
+      local out
+      out, err, code = ratewise("get -s -d x --idempotency-key order-17 " .. s:url("/pay"))
+      assert.equal(0, code, err)
+      assert.equal("paid", out)
+      local log = s:log("/pay")
+      assert.equal(2, #log)
+      assert.equal("order-17", log[1].headers["idempotency-key"])
+      assert.equal("order-17", log[2].headers["idempotency-key"])
+      s:reset()
+      s:script("/pay", { { status = 429 }, { status = 200, body = "paid" } })
+      out, err, code = ratewise("get -s -d x --retry-unsafe " .. s:url("/pay"))
+      assert.equal("paid", out)
+      assert.equal(0, code, err)
+      assert.equal(2, #s:log("/pay"))
+      assert.is_nil(s:log("/pay")[2].headers["idempotency-key"])
+    end)
+
+    it("on Ctrl-C stops the request, says so and exits 130", function()
+      s:script("/stuck", { { status = 200, delay = 20 } })
+      local err_file = os.tmpname()
+      local t0 = require("ratewise").now()
+      local _, code = subprocess.shell(command("get " .. s:url("/stuck")) .. " >/dev/null 2>" .. err_file
+        .. " & pid=$!; for i in $(seq 200); do curl -s " .. quote(s:url("/_log?path=/stuck"))
+        .. " | grep -q stuck && break; sleep 0.05; done; kill -INT $pid; wait $pid")
+      local err = slurp(err_file)
+      assert.equal(130, code, err)
+      assert.equal("ratewise: interrupted\n", err)
+      assert.is_true(require("ratewise").now() - t0 < 5)
+    end)
+
+    it("takes rates per second, minute, hour or day", function()
+      local t0 = require("ratewise").now()
+      local _, err, code = ratewise("batch --no-progress --rate 300/m --concurrency 4 -",
+        { stdin = string.rep(s:url("/r") .. "\n", 4) })
+      local took = require("ratewise").now() - t0
+      assert.equal(0, code, err)
+      -- 4 requests through a bucket of 1 at 5 a second: 0.6 s at least
+      assert.is_true(took >= 0.55, ("took %.2f s"):format(took))
+      for _, bad in ipairs { "5/x", "0/s", "5/0s", "/s", "5/" } do
+        local _, why, status = ratewise("get --rate " .. bad .. " " .. s:url("/x"))
+        assert.equal(2, status, bad .. ": " .. why)
+        assert.matches("option %-%-rate", why)
+      end
+    end)
   end)
 
   describe("batch", function()
+    -- a file of n requests each answered after 0.15 s
+    local function slow_batch(n)
+      s:script("/slow", { { status = 200, delay = 0.15 } })
+      local urls = {}
+      for i = 1, n do urls[i] = s:url("/slow") end
+      return write_file(table.concat(urls, "\n"))
+    end
+
     it("runs one request per line (URLs and JSON objects), one JSON line per result", function()
       s:script("/flaky", { { status = 503, headers = { ["Retry-After"] = "0" } }, { status = 200, body = "ok" } })
       s:script("/gone", { { status = 404, body = "gone" } })
@@ -177,14 +279,10 @@ describe("the ratewise command", function()
     end)
 
     it("draws a progress bar on a terminal", function()
-      s:script("/slow", { { status = 200, delay = 0.15 } })
-      local urls = {}
-      for i = 1, 8 do urls[i] = s:url("/slow") end
-      local file = write_file(table.concat(urls, "\n"))
+      local file = slow_batch(8)
       local result = os.tmpname()
-      local command = "COLUMNS=80 " .. subprocess.env .. subprocess.lua .. " bin/ratewise batch --concurrency 2 -o "
-        .. result .. " " .. file
-      local shown, code = subprocess.shell("timeout 30 script -qec " .. quote(command) .. " /dev/null")
+      local line = "COLUMNS=80 " .. command("batch --concurrency 2 -o " .. result .. " " .. file)
+      local shown, code = subprocess.shell("timeout 30 script -qec " .. quote(line) .. " /dev/null")
       os.remove(file)
       assert.equal(0, code, shown)
       assert.matches("\r%[[#.]+%] %d/8 +%d+%% [%d.]+/s ETA", shown)
@@ -195,5 +293,242 @@ describe("the ratewise command", function()
       f:close()
       os.remove(result)
     end)
+
+    it("gives a bad line its own result and runs the rest (an id of NaN, with or without the bar)", function()
+      for _, flag in ipairs { "--no-progress", "--progress" } do
+        s:reset()
+        local lines = {}
+        for i = 1, 5 do lines[i] = s:url("/n" .. i) end
+        lines[3] = '{"url": "' .. s:url("/n3") .. '", "id": NaN}'
+        local out, err, code = ratewise("batch --no-body " .. flag .. " -", { stdin = table.concat(lines, "\n") })
+        assert.equal(1, code, err)
+        local rows = json_lines(out)
+        assert.equal(5, #rows, out)
+        for i, row in ipairs(rows) do
+          assert.equal(i, row.line)
+          assert.equal(i ~= 3, row.ok)
+        end
+        assert.equal("input", rows[3].error.kind)
+        assert.matches("line 3 has an \"id\" that is neither a string nor a finite number", rows[3].error.message)
+        assert.matches("5 requests in [%d.]+ s %([%d.]+/s%): 4 ok, 1 failed %(input 1%)", err)
+        assert.is_nil(err:find("traceback", 1, true))
+        assert.equal(4, #s:log())
+        assert.equal(0, #s:log("/n3"))
+      end
+    end)
+
+    it("refuses a line with an unknown key, naming it, and sends nothing for it", function()
+      local out, err, code = ratewise("batch --no-progress -", { stdin = cjson.encode { url = s:url("/echo"),
+        methd = "POST", body = "x" } .. "\n" .. s:url("/ok") .. "\n" })
+      assert.equal(1, code, err)
+      local rows = json_lines(out)
+      assert.equal("input", rows[1].error.kind)
+      assert.matches('unknown key "methd"', rows[1].error.message)
+      assert.is_true(rows[2].ok)
+      assert.equal(0, #s:log("/echo"))
+    end)
+
+    it("never repeats a credential from a header name or value in a line's result", function()
+      local input = table.concat({
+        cjson.encode { url = s:url("/a"), headers = { ["Authorization Bearer sk-SECRET123"] = "x" } },
+        cjson.encode { url = s:url("/a"), headers = { Authorization = "Bearer sk-SECRET123\r\nX-Evil: 1" } },
+        cjson.encode { url = s:url("/a"), headers = { ["X-Note"] = { "sk-SECRET123" } } },
+      }, "\n")
+      local out, err, code = ratewise("batch --no-progress -", { stdin = input })
+      assert.equal(1, code, err)
+      assert.is_nil(out:find("SECRET", 1, true), out)
+      assert.is_nil(err:find("SECRET", 1, true), err)
+      local rows = json_lines(out)
+      assert.matches("a header's name is not a valid HTTP field name", rows[1].error.message)
+      assert.matches("a secret header's value holds a control character", rows[2].error.message)
+      assert.matches("header X%-Note's value is not a string", rows[3].error.message)
+      assert.equal(0, #s:log())
+    end)
+
+    it("writes bodies that are not UTF-8 as body_base64, and sends a line's body_base64", function()
+      s:script("/bin", { { status = 200, body = "\255\254\0A" } })
+      local out, err, code = ratewise("batch --no-progress -", { stdin = s:url("/bin") .. "\n"
+        .. cjson.encode { url = s:url("/up"), method = "PUT", body_base64 = "AP/+" } .. "\n"
+        .. cjson.encode { url = s:url("/up"), body_base64 = "not base64!" } })
+      assert.equal(1, code, err)
+      local rows = json_lines(out)
+      assert.is_nil(rows[1].body)
+      assert.equal("//4AQQ==", rows[1].body_base64)
+      assert.is_true(rows[2].ok)
+      assert.equal("\0\255\254", s:log("/up")[1].body)
+      assert.matches('"body_base64" that is not base64', rows[3].error.message)
+      for line in out:gmatch("[^\n]+") do
+        assert.is_nil(line:find("[\128-\255]"), "a byte that is not ASCII in " .. line)
+      end
+    end)
+
+    it("exits 23 when the results cannot be written, and says how many were not", function()
+      local urls = {}
+      for i = 1, 6 do urls[i] = s:url("/w" .. i) end
+      local file = write_file(table.concat(urls, "\n"))
+      for _, args in ipairs { "batch --no-progress -o /dev/full " .. file, "batch --no-progress " .. file
+        .. " >/dev/full" } do
+        local shown, code = subprocess.shell(command(args))
+        assert.equal(23, code, args .. ": " .. shown)
+        assert.matches("ratewise: cannot write to .*: No space left on device", shown)
+        assert.matches("6 requests in [%d.]+ s .*; 6 results not written", shown)
+      end
+      -- one result at a time, 0.15 s apart: head has gone by the second
+      local slow = slow_batch(4)
+      local status, err = os.tmpname(), os.tmpname()
+      subprocess.shell("{ " .. command("batch --no-progress --concurrency 1 " .. slow) .. " 2>" .. err .. "; echo $? >"
+        .. status .. "; } | head -c 1 >/dev/null")
+      os.remove(slow)
+      assert.equal("23", slurp(status):match("%d+"))
+      assert.matches("^ratewise: cannot write to standard output: Broken pipe", slurp(err))
+      local _, why, code = ratewise("batch -o /nonexistent/dir/out " .. file)
+      assert.equal(23, code, why)
+      os.remove(file)
+    end)
+
+    it("exits 2 for an input that cannot be read, sending nothing", function()
+      local _, err, code = ratewise("batch /nonexistent/jobs.txt")
+      assert.equal(2, code, err)
+      assert.matches("cannot read /nonexistent/jobs.txt", err)
+      _, err, code = ratewise("batch /")
+      assert.equal(2, code, err)
+      _, err, code = ratewise("batch -", { shell = "exec 0<&-; " })
+      assert.equal(2, code, err)
+      assert.matches("ratewise: cannot read standard input", err)
+      _, err, code = ratewise("batch --idempotency-key k -", { stdin = s:url("/x") })
+      assert.equal(2, code, err)
+      assert.equal(0, #s:log())
+    end)
+
+    it("sends each line of standard input as it arrives", function()
+      local out, err, code = ratewise("batch --no-progress --no-body -",
+        { shell = "{ echo " .. s:url("/first") .. "; sleep 1.5; echo " .. s:url("/second") .. "; } | " })
+      assert.equal(0, code, err)
+      assert.equal(2, #json_lines(out))
+      local first, second = s:log("/first")[1], s:log("/second")[1]
+      assert.is_true(second.t - first.t >= 1.2, ("sent %.2f s apart"):format(second.t - first.t))
+    end)
+
+    it("retries the lines that carry an idempotency key", function()
+      s:script("/pay", { { status = 429 }, { status = 200 } })
+      local out, err, code = ratewise("batch --no-progress --concurrency 1 -", { stdin =
+        cjson.encode { url = s:url("/pay"), method = "POST", body = "a", idempotency_key = "k-1" } })
+      assert.equal(0, code, err)
+      assert.equal(2, json_lines(out)[1].attempts)
+      assert.equal("k-1", s:log("/pay")[2].headers["idempotency-key"])
+    end)
+
+    it("on Ctrl-C stops starting requests, writes every result and the summary, and exits 130", function()
+      s:script("/slow", { { status = 200, delay = 1, body = "done" } })
+      s:script("/stuck", { { status = 200, delay = 20 } })
+      local lines = { s:url("/slow"), s:url("/slow"), s:url("/slow"), s:url("/stuck") }
+      for i = 5, 10 do lines[i] = s:url("/never") end
+      local file = write_file(table.concat(lines, "\n"))
+      for _, flag in ipairs { "--no-progress", "--progress" } do
+        s:reset()
+        s:script("/slow", { { status = 200, delay = 1, body = "done" } })
+        s:script("/stuck", { { status = 200, delay = 20 } })
+        local out_file, err_file = os.tmpname(), os.tmpname()
+        local t0 = require("ratewise").now()
+        local _, code = subprocess.shell(command("batch --concurrency 4 " .. flag .. " " .. file)
+          .. " >" .. out_file .. " 2>" .. err_file .. " & pid=$!; "
+          -- Ctrl-C once the requests are in flight (not before the command has started)
+          .. "for i in $(seq 200); do curl -s " .. quote(s:url("/_log?path=/stuck")) .. " | grep -q stuck && break; "
+          .. "sleep 0.05; done; sleep 0.2; kill -INT $pid; wait $pid")
+        local took = require("ratewise").now() - t0
+        local out, err = slurp(out_file), slurp(err_file)
+        assert.equal(130, code, err)
+        local rows = json_lines(out)
+        assert.equal(10, #rows, out .. err)
+        for i = 1, 3 do
+          assert.is_true(rows[i].ok, out) -- answered within the grace
+          assert.equal("done", rows[i].body)
+        end
+        assert.equal("cancelled", rows[4].error.kind)
+        assert.matches("in flight: the server may have received it", rows[4].error.message)
+        for i = 5, 10 do
+          assert.equal("cancelled", rows[i].error.kind)
+          assert.matches("not sent", rows[i].error.message)
+        end
+        assert.matches("10 requests in [%d.]+ s %([%d.]+/s%): 3 ok, 7 failed %(cancelled 7%)", err)
+        assert.is_nil(err:find("interrupted!", 1, true), err)
+        assert.equal(0, #s:log("/never"))
+        -- the grace, then the stuck one is cancelled
+        assert.is_true(took < 5, ("took %.2f s"):format(took))
+      end
+      os.remove(file)
+    end)
+
+    it("on Ctrl-C sends none of the requests still queued for --rate's tokens", function()
+      s:script("/slow", { { status = 200, delay = 1, body = "done" } })
+      local urls = {}
+      for i = 1, 6 do urls[i] = s:url("/slow") end
+      local file = write_file(table.concat(urls, "\n"))
+      local out_file, err_file = os.tmpname(), os.tmpname()
+      local _, code = subprocess.shell(command("batch --no-progress --rate 2 --concurrency 4 " .. file)
+        .. " >" .. out_file .. " 2>" .. err_file .. " & pid=$!; "
+        .. "for i in $(seq 200); do curl -s " .. quote(s:url("/_log?path=/slow")) .. " | grep -q slow && break; "
+        .. "sleep 0.05; done; kill -INT $pid; wait $pid")
+      os.remove(file)
+      local out, err = slurp(out_file), slurp(err_file)
+      assert.equal(130, code, err)
+      local rows = json_lines(out)
+      assert.equal(6, #rows, out .. err)
+      assert.is_true(rows[1].ok, out)
+      for i = 2, 6 do
+        assert.equal("cancelled", rows[i].error.kind)
+        assert.matches("^not sent", rows[i].error.message)
+      end
+      assert.equal(1, #s:log("/slow"))
+    end)
+
+    it("fits the bar to the terminal's width and clears it before a result line on the same terminal", function()
+      local file = slow_batch(8)
+      local line = "stty cols 50; env -u COLUMNS " .. command("batch --no-body --concurrency 2 " .. file)
+      local shown, code = subprocess.shell("timeout 30 script -qec " .. quote(line) .. " /dev/null")
+      os.remove(file)
+      assert.equal(0, code, shown)
+      local results, bars = 0, 0
+      for piece in shown:gmatch("[^\r\n]+") do
+        local visible = piece:gsub("\27%[K", "")
+        if visible:find('^{"') then
+          results = results + 1
+          assert.matches("}$", visible) -- nothing glued to it
+        elseif visible:find("/8 ") then
+          bars = bars + 1
+          assert.is_true(#visible <= 49, ("%d columns: %s"):format(#visible, visible))
+        end
+        assert.is_false(visible:find("/8 ", 1, true) ~= nil and visible:find('{"', 1, true) ~= nil, visible)
+      end
+      assert.equal(8, results, shown)
+      assert.is_true(bars >= 2, shown)
+    end)
+  end)
+end)
+
+describe("the ratewise command's text helpers", function()
+  local text = require "ratewise.cli.text"
+
+  it("tells well-formed UTF-8 from the rest, as RFC 3629 does", function()
+    for _, good in ipairs { "", "ascii", "é", "日本", "\240\159\152\128", "\244\143\191\191", "\237\159\191" } do
+      assert.is_true(text.is_utf8(good), good)
+    end
+    -- overlong forms, surrogates, past U+10FFFF, cut short, a stray continuation
+    for _, bad in ipairs { "\192\128", "\224\128\128", "\237\160\128", "\244\144\128\128", "\248\136\128\128\128",
+      "\195", "a\226\130", "\128", "\255" } do
+      assert.is_false(text.is_utf8(bad), (bad:gsub(".", function(c) return "\\" .. c:byte() end)))
+    end
+    assert.equal("a\239\191\189b\239\191\189é", text.printable("a\255b\195é"))
+  end)
+
+  it("writes and reads base64 (RFC 4648 test vectors)", function()
+    for plain, encoded in pairs { [""] = "", f = "Zg==", fo = "Zm8=", foo = "Zm9v", foob = "Zm9vYg==",
+      fooba = "Zm9vYmE=", foobar = "Zm9vYmFy", ["\0\255\254"] = "AP/+" } do
+      assert.equal(encoded, text.base64(plain))
+      assert.equal(plain, text.base64_decode(encoded))
+    end
+    for _, bad in ipairs { "Zg=", "Zg", "Z===", "Zg==Zg==", "Zm9v!", "=Zg=" } do
+      assert.is_nil(text.base64_decode(bad), bad)
+    end
   end)
 end)

@@ -354,7 +354,7 @@ describe("rw.client", function()
 
   describe("telemetry", function()
     it("counts requests, attempts, retries by status and source, waits and errors", function()
-      s:script("/t", { { status = 429, headers = { ["Retry-After"] = "0" } }, { status = 503 }, { status = 200 } })
+      s:script("/t", { { status = 429, headers = { ["Retry-After"] = "1" } }, { status = 503 }, { status = 200 } })
       s:script("/gone", { { status = 410 } })
       local events = {}
       local c = new { sleep = function() end, on_event = function(e) events[#events + 1] = e.type end }

@@ -547,7 +547,7 @@ describe("ratewise.core engine", function()
       assert.error_matches(function() rw.configure { max_connections = 0 } end,
         "configure: option 'max_connections' must be an integer from 1 to 1000000 %(got 0%)")
       assert.error_matches(function() rw.configure { max_idle_connections = "2" } end,
-        "option 'max_idle_connections' must be an integer from 1 to 1000000 %(got string%)")
+        "option 'max_idle_connections' must be an integer from 1 to 1000000 %(got string \"2\"%)")
     end)
 
     -- Without a cap, at the usual limit of 1,024 descriptors about half of

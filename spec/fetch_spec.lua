@@ -922,6 +922,11 @@ describe("rw.fetch", function()
       local ok, msg = pcall(rw.fetch, s:url("/x"), { headers = { Authorization = "secret\n" } })
       assert.is_false(ok)
       assert.is_nil(msg:find("secret", 1, true))
+      -- a credential pasted into the name, colon forgotten
+      ok, msg = pcall(rw.fetch, s:url("/x"), { headers = { ["Authorization Bearer sk-secret"] = "" } })
+      assert.is_false(ok)
+      assert.matches("a header name is not a valid HTTP field name", msg)
+      assert.is_nil(msg:find("secret", 1, true))
       assert.equal(0, #s:log("/x"))
     end)
 

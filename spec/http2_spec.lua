@@ -24,6 +24,23 @@ local SERVER = [[
         ngx.print(ngx.var.connection, " ", ngx.var.server_protocol)
       }
     }
+    location = /moved {
+      content_by_lua_block {
+        ngx.status = 302
+        ngx.header["Location"] = "/events"
+        ngx.print(string.rep("R", 300 * 1024))
+      }
+    }
+    location = /events {
+      content_by_lua_block {
+        ngx.header["Content-Type"] = "text/event-stream"
+        for i = 1, 3 do
+          ngx.print("data: ", i, "\n\n")
+          ngx.flush(true)
+          ngx.sleep(0.05)
+        end
+      }
+    }
 ]]
 
 local function certificate()
@@ -187,5 +204,20 @@ describe("HTTP/2", function()
     assert.same({ ["1.1"] = true }, versions)
     assert.is_true(connections >= 32 and connections <= 64, connections .. " connections")
     assert.is_true(took < 5, "256 requests of 0.2 s, 64 at a time, took " .. took .. " s")
+  end)
+
+  it("streams the final answer after a redirect with a body, never the redirect's page", function()
+    local res = assert(rw.fetch(h2:url("/moved"), { ca_file = dir .. "/cert.pem", on_retry = false, stream = true }))
+    assert.equal(200, res.status)
+    assert.equal("2", res.http_version)
+    assert.equal(1, res.redirects)
+    local got = {}
+    local next_event = res:events()
+    while true do
+      local ev = next_event()
+      if not ev then break end
+      got[#got + 1] = ev.data
+    end
+    assert.same({ "1", "2", "3" }, got)
   end)
 end)

@@ -126,7 +126,7 @@ describe("the bucket's queue", function()
       assert.error_matches(function() b:set_rate(bad) end, "rate must be a positive number", 1, true)
     end
     assert.error_matches(function() rw.bucket { capacity = 1, rate = 1, slow_down = "yes" } end,
-      "option 'slow_down' must be a boolean (got string)", 1, true)
+      "option 'slow_down' must be a boolean (got string \"yes\")", 1, true)
   end)
 end)
 

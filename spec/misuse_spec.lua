@@ -380,6 +380,81 @@ describe("misuse", function()
     end)
   end)
 
+  -- A number given as a string is refused everywhere (Lua would turn "8"
+  -- into 8 in arithmetic, but the options are checked, not coerced), and
+  -- the error names its type: `got 8` reads as if 8 had been refused.
+  describe("a number given as a string", function()
+    it("is refused by every option and argument that takes a number, the error naming its type", function()
+      local base = "http://127.0.0.1:1"
+      local b = rw.bucket { capacity = 2, rate = 1 }
+      local both = rw.limiters { rw.bucket { capacity = 2, rate = 1 } }
+      local rows = {
+        { "bucket capacity", function() rw.bucket { capacity = "1", rate = 1 } end, "'capacity'" },
+        { "bucket rate", function() rw.bucket { capacity = 1, rate = "1" } end, "'rate'" },
+        { "bucket sync_horizon", function() rw.bucket { capacity = 1, rate = 1, sync_horizon = "1" } end,
+          "'sync_horizon'" },
+        { "bucket:take", function() b:take("1") end, "'take'" },
+        { "bucket:reserve", function() b:reserve("1") end, "'reserve'" },
+        { "bucket:wait_time", function() b:wait_time("1") end, "'wait_time'" },
+        { "bucket:refund", function() b:refund("1") end, "'refund'" },
+        { "bucket:sync", function() b:sync("1") end, "'sync'" },
+        { "bucket:sync reset_in", function() b:sync(1, "1") end, "'sync'" },
+        { "bucket:set_rate", function() b:set_rate("1") end, "'set_rate'" },
+        { "bucket:acquire", function() b:acquire("1") end, "'acquire'" },
+        { "bucket:acquire max_wait", function() b:acquire(1, nil, "1") end, "max_wait" },
+        { "client concurrency", function() rw.client { base_url = base, concurrency = "1" } end, "'concurrency'" },
+        { "client timeout", function() rw.client { base_url = base, timeout = "1" } end, "'timeout'" },
+        { "fetch timeout", function() rw.fetch(URL, { timeout = "1" }) end, "'timeout'" },
+        { "map concurrency", function() rw.map({ 1 }, print, { concurrency = "1" }) end, "'concurrency'" },
+        { "adaptive rate", function() rw.adaptive { rate = "1" } end, "'rate'" },
+        { "adaptive beta", function() rw.adaptive { beta = "1" } end, "'beta'" },
+        { "circuit failures", function() rw.circuit { failures = "1" } end, "'failures'" },
+        { "circuit cooldown", function() rw.circuit { cooldown = "1" } end, "'cooldown'" },
+        { "retry_budget ratio", function() rw.retry_budget { ratio = "1" } end, "'ratio'" },
+        { "backoff base", function() rw.backoff(1, { base = "1" }) end, "'base'" },
+        { "backoff attempt", function() rw.backoff("1") end, "attempt" },
+        { "retry_delay now", function() rw.retry_delay({}, 1, { now = "1" }) end, "'now'" },
+        { "configure", function() rw.configure { max_connections = "1" } end, "'max_connections'" },
+        { "semaphore", function() rw.semaphore("1") end, "size" },
+        { "semaphore:acquire", function() rw.semaphore(1):acquire("1") end, "timeout" },
+        { "sleep", function() rw.sleep("1") end, "seconds" },
+        { "step", function() rw.step("1") end, "timeout" },
+        { "step budget", function() rw.step(0, "1") end, "budget" },
+        { "limiters:acquire", function() both:acquire("1") end, "token count" },
+        { "limiters:acquire max_wait", function() both:acquire(1, nil, "1") end, "max_wait" },
+        { "limiters:take", function() both:take("1") end, "token count" },
+        { "redis_bucket capacity", function()
+          rw.redis_bucket { redis = "redis://127.0.0.1:1", key = "k", capacity = "1", rate = 1 }
+        end, "'capacity'" },
+      }
+      for _, row in ipairs(rows) do
+        assert_names(row[2], { row[3], 'string "1"' }, row[1])
+      end
+      assert.equal(2, b:tokens()) -- none of that took anything
+    end)
+
+    it("shows a long string cut short, and a table by its type only", function()
+      local msg = message_of(function() rw.fetch(URL, { timeout = string.rep("9", 100) }) end)
+      assert.matches('string "' .. string.rep("9", 40) .. '"... (100 bytes)', msg, 1, true)
+      msg = message_of(function() rw.client { base_url = "http://127.0.0.1:1", concurrency = {} } end)
+      assert.matches("(got table)", msg, 1, true)
+    end)
+
+    it("never shows a secret given in the wrong type", function()
+      local msg = message_of(function() rw.fetch(URL, { client_key_password = 271828 }) end)
+      assert.matches("'client_key_password'", msg, 1, true)
+      assert.not_matches("271828", msg, 1, true)
+      for _, call in ipairs {
+        function() rw.fetch(URL, { headers = "Bearer sk-secret" }) end,
+        function() rw.fetch(URL, { proxy = { "http://u:sk-secret@proxy:1" } }) end,
+        function() rw.client { base_url = URL, headers = "Bearer sk-secret" } end,
+      } do
+        msg = message_of(call)
+        assert.not_matches("sk-secret", msg, 1, true)
+      end
+    end)
+  end)
+
   describe("errors are reported at the caller's line", function()
     it("points misuse at the line of the call, not inside ratewise", function()
       local calls = {

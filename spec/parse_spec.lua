@@ -256,10 +256,13 @@ describe("rw.retry_delay", function()
     assert.equal("x-ratelimit-reset", source)
   end)
 
-  it("gives 0 for a reset time in the past", function()
-    local d, source = rw.retry_delay({ ["x-ratelimit-reset"] = "999990" }, 0, { now = 1000000 })
-    assert.equal(0, d)
-    assert.equal("x-ratelimit-reset", source)
+  it("backs off for a reset time in the past: a zero hint never sends the retry at once", function()
+    local d, source = rw.retry_delay({ ["x-ratelimit-reset"] = "999990" }, 0,
+      { now = 1000000, jitter = "none", base = 0.5 })
+    assert.equal(0.5, d)
+    assert.equal("backoff", source)
+    d, source = rw.retry_delay({ ["Retry-After"] = "0" }, 1, { jitter = "none", base = 0.5 })
+    assert.same({ 1, "backoff" }, { d, source })
   end)
 
   it("ignores a header that does not parse and tries the next source", function()

@@ -296,28 +296,15 @@ describe("rw.redis_bucket", function()
 
   needs_redis("takes a broken or hostile server's huge reply for a protocol error, allocating nothing for it",
     function()
-    -- A fake server: to every connection, the answer named, then silence.
-    local function fake(kind)
-      local p = assert(io.popen("/usr/bin/python3 -c " .. "'" .. [=[
-import socket, sys, time
-s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(4)
-print(s.getsockname()[1], flush=True)
-answer = {"array": b"*1111111111\r\n", "bulk": b"$2000000\r\n" + b"x" * 2000000 + b"\r\n"}[sys.argv[1]]
-while True:
-    c, _ = s.accept(); c.recv(65536); c.sendall(answer); time.sleep(0.5); c.close()
-]=] .. "' " .. kind .. " ratewise-fake-redis", "r"))
-      return p, tonumber(p:read("*l"))
-    end
+    local fake_redis = require "spec.support.fake_redis"
     for _, case in ipairs {
-      { "array", "protocol error" },
-      { "bulk", "a reply of more than 1048576 bytes" },
+      { "*1111111111\r\n", "protocol error" },
+      { "$2000000\r\n" .. string.rep("x", 2000000) .. "\r\n", "a reply of more than 1048576 bytes" },
     } do
-      local p, port = fake(case[1])
-      local b = rw.redis_bucket { redis = "redis://127.0.0.1:" .. port, key = "k", capacity = 1, rate = 1,
-        timeout = 2 }
+      local fake = fake_redis.start { SCRIPT = case[1] }
+      local b = rw.redis_bucket { redis = fake.url, key = "k", capacity = 1, rate = 1, timeout = 2 }
       local ok, err = b:take()
-      os.execute("pkill -f ratewise-fake-redis 2>/dev/null")
-      p:close()
+      fake:stop()
       assert.is_nil(ok)
       assert.equal("limiter_unavailable", err.kind)
       assert.matches(case[2], err.message, 1, true)
@@ -394,6 +381,134 @@ while True:
     assert.is_true((b:take()))
     assert.is_false((b:take()))
     assert.same({ "eval", "eval", "eval" }, calls) -- no script("load"): EVAL each time
+  end)
+end)
+
+describe("rw.redis_bucket against a broken or hostile Redis", function()
+  local fake_redis = require "spec.support.fake_redis"
+  local SHA = "$40\r\n" .. string.rep("a", 40) .. "\r\n"
+  local s
+
+  setup(function() s = server.start() end)
+  teardown(function() s:stop() end)
+  before_each(function() s:reset() end)
+
+  -- A fake answering as given for the time of fn(fake).
+  local function with_fake(replies, fn)
+    local fake = fake_redis.start(replies)
+    local ok, err = pcall(fn, fake)
+    fake:stop()
+    assert(ok, err)
+  end
+
+  needs_redis("reads a URL's userinfo to its last @, and shows no part of the password", function()
+    with_fake({ AUTH = "-WRONGPASS invalid username-password pair\r\n" }, function(fake)
+      local url = "redis://:p@ssw0rdSECRET@127.0.0.1:" .. fake.port .. "/2"
+      local b = rw.redis_bucket { redis = url, key = "k", capacity = 1, rate = 1 }
+      local ok, err = b:take()
+      assert.is_nil(ok)
+      assert.equal("limiter_unavailable", err.kind)
+      assert.matches("Redis at 127.0.0.1:" .. fake.port .. ": AUTH: WRONGPASS", err.message, 1, true)
+      assert.is_nil(tostring(err):find("SECRET", 1, true), tostring(err))
+      assert.same({ "AUTH p@ssw0rdSECRET" }, fake:commands())
+    end)
+    with_fake({}, function(fake)
+      local url = "redis://alice:p@ss/w0rd%40SECRET@127.0.0.1:" .. fake.port .. "/2"
+      local b = rw.redis_bucket { redis = url, key = "k", capacity = 1, rate = 1 }
+      b:take()
+      assert.same({ "AUTH alice p@ss/w0rd@SECRET", "SELECT 2" }, { fake:commands()[1], fake:commands()[2] })
+    end)
+    local b = rw.redis_bucket { redis = "redis://:p@ssw0rdSECRET@127.0.0.1:1", key = "k", capacity = 1, rate = 1 }
+    local _, err = b:take()
+    assert.equal("limiter_unavailable", err.kind)
+    assert.matches("Redis at 127.0.0.1:1:", err.message, 1, true)
+    assert.is_nil(tostring(err):find("SECRET", 1, true), tostring(err))
+  end)
+
+  needs_redis("keeps the password and the user out of every error the server answers with", function()
+    local echo = "-ERR alice sent hunter2SECRET, p%40ss\r\n"
+    for _, replies in ipairs {
+      { AUTH = echo },
+      { SCRIPT = echo },
+      { SCRIPT = SHA, EVALSHA = echo },
+      { SCRIPT = SHA, EVALSHA = "-NOSCRIPT\r\n", EVAL = echo },
+      { SELECT = echo },
+    } do
+      with_fake(replies, function(fake)
+        local b = rw.redis_bucket { redis = "redis://alice:hunter2SECRET@127.0.0.1:" .. fake.port .. "/1", key = "k",
+          capacity = 1, rate = 1 }
+        local ok, err = b:take()
+        assert.is_nil(ok)
+        assert.equal("limiter_unavailable", err.kind)
+        assert.matches("ERR [redacted] sent [redacted], p%40ss", err.message, 1, true)
+        assert.is_nil(tostring(err):find("SECRET", 1, true), tostring(err))
+        assert.is_nil(tostring(err):find("alice", 1, true), tostring(err))
+      end)
+    end
+  end)
+
+  -- What the script's reply must be: {wait, granted, tokens}, integers.
+  local ABSURD = {
+    { SCRIPT = ":1\r\n" }, { SCRIPT = "*0\r\n" }, { SCRIPT = "$-1\r\n" }, { SCRIPT = "$3\r\nabc\r\n" },
+    { SCRIPT = SHA, EVALSHA = ":5\r\n" }, { SCRIPT = SHA, EVALSHA = "$-1\r\n" }, { SCRIPT = SHA, EVALSHA = "+OK\r\n" },
+    { SCRIPT = SHA, EVALSHA = "*2\r\n:0\r\n:1\r\n" }, { SCRIPT = SHA, EVALSHA = "*4\r\n:0\r\n:1\r\n:0\r\n:0\r\n" },
+    { SCRIPT = SHA, EVALSHA = "*3\r\n:-5\r\n:1\r\n:0\r\n" },
+    { SCRIPT = SHA, EVALSHA = "*3\r\n:9223372036854775807\r\n:1\r\n:0\r\n" },
+    { SCRIPT = SHA, EVALSHA = "*3\r\n:9223372036854775807\r\n:0\r\n:0\r\n" },
+    { SCRIPT = SHA, EVALSHA = "*3\r\n:0\r\n:7\r\n:0\r\n" },
+    { SCRIPT = SHA, EVALSHA = "*3\r\n$1\r\n0\r\n:1\r\n:0\r\n" },
+    { SCRIPT = SHA, EVALSHA = "*3\r\n*1\r\n:0\r\n:1\r\n:0\r\n" },
+    { SCRIPT = SHA, EVALSHA = "*3\r\n$-1\r\n:1\r\n:0\r\n" },
+    { SCRIPT = SHA, EVALSHA = "*3\r\n:0\r\n:1\r\n:-9223372036854775808\r\n" },
+    { SCRIPT = SHA, EVALSHA = "*3\r\n:0\r\n:1\r\n:9223372036854775807\r\n" },
+    { SCRIPT = SHA, EVALSHA = "-NOSCRIPT\r\n", EVAL = ":1\r\n" },
+  }
+
+  needs_redis("takes any reply that is not the script's three integers for an unavailable limiter, and never raises",
+    function()
+      for _, replies in ipairs(ABSURD) do
+        with_fake(replies, function(fake)
+          local case = fake.url .. " " .. require("cjson").encode(replies)
+          local b = rw.redis_bucket { redis = fake.url, key = "k", capacity = 2, rate = 1 }
+          local t0 = rw.now()
+          for _, call in ipairs {
+            function() return b:take() end, function() return b:acquire(1, nil, 3) end,
+            function() return b:acquire() end, function() return b:wait_time() end,
+            function() return b:tokens() end,
+          } do
+            local ok, v, err = pcall(call)
+            assert.is_true(ok, case .. ": " .. tostring(v))
+            assert.is_nil(v, case)
+            assert.equal("limiter_unavailable", err.kind, case)
+          end
+          assert.is_true(pcall(b.refund, b), case)
+          assert.is_true(pcall(b.sync, b, 0, 1), case)
+          local res, ferr = rw.fetch(s:url("/absurd"), { limiter = b, on_retry = false, max_elapsed = 3 })
+          assert.is_nil(res, case)
+          assert.equal("limiter_unavailable", ferr.kind, case)
+          assert.is_true(rw.now() - t0 < 1, case .. ": took " .. (rw.now() - t0) .. " s")
+          -- on_error = "local": the local bucket serves
+          local l = rw.redis_bucket { redis = fake.url, key = "k", capacity = 2, rate = 1, on_error = "local" }
+          assert.is_true((l:take()), case)
+        end)
+      end
+      assert.equal(0, #s:log("/absurd"))
+    end)
+
+  needs_redis("never waits past the max_wait given, whatever the server grants", function()
+    -- granted, with a wait of 5 s: a server that does not run the script
+    with_fake({ SCRIPT = SHA, EVALSHA = "*3\r\n:5000000\r\n:1\r\n:0\r\n" }, function(fake)
+      local b = rw.redis_bucket { redis = fake.url, key = "k", capacity = 1, rate = 1 }
+      local t0 = rw.now()
+      local ok, wait = b:acquire(1, nil, 1)
+      assert.is_false(ok)
+      assert.equal(5, wait)
+      local res, err = rw.fetch(s:url("/late"), { limiter = b, on_retry = false, max_elapsed = 3 })
+      assert.is_nil(res)
+      assert.equal("budget", err.kind)
+      assert.is_true(rw.now() - t0 < 1, "took " .. (rw.now() - t0) .. " s")
+    end)
+    assert.equal(0, #s:log("/late"))
   end)
 end)
 

@@ -7,6 +7,16 @@ local quiet = { on_retry = false }
 
 local max_active = server.max_active
 
+-- A for loop over a coroutine.wrap iterator that fetches its two items
+-- from server s, putting what the loop gets in `items`.
+local function iterate_fetches(s, items)
+  for item in coroutine.wrap(function()
+    for i = 1, 2 do coroutine.yield(assert(rw.fetch(s:url("/item/" .. i), quiet)).body) end
+  end) do
+    items[#items + 1] = item
+  end
+end
+
 describe("the scheduler", function()
   local s
 
@@ -134,6 +144,16 @@ describe("the scheduler", function()
       socket.sleep(seconds)
       local _, result = coroutine.resume(co)
       assert.equal("woke", result)
+    end)
+
+    -- A generic for calls its iterator with the last item: a wait that is
+    -- resumed with its own "ratewise.sleep" was taken for an item.
+    it("says so when a for loop over coroutine.wrap takes a wait's yield for an item", function()
+      local items = {}
+      local ok, err = pcall(iterate_fetches, s, items)
+      assert.is_false(ok)
+      assert.matches("ratewise: a wait's yield (\"ratewise.sleep\") was taken for an item", err, 1, true)
+      assert.same({ "ratewise.sleep" }, items) -- one, not one per wait
     end)
 
     it("calls the host sleep set with rw.configure outside tasks", function()
@@ -325,6 +345,62 @@ describe("the scheduler", function()
         end
       end)
       assert.same({ 1, 2, 3, 4, 5, 6 }, order)
+    end)
+  end)
+
+  -- A task's wait is a yield: from a function Lua calls from C (a
+  -- table.sort comparator, a string.gsub callback) it cannot be made, and a
+  -- coroutine of the caller's own inside a task would yield to the task's
+  -- code, not to the scheduler. Each says so, sends nothing, and the other
+  -- tasks go on.
+  describe("a wait where a task cannot yield to the scheduler", function()
+    local function failure_of(fn)
+      local err, sibling
+      rw.run(function()
+        local other = rw.spawn(function() return assert(rw.fetch(s:url("/sibling"), quiet)).status end)
+        local _, e = rw.spawn(fn):join()
+        err = e
+        sibling = other:join()
+      end)
+      assert.equal(200, sibling)
+      return tostring(err)
+    end
+
+    it("says so when rw.fetch is called from a table.sort comparator", function()
+      local err = failure_of(function()
+        table.sort({ 3, 1, 2 }, function(a, b)
+          rw.fetch(s:url("/sorted"), quiet)
+          return a < b
+        end)
+      end)
+      assert.matches("ratewise: a task cannot wait inside a function that Lua calls from C", err, 1, true)
+      assert.matches("table.sort", err, 1, true)
+      assert.equal(0, #s:log("/sorted"))
+    end)
+
+    it("says so when rw.fetch is called from a string.gsub callback", function()
+      local err = failure_of(function()
+        return (("a b"):gsub("%a", function(word)
+          return assert(rw.fetch(s:url("/word/" .. word), quiet)).body
+        end))
+      end)
+      assert.matches("ratewise: a task cannot wait inside a function that Lua calls from C", err, 1, true)
+      assert.equal(0, #s:log("/word/a"))
+    end)
+
+    it("says so when rw.sleep is called from a table.sort comparator", function()
+      local err = failure_of(function()
+        table.sort({ 3, 1, 2 }, function(a, b) rw.sleep(0.01); return a < b end)
+      end)
+      assert.matches("ratewise: a task cannot wait inside a function that Lua calls from C", err, 1, true)
+    end)
+
+    it("says so when a coroutine.wrap iterator inside a task calls ratewise", function()
+      local items = {}
+      local err = failure_of(function() iterate_fetches(s, items) end)
+      assert.matches("ratewise: a coroutine of your own inside a task", err, 1, true)
+      assert.same({}, items) -- no "ratewise.sleep" items
+      assert.equal(0, #s:log("/item/1"))
     end)
   end)
 

@@ -141,6 +141,37 @@ describe("streamed responses", function()
     assert.equal(3, rerr.delivered)
   end)
 
+  -- docs/streaming.md: a POST is replayed after a 429 with Retry-After only
+  -- when an idempotency key makes it safe; res.elapsed is the time to the
+  -- headers.
+  it("does not replay a streamed POST after a 429 without an idempotency key, and does with one", function()
+    local steps = { { status = 429, headers = { ["Retry-After"] = "0" } },
+      { action = "stream", headers = SSE, chunks = { { 0, "data: a\n\n" } } } }
+    s:script("/chat", steps)
+    local res, err = rw.fetch(s:url("/chat"), opts { json = { q = 1 } })
+    assert.is_nil(res)
+    assert.equal("unsafe", err.kind)
+    assert.equal(1, #s:log("/chat"))
+    s:reset()
+    s:script("/chat", steps)
+    res = assert(rw.fetch(s:url("/chat"), opts { json = { q = 1 }, idempotency_key = true }))
+    assert.same({ "a" }, event_data(res))
+    local log = s:log("/chat")
+    assert.equal(2, #log)
+    assert.equal(log[1].headers["idempotency-key"], log[2].headers["idempotency-key"])
+  end)
+
+  it("gives res.elapsed as the time to the headers, not to the end of the body", function()
+    s:script("/late", { { action = "stream", headers = SSE, delay = 0.2,
+      chunks = { { 0, "data: a\n\n" }, { 0.5, "data: b\n\n" } } } })
+    local t0 = rw.now()
+    local res = assert(rw.fetch(s:url("/late"), opts()))
+    assert.same({ "a", "b" }, event_data(res))
+    local whole = rw.now() - t0
+    assert.is_true(res.elapsed >= 0.15 and res.elapsed < 0.45, "elapsed " .. res.elapsed)
+    assert.is_true(whole >= 0.6, "read in " .. whole .. " s")
+  end)
+
   it("ends a stream that falls silent for idle_timeout, and not one that keeps talking", function()
     s:script("/quiet", { { action = "stream", chunks = { { 0, "data: x\n\n" } }, ["end"] = "hang" } })
     local res = assert(rw.fetch(s:url("/quiet"), opts { idle_timeout = 0.3 }))
@@ -301,5 +332,186 @@ describe("a streamed response dropped unread", function()
     for _ = 1, 3 do collectgarbage("collect") end
     rw.step(0.1, false)
     assert.equal(0, scheduler.engine():running())
+  end)
+end)
+
+-- Whatever a server sends after the headers, a call ends: a body read whole
+-- obeys max_body and the call's time, and a redirect's answer is never
+-- taken for the final one (issue 29).
+describe("a stream's bounds", function()
+  local s
+
+  setup(function() s = server.start() end)
+  teardown(function() s:stop() end)
+  before_each(function() s:reset() end)
+
+  -- the server's record of an endless answer, once it ended (the client
+  -- went away, or the cap was reached)
+  local function ended(path)
+    local deadline = rw.now() + 5
+    while true do
+      local rec = s:log(path)[1]
+      if rec and rec.gone ~= nil then return rec end
+      assert(rw.now() < deadline, "the server is still sending " .. path)
+      rw.run(function() rw.sleep(0.05) end)
+    end
+  end
+
+  local function timed(f)
+    local t0 = rw.now()
+    local a, b = f()
+    return a, b, rw.now() - t0
+  end
+
+  it("reads a non-2xx that never ends up to max_body, not without bound", function()
+    s:script("/e503", { { action = "endless", status = 503, cap = 96 * 1024 * 1024 } })
+    local res, err, took = timed(function()
+      return rw.fetch(s:url("/e503"), opts { max_elapsed = 20, max_retries = 0 })
+    end)
+    assert.is_nil(res)
+    assert.equal("network", err.kind)
+    assert.matches("response body too large %(limit 67108864 bytes%)", tostring(err))
+    assert.is_true(took < 10, ("ended after %.2f s"):format(took))
+    local rec = ended("/e503")
+    assert.is_true(rec.gone)
+    assert.is_true(rec.sent < 80 * 1024 * 1024, rec.sent .. " bytes sent")
+    -- a max_body of the call's own
+    s:reset()
+    s:script("/e503", { { action = "endless", status = 503, cap = 96 * 1024 * 1024 } })
+    res, err = rw.fetch(s:url("/e503"), opts { max_body = 100000, max_retries = 0 })
+    assert.is_nil(res)
+    assert.matches("response body too large %(limit 100000 bytes%)", tostring(err))
+    assert.is_true(ended("/e503").gone)
+  end)
+
+  it("reads a non-2xx that trickles on within the call's time", function()
+    s:script("/t429", { { action = "endless", status = 429, body = "slow down\n", interval = 0.05 } })
+    local res, err, took = timed(function()
+      return rw.fetch(s:url("/t429"), opts { max_elapsed = 1, timeout = 0.6 })
+    end)
+    assert.is_nil(res)
+    assert.equal("budget", err.kind)
+    assert.is_true(took < 2.5, ("ended after %.2f s"):format(took))
+    assert.is_true(ended("/t429").gone)
+    -- a first_byte_timeout longer than timeout gives the answer that long
+    s:reset()
+    s:script("/t500", { { action = "endless", status = 500, body = "oops\n", interval = 0.05 } })
+    res, err, took = timed(function()
+      return rw.fetch(s:url("/t500"), opts { timeout = 0.2, first_byte_timeout = 0.6, max_retries = 0 })
+    end)
+    assert.is_nil(res)
+    assert.equal("exhausted", err.kind)
+    assert.matches("timed out", tostring(err))
+    assert.is_true(took > 0.5 and took < 2.5, ("ended after %.2f s"):format(took))
+  end)
+
+  it("bounds res:json() and every whole read of an endless 2xx stream by max_body", function()
+    s:script("/e200", { { action = "endless", cap = 96 * 1024 * 1024 } })
+    local res = assert(rw.fetch(s:url("/e200"), opts()))
+    local value, err, took = timed(function() return res:json() end)
+    assert.is_nil(value)
+    assert.equal("stream", err.kind)
+    assert.matches("over max_body %(67108864 bytes%)", tostring(err))
+    assert.is_true(took < 10, ("ended after %.2f s"):format(took))
+    local rec = ended("/e200")
+    assert.is_true(rec.gone)
+    assert.is_true(rec.sent < 80 * 1024 * 1024, rec.sent .. " bytes sent")
+    assert.is_nil(res:read()) -- the stream is closed
+    -- a 2xx a policy does not take for an answer is read whole too
+    s:reset()
+    s:script("/e200", { { action = "endless", cap = 16 * 1024 * 1024 } })
+    local seen
+    res, err = rw.fetch(s:url("/e200"), opts { max_body = 1000000, max_retries = 0, policy = rw.policy {
+      classify = function(r)
+        seen = r
+        return "terminal"
+      end } })
+    assert.is_nil(res)
+    assert.equal("terminal", err.kind)
+    assert.equal("", seen.body)
+    assert.is_true(ended("/e200").gone)
+  end)
+
+  it("reads a 2xx a policy does not take for an answer within the call's time", function()
+    s:script("/t200", { { action = "endless", body = "partial\n", interval = 0.05 } })
+    local res, err, took = timed(function()
+      return rw.fetch(s:url("/t200"), opts { max_elapsed = 1, timeout = 0.5, policy = rw.policy {
+        classify = function() return "retryable" end } })
+    end)
+    assert.is_nil(res)
+    assert.is_true(took < 2.5, ("ended after %.2f s"):format(took))
+    assert.is_true(err.kind == "budget" or err.kind == "exhausted", err.kind)
+    assert.is_true(ended("/t200").gone)
+  end)
+
+  it("follows a redirect to a stream without taking the redirect for the answer", function()
+    s:script("/to-sse", { { action = "redirect", location = "/sse" } })
+    s:script("/sse", { { action = "endless", headers = SSE, body = "data: x\n\n", interval = 0.02 } })
+    local res, err, took = timed(function() return rw.fetch(s:url("/to-sse"), opts()) end)
+    assert(res, err)
+    assert.is_true(took < 1, ("returned after %.2f s"):format(took))
+    assert.equal(200, res.status)
+    assert.equal(1, res.redirects)
+    assert.equal("text/event-stream", res.headers["Content-Type"])
+    assert.equal("x", res:events()().data)
+    res:close()
+    assert.is_true(ended("/sse").gone)
+    -- a stream that ends later: fetch returns at its headers
+    s:script("/to-late", { { action = "redirect", location = "/late" } })
+    s:script("/late", { { action = "stream", chunks = { { 0, "a" }, { 1.5, "b" } } } })
+    res, err, took = timed(function() return rw.fetch(s:url("/to-late"), opts()) end)
+    assert(res, err)
+    assert.is_true(took < 1, ("returned after %.2f s"):format(took))
+    assert.equal("a", res:read())
+    res:close()
+  end)
+
+  it("bounds the time to the final headers after a redirect with first_byte_timeout", function()
+    s:script("/to-slow", { { action = "redirect", location = "/slow" } })
+    s:script("/slow", { { action = "stream", delay = 3, chunks = { { 0, "late" } } } })
+    local res, err, took = timed(function()
+      return rw.fetch(s:url("/to-slow"), opts { first_byte_timeout = 0.3, max_retries = 0 })
+    end)
+    assert.is_nil(res)
+    assert.matches("first_byte_timeout", tostring(err))
+    assert.is_true(took < 2.5, ("ended after %.2f s"):format(took))
+  end)
+
+  it("never hands a redirect's body over with the answer's", function()
+    local page = string.rep("R", 300 * 1024)
+    s:script("/moved", { { action = "redirect", location = "/final", body = page } })
+    s:script("/final", { { action = "stream", chunks = { { 0, "real" } } } })
+    local res = assert(rw.fetch(s:url("/moved"), opts()))
+    assert.equal(200, res.status)
+    assert.equal(1, res.redirects)
+    local parts = {}
+    for c in res:chunks() do parts[#parts + 1] = c end
+    local got = table.concat(parts)
+    assert.is_true(got == "real", ("%d bytes, starting %q"):format(#got, got:sub(1, 8)))
+    res = assert(rw.fetch(s:url("/moved"), quiet))
+    assert.is_true(res.body == "real", ("%d bytes"):format(#res.body))
+    -- a redirect's body counts against max_body, and its time against first_byte_timeout
+    s:script("/moved-forever", { { action = "endless", status = 302, headers = { Location = "/final" },
+      cap = 16 * 1024 * 1024 } })
+    local err
+    res, err = rw.fetch(s:url("/moved-forever"), opts { max_body = 100000, max_retries = 0 })
+    assert.is_nil(res)
+    assert.matches("too large", tostring(err))
+    assert.is_true(ended("/moved-forever").gone)
+  end)
+
+  it("hands the events of a body read whole over as they are parsed", function()
+    local body = string.rep("data: x\n\n", 466033)
+    s:script("/many", { { body = body, headers = SSE } })
+    local res = assert(rw.fetch(s:url("/many"), quiet))
+    collectgarbage("collect")
+    local before = collectgarbage("count")
+    local next_event = res:events()
+    assert.equal("x", next_event().data)
+    local grew = collectgarbage("count") - before
+    assert.is_true(grew < 8 * 1024, ("%.0f KiB for the first event"):format(grew))
+    local n = 1
+    while next_event() do n = n + 1 end
+    assert.equal(#body / 9, n)
   end)
 end)

@@ -56,6 +56,31 @@ describe("TLS", function()
     assert.equal(1, #s:log("/pin"))
   end)
 
+  -- libcurl reports a pin file it cannot read as a mismatch; the error names
+  -- the file and why it cannot be read instead.
+  it("names a pinned_public_key file that is missing or cannot be read, not a mismatch", function()
+    for _, path in ipairs { s.ca_dir .. "/no-such-pin.pem", s.ca_dir } do -- missing; a folder
+      local res, err = rw.fetch(s:url("/pin-file"), opts { ca_file = s.ca_file, pinned_public_key = path })
+      assert.is_nil(res)
+      assert.equal("network", err.kind)
+      local text = tostring(err)
+      assert.matches("pinned_public_key file " .. path .. " cannot be read", text, 1, true)
+      assert.matches(path == s.ca_dir and "Is a directory" or "No such file or directory", text, 1, true)
+      assert.not_matches("does not match", text, 1, true)
+    end
+    assert.equal(0, #s:log("/pin-file"))
+  end)
+
+  it("names a ca_path folder that does not exist", function()
+    local path = s.ca_dir .. "/no-such-folder"
+    local res, err = rw.fetch(s:url("/ca-path"), opts { ca_path = path })
+    assert.is_nil(res)
+    assert.equal("network", err.kind)
+    assert.matches("ca_path folder " .. path .. " cannot be read", tostring(err), 1, true)
+    assert.matches("No such file or directory", tostring(err), 1, true)
+    assert.equal(0, #s:log("/ca-path"))
+  end)
+
   it("keeps a handle's TLS options to its own request: the next one on it is back to the defaults", function()
     for _ = 1, 3 do
       assert(rw.fetch(s:url("/a"), opts { ca_file = s.ca_file }))
@@ -199,6 +224,65 @@ describe("proxies", function()
     local nothing, err = rw.fetch(origin:url("/via"), opts { proxy = "http://user:s3cret@127.0.0.1:1" })
     assert.is_nil(nothing)
     assert.is_nil(tostring(err):find("s3cret", 1, true))
+  end)
+
+  -- libcurl quotes a proxy URL it cannot read whole in its error
+  -- ("Unsupported proxy syntax in '...'"), password and all.
+  local REFUSED_PROXIES = {
+    "http://user:p@ssSECRET@127.0.0.1:1", "http://user:pa#ssSECRET@127.0.0.1:1", "http://user:pa ssSECRET@127.0.0.1:1",
+    "http://user:passSECRET@127.0.0.1:99999", "http://user:pa/ssSECRET@127.0.0.1:1", "user:p@ssSECRET@127.0.0.1:1",
+    "http://user:x?ySECRET@127.0.0.1:1", "http://user:pa%zzSECRET@bad host:1", "http://:p@@SECRET@127.0.0.1:1",
+    "http://user:" .. string.rep("SECRET", 60) .. "@@127.0.0.1:1", -- past libcurl's error buffer
+  }
+
+  it("names no part of a proxy's credentials in any error, event or retry when libcurl refuses its URL", function()
+    for _, proxy_url in ipairs(REFUSED_PROXIES) do
+      local seen = {}
+      local function keep(t)
+        for k, v in pairs(t) do seen[#seen + 1] = k .. "=" .. tostring(v) end
+      end
+      local res, err = rw.fetch(origin:url("/refused"), { proxy = proxy_url, max_retries = 1, base = 0.001,
+        on_event = keep, on_retry = keep })
+      assert.is_nil(res)
+      local said = table.concat(seen, " ") .. " " .. tostring(err) .. " " .. tostring(err.transport.message)
+      assert.is_nil(said:find("SECRET", 1, true), proxy_url .. " leaked: " .. said)
+      assert.is_nil(said:find("user", 1, true), proxy_url .. " leaked: " .. said)
+    end
+    -- a client's proxy too
+    local api = rw.client { base_url = origin.base, proxy = REFUSED_PROXIES[1], on_retry = false, max_retries = 0 }
+    local _, err = api:get("/refused")
+    assert.matches("Unsupported proxy syntax in 'http://[redacted]@127.0.0.1:1'", tostring(err), 1, true)
+    assert.equal(0, #origin:log("/refused"))
+  end)
+
+  it("does not retry a proxy URL libcurl refuses (no retry mends it, as curl's --retry)", function()
+    for _, proxy_url in ipairs { "http://127.0.0.1:99999", "http://user:pa ssSECRET@127.0.0.1:1",
+                                 "http://user:pa#ssSECRET@127.0.0.1:1", "socks9://127.0.0.1:1" } do
+      local retries = 0
+      local res, err = rw.fetch(origin:url("/refused-once"), { proxy = proxy_url, max_retries = 3, base = 0.001,
+        on_retry = function() retries = retries + 1 end })
+      assert.is_nil(res)
+      assert.equal("network", err.kind, proxy_url .. ": " .. tostring(err))
+      assert.matches("Unsupported proxy", tostring(err), 1, true)
+      assert.equal(0, retries, proxy_url)
+      assert.equal(1, err.attempts, proxy_url)
+    end
+    assert.equal(0, #origin:log("/refused-once"))
+  end)
+
+  it("names no part of the credentials of http_proxy (the variable) in an error or the retry line", function()
+    for _, proxy_url in ipairs { "http://user:p@ssSECRET@127.0.0.1:1", "user:pa ssSECRET@127.0.0.1:1" } do
+      local out = subprocess.run_lua([[
+        local rw = require "ratewise"
+        local res, err = rw.fetch(arg[1], { max_retries = 1, base = 0.001 })
+        print(res and res.status or tostring(err))
+      ]], { args = origin:url("/env-refused"), seconds = 20,
+        shell = "env -u https_proxy -u HTTPS_PROXY -u all_proxy -u ALL_PROXY -u no_proxy -u NO_PROXY "
+          .. "http_proxy='" .. proxy_url .. "' " })
+      assert.is_nil(out:find("retrying", 1, true), out) -- not retried: no retry mends the URL
+      assert.matches("ratewise: network", out)
+      assert.is_nil(out:find("SECRET", 1, true), out)
+    end
   end)
 
   it("tunnels HTTPS through the proxy with CONNECT, the TLS checks end to end", function()
@@ -441,6 +525,35 @@ describe("the first burst to an https origin", function()
     end)
     assert.same({ "exhausted", "exhausted", "exhausted", "exhausted", "exhausted", "exhausted" }, results)
     assert.is_true(rw.now() - t0 < 3)
+  end)
+
+  -- A held request waits for the probe's answer at most half its own
+  -- timeout, then goes on without it, on a connection of its own.
+  it("lets held requests go on unheld when the first answer is slower than their timeout", function()
+    with_origin(function(s, url)
+      s:script("/late", { { status = 200, delay = 1.5, body = "first" }, { status = 200, body = "next" } })
+      local results, ends = {}, {}
+      local t0 = rw.now()
+      rw.run(function()
+        local first = rw.spawn(function() return rw.fetch(url("/late"), opts { ca_file = s.ca_file }) end)
+        rw.sleep(0.05)
+        local held = {}
+        for i = 1, 3 do
+          held[i] = rw.spawn(function()
+            local res, err = rw.fetch(url("/late"), opts { ca_file = s.ca_file, timeout = 0.8 })
+            ends[i] = rw.now() - t0
+            results[i] = res and res.body or tostring(err)
+          end)
+        end
+        for i = 1, 3 do held[i]:join() end
+        assert.equal("first", assert(first:join()).body)
+      end)
+      assert.same({ "next", "next", "next" }, results)
+      assert.equal(4, #s:log("/late"))
+      for i = 1, 3 do
+        assert.is_true(ends[i] < 1.2, ("held request %d ended at %.2f s, after the first answer"):format(i, ends[i]))
+      end
+    end)
   end)
 
   it("lets a held request that is cancelled leave the line, sending nothing", function()

@@ -27,6 +27,7 @@
  * every caller sharing it, years into debt.
  */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "compat.h"
@@ -109,6 +110,58 @@ static void bucket_dequeue(bucket *b, double n)
     if (b->served >= b->queued) b->queued = b->served = 0.0;
 }
 
+/* The longest string a misuse error shows whole (errors.lua's MAX_SHOWN). */
+#define BUCKET_SHOWN_MAX 40
+
+/* Pushes what a misuse error says it got, as errors.shown does on the Lua
+ * side: a number as itself, a string quoted and named (so that "8" is not
+ * read as the number 8), cut short past BUCKET_SHOWN_MAX bytes; anything
+ * else by its type. */
+static const char *bucket_shown(lua_State *L, int idx)
+{
+    luaL_Buffer buf;
+    const char *s;
+    size_t len, i;
+    int t = lua_type(L, idx);
+    if (t == LUA_TNUMBER && isnan(lua_tonumber(L, idx))) return lua_pushliteral(L, "nan");
+    if (t == LUA_TNUMBER || t == LUA_TBOOLEAN || t == LUA_TNIL) return luaL_tolstring(L, idx, NULL);
+    if (t != LUA_TSTRING) return lua_pushstring(L, lua_typename(L, t));
+    s = lua_tolstring(L, idx, &len);
+    luaL_buffinit(L, &buf);
+    luaL_addstring(&buf, "string \"");
+    for (i = 0; i < len && i < BUCKET_SHOWN_MAX; i++) {
+        unsigned char c = (unsigned char)s[i];
+        char escaped[8];
+        if (c == '"' || c == '\\') {
+            luaL_addchar(&buf, '\\');
+            luaL_addchar(&buf, (char)c);
+        } else if (c < 0x20 || c == 0x7f) {
+            (void)snprintf(escaped, sizeof escaped, "\\%u", (unsigned)c);
+            luaL_addstring(&buf, escaped);
+        } else {
+            luaL_addchar(&buf, (char)c);
+        }
+    }
+    luaL_addchar(&buf, '"');
+    if (len > BUCKET_SHOWN_MAX) {
+        char more[40];
+        (void)snprintf(more, sizeof more, "... (%lu bytes)", (unsigned long)len);
+        luaL_addstring(&buf, more);
+    }
+    luaL_pushresult(&buf);
+    return lua_tostring(L, -1);
+}
+
+/* Number argument arg (a string Lua would convert, "8", is refused, as the
+ * Lua side's checkers do), or dflt when it is absent and dflt is not NAN. */
+static lua_Number bucket_number(lua_State *L, int arg, lua_Number dflt, const char *what)
+{
+    if (lua_isnoneornil(L, arg) && !isnan(dflt)) return dflt;
+    if (lua_type(L, arg) != LUA_TNUMBER)
+        luaL_argerror(L, arg, lua_pushfstring(L, "%s, got %s", what, bucket_shown(L, arg)));
+    return lua_tonumber(L, arg);
+}
+
 static bucket *bucket_check(lua_State *L)
 {
     bucket *b = (bucket *)luaL_checkudata(L, 1, BUCKET_MT);
@@ -120,9 +173,10 @@ static bucket *bucket_check(lua_State *L)
  * could never be served and would wait forever). */
 static double bucket_check_count(lua_State *L, bucket *b, int arg)
 {
-    lua_Number n = luaL_optnumber(L, arg, 1);
+    lua_Number n = bucket_number(L, arg, 1, "token count must be a positive number");
     if (!(n > 0) || !isfinite(n))
-        luaL_argerror(L, arg, "token count must be a positive number");
+        luaL_argerror(L, arg,
+                      lua_pushfstring(L, "token count must be a positive number, got %s", bucket_shown(L, arg)));
     if (n > b->capacity)
         luaL_argerror(L, arg, lua_pushfstring(L,
             "%f tokens asked of a bucket whose capacity is %f: it could never be served",
@@ -142,10 +196,10 @@ static double bucket_field(lua_State *L, const char *name, double dflt)
         lua_pop(L, 1);
         return dflt;
     }
-    v = lua_tonumberx(L, -1, &isnum);
+    isnum = lua_type(L, -1) == LUA_TNUMBER; /* not lua_tonumberx: it takes "8" */
+    v = lua_tonumber(L, -1);
     if (!isnum || !(v > 0) || !isfinite(v))
-        luaL_error(L, "bucket: option '%s' must be a positive number (got %s)", name,
-                   luaL_tolstring(L, -1, NULL));
+        luaL_error(L, "bucket: option '%s' must be a positive number (got %s)", name, bucket_shown(L, -1));
     lua_pop(L, 1);
     return v;
 }
@@ -171,7 +225,7 @@ static int bucket_l_new(lua_State *L)
     horizon = bucket_field(L, "sync_horizon", BUCKET_DEFAULT_SYNC_HORIZON);
     lua_getfield(L, 1, "slow_down");
     if (!lua_isnil(L, -1) && !lua_isboolean(L, -1))
-        return luaL_error(L, "bucket: option 'slow_down' must be a boolean (got %s)", luaL_typename(L, -1));
+        return luaL_error(L, "bucket: option 'slow_down' must be a boolean (got %s)", bucket_shown(L, -1));
     slow_down = !lua_isboolean(L, -1) || lua_toboolean(L, -1);
     lua_pop(L, 1);
     /* Refilling a token (or the whole bucket, when it holds more than one)
@@ -339,8 +393,8 @@ static int bucket_l_wait_time(lua_State *L)
 static int bucket_l_sync(lua_State *L)
 {
     bucket *b = bucket_check(L);
-    lua_Number remaining = luaL_checknumber(L, 2);
-    lua_Number reset_in = luaL_optnumber(L, 3, 0);
+    lua_Number remaining = bucket_number(L, 2, NAN, "remaining must be a non-negative number");
+    lua_Number reset_in = bucket_number(L, 3, 0, "reset_in must be a non-negative number of seconds");
     luaL_argcheck(L, remaining >= 0 && !isnan(remaining), 2, "remaining must be a non-negative number");
     luaL_argcheck(L, reset_in >= 0 && !isnan(reset_in), 3, "reset_in must be a non-negative number of seconds");
     bucket_refill(b);

@@ -130,6 +130,13 @@ typedef struct engine_gate {
  * (engine_gate_stale). */
 #define ENGINE_GATE_RECHECK 1.0
 
+/* A held transfer waits for its probe's answer at most this share of its
+ * timeout (and of its first_byte_timeout), then goes on without it, on a
+ * connection of its own: a probe the server is slow to answer must not end
+ * the transfers behind it unsent, and what is left of their time is theirs
+ * to be answered in (engine_expiry). */
+#define ENGINE_HOLD_SHARE 0.5
+
 typedef struct engine {
     CURLM *multi;
     engine_list running;  /* on the multi handle (running or queued by libcurl) */
@@ -295,7 +302,8 @@ static void engine_give(engine *e, transfer *t)
     t->gate_key = 0;
     t->gate_slot = t->gate_probe = t->held = 0;
     t->held_next = NULL;
-    t->delivered = 0;
+    t->delivered = t->skipped = 0;
+    t->bounded = 0;
     t->no_replay = t->replay_refused = t->prereq_asked = 0;
     t->first_byte_timeout = t->idle_timeout = t->last_byte = 0;
     t->status = t->request_size = t->redirects = t->http_version = 0;
@@ -620,27 +628,48 @@ static int engine_gate_hold(engine *e, transfer *t)
     return 0;
 }
 
-/* The transfers a gate held go on, in order. Not from a libcurl callback:
- * curl_multi_add_handle refuses to run inside one. */
+/* Held transfer t, out of its gate's line, goes on: onto the multi
+ * handle. Not from a libcurl callback: curl_multi_add_handle refuses to run
+ * inside one. */
+static void engine_gate_go(engine *e, transfer *t)
+{
+    CURLMcode mc;
+    t->held = 0;
+    t->gate_slot = 0;
+    t->held_next = NULL;
+    mc = curl_multi_add_handle(e->multi, t->easy);
+    if (mc != CURLM_OK) {
+        engine_finish(t, CURLE_OUT_OF_MEMORY, ABORT_NONE);
+        (void)snprintf(t->errbuf, sizeof t->errbuf, "libcurl could not start the transfer (%s)",
+                       curl_multi_strerror(mc));
+        engine_queue(e, t);
+    }
+}
+
+/* The transfers a gate held go on, in order. */
 static void engine_gate_open(engine *e, engine_gate *g)
 {
     transfer *t = g->held;
     g->held = g->held_tail = NULL;
     while (t) {
         transfer *next = t->held_next;
-        CURLMcode mc;
-        t->held = 0;
-        t->gate_slot = 0;
-        t->held_next = NULL;
-        mc = curl_multi_add_handle(e->multi, t->easy);
-        if (mc != CURLM_OK) {
-            engine_finish(t, CURLE_OUT_OF_MEMORY, ABORT_NONE);
-            (void)snprintf(t->errbuf, sizeof t->errbuf, "libcurl could not start the transfer (%s)",
-                           curl_multi_strerror(mc));
-            engine_queue(e, t);
-        }
+        engine_gate_go(e, t);
         t = next;
     }
+}
+
+/* Held transfer t leaves its gate's line. */
+static void engine_gate_unlink(engine_gate *g, transfer *t)
+{
+    transfer **p, *prev = NULL;
+    for (p = &g->held; *p; prev = *p, p = &(*p)->held_next) {
+        if (*p == t) {
+            *p = t->held_next;
+            if (g->held_tail == t) g->held_tail = prev;
+            break;
+        }
+    }
+    t->held = 0;
 }
 
 void rw_engine_answered(transfer *t)
@@ -671,15 +700,7 @@ static void engine_gate_leave(engine *e, transfer *t)
 {
     engine_gate *g = &e->gates[t->gate_slot - 1];
     if (t->held) {
-        transfer **p, *prev = NULL;
-        for (p = &g->held; *p; prev = *p, p = &(*p)->held_next) {
-            if (*p == t) {
-                *p = t->held_next;
-                if (g->held_tail == t) g->held_tail = prev;
-                break;
-            }
-        }
-        t->held = 0;
+        engine_gate_unlink(g, t);
     } else if (t->gate_probe) {
         t->gate_probe = 0;
         if (g->state == GATE_PROBING) {
@@ -758,18 +779,22 @@ static void engine_fail_all(engine *e, CURLMcode mc)
 }
 
 /* What the engine ends a transfer for, libcurl having no timer for it. */
-enum engine_expiry_kind { EXPIRY_NONE, EXPIRY_TIMEOUT, EXPIRY_FIRST_BYTE, EXPIRY_IDLE };
+enum engine_expiry_kind { EXPIRY_NONE, EXPIRY_TIMEOUT, EXPIRY_FIRST_BYTE, EXPIRY_IDLE, EXPIRY_HOLD };
 
 /* When the engine ends a running transfer if libcurl has not: its timeout
  * (libcurl's own, but not for a transfer queued for a connection: see
  * ENGINE_EXPIRY_GRACE); until its final headers are in, its
  * first_byte_timeout; then, while the reader keeps up (not paused), its
- * idle_timeout after the last body bytes. HUGE_VAL: never. */
+ * idle_timeout after the last body bytes. A held transfer is not ended but
+ * let go unheld, at its share of those (ENGINE_HOLD_SHARE). HUGE_VAL:
+ * never. */
 static double engine_expiry(const transfer *t, enum engine_expiry_kind *kind)
 {
     double at = HUGE_VAL;
     *kind = EXPIRY_NONE;
-    if (t->expires > 0) {
+    /* A stream's timeout bounds it until a 2xx's headers are in; an answer
+     * read whole (any other) stays under it to its end. */
+    if (t->expires > 0 && !(t->stream && t->head_ready && !t->bounded)) {
         at = t->expires;
         *kind = EXPIRY_TIMEOUT;
     }
@@ -780,6 +805,10 @@ static double engine_expiry(const transfer *t, enum engine_expiry_kind *kind)
     if (t->idle_timeout > 0 && t->head_ready && !t->paused && t->last_byte + t->idle_timeout < at) {
         at = t->last_byte + t->idle_timeout;
         *kind = EXPIRY_IDLE;
+    }
+    if (t->held && at != HUGE_VAL) {
+        at = t->started + (at - t->started) * ENGINE_HOLD_SHARE;
+        *kind = EXPIRY_HOLD;
     }
     return at;
 }
@@ -818,6 +847,15 @@ static void engine_expire(engine *e)
         after = t->next;
         if (now < at) {
             if (at < next) next = at;
+            continue;
+        }
+        if (kind == EXPIRY_HOLD) {
+            engine_gate_unlink(&e->gates[t->gate_slot - 1], t);
+            engine_gate_go(e, t);
+            if (t->state == TRANSFER_RUNNING) {
+                at = engine_expiry(t, &kind);
+                if (at < next) next = at;
+            }
             continue;
         }
         engine_finish(t, CURLE_OPERATION_TIMEDOUT, ABORT_NONE);
@@ -948,7 +986,7 @@ static int engine_follow(engine *e, transfer *t, CURLcode *code)
     curl_easy_setopt(t->easy, CURLOPT_URL, next_url);        /* copied */
     free(t->effective_url);
     t->effective_url = next_url;
-    if (t->timeout > 0) {
+    if (t->timeout > 0 && !t->stream) { /* a stream's is the engine's (engine_expiry) */
         t->timeout_ms = transfer_ms(left);
         curl_easy_setopt(t->easy, CURLOPT_TIMEOUT_MS, t->timeout_ms);
     }
@@ -1637,12 +1675,16 @@ static int transfer_l_head(lua_State *L)
  * one string | nil when none has come yet (the engine's poll reports the
  * transfer when some do) | false once the transfer has finished and every
  * byte was read (result() then says whether it ended well). For a request
- * made with stream = true, whose headers are in. A transfer paused because
+ * made with stream = true, whose headers are in and a 2xx's (any other
+ * answer is read whole, under the request's timeout and max_body, for
+ * result() to give). A transfer paused because
  * its buffer filled up resumes as its buffer is taken. */
 static int transfer_l_read(lua_State *L)
 {
     transfer *t = transfer_check(L);
-    if (!t->stream) return luaL_argerror(L, 1, "the transfer was not started with stream = true");
+    if (!t->stream)
+        return luaL_argerror(L, 1, "the transfer is not streamed (not started with stream = true, or its answer "
+                                   "is not a 2xx: result() has its body)");
     if (t->body.len > 0 && (t->head_ready || t->state == TRANSFER_DONE)) {
         lua_pushlstring(L, t->body.data, t->body.len);
         t->delivered += t->body.len;
@@ -1676,6 +1718,22 @@ static int transfer_l_read(lua_State *L)
     t->notify = 1;
     lua_pushnil(L);
     return 1;
+}
+
+/* transfer:bound(): a streamed transfer's timeout (the request's) applies
+ * to its body too, as it does to a transfer not streamed: for a reader
+ * that reads the whole body within a call's time. */
+static int transfer_l_bound(lua_State *L)
+{
+    transfer *t = transfer_check(L);
+    if (t->state == TRANSFER_RUNNING && t->stream && !t->bounded) {
+        enum engine_expiry_kind kind;
+        double at;
+        t->bounded = 1;
+        at = engine_expiry(t, &kind);
+        if (t->engine && at < t->engine->next_expiry) t->engine->next_expiry = at;
+    }
+    return 0;
 }
 
 /* Keeps the closed box at index 1 for engine:start to hand out again
@@ -1766,6 +1824,7 @@ void rw_engine_register(lua_State *L)
         { "result", transfer_l_result },
         { "head", transfer_l_head },
         { "read", transfer_l_read },
+        { "bound", transfer_l_bound },
         { "cancel", transfer_l_cancel },
         { "close", transfer_l_close },
         { NULL, NULL }

@@ -155,6 +155,7 @@ void rw_parse_register(struct lua_State *L); /* lparse.c */
 void rw_bucket_register(struct lua_State *L);
 void rw_engine_register(struct lua_State *L);
 void rw_redis_register(struct lua_State *L); /* redis.c */
+void rw_term_register(struct lua_State *L);  /* term.c: the command-line tool's */
 
 /* Clocks in seconds (core.c): monotonic for deadlines and buckets, the wall
  * clock only to compare with dates the server sent. */

@@ -792,15 +792,7 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
     }
 
     t->timeout = 0;
-    ms = 0;
-    if ((seconds = request_opt_seconds(src, RF_TIMEOUT)) > 0) {
-        t->timeout = seconds;
-        ms = transfer_ms(seconds);
-    }
-    if (ms != t->timeout_ms) {
-        t->timeout_ms = ms;
-        curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, ms);
-    }
+    if ((seconds = request_opt_seconds(src, RF_TIMEOUT)) > 0) t->timeout = seconds;
     ms = 0;
     if ((transport & RF_BIT(RF_CONNECT_TIMEOUT)) && (seconds = request_opt_seconds(src, RF_CONNECT_TIMEOUT)) > 0)
         ms = transfer_ms(seconds);
@@ -825,6 +817,13 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
             lua_pop(L, 1);
         }
     }
+    /* A stream's timeout is the engine's (engine_expiry): it ends when a
+     * 2xx's headers are in, and libcurl's could not. */
+    ms = t->timeout > 0 && !t->stream ? transfer_ms(t->timeout) : 0;
+    if (ms != t->timeout_ms) {
+        t->timeout_ms = ms;
+        curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, ms);
+    }
 
     t->follow = 1;
     if ((transport & RF_BIT(RF_FOLLOW_REDIRECTS))
@@ -834,7 +833,9 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
     }
 
     /* A stream is read as it comes, and may go on for hours: no limit but
-     * the one the request names. */
+     * the one the request names. What of it is read whole (a redirect's
+     * body, an answer that is not a 2xx) is held to the default limit
+     * (rw_response_on_body, rw_response_on_header). */
     t->max_body = t->stream ? (size_t)-1 : (size_t)ENGINE_DEFAULT_MAX_BODY;
     if ((transport & RF_BIT(RF_MAX_BODY)) && request_opt_field(src, RF_MAX_BODY, LUA_TNUMBER, "a number of bytes")) {
         lua_Number mb = lua_tonumber(L, -1);

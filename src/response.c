@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "transfer.h"
 
@@ -63,16 +64,26 @@ size_t rw_response_on_body(char *ptr, size_t size, size_t nmemb, void *ud)
 {
     transfer *t = (transfer *)ud;
     size_t n = size * nmemb;
+    size_t have;
+    if (t->stream && !t->head_ready) {
+        /* A redirect's body, which engine_follow would drop: not kept at
+         * all, but counted, as what is read whole (a redirect that never
+         * ends its body is cut at the limit, not read for ever). */
+        size_t limit = t->max_body == (size_t)-1 ? (size_t)ENGINE_DEFAULT_MAX_BODY : t->max_body;
+        if (n > limit || t->skipped > limit - n) {
+            t->body_too_large = 1;
+            return 0;
+        }
+        t->skipped += n;
+        return n;
+    }
     /* A stream's limit counts what Lua has read too. */
-    size_t have = t->body.len + (t->stream && t->head_ready ? t->delivered : 0);
+    have = t->body.len + (t->stream ? t->delivered : 0);
     if (have < t->body.len || n > t->max_body || have > t->max_body - n) {
         t->body_too_large = 1;
         return 0; /* aborts the transfer: nothing is buffered past the limit */
     }
-    /* A redirect's body, which engine_follow drops: a stream has no limit
-     * of its own, so it is not kept at all. */
-    if (t->stream && !t->head_ready) return n;
-    if (t->stream && t->head_ready && t->body.len >= ENGINE_STREAM_BUFFER) {
+    if (t->stream && t->body.len >= ENGINE_STREAM_BUFFER) {
         /* The reader is behind: libcurl keeps this chunk and hands it over
          * again once transfer:read() has taken the buffer and resumed. */
         t->paused = 1;
@@ -88,18 +99,28 @@ size_t rw_response_on_body(char *ptr, size_t size, size_t nmemb, void *ud)
     return n;
 }
 
-/* Whether the header block just ended is the final response's: not a 1xx,
- * and not a redirect that the engine will follow (engine_follow). */
-static int response_is_final(transfer *t)
+/* Whether the header block just ended (head[0..head_end)) names a
+ * Location, as libcurl reads it: the first such field, not empty. */
+static int response_has_location(const transfer *t)
 {
-    long status = 0;
-    curl_easy_getinfo(t->easy, CURLINFO_RESPONSE_CODE, &status);
-    if (status < 200) return 0;
-    if (t->follow && (status == 301 || status == 302 || status == 303 || status == 307 || status == 308)) {
-        char *location = NULL;
-        curl_easy_getinfo(t->easy, CURLINFO_REDIRECT_URL, &location);
-        return location == NULL;
+    rwp_header_field f;
+    size_t pos = 0;
+    while (rwp_header_next(t->head.data, t->head_end, &pos, &f)) {
+        if (!f.continuation && f.name_len == 8 && strncasecmp(f.name, "location", 8) == 0) return f.value_len > 0;
     }
+    return 0;
+}
+
+/* Whether the header block just ended is the final response's: not a 1xx,
+ * and not a redirect that the engine will follow (engine_follow). libcurl
+ * sets CURLINFO_REDIRECT_URL only once the hop's body is done, too late to
+ * ask here: a redirect status with a Location is a hop (engine_follow then
+ * follows it, or ends the transfer saying why it does not). */
+static int response_is_final(transfer *t, long status)
+{
+    if (status < 200) return 0;
+    if (t->follow && (status == 301 || status == 302 || status == 303 || status == 307 || status == 308))
+        return !response_has_location(t);
     return 1;
 }
 
@@ -127,13 +148,25 @@ size_t rw_response_on_header(char *ptr, size_t size, size_t nmemb, void *ud)
      * a trailer cannot pass for a header (a Retry-After steering a wait). */
     if ((n == 2 && ptr[0] == '\r') || (n == 1 && ptr[0] == '\n')) {
         if (!t->headers_done) {
+            long status = 0;
             t->head_end = t->head.len;
-            if (!t->head_ready && response_is_final(t)) {
+            curl_easy_getinfo(t->easy, CURLINFO_RESPONSE_CODE, &status);
+            if (!t->head_ready && response_is_final(t, status)) {
+                int streamed = t->stream;
                 t->head_ready = 1;
-                if (t->gate_probe) rw_engine_answered(t);
+                if (t->stream && (status < 200 || status > 299)) {
+                    /* Only a 2xx is streamed: any other answer is read
+                     * whole, as without stream, and so bounded as a whole
+                     * read is (max_body, the request's timeout). */
+                    t->stream = 0;
+                    if (t->max_body == (size_t)-1) t->max_body = (size_t)ENGINE_DEFAULT_MAX_BODY;
+                }
                 if (t->idle_timeout > 0) t->last_byte = rw_clock_monotonic();
-                if (t->stream || t->idle_timeout > 0) rw_engine_progress(t);
+                if (streamed || t->idle_timeout > 0) rw_engine_progress(t);
             }
+            /* The probed origin has answered, if only with a redirect: its
+             * protocol is known. */
+            if (status >= 200 && t->gate_probe) rw_engine_answered(t);
         }
         t->headers_done = 1;
     }
@@ -330,8 +363,13 @@ static int response_retryable(const transfer *t)
          * that is refused, which no retry will change. */
         return t->status == 0 && t->request_size > 0;
     case CURLE_COULDNT_RESOLVE_PROXY:
-    case CURLE_COULDNT_RESOLVE_HOST:
     case CURLE_COULDNT_CONNECT:
+        /* libcurl 7.88 reports a proxy URL it cannot parse ("Unsupported
+         * proxy syntax in ...", "Unsupported proxy scheme for ...") with the
+         * codes of a proxy that did not resolve or answer; no retry mends
+         * the URL, and curl's --retry does not retry it either. */
+        return strncmp(t->errbuf, "Unsupported proxy", 17) != 0;
+    case CURLE_COULDNT_RESOLVE_HOST:
     case CURLE_WEIRD_SERVER_REPLY:
     case CURLE_PARTIAL_FILE:
     case CURLE_OPERATION_TIMEDOUT:

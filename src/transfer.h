@@ -126,11 +126,14 @@ typedef struct transfer {
     /* The final response's headers are in (not a 1xx's, not a redirect's
      * that is followed): what a streamed response waits for. */
     int head_ready;
-    /* stream: the body is handed to Lua as it arrives (transfer:read) */
+    /* stream: the body is handed to Lua as it arrives (transfer:read); a
+     * final answer that is not a 2xx unsets it, to be read whole */
     int stream, paused; /* paused: the write callback paused it, the buffer being full */
     int notify;         /* stream: Lua waits for news of it (rw_engine_progress) */
     int in_news;        /* on its engine's list of transfers with news */
     size_t delivered;   /* stream: body bytes transfer:read() has handed over */
+    size_t skipped;     /* stream: body bytes of redirects, not kept (rw_response_on_body) */
+    int bounded;        /* stream: its timeout applies after the headers too (transfer:bound) */
     /* https: a hash of the URL's "host:port" (0: none), by which the engine
      * holds a burst to an origin it knows nothing of until the first
      * answer says whether it multiplexes (engine_gate_hold) */

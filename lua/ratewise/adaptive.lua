@@ -5,9 +5,10 @@
 local bucket = require "ratewise.bucket"
 local core = require "ratewise.core"
 local cubic = require "ratewise.cubic"
+local errors = require "ratewise.errors"
 
 local now = core.now
-local format, huge = string.format, math.huge
+local format, huge, floor = string.format, math.huge, math.floor
 local type, tostring, pairs, ipairs, error, setmetatable = type, tostring, pairs, ipairs, error, setmetatable
 
 local adaptive = {}
@@ -22,6 +23,9 @@ local MIN_RATE = 0.5
 -- 88-90 % of its rate with it, 80-88 % when such a throttle also took the
 -- rate as the new w_max, 68-79 % when every throttle dropped to 0.7.
 local NEAR = 0.95
+-- A stated limit above this is no limit a client could reach: a broken or
+-- hostile header, left alone (a bucket refuses rates far above it).
+local MAX_STATED_RATE = 1e9
 
 local Adaptive = {}
 Adaptive.__index = Adaptive
@@ -32,7 +36,7 @@ local known_options = { rate = true, max_rate = true, min_rate = true, burst = t
 local function positive(opts, name)
   local v = opts[name]
   if v ~= nil and (type(v) ~= "number" or v ~= v or v <= 0 or v == huge) then
-    error(format("adaptive: option '%s' must be a positive number (got %s)", name, tostring(v)), 3)
+    errors.bad_option("adaptive", name, "a positive number", v, 3)
   end
   return v
 end
@@ -81,7 +85,7 @@ function adaptive.new(opts)
   for _, name in ipairs { "beta", "near" } do
     local v = opts[name]
     if v ~= nil and (type(v) ~= "number" or not (v > 0 and v < 1)) then
-      error(format("adaptive: option '%s' must be a number between 0 and 1 (got %s)", name, tostring(v)), 2)
+      errors.bad_option("adaptive", name, "a number between 0 and 1", v, 2)
     end
   end
   if max_rate and start > max_rate then
@@ -150,7 +154,40 @@ end
 function Adaptive:refund(n) return self.bucket:refund(n) end
 function Adaptive:capacity() return self.bucket:capacity() end
 function Adaptive:tokens() return self.bucket:tokens() end
-function Adaptive:sync(remaining, reset_in) return self.bucket:sync(remaining, reset_in) end
+--- l:sync(remaining [, reset_in [, limit [, window]]]): what a provider
+-- reads of the server's quota. remaining and reset_in go to the bucket (as
+-- rw.bucket's sync); a limit of `limit` requests per `window` seconds is
+-- the rate the server states, which the controller takes at once and never
+-- climbs above (cubic.lua, stated). Without a window, it is the longest
+-- reset_in seen, in the whole seconds servers count resets in: a quota's
+-- reset counts down from its window.
+function Adaptive:sync(remaining, reset_in, limit, window)
+  self.bucket:sync(remaining, reset_in)
+  if limit == nil then return end
+  if type(limit) ~= "number" or limit ~= limit or limit < 1 or limit == huge then
+    error(format("adaptive: sync: limit must be a number of requests, at least 1 (got %s)", tostring(limit)), 2)
+  end
+  if window ~= nil and (type(window) ~= "number" or window ~= window or window <= 0 or window == huge) then
+    error(format("adaptive: sync: window must be a positive number of seconds (got %s)", tostring(window)), 2)
+  end
+  if window == nil then
+    -- A new limit is another quota (GitHub's search has a minute's, its
+    -- core an hour's), and a reset further off than the bucket believes
+    -- any (its sync_horizon) is not a window.
+    if limit ~= self.window_of then self.window_of, self.longest_reset = limit, nil end
+    if type(reset_in) == "number" and reset_in > (self.longest_reset or 0)
+      and reset_in <= self.bucket:sync_horizon() then
+      self.longest_reset = reset_in
+    end
+    local longest = self.longest_reset
+    if not longest then return end
+    window = longest >= 1 and floor(longest) or longest
+  end
+  local stated = limit / window
+  if stated > MAX_STATED_RATE then return end
+  self.controller:stated(stated)
+  follow(self, now())
+end
 
 Adaptive.__tostring = function(l)
   return format("ratewise.Adaptive (%.3g/s now, burst %g)", l.controller:current(now()), l.bucket:capacity())

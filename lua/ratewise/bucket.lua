@@ -3,11 +3,13 @@
 -- through the runtime like every other wait.
 local core = require "ratewise.core"
 local cubic = require "ratewise.cubic"
+local errors = require "ratewise.errors"
 local runtime = require "ratewise.runtime"
 
 local methods = core.bucket_methods
 local now = core.now
 local type = type
+local shown = errors.shown
 
 -- After a throttle a bucket drops to SLOW_DOWN times its rate, and comes
 -- back to it along CUBIC's curve (cubic.lua) in about 3 s; never below
@@ -28,7 +30,7 @@ local set_rate = methods.set_rate
 function methods:set_rate(rate)
   if type(rate) ~= "number" or rate ~= rate or rate <= 0 or rate == math.huge then
     error(string.format("bad argument #1 to 'set_rate' (rate must be a positive number, got %s)",
-      tostring(rate)), 2)
+      shown(rate)), 2)
   end
   set_rate(self, rate)
   slowed[self] = nil
@@ -43,19 +45,19 @@ end
 local function check_acquire(self, n, host_sleep, max_wait, level)
   if n ~= nil and (type(n) ~= "number" or n ~= n or n <= 0 or n == math.huge) then
     error(string.format("bad argument #1 to 'acquire' (token count must be a positive number, got %s)",
-      tostring(n)), level)
+      shown(n)), level)
   end
   if n ~= nil and n > self:capacity() then
     error(string.format("bad argument #1 to 'acquire' (%s tokens asked of a bucket whose capacity is %s: "
       .. "it could never be served)", tostring(n), tostring(self:capacity())), level)
   end
   if host_sleep ~= nil and type(host_sleep) ~= "function" then
-    error(string.format("bad argument #2 to 'acquire' (sleep must be a function, got %s)", type(host_sleep)),
+    error(string.format("bad argument #2 to 'acquire' (sleep must be a function, got %s)", shown(host_sleep)),
       level)
   end
   if max_wait ~= nil and (type(max_wait) ~= "number" or max_wait ~= max_wait or max_wait < 0) then
     error(string.format("bad argument #3 to 'acquire' (max_wait must be a non-negative number of seconds, got %s)",
-      tostring(max_wait)), level)
+      shown(max_wait)), level)
   end
 end
 

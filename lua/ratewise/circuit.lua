@@ -11,6 +11,7 @@
 -- state or states): no timer runs, so an idle breaker costs nothing.
 local compat = require "ratewise.compat"
 local core = require "ratewise.core"
+local errors = require "ratewise.errors"
 
 local now = core.now
 local format = string.format
@@ -32,15 +33,15 @@ local function check_options(opts)
   for k, v in pairs(opts) do
     if k == "failures" then
       if type(v) ~= "number" or v < 1 or v % 1 ~= 0 or v == huge then
-        error(format("circuit: option 'failures' must be a positive integer (got %s)", tostring(v)), 3)
+        errors.bad_option("circuit", "failures", "a positive integer", v, 3)
       end
     elseif k == "cooldown" then
       if type(v) ~= "number" or v ~= v or v <= 0 or v == huge then
-        error(format("circuit: option 'cooldown' must be a positive number of seconds (got %s)", tostring(v)), 3)
+        errors.bad_option("circuit", "cooldown", "a positive number of seconds", v, 3)
       end
     elseif k == "on_change" then
       if type(v) ~= "function" then
-        error(format("circuit: option 'on_change' must be a function (got %s)", type(v)), 3)
+        errors.bad_option("circuit", "on_change", "a function", v, 3)
       end
     else
       error(format("circuit: unknown option '%s' (expected failures, cooldown, on_change)", tostring(k)), 3)
@@ -63,7 +64,7 @@ end
 
 local function check_origin(method, origin)
   if type(origin) ~= "string" or origin == "" then
-    error(format("circuit: %s: origin must be a non-empty string (got %s)", method, tostring(origin)), 3)
+    error(format("circuit: %s: origin must be a non-empty string (got %s)", method, errors.shown(origin)), 3)
   end
 end
 
@@ -121,7 +122,7 @@ function Circuit:record(origin, outcome)
   check_origin("record", origin)
   if not outcomes[outcome] then
     error(format("circuit: record: outcome must be \"success\", \"failure\" or \"neutral\" (got %s)",
-      type(outcome) == "string" and format("%q", outcome) or tostring(outcome)), 2)
+      errors.shown(outcome)), 2)
   end
   if outcome == "neutral" then return end
   local entry = current(self, origin)

@@ -1,15 +1,18 @@
 -- The ratewise command: `ratewise get URL` prints a body as curl does,
 -- and `ratewise batch FILE` runs one request per line, with ratewise's
 -- retries, waits and limits, writing one JSON line per result and, on a
--- terminal, a progress bar. bin/ratewise calls cli.main(arg).
+-- terminal, a progress bar. bin/ratewise calls cli.main(arg). This module
+-- reads the command line and runs get; batch is lua/ratewise/cli/batch.lua.
 local rw = require "ratewise"
 local core = require "ratewise.core"
 local compat = require "ratewise.compat"
-local headers = require "ratewise.headers"
 local json = require "ratewise.json"
+local scheduler = require "ratewise.scheduler"
+local batch = require "ratewise.cli.batch"
+local input = require "ratewise.cli.input"
+local output = require "ratewise.cli.output"
 
-local format, concat, rep = string.format, table.concat, string.rep
-local floor, max, min = math.floor, math.max, math.min
+local format = string.format
 
 local cli = {}
 
@@ -17,8 +20,9 @@ local USAGE = [[
 usage: ratewise get URL [options]      print the body of a GET (or -X, -d) to stdout
        ratewise batch FILE [options]   one request per line of FILE (- for stdin):
                                        a URL, or a JSON object {"url", "method",
-                                       "headers", "body", "json", "id"}; one JSON
-                                       line per result on stdout
+                                       "headers", "body", "body_base64", "json",
+                                       "id", "idempotency_key"}; one JSON line
+                                       per result on stdout
        ratewise help | --version
 
 options:
@@ -26,13 +30,17 @@ options:
   -X, --method METHOD         the method (get: GET, or POST with -d/--json)
   -d, --data TEXT             a request body (get)
       --json TEXT             a JSON request body (get), sent as application/json
+      --idempotency-key KEY   the Idempotency-Key of the request, which may then be
+                              sent again (get; batch: the lines' "idempotency_key")
+      --retry-unsafe          retry a POST or PATCH without an idempotency key too
   -i, --include               print the status line and headers before the body (get)
       --stream                print the body as it arrives (get)
   -o, --output FILE           write to FILE instead of stdout
       --retries N             retries after the first attempt (default 3)
       --max-elapsed SECONDS   the time budget of each request, waits included (default 120)
       --timeout SECONDS       each attempt's timeout (default 30)
-      --rate N                at most N requests a second (a token bucket)
+      --rate N[/UNIT]         at most N requests a second, or per UNIT: s, m, h or d,
+                              with a count (10/5m) (a token bucket)
       --burst N               the bucket's capacity (default 1)
       --concurrency N         requests in flight at once (batch; default 4)
       --provider NAME         github, openai, anthropic, stripe or ietf
@@ -40,15 +48,19 @@ options:
       --progress, --no-progress   draw the progress bar, or not (default: on a terminal)
   -k, --insecure              do not verify TLS certificates
   -s, --silent                no retry lines on stderr
+  -h, --help                  this text
 
-exit status: 0 when every request succeeded, 1 when one failed, 2 for bad usage.
+exit status: 0 when every request succeeded, 1 when one failed, 2 for bad usage,
+23 when the output could not be written, 130 when interrupted (Ctrl-C).
 ]]
 
--- Raised for a bad command line; main() prints it with the usage.
-local usage_mt = {}
-local function usage_error(message, ...)
-  error(setmetatable({ message = format(message, ...) }, usage_mt), 0)
+-- Raised for a command that cannot run; main() prints its message, with a
+-- pointer to the usage when it is the command line's fault (status 2).
+local failure_mt = {}
+local function fail(status, message, ...)
+  error(setmetatable({ status = status, message = format(message, ...) }, failure_mt), 0)
 end
+local function usage_error(message, ...) fail(2, message, ...) end
 
 local function number_arg(name, value, integer)
   local n = tonumber(value)
@@ -59,19 +71,34 @@ local function number_arg(name, value, integer)
   return n
 end
 
--- name -> { field, kind }: kind is "flag", "string", "number", "integer" or "header"
+local RATE_UNITS = { s = 1, m = 60, h = 3600, d = 86400 }
+
+-- --rate N, N/s, N/m, N/h, N/d or N/kU (as curl's --rate, whose plain N is
+-- per hour: here it is per second, as it always was): requests a second.
+local function rate_arg(name, value)
+  local count, every, unit = value:match("^([^/]+)/(%d*)([smhd])$")
+  if not count then return number_arg(name, value) end
+  local per = RATE_UNITS[unit] * (every == "" and 1 or tonumber(every))
+  if per == 0 then usage_error("option %s needs a positive time unit (got %q)", name, value) end
+  return number_arg(name, count) / per
+end
+
+-- name -> { field, kind }: kind is "flag", "string", "number", "integer",
+-- "count", "rate" or "header"
 local OPTIONS = {
   ["-H"] = { "headers", "header" }, ["--header"] = { "headers", "header" },
   ["-X"] = { "method", "string" }, ["--method"] = { "method", "string" },
   ["-d"] = { "data", "string" }, ["--data"] = { "data", "string" },
   ["--json"] = { "json", "string" },
+  ["--idempotency-key"] = { "idempotency_key", "string" },
+  ["--retry-unsafe"] = { "retry_unsafe", "flag" },
   ["-i"] = { "include", "flag" }, ["--include"] = { "include", "flag" },
   ["--stream"] = { "stream", "flag" },
   ["-o"] = { "output", "string" }, ["--output"] = { "output", "string" },
   ["--retries"] = { "retries", "count" },
   ["--max-elapsed"] = { "max_elapsed", "number" },
   ["--timeout"] = { "timeout", "number" },
-  ["--rate"] = { "rate", "number" },
+  ["--rate"] = { "rate", "rate" },
   ["--burst"] = { "burst", "integer" },
   ["--concurrency"] = { "concurrency", "integer" },
   ["--provider"] = { "provider", "string" },
@@ -79,6 +106,7 @@ local OPTIONS = {
   ["--progress"] = { "progress", "flag" }, ["--no-progress"] = { "no_progress", "flag" },
   ["-k"] = { "insecure", "flag" }, ["--insecure"] = { "insecure", "flag" },
   ["-s"] = { "silent", "flag" }, ["--silent"] = { "silent", "flag" },
+  ["-h"] = { "help", "flag" }, ["--help"] = { "help", "flag" },
 }
 
 --- command, target, options = cli.parse(args)
@@ -87,9 +115,10 @@ function cli.parse(args)
   local positional = {}
   local i = 1
   local first = args[1]
-  if first == "--version" or first == "help" or first == "--help" or first == "-h" then
+  if first == "--version" or first == "help" then
     return first == "--version" and "--version" or "help", nil, o
   end
+  local header_count = 0
   while i <= #args do
     local a = args[i]
     local name, inline = a:match("^(%-%-[%w-]+)=(.*)$")
@@ -108,10 +137,9 @@ function cli.parse(args)
         end
         if value == nil then usage_error("option %s needs a value", name) end
         if kind == "header" then
-          local hname, hvalue = value:match("^([^:%s]+):%s*(.-)%s*$")
-          if not hname or not headers.is_token(hname) then
-            usage_error("option %s takes 'Name: value' (got %q)", name, value)
-          end
+          header_count = header_count + 1
+          local hname, hvalue = input.header_option(value, header_count)
+          if not hname then usage_error("%s", hvalue) end
           o.headers[hname] = hvalue
         elseif kind == "count" then
           local n = tonumber(value)
@@ -119,6 +147,8 @@ function cli.parse(args)
           o[field] = n
         elseif kind == "number" or kind == "integer" then
           o[field] = number_arg(name, value, kind == "integer")
+        elseif kind == "rate" then
+          o[field] = rate_arg(name, value)
         else
           o[field] = value
         end
@@ -130,6 +160,7 @@ function cli.parse(args)
     end
     i = i + 1
   end
+  if o.help then return "help", nil, o end
   local command = positional[1]
   if command == nil then usage_error("no command") end
   if command ~= "get" and command ~= "batch" then usage_error("unknown command %q", command) end
@@ -140,51 +171,77 @@ function cli.parse(args)
     usage_error("unknown provider %q (github, openai, anthropic, stripe or ietf)", o.provider)
   end
   if o.burst and not o.rate then usage_error("option --burst needs --rate") end
+  if o.idempotency_key ~= nil then
+    if command == "batch" then
+      usage_error("option --idempotency-key is get's: give each line of a batch its own \"idempotency_key\"")
+    end
+    if not o.idempotency_key:find("%S") or o.idempotency_key:find("%c") then
+      usage_error("option --idempotency-key needs a key that is not blank and has no control characters")
+    end
+  end
   return command, positional[2], o
 end
 
 -- The fetch options every request of a command line shares.
-local function fetch_options(o, events)
+local function fetch_options(o)
   local opts = {
     max_retries = o.retries, max_elapsed = o.max_elapsed, timeout = o.timeout,
     policy = o.provider and rw.providers[o.provider] or nil,
-    on_event = events,
+    retry_non_idempotent = o.retry_unsafe or nil,
   }
+  local h = {}
+  for k, v in pairs(o.headers) do h[k] = v end
+  opts.headers = h
   -- (not `x and false or nil`: that is always nil)
   if o.insecure then opts.verify_tls = false end
-  if o.silent or events then opts.on_retry = false end
+  if o.silent then opts.on_retry = false end
   if o.rate then opts.limiter = rw.bucket { capacity = o.burst or 1, rate = o.rate } end
   if o.insecure then rw.configure { tls_warning = false } end
   return opts
 end
 
-local function open_output(path)
-  if not path or path == "-" then return io.stdout end
-  local f, err = io.open(path, "wb")
-  if not f then error({ message = "cannot write " .. tostring(err) }, 0) end
-  return f
-end
-
 ---------------------------------------------------------------------------
 -- ratewise get
 
+-- fn's result, run as a task that Ctrl-C cancels (nil then); fn's error is
+-- raised. The interpreter's own handler would raise "interrupted!" from
+-- whatever Lua code runs next, inside the scheduler or a transfer's wait.
+local function until_interrupted(fn)
+  local trap = core.trap_sigint()
+  local ok, ran, result = compat.pcall(rw.run, function()
+    local worker = rw.spawn(function() return compat.pcall(fn) end)
+    local watcher = rw.spawn(function()
+      while not core.interrupted() do rw.sleep(0.1) end
+      worker:cancel()
+    end)
+    local fn_ok, value = worker:join()
+    watcher:cancel()
+    return fn_ok, value
+  end)
+  if trap then core.release_sigint(trap) end
+  if not ok then error(ran, 0) end
+  if ran == nil or result == scheduler.CANCELLED then return nil end
+  if ran == false then error(result, 0) end
+  return result
+end
+
 local function print_head(out, res)
-  out:write(format("HTTP/%s %d\r\n", res.http_version or "1.1", res.status))
+  local lines = { format("HTTP/%s %d\r\n", res.http_version or "1.1", res.status) }
   local names = {}
   for name in pairs(res.headers) do names[#names + 1] = name end
   table.sort(names)
   for _, name in ipairs(names) do
-    for _, value in ipairs(rw.header_values(res, name)) do out:write(name, ": ", value, "\r\n") end
+    for _, value in ipairs(rw.header_values(res, name)) do lines[#lines + 1] = name .. ": " .. value .. "\r\n" end
   end
-  out:write("\r\n")
+  lines[#lines + 1] = "\r\n"
+  return out:write(table.concat(lines))
 end
 
 local function run_get(url, o, err_out)
   local opts = fetch_options(o)
-  local h = {}
-  for k, v in pairs(o.headers) do h[k] = v end
-  opts.headers = h
+  local h = opts.headers
   opts.method = o.method and o.method:upper() or nil
+  opts.idempotency_key = o.idempotency_key
   if o.data and o.json then usage_error("give -d or --json, not both") end
   if o.data then opts.body = o.data end
   if o.json then
@@ -196,24 +253,36 @@ local function run_get(url, o, err_out)
     if not typed then h["Content-Type"] = "application/json" end
   end
   opts.stream = o.stream or nil
-  local out = open_output(o.output)
-  local res, err = rw.fetch(url, opts)
-  local shown = res or (err and err.response)
-  if shown then
-    if o.include then print_head(out, shown) end
-    if res and o.stream then
-      for chunk, cerr in function() return res:read() end do
-        if cerr then break end
-        out:write(chunk)
-        out:flush()
+  local out, why = output.open(o.output)
+  if not out then fail(output.WRITE_FAILED, "%s", why) end
+  local err = until_interrupted(function()
+    local res, fetch_err = rw.fetch(url, opts)
+    local shown = res or (fetch_err and fetch_err.response)
+    if shown then
+      local written = not o.include or print_head(out, shown)
+      if res and o.stream then
+        while written do
+          local chunk, cerr = res:read()
+          if cerr then fetch_err = cerr end
+          if not chunk then break end
+          written = out:write(chunk)
+        end
+        if not written then res:close() end
+      elseif written then
+        out:write(shown.body or "")
       end
-      local _, cerr = res:read()
-      if cerr then err = cerr end
-    else
-      out:write(shown.body or "")
     end
+    return fetch_err or false
+  end)
+  out:close()
+  if err == nil then
+    err_out:write("ratewise: interrupted\n")
+    return batch.INTERRUPTED
   end
-  if out ~= io.stdout then out:close() else out:flush() end
+  if out.failed then
+    err_out:write("ratewise: ", out.failed, "\n")
+    return output.WRITE_FAILED
+  end
   if err then
     err_out:write(tostring(err), "\n")
     return 1
@@ -221,176 +290,29 @@ local function run_get(url, o, err_out)
   return 0
 end
 
----------------------------------------------------------------------------
--- ratewise batch
-
--- One line of the input: a request, or why it is not one.
-local function parse_line(line, n)
-  if line:sub(1, 1) == "{" then
-    local t, why = json.decode(line)
-    if type(t) ~= "table" then return nil, "line " .. n .. " is not a JSON object: " .. tostring(why) end
-    if type(t.url) ~= "string" then return nil, "line " .. n .. " has no \"url\" string" end
-    if t.method ~= nil and type(t.method) ~= "string" then
-      return nil, "line " .. n .. " has a \"method\" that is not a string"
-    end
-    return t
-  end
-  if line:find("%s") then return nil, "line " .. n .. " is neither a URL nor a JSON object" end
-  return { url = line }
-end
-
-local function read_lines(path)
-  local f, err
-  if path == "-" then f = io.stdin else f, err = io.open(path, "rb") end
-  if not f then error({ message = "cannot read " .. tostring(err) }, 0) end
-  local lines = {}
-  local n = 0
-  for line in f:lines() do
-    n = n + 1
-    line = line:gsub("^%s+", ""):gsub("%s+$", "")
-    if line ~= "" and line:sub(1, 1) ~= "#" then lines[#lines + 1] = { n = n, text = line } end
-  end
-  if f ~= io.stdin then f:close() end
-  return lines
-end
-
-local function duration(seconds)
-  if seconds >= 3600 then return format("%dh%02dm", floor(seconds / 3600), floor(seconds % 3600 / 60)) end
-  if seconds >= 60 then return format("%dm%02ds", floor(seconds / 60), floor(seconds % 60)) end
-  return format("%.0fs", seconds)
-end
-
---- The progress bar's line: done/total, rate, ETA, retries and 429s so
--- far, and the longest wait under way.
-function cli.progress_line(st, width)
-  local elapsed = max(rw.now() - st.started, 1e-9)
-  local rate = st.done / elapsed
-  local eta = rate > 0 and (st.total - st.done) / rate or nil
-  local info = format(" %d/%d %3d%% %.1f/s ETA %s retries %d 429s %d", st.done, st.total,
-    st.total > 0 and floor(st.done * 100 / st.total) or 100, rate, eta and duration(eta) or "?",
-    st.retries, st.throttled)
-  local wait = 0
-  local now = rw.now()
-  for _, until_t in pairs(st.waits) do wait = max(wait, until_t - now) end
-  if wait > 0 then info = info .. format(" waiting %.1fs", wait) end
-  -- the same width all run long, whatever the figures' lengths
-  local bar = max(10, min(30, width - 56))
-  local filled = st.total > 0 and floor(bar * st.done / st.total) or bar
-  return "[" .. rep("#", filled) .. rep(".", bar - filled) .. "]" .. info
-end
-
-local function summary(st)
-  local elapsed = rw.now() - st.started
-  local kinds = {}
-  for kind, count in pairs(st.errors) do kinds[#kinds + 1] = format("%s %d", kind, count) end
-  table.sort(kinds)
-  return format("%d request%s in %.1f s (%.1f/s): %d ok, %d failed%s; %d retr%s, %d throttled (429)",
-    st.total, st.total == 1 and "" or "s", elapsed, st.done / max(elapsed, 1e-9), st.ok, st.failed,
-    #kinds > 0 and " (" .. concat(kinds, ", ") .. ")" or "", st.retries, st.retries == 1 and "y" or "ies",
-    st.throttled)
-end
-
-local function result_line(item, req, res, err, no_body)
-  local r = { line = item.n, id = req and req.id, url = req and headers.redact_url(req.url),
-    method = req and (req.method or ((req.body or req.json) and "POST" or "GET")):upper() }
-  if res then
-    r.ok, r.status, r.attempts, r.elapsed = true, res.status, res.attempts, res.elapsed
-    if not no_body then r.body = res.body end
-  else
-    r.ok = false
-    r.error = { kind = err.kind or "input", message = err.message or tostring(err) }
-    r.status, r.attempts, r.elapsed = err.status, err.attempts, err.elapsed
-    if err.response and not no_body then r.body = err.response.body end
-  end
-  return json.encode(r, "ratewise batch: a result")
-end
-
-local function run_batch(path, o, err_out, is_tty)
-  local items = read_lines(path)
-  local st = { total = #items, done = 0, ok = 0, failed = 0, retries = 0, throttled = 0, errors = {},
-    waits = {}, started = rw.now() }
-  local show_progress = o.progress or (not o.no_progress and is_tty)
-  local events = function(ev)
-    if ev.type == "retry" then
-      st.retries = st.retries + 1
-      st.waits[compat.running() or "main"] = rw.now() + ev.delay
-    elseif ev.type == "response" then
-      st.waits[compat.running() or "main"] = nil
-      if ev.status == 429 then st.throttled = st.throttled + 1 end
-    end
-  end
-  local base = fetch_options(o, events)
-  local out = open_output(o.output)
-  local width = tonumber(os.getenv("COLUMNS")) or 80
-  local drawn = false
-  local function draw()
-    err_out:write("\r", cli.progress_line(st, width), "\27[K")
-    err_out:flush()
-    drawn = true
-  end
-  rw.run(function()
-    local ticker = show_progress and rw.spawn(function()
-      while true do
-        draw()
-        rw.sleep(0.1)
-      end
-    end)
-    rw.map(items, function(item)
-      local req, why = parse_line(item.text, item.n)
-      local res, err
-      if req then
-        local opts = setmetatable({}, { __index = base })
-        local h = {}
-        for k, v in pairs(o.headers) do h[k] = v end
-        if type(req.headers) == "table" then for k, v in pairs(req.headers) do h[k] = v end end
-        opts.headers, opts.method, opts.body, opts.json = h, req.method, req.body, req.json
-        local ok, a, b = compat.pcall(rw.fetch, req.url, opts)
-        if ok then res, err = a, b else err = { kind = "input", message = tostring(a) } end
-      else
-        err = { kind = "input", message = why }
-      end
-      st.waits[compat.running() or "main"] = nil
-      st.done = st.done + 1
-      if res then
-        st.ok = st.ok + 1
-      else
-        st.failed = st.failed + 1
-        st.errors[err.kind or "input"] = (st.errors[err.kind or "input"] or 0) + 1
-      end
-      out:write(result_line(item, req, res, err, o.no_body), "\n")
-      out:flush()
-    end, { concurrency = o.concurrency or 4 })
-    if ticker then ticker:cancel() end
-  end)
-  if drawn then
-    draw()
-    err_out:write("\n")
-  end
-  if out ~= io.stdout then out:close() end
-  err_out:write(summary(st), "\n")
-  return st.failed == 0 and 0 or 1
-end
-
 --- status = cli.main(args [, stderr]): runs a command line; the exit status.
 function cli.main(args, err_out)
   err_out = err_out or io.stderr
+  -- a closed pipe is then a write that fails (EPIPE), which is reported
+  core.ignore_sigpipe()
   local ok, status = compat.pcall(function()
     local command, target, o = cli.parse(args or {})
-    if command == "help" then
-      io.stdout:write(USAGE)
-      return 0
-    elseif command == "--version" then
-      io.stdout:write("ratewise ", core.version, "\n")
-      return 0
+    if command == "help" or command == "--version" then
+      local out = output.open()
+      out:write(command == "help" and USAGE or "ratewise " .. core.version .. "\n")
+      if out:close() then return 0 end
+      err_out:write("ratewise: ", out.failed, "\n")
+      return output.WRITE_FAILED
     elseif command == "get" then
       return run_get(target, o, err_out)
     end
-    return run_batch(target, o, err_out, core.isatty(2))
+    return batch.run(target, o, err_out, fetch_options(o), fail)
   end)
   if ok then return status end
-  if getmetatable(status) == usage_mt then
-    err_out:write("ratewise: ", status.message, "\n(ratewise help lists the commands and options)\n")
-    return 2
+  if getmetatable(status) == failure_mt then
+    err_out:write("ratewise: ", status.message, "\n")
+    if status.status == 2 then err_out:write("(ratewise help lists the commands and options)\n") end
+    return status.status
   end
   err_out:write("ratewise: ", type(status) == "table" and tostring(status.message or status) or tostring(status),
     "\n")

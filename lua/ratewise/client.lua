@@ -7,6 +7,7 @@ local json = require "ratewise.json"
 local policy_mod = require "ratewise.policy"
 local scheduler = require "ratewise.scheduler"
 local core = require "ratewise.core"
+local errors = require "ratewise.errors"
 
 local format, lower, upper, find, byte = string.format, string.lower, string.upper, string.find, string.byte
 local SLASH = byte("/")
@@ -56,7 +57,7 @@ end
 local function resolve_provider(p)
   if p == nil then return nil end
   if type(p) ~= "string" and type(p) ~= "table" then
-    error(format("client: option 'provider' must be a provider's name or a policy (got %s)", type(p)), 4)
+    errors.bad_option("client", "provider", "a provider's name or a policy", p, 4)
   end
   if type(p) == "string" then
     local ok, found = pcall(require, "ratewise.providers." .. p)
@@ -79,7 +80,7 @@ end
 local function compile_routes(routes)
   if routes == nil then return nil end
   if type(routes) ~= "table" then
-    error(format("client: option 'routes' must be a table (got %s)", type(routes)), 3)
+    errors.bad_option("client", "routes", "a table", routes, 3)
   end
   local list = {}
   -- { {"/search/", limiter}, ... } keeps the caller's order; a map is sorted
@@ -133,11 +134,11 @@ function client.new(opts)
       type(base) == "string" and "a URL of another scheme" or type(base)), 2)
   end
   if opts.headers ~= nil and type(opts.headers) ~= "table" then
-    error(format("client: option 'headers' must be a table (got %s)", type(opts.headers)), 2)
+    errors.bad_option("client", "headers", "a table", opts.headers, 2, true) -- a string may hold a token
   end
   local conc = opts.concurrency
   if conc ~= nil and (type(conc) ~= "number" or conc < 1 or conc % 1 ~= 0) then
-    error(format("client: option 'concurrency' must be a positive integer (got %s)", tostring(conc)), 2)
+    errors.bad_option("client", "concurrency", "a positive integer", conc, 2)
   end
   if opts.on_event ~= nil and type(opts.on_event) ~= "function" then
     error("client: option 'on_event' must be a function", 2)
@@ -150,7 +151,7 @@ function client.new(opts)
   end
   for _, name in ipairs { "dedupe", "cross_origin" } do
     if opts[name] ~= nil and type(opts[name]) ~= "boolean" then
-      error(format("client: option '%s' must be a boolean (got %s)", name, type(opts[name])), 2)
+      errors.bad_option("client", name, "a boolean", opts[name], 2)
     end
   end
   local rw = require "ratewise" -- the constructors of circuits and budgets
@@ -540,7 +541,7 @@ function Client:request(method, path, opts)
     end
     local cross_origin = opts and opts.cross_origin
     if cross_origin ~= nil and type(cross_origin) ~= "boolean" then
-      error(format("client:request: option 'cross_origin' must be a boolean (got %s)", type(cross_origin)), 2)
+      errors.bad_option("client:request", "cross_origin", "a boolean", cross_origin, 2)
     end
     local route_path, foreign
     url, route_path, foreign = self:_target(path, cross_origin)

@@ -62,6 +62,8 @@ function cubic.new(opts)
   return setmetatable({
     rate = opts.rate,
     ceiling = opts.ceiling or huge,
+    given_ceiling = opts.ceiling or huge,
+    stated_rate = false, -- the rate the server says it allows (stated())
     floor = opts.floor or 0,
     beta = beta,
     near = opts.near or beta,
@@ -135,11 +137,13 @@ function Controller:throttled(t, sent_at)
   if sent_at < self.dropped_at then return false end
   local rate = self:current(t)
   local w_max = self.w_max
-  if w_max and rate < w_max then
+  local stated = self.stated_rate
+  if w_max and (rate < w_max or (stated and rate <= stated)) then
     -- Below the rate that drew the last throttle: the network's jitter
     -- brought two requests too close, or the limit moved down. A small
     -- drop, and w_max only halfway down: jitter leaves the known limit
     -- nearly where it was, a limit that moved is found in a few episodes.
+    -- At the rate the server states, a throttle is the same jitter.
     w_max = (w_max + rate) / 2
     rate = bounded(self, rate * self.near)
     self.k = ((1 - rate / w_max) / SCALE) ^ (1 / 3)
@@ -152,6 +156,21 @@ function Controller:throttled(t, sent_at)
   self.dropped_at = t
   self.slow = false
   return true
+end
+
+--- c:stated(rate): the server states the rate it allows (its limit over
+-- its window). It is the most the rate climbs to (under the ceiling the
+-- controller was given), it is where the rate goes at once from slow
+-- start, and a throttle at it is jitter (a drop by `near`). Learning it
+-- from throttles costs a 429 at every probe above it.
+function Controller:stated(rate)
+  local ceiling = min(rate, self.given_ceiling)
+  if ceiling < self.floor then ceiling = self.floor end
+  if ceiling == self.stated_rate and not self.slow then return end
+  self.ceiling, self.stated_rate = ceiling, ceiling
+  self.slow = false
+  self.w_max = ceiling
+  if self.rate > ceiling or self.dropped_at == -huge then self.rate = ceiling end
 end
 
 --- The rate is back where it was before any throttle (a limiter may then

@@ -4,6 +4,7 @@ local core = require "ratewise.core"
 local errors = require "ratewise.errors"
 local headers = require "ratewise.headers"
 local json = require "ratewise.json"
+local log = require "ratewise.log"
 local response = require "ratewise.response"
 local retry = require "ratewise.retry"
 local runtime = require "ratewise.runtime"
@@ -74,8 +75,8 @@ local warned_insecure = false
 local function warn_insecure()
   if warned_insecure or not runtime.tls_warning() then return end
   warned_insecure = true
-  runtime.log("ratewise: verify_tls = false: TLS certificates are not checked; an attacker on the path "
-    .. "can read and change the traffic (said once; rw.configure{tls_warning = false} silences this)")
+  log.write("ratewise: verify_tls = false: TLS certificates are not checked; an attacker on the path "
+    .. "can read and change the traffic (said once; rw.configure{tls_warning = false} silences this)", "warn")
 end
 
 -- The time budget of a call that gives none.
@@ -150,9 +151,10 @@ end
 
 -- `depth` counts the frames between fetch's caller and the function that
 -- checks (0 for fetch itself), so that the error names the caller's line.
+-- Shown by their type only: a string given for them may hold a credential.
+local secret_options = { client_key_password = true, proxy = true, headers = true }
 local function bad_option(name, expected, v, depth)
-  error(format("fetch: option '%s' must be %s (got %s)", name, expected,
-    type(v) == "string" and format("%q", v) or tostring(v)), 4 + depth)
+  errors.bad_option("fetch", name, expected, v, 4 + depth, secret_options[name])
 end
 
 -- What each kind of option must be: a check of value v (of type t), and
@@ -448,8 +450,8 @@ local function default_on_retry(info)
   else
     why = "network error: " .. (info.error or "unknown")
   end
-  runtime.log(format("retrying %s %s in %.2f s (%s, attempt %d/%d, %s)",
-    info.method, info.url, info.delay, why, info.attempt, info.max_retries, info.source))
+  log.write(format("retrying %s %s in %.2f s (%s, attempt %d/%d, %s)",
+    info.method, info.url, info.delay, why, info.attempt, info.max_retries, info.source), "info")
 end
 
 function call_hook(name, fn, ...)
@@ -1146,12 +1148,15 @@ function fetch.fetch(url, opts, counters)
     end
     local res, terr, streaming
     if stream then
-      -- No total timeout: `timeout` bounds the time to the headers (unless
-      -- first_byte_timeout does), which fits what is left of max_elapsed.
-      request.timeout = nil
+      -- No total timeout for a 2xx: `timeout` bounds the time to the
+      -- headers (unless first_byte_timeout does), which fits what is left
+      -- of max_elapsed. An answer read whole (not a 2xx) is bounded as a
+      -- call without stream is, given at least the time to its headers.
+      local whole = first_byte > timeout and first_byte or timeout
+      request.timeout = min(whole, left)
       put_transport(request, "first_byte_timeout", min(first_byte, left))
       put_transport(request, "idle_timeout", idle)
-      budget_cut = left < first_byte
+      budget_cut = left < first_byte or left < whole and "after_headers"
       if sleep then
         res, terr, streaming = guarded("sleep", "a wait for the transfer", runtime.open_stream, request, sleep)
       else
@@ -1160,7 +1165,7 @@ function fetch.fetch(url, opts, counters)
       -- The response reads its body from here on (and a hook that raises
       -- below drops both, the transfer closing as it is collected).
       if res then response.new(res) end
-      if streaming then response.stream(res, streaming, sleep, method .. " " .. shown_url) end
+      if streaming then response.stream(res, streaming, sleep, method .. " " .. shown_url, max_body) end
     elseif sleep then
       res, terr = guarded("sleep", "a wait for the transfer", runtime.transfer, request, sleep, response_mt)
     else
@@ -1197,6 +1202,9 @@ function fetch.fetch(url, opts, counters)
       -- read by a provider's policy).
       if class == "retryable" then hint, hint_source = server_hint(policy, res, retries) end
       res.throttled = status == 429 or hint ~= nil
+      -- A zero hint (a reset already past, "Retry-After: 0") would send
+      -- the retry at once, and the one after it: backoff instead.
+      if hint == 0 then hint, hint_source = nil, nil end
       if limiter then
         local observe = limiter_methods(limiter).observe
         if observe then guarded("limiter", "observe", observe, limiter, res, sent_at) end
@@ -1215,7 +1223,7 @@ function fetch.fetch(url, opts, counters)
       end
       if streaming and class ~= "success" then
         -- A policy that does not take this 2xx for an answer sees it whole.
-        local _, derr = response.drain(res)
+        local _, derr = response.drain(res, true)
         if derr then res.body = "" end
       end
       if class == "success" then return res end
@@ -1229,16 +1237,18 @@ function fetch.fetch(url, opts, counters)
     else
       state = state or new_state(started, method, shown_url, max_elapsed, on_event)
       state.attempts, state.last_transport, state.hint = attempts, terr, nil
-      local message = terr.message or "transport failure"
+      local message = terr.tls and response.tls_file_problem(opts, terr.code) or terr.message or "transport failure"
       if url_secrets then message = headers.scrub(message, url_secrets) end
       if header_secrets then message = headers.scrub(message, header_secrets) end
+      message = headers.scrub_proxies(message, opts.proxy)
       terr.message = message
       if counters then counting.attempt(counters, "network") end
       if on_event then
         call_hook("on_event", on_event, { type = "response", error = message, class = "retryable", attempt = attempts })
       end
       if circuit and not terr.tls then guarded("circuit", "record", circuit.record, circuit, origin, "failure") end
-      if terr.timeout and budget_cut then
+      -- (a stream's own time to its headers was not cut when only its time read whole was)
+      if terr.timeout and budget_cut and (budget_cut ~= "after_headers" or terr.status) then
         return budget_error(state, "the attempt was cut short by the time budget", nil, terr)
       end
       if not terr.retryable then

@@ -52,8 +52,10 @@ gcra.step = assert(load_chunk(gcra.SOURCE .. "\nreturn gcra_step", "=gcra"))()
 
 -- What the shared buckets (redis_bucket.lua, shared_bucket.lua) check
 -- alike, in the caller's terms.
+local errors = require "ratewise.errors"
 local format, floor, huge = string.format, math.floor, math.huge
 local type, tostring, error = type, tostring, error
+local shown = errors.shown
 
 --- n = gcra.count(bucket, n, method): the token count of a call (1 when
 -- nil); raises, at the method's caller, for one that is not a count or
@@ -62,7 +64,7 @@ function gcra.count(bucket, n, method)
   if n == nil then return 1 end
   if type(n) ~= "number" or n ~= n or n <= 0 or n == huge then
     error(format("bad argument #1 to '%s' (token count must be a positive number, got %s)", method,
-      tostring(n)), 3)
+      shown(n)), 3)
   end
   if n > bucket.capacity_n then
     error(format("bad argument #1 to '%s' (%s tokens asked of a bucket whose capacity is %s: "
@@ -79,7 +81,7 @@ function gcra.max_wait(sleep, max_wait)
   end
   if max_wait ~= nil and (type(max_wait) ~= "number" or max_wait ~= max_wait or max_wait < 0) then
     error(format("bad argument #3 to 'acquire' (max_wait must be a non-negative number of seconds, got %s)",
-      tostring(max_wait)), 3)
+      shown(max_wait)), 3)
   end
   return max_wait and max_wait < huge and floor(max_wait * 1e6) or -1
 end
@@ -109,7 +111,7 @@ function gcra.positive(what, opts, name, default, level)
     return default
   end
   if type(v) ~= "number" or v ~= v or v <= 0 or v == huge then
-    error(format("%s: option '%s' must be a positive number (got %s)", what, name, tostring(v)), level)
+    errors.bad_option(what, name, "a positive number", v, level)
   end
   return v
 end

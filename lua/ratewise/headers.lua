@@ -138,7 +138,10 @@ function headers.request_lines(t, extra_secrets)
   local bytes = 0
   for name, value in pairs(t) do
     if type(name) ~= "string" or not is_token(name) then
-      error(format("fetch: header name %q is not a valid HTTP field name", tostring(name)), 3)
+      -- not repeated: a pasted "Authorization Bearer ..." holds a credential
+      error(type(name) == "string"
+        and "fetch: a header name is not a valid HTTP field name (not shown: it may hold a credential)"
+        or format("fetch: a header name is a %s, not a string", type(name)), 3)
     end
     local tv = type(value)
     if tv == "number" then
@@ -235,6 +238,11 @@ function headers.origin(url)
   return scheme .. "://" .. authority
 end
 
+--- s = headers.percent_decode(s): %XX sequences as the bytes they stand for.
+function headers.percent_decode(s)
+  return (gsub(s, "%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end))
+end
+
 -- The user and password of a URL, for scrubbing from messages.
 function headers.url_secrets(url, secrets)
   local rest = string.match(url, "^%a[%w+.-]*://(.*)$")
@@ -244,8 +252,7 @@ function headers.url_secrets(url, secrets)
     secrets[#secrets + 1] = userinfo
     for part in string.gmatch(userinfo, "[^:]+") do
       secrets[#secrets + 1] = part
-      local decoded = gsub(part, "%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end)
-      secrets[#secrets + 1] = decoded
+      secrets[#secrets + 1] = headers.percent_decode(part)
     end
   end
   return secrets
@@ -265,6 +272,60 @@ function headers.scrub(message, secrets)
       end
     end
   end
+  return message
+end
+
+-- The variables libcurl takes a proxy from, and HTTP_PROXY, which it
+-- ignores but which may hold a password all the same.
+local PROXY_VARIABLES = { "http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY" }
+
+-- The user, the password and both together of a userinfo, as written and
+-- percent-decoded.
+local function userinfo_secrets(userinfo)
+  local secrets = { userinfo }
+  local user, password = string.match(userinfo, "^([^:]*):(.*)$")
+  for _, part in ipairs { user or userinfo, password } do
+    secrets[#secrets + 1] = part
+    secrets[#secrets + 1] = headers.percent_decode(part)
+  end
+  return secrets
+end
+
+-- libcurl quotes a proxy URL it cannot read as it was given ("Unsupported
+-- proxy syntax in '...'"), a password holding "@", "#", "/" or a space
+-- and all, cut at its error buffer's end when long (a cut past three
+-- bytes of the userinfo is taken for one, as scrub takes no shorter
+-- secret). The userinfo of a proxy runs to its last "@" (a proxy URL has
+-- no path to hold one).
+local function scrub_proxy(message, proxy)
+  if type(proxy) ~= "string" then return message end
+  local at = string.match(proxy, "^.*()@")
+  if not at then return message end
+  local _, scheme_end = find(proxy, "^%a[%w+.-]*://")
+  scheme_end = scheme_end or 0
+  local head, redacted = sub(proxy, 1, scheme_end + 1), sub(proxy, 1, scheme_end) .. "[redacted]"
+  local from = 1
+  while true do
+    local i = find(message, head, from, true)
+    if not i then break end
+    local quoted = sub(message, i, i + #proxy - 1)
+    from = i + 1
+    if quoted == proxy then
+      message = sub(message, 1, i - 1) .. redacted .. sub(proxy, at) .. sub(message, i + #proxy)
+      from = i + #redacted
+    elseif #quoted >= scheme_end + 3 and quoted == sub(proxy, 1, #quoted) then -- ends in it, cut short
+      message = sub(message, 1, i - 1) .. redacted
+    end
+  end
+  return headers.scrub(message, userinfo_secrets(sub(proxy, scheme_end + 1, at - 1)))
+end
+
+--- message = headers.scrub_proxies(message, proxy): a transport error's
+-- message without the credentials of the proxy option (proxy, or nil) or
+-- of a proxy variable.
+function headers.scrub_proxies(message, proxy)
+  message = scrub_proxy(message, proxy)
+  for i = 1, #PROXY_VARIABLES do message = scrub_proxy(message, os.getenv(PROXY_VARIABLES[i])) end
   return message
 end
 

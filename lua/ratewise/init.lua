@@ -64,7 +64,7 @@ local ratewise = {
   --- ok, ... = rw.pcall(fn, ...): pcall that a task may wait inside, on every Lua (PUC Lua 5.1's own pcall
   --- cannot be yielded through)
   pcall = compat.pcall,
-  --- rw.configure{sleep = fn | false}
+  --- rw.configure{sleep = fn | false, wait = fn | false, log = fn | false | true, max_connections = n, ...}
   configure = runtime.configure,
   --- c = rw.client{base_url = ..., ...}
   client = client.new,

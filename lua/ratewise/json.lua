@@ -1,6 +1,8 @@
 -- JSON for requests and responses: lua-cjson, loaded on first use by the
 -- features that need it (the `json` option, res:json()), so that
--- require "ratewise" and everything else work without it.
+-- require "ratewise" and everything else work without it. Where lua-cjson
+-- cannot be loaded, a codec a host plugs in (json.set_fallback: Neovim's
+-- vim.json) does the work instead.
 local compat = require "ratewise.compat"
 
 local format, tostring, type, pairs, pcall = string.format, tostring, type, pairs, pcall
@@ -8,10 +10,13 @@ local math_type, tointeger = compat.math_type, compat.tointeger -- nil before Lu
 
 local json = {}
 
+-- cjson: what encodes (raising on what cannot be encoded); cjson_safe:
+-- what decodes (nil, err for what is not JSON).
 local cjson, cjson_safe, missing
+local fallback -- json.set_fallback
 
---- cjson, cjson_safe | nil, nil, why: the modules, or why they cannot be
--- loaded and how to install them.
+--- cjson, cjson_safe | nil, nil, why: the modules (or the fallback's
+-- stand-ins), or why they cannot be loaded and how to install them.
 local function modules()
   if cjson then return cjson, cjson_safe end
   if not missing then
@@ -28,7 +33,29 @@ local function modules()
     missing = format("(%s): install the Debian package lua-cjson "
       .. "(apt-get install lua-cjson) or the rock lua-cjson (luarocks install lua-cjson)", why)
   end
+  if fallback then
+    cjson, cjson_safe = fallback.encoder, fallback.decoder
+    return cjson, cjson_safe
+  end
   return nil, nil, missing
+end
+
+--- json.set_fallback{encode = fn, decode = fn}: the codec used where
+-- lua-cjson cannot be loaded. encode(value) answers the text and raises on
+-- what cannot be encoded; decode(text) answers the value and raises on what
+-- is not JSON.
+function json.set_fallback(codec)
+  local decode = codec.decode
+  fallback = {
+    encoder = { encode = codec.encode },
+    decoder = {
+      decode = function(text)
+        local ok, value = pcall(decode, text)
+        if ok then return value end
+        return nil, (tostring(value):gsub("^.-:%d+: ", ""))
+      end,
+    },
+  }
 end
 
 --- text = json.encode(value, who [, level]): raises, naming `who` (for

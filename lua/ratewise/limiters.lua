@@ -15,6 +15,7 @@
 -- served (a bucket's own acquire is). A caller asking for few tokens may get
 -- in ahead of one asking for many.
 local runtime = require "ratewise.runtime"
+local errors = require "ratewise.errors"
 local bad_seconds = require("ratewise.scheduler").bad_seconds
 
 local format = string.format
@@ -50,7 +51,9 @@ end
 
 local function not_a_limiter(what, v, level)
   error(format("limiters: %s must be a limiter with wait_time, take and refund, such as rw.bucket "
-    .. "(got %s)", what, type(v) == "table" and "a table without them" or tostring(v)), level)
+    .. "(got %s)", what, type(v) == "table" and "a table without them"
+      or type(v) == "string" and "a string" -- a Redis URL, say, with its password
+      or errors.shown(v)), level)
 end
 
 -- The members of the `cost` option: one limiter or an array of them.
@@ -111,7 +114,7 @@ end
 local function check_count(self, method, n)
   if n == nil then return 1 end
   if type(n) ~= "number" or n ~= n or n <= 0 or n == huge then
-    error(format("limiters: %s: token count must be a positive number (got %s)", method, tostring(n)), 3)
+    error(format("limiters: %s: token count must be a positive number (got %s)", method, errors.shown(n)), 3)
   end
   local by_cost = self.by_cost
   for i = 1, #by_cost do
@@ -249,7 +252,7 @@ function Limiters:acquire(n, sleep, max_wait)
   end
   if max_wait ~= nil and (type(max_wait) ~= "number" or max_wait ~= max_wait or max_wait < 0) then
     error(format("limiters: acquire: max_wait must be a non-negative number of seconds (got %s)",
-      tostring(max_wait)), 2)
+      errors.shown(max_wait)), 2)
   end
   local give_up_at = max_wait and now() + max_wait
   while true do
@@ -261,13 +264,14 @@ function Limiters:acquire(n, sleep, max_wait)
   end
 end
 
---- l:sync(remaining [, reset_in]): what a server says of its request quota
--- (a provider's observe hook) goes to the members that count requests, the
--- ones taking 1 per acquire; a cost member meters something else (tokens).
-function Limiters:sync(remaining, reset_in)
+--- l:sync(remaining [, reset_in [, limit [, window]]]): what a server says
+-- of its request quota (a provider's observe hook) goes to the members that
+-- count requests, the ones taking 1 per acquire; a cost member meters
+-- something else (tokens).
+function Limiters:sync(remaining, reset_in, limit, window)
   local each = self.each
   for i = 1, #each do
-    if type(each[i].sync) == "function" then each[i]:sync(remaining, reset_in) end
+    if type(each[i].sync) == "function" then each[i]:sync(remaining, reset_in, limit, window) end
   end
 end
 

@@ -6,10 +6,13 @@
 -- knows what the buckets need (AUTH, SELECT, EVALSHA, SCRIPT LOAD).
 local compat = require "ratewise.compat"
 local core = require "ratewise.core"
+local headers = require "ratewise.headers"
 local scheduler = require "ratewise.scheduler"
 
 local now = core.now
 local format, tonumber, type, tostring, setmetatable = string.format, tonumber, type, tostring, setmetatable
+local sub = string.sub
+local percent_decode = headers.percent_decode
 
 local redis = {}
 
@@ -24,17 +27,19 @@ redis.available = core.redis == true
 redis.MISSING = "ratewise was built without Redis support (REDIS=0): rebuild with hiredis "
   .. "(Debian's libhiredis-dev), or pass a client object such as resty.redis"
 
-local function percent_decode(s)
-  return (s:gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end))
-end
+-- What is kept of an error the server answers with: its words go into
+-- error messages and log lines, and a broken server may send a megabyte.
+local MAX_SERVER_WORDS = 200
 
 --- host, port, db, username, password = redis.parse_url(url) | nil, err
 -- redis://[[username]:password@]host[:port][/db]; an IPv6 host in brackets.
+-- The userinfo runs to the last "@" (the path, a number, holds none), so
+-- that a password holding "@" or "/" is neither cut nor taken for a host.
 function redis.parse_url(url)
   if type(url) ~= "string" then return nil, "a redis:// URL must be a string" end
   local rest = url:match("^redis://(.*)$")
   if not rest then return nil, "not a redis:// URL" end
-  local userinfo, hostpart = rest:match("^([^@/]*)@(.*)$")
+  local userinfo, hostpart = rest:match("^(.*)@(.*)$")
   if not userinfo then hostpart = rest end
   local username, password
   if userinfo then
@@ -58,12 +63,27 @@ function redis.parse_url(url)
   return host, port, db, username, password
 end
 
+--- text = redis.described(reply): a reply that is not the one expected,
+-- for an error message: the server's words for an error reply, its kind
+-- for anything else (never its content).
+function redis.described(reply)
+  local t = type(reply)
+  if t == "table" and type(reply.err) == "string" then return reply.err end
+  if t == "table" then return format("an answer of %d elements", #reply) end
+  if reply == nil then return "a nil answer" end
+  return "an answer that is a " .. t
+end
+
 local Client = {}
 Client.__index = Client
 
 --- client = redis.new{host = h, port = p, db = n, username = u, password = pw, timeout = s}
 function redis.new(opts)
   if not redis.available then error(redis.MISSING, 2) end
+  -- a server may echo them in its errors (a failed AUTH)
+  local secrets = {}
+  secrets[#secrets + 1] = opts.password
+  secrets[#secrets + 1] = opts.username
   return setmetatable({
     host = opts.host, port = opts.port, db = opts.db or 0,
     username = opts.username, password = opts.password,
@@ -73,7 +93,16 @@ function redis.new(opts)
     -- one command at a time on the connection; later callers queue
     turn = scheduler.semaphore(1),
     where = format("Redis at %s:%d", opts.host, opts.port),
+    secrets = secrets,
   }, Client)
+end
+
+-- An error the server answered with, fit to print: no password or user
+-- name, and not too long.
+local function server_words(self, text)
+  text = headers.scrub(text, self.secrets)
+  if #text > MAX_SERVER_WORDS then text = sub(text, 1, MAX_SERVER_WORDS) .. "..." end
+  return text
 end
 
 -- The connection is dropped: after a timeout or an error its state is
@@ -110,7 +139,10 @@ local function exchange(self, deadline, ...)
   end
   while true do
     local ok, value = conn:read()
-    if ok then return value, nil end
+    if ok then
+      if type(value) == "table" and type(value.err) == "string" then value.err = server_words(self, value.err) end
+      return value, nil
+    end
     if ok == nil then return failed(self, "reading", value) end
     local ready, werr = wait_for(self, "r", deadline)
     if not ready then return failed(self, "waiting for a reply", werr) end
@@ -136,13 +168,12 @@ local function connect(self, deadline)
       reply, rerr = exchange(self, deadline, "AUTH", self.password)
     end
     if rerr then return nil, rerr end
-    -- the server's words, never the password
-    if type(reply) == "table" then return failed(self, "AUTH", reply.err) end
+    if reply ~= "OK" then return failed(self, "AUTH", redis.described(reply)) end
   end
   if self.db ~= 0 then
     local reply, rerr = exchange(self, deadline, "SELECT", self.db)
     if rerr then return nil, rerr end
-    if type(reply) == "table" and reply.err then return failed(self, "SELECT " .. self.db, reply.err) end
+    if reply ~= "OK" then return failed(self, "SELECT " .. self.db, redis.described(reply)) end
   end
   return true
 end

@@ -23,6 +23,12 @@ local redis_bucket = {}
 local DEFAULT_TIMEOUT = 0.25
 redis_bucket.DEFAULT_TIMEOUT = DEFAULT_TIMEOUT
 
+-- The longest wait the script may answer, beyond sync_horizon, in
+-- microseconds: waiters queued on a bucket push its wait on without bound,
+-- but not this far (the most gcra.limits lets one bucket's capacity span).
+-- A longer one is a broken or hostile server's.
+local MAX_QUEUE_MICROS = 1e15
+
 -- The script: GCRA's step (gcra.lua) on the key, at the server's time, in
 -- integer microseconds. ARGV: microseconds a token, capacity, n,
 -- operation, and its two arguments. Answers {wait, granted, tokens in
@@ -60,22 +66,26 @@ local function unavailable(self, err)
   return errors.new("limiter_unavailable", format("redis_bucket '%s': %s", self.name, tostring(err)))
 end
 
--- Runs the script through a client of our own (a redis:// URL).
+-- Runs the script through a client of our own (a redis:// URL). Whatever
+-- the server answers, nothing here raises: run checks the reply's shape.
 local function run_own(self, ...)
   local client = self.client
   if not self.sha then
     local sha, err = client:call("SCRIPT", "LOAD", SCRIPT)
-    if not sha then return nil, err end
-    if type(sha) ~= "string" then return nil, format("SCRIPT LOAD: %s", tostring(sha.err)) end
+    if err then return nil, err end
+    if type(sha) ~= "string" or #sha ~= 40 or sha:find("%X") then
+      return nil, format("SCRIPT LOAD: %s", type(sha) == "string" and "an answer that is not a SHA1 digest"
+        or redis.described(sha))
+    end
     self.sha = sha
   end
   local reply, err = client:call("EVALSHA", self.sha, 1, self.key, ...)
-  if type(reply) == "table" and reply.err and reply.err:find("^NOSCRIPT") then
+  if type(reply) == "table" and type(reply.err) == "string" and reply.err:find("^NOSCRIPT") then
     -- Redis restarted, or its scripts were flushed: EVAL loads it again.
     reply, err = client:call("EVAL", SCRIPT, 1, self.key, ...)
   end
-  if not reply then return nil, err end
-  if reply.err then return nil, "Redis answered: " .. reply.err end
+  if err then return nil, err end
+  if type(reply) == "table" and type(reply.err) == "string" then return nil, "Redis answered: " .. reply.err end
   return reply
 end
 
@@ -97,12 +107,25 @@ local function run_object(self, ...)
   return reply
 end
 
+local function is_integer(v, least, most)
+  return type(v) == "number" and v % 1 == 0 and v >= least and v <= most
+end
+
+-- The script's reply, {wait, granted, tokens}, or nil and what is wrong
+-- with it: a broken or hostile server's reply is never waited for.
 local function run(self, op, n, arg, arg2)
   local reply, err = self.run(self, self.interval, self.capacity_n, n, op, arg or -1, arg2 or 0)
-  if not reply then return nil, err end
-  if type(reply) ~= "table" or type(reply[1]) ~= "number" or type(reply[2]) ~= "number"
-    or type(reply[3]) ~= "number" then
-    return nil, format("Redis answered the script with %s, not three integers", type(reply))
+  if err then return nil, err end
+  if type(reply) ~= "table" or #reply ~= 3 or type(reply[1]) ~= "number"
+    or type(reply[2]) ~= "number" or type(reply[3]) ~= "number" then
+    return nil, format("Redis answered the script with %s, not its three integers", redis.described(reply))
+  end
+  local most_micros = self.horizon * 1e6 + MAX_QUEUE_MICROS
+  local full = self.capacity_n * 1e6
+  if not (is_integer(reply[1], 0, most_micros) and (reply[2] == 0 or reply[2] == 1)
+    and is_integer(reply[3], -full - most_micros / self.interval * 1e6, full + 1)) then
+    return nil, format("Redis answered the script with {%s, %s, %s}: not a wait, a grant and a balance this "
+      .. "bucket could have", tostring(reply[1]), tostring(reply[2]), tostring(reply[3]))
   end
   return reply
 end
@@ -113,13 +136,16 @@ end
 -- "local" serves from the local bucket until Redis answers again.
 function RedisBucket:acquire(n, sleep, max_wait)
   n = count(self, n, "acquire")
-  local reply, err = run(self, "reserve", n, gcra.max_wait(sleep, max_wait))
+  local budget = gcra.max_wait(sleep, max_wait)
+  local reply, err = run(self, "reserve", n, budget)
   if not reply then
     if self.fallback then return self.fallback:acquire(n, sleep, max_wait) end
     return nil, unavailable(self, err)
   end
   local wait = reply[1] / 1e6
-  if reply[2] ~= 1 then return false, wait end
+  -- The script grants no wait past the budget: a server that does is not
+  -- running it, and the caller's budget is kept all the same.
+  if reply[2] ~= 1 or (budget >= 0 and reply[1] > budget) then return false, wait end
   -- The tokens are reserved on the server; a waiter cancelled now has
   -- spent them (giving them back would be a call to Redis from a task
   -- that is being torn down).
@@ -208,7 +234,7 @@ function redis_bucket.new(opts)
   end
   local key = opts.key
   if type(key) ~= "string" or key == "" then
-    error(format("redis_bucket: option 'key' must be a non-empty string (got %s)", tostring(key)), 2)
+    errors.bad_option("redis_bucket", "key", "a non-empty string", key, 2)
   end
   local capacity, rate = gcra.limits("redis_bucket", opts)
   local timeout = gcra.positive("redis_bucket", opts, "timeout", DEFAULT_TIMEOUT)
@@ -216,8 +242,7 @@ function redis_bucket.new(opts)
   if local_share > 1 then error("redis_bucket: option 'local_share' must be at most 1", 2) end
   local on_error = opts.on_error or "closed"
   if on_error ~= "closed" and on_error ~= "local" then
-    error(format("redis_bucket: option 'on_error' must be \"closed\" or \"local\" (got %s)", tostring(on_error)),
-      2)
+    errors.bad_option("redis_bucket", "on_error", '"closed" or "local"', on_error, 2)
   end
   local self = setmetatable({
     name = key,

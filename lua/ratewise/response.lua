@@ -9,7 +9,7 @@ local headers = require "ratewise.headers"
 local json = require "ratewise.json"
 local runtime = require "ratewise.runtime"
 
-local format, concat = string.format, table.concat
+local format, concat, match, sub = string.format, table.concat, string.match, string.sub
 local error, setmetatable, rawget = error, setmetatable, rawget
 local response_headers = core.response_headers
 
@@ -56,6 +56,37 @@ local streams = setmetatable({}, { __mode = "k" })
 -- Responses not streamed whose body res:read() has given.
 local read_whole = setmetatable({}, { __mode = "k" })
 
+-- Why file `path` cannot be read (nil: it can), and whether it is a folder.
+local function unreadable(path)
+  local f, err = io.open(path, "rb")
+  if not f then return match(err, ": ([^:]*)$") or err, false end
+  local _, read_err = f:read(1)
+  f:close()
+  if read_err then return read_err, match(read_err, "[Ii]s a directory") ~= nil end
+  return nil, false
+end
+
+-- libcurl reports a pin file it cannot read as a pin mismatch, and a
+-- ca_path folder that is not there as an unknown issuer: the error names
+-- the file and says what is wrong with it. (CURLcode numbers never change.)
+local CURLE_PEER_FAILED_VERIFICATION, CURLE_SSL_PINNEDPUBKEYNOTMATCH = 60, 90
+
+--- why | nil = response.tls_file_problem(opts, code): for a transport
+-- failure of CURLcode `code`, what is wrong with a file the request's
+-- options name, when that is what failed.
+function response.tls_file_problem(opts, code)
+  local pin, folder = opts.pinned_public_key, opts.ca_path
+  if code == CURLE_SSL_PINNEDPUBKEYNOTMATCH and type(pin) == "string" and sub(pin, 1, 8) ~= "sha256//" then
+    local why = unreadable(pin)
+    if why then return format("the pinned_public_key file %s cannot be read (%s)", pin, why) end
+  elseif code == CURLE_PEER_FAILED_VERIFICATION and type(folder) == "string" then
+    local why, is_folder = unreadable(folder)
+    if why and not is_folder then return format("the ca_path folder %s cannot be read (%s)", folder, why) end
+    if not why then return format("ca_path %s is a file, not a folder (ca_file takes a file)", folder) end
+  end
+  return nil
+end
+
 --- res = response.new(res): gives a response table its methods, and its
 -- header tables their case-insensitive lookup (now, or when first read).
 function response.new(res)
@@ -63,11 +94,17 @@ function response.new(res)
   return setmetatable(res, response.mt)
 end
 
---- response.stream(res, transfer, per_call_sleep, what): makes res the
--- reader of a streamed transfer whose headers are in.
-function response.stream(res, transfer, per_call, what)
+-- What a stream's body read whole may come to (res:json(), a response
+-- drained) when the call names no max_body: the engine's own limit on a
+-- body read whole.
+local DEFAULT_MAX_BODY = 64 * 1024 * 1024
+
+--- response.stream(res, transfer, per_call_sleep, what [, max_body]):
+-- makes res the reader of a streamed transfer whose headers are in.
+-- max_body: the call's, which bounds a read of the whole body too.
+function response.stream(res, transfer, per_call, what, max_body)
   streams[res] = { transfer = transfer, per_call = per_call, what = what, delivered = 0,
-    guard = compat.on_collect(function() transfer:close() end) }
+    max_body = max_body or DEFAULT_MAX_BODY, guard = compat.on_collect(function() transfer:close() end) }
 end
 
 local function finish(st, err)
@@ -121,6 +158,9 @@ function methods:chunks()
   end
 end
 
+-- The most bytes of a body parsed for events at once.
+local EVENT_SLICE = 16 * 1024
+
 --- for event in res:events() do ... end: the body read as server-sent
 -- events, each { event = name ("message" unless named), data = its data
 -- lines joined with "\n", id = the stream's last event id (nil until one
@@ -131,6 +171,10 @@ function methods:events()
   local parser = core.sse_parser()
   if st then st.parser = parser end
   local queue, head = {}, 1
+  -- The chunk being parsed, a slice at a time: the events of one slice are
+  -- handed over before the next is parsed, so that a large chunk (a body
+  -- read whole) of small events is never made into tables all at once.
+  local chunk, at = nil, 1
   return function()
     while true do
       local ev = queue[head]
@@ -138,13 +182,20 @@ function methods:events()
         queue[head], head = nil, head + 1
         return ev
       end
-      local chunk, err = self:read()
-      if err then error(err, 2) end
-      if not chunk then
-        parser:close()
-        return nil
+      if not chunk or at > #chunk then
+        local err
+        chunk, err = self:read()
+        at = 1
+        if err then error(err, 2) end
+        if not chunk then
+          parser:close()
+          return nil
+        end
       end
-      local got, perr = parser:feed(chunk)
+      local slice = chunk
+      if at > 1 or #chunk > EVENT_SLICE then slice = chunk:sub(at, at + EVENT_SLICE - 1) end
+      at = at + EVENT_SLICE
+      local got, perr = parser:feed(slice)
       if not got then
         local e = errors.new("stream", format("%s: %s", st and st.what or "the response", perr),
           { delivered = st and st.delivered, response = self })
@@ -163,16 +214,26 @@ function methods:close()
   if st and not st.ended then finish(st, nil) end
 end
 
---- body | nil, err = response.drain(res): the rest of a streamed body,
--- read whole into res.body.
-function response.drain(res)
+--- body | nil, err = response.drain(res [, timed]): the rest of a
+-- streamed body, read whole into res.body; a body over the call's max_body
+-- (64 MiB unless it names one), counting what was read before, ends the
+-- stream with an error of kind "stream" instead. timed: the attempt's
+-- timeout bounds the body too (a read within a call).
+function response.drain(res, timed)
   local st = streams[res]
   if not st then return res.body end
+  if timed and st.transfer then st.transfer:bound() end
   local parts = {}
   while true do
     local chunk, err = res:read()
     if err then return nil, err end
     if not chunk then break end
+    if st.delivered > st.max_body then
+      return finish(st, errors.new("stream", format("%s: the body is over max_body (%d bytes) for a read of "
+        .. "the whole of it; the stream was closed (read it by chunks, or give a larger max_body)",
+        st.what, st.max_body), { delivered = st.delivered, too_large = true, status = res.status,
+        response = res }))
+    end
     parts[#parts + 1] = chunk
   end
   res.body = concat(parts)

@@ -2,6 +2,7 @@
 -- exponential backoff with jitter. The parsing and arithmetic are in the C
 -- core; this module orders the sources and checks the caller's options.
 local core = require "ratewise.core"
+local errors = require "ratewise.errors"
 local headers = require "ratewise.headers"
 
 local format, gmatch, match = string.format, string.gmatch, string.match
@@ -13,14 +14,13 @@ local jitters = { none = true, full = true, equal = true, decorrelated = true }
 
 local function check_number(fn, name, v, min, allow_equal)
   if type(v) ~= "number" or v ~= v or v == huge or v < min or (v == min and not allow_equal) then
-    error(format("%s: option '%s' must be a %s number (got %s)", fn, name,
-      allow_equal and "non-negative" or "positive", tostring(v)), 4)
+    errors.bad_option(fn, name, allow_equal and "a non-negative number" or "a positive number", v, 4)
   end
 end
 
 local function check_attempt(fn, attempt)
   if type(attempt) ~= "number" or attempt < 0 or attempt % 1 ~= 0 then
-    error(format("%s: attempt must be a non-negative integer (got %s)", fn, tostring(attempt)), 3)
+    error(format("%s: attempt must be a non-negative integer (got %s)", fn, errors.shown(attempt)), 3)
   end
 end
 
@@ -54,7 +54,7 @@ end
 local function draw(fn, rand)
   local u = rand()
   if type(u) ~= "number" or not (u >= 0 and u < 1) then
-    error(format("%s: option 'random' must return a number in [0, 1) (got %s)", fn, tostring(u)), 4)
+    error(format("%s: option 'random' must return a number in [0, 1) (got %s)", fn, errors.shown(u)), 4)
   end
   return u
 end
@@ -65,8 +65,7 @@ local function backoff(fn, attempt, opts)
   check_number(fn, "base", base, 0, false)
   check_number(fn, "max_delay", max_delay, 0, true)
   if not jitters[jitter] then
-    error(format("%s: option 'jitter' must be one of none, full, equal, decorrelated (got %s)",
-      fn, tostring(jitter)), 3)
+    errors.bad_option(fn, "jitter", "one of none, full, equal, decorrelated", jitter, 3)
   end
   local rand = opts.random or retry.random
   if type(rand) ~= "function" then
@@ -125,9 +124,27 @@ function retry.server_now(h)
   local date = headers.get(h, "date")
   local server = date and core.parse_http_date(date)
   if server and server - local_now <= DATE_TRUST and local_now - server <= DATE_TRUST then
+    -- A Date is the server's clock cut to the whole second: the server's
+    -- now is somewhere in [Date, Date + 1). A local clock within that
+    -- second agrees with it, to a finer grain: taken as it is, a reset
+    -- rounded up to the second is not waited for a second more than asked.
+    if local_now >= server and local_now < server + 1 then return local_now end
     return server
   end
   return local_now
+end
+
+-- A reset more than this far below the current epoch is not a time (in
+-- 1970) but a count of seconds from now, as @fastify/rate-limit and many
+-- gateways send x-ratelimit-reset.
+local DELTA_BELOW = 365 * 86400
+
+--- seconds = retry.reset_in(value, now): a reset header's number (epoch
+-- seconds, or seconds from now when it is far below the epoch `now`) as
+-- seconds from now; 0 for a time already past.
+function retry.reset_in(value, now)
+  if value < now - DELTA_BELOW then return value end
+  return value > now and value - now or 0
 end
 
 --- seconds | nil = retry.retry_after(headers [, now]): the response's own
@@ -153,8 +170,8 @@ function retry.hint(h, now)
   local remaining = reset and headers.get(h, "x-ratelimit-remaining")
   remaining = remaining and core.parse_seconds(remaining)
   if reset and not (remaining and remaining >= 1) then
-    local epoch = core.parse_seconds(reset)
-    if epoch then return epoch > now and epoch - now or 0, "x-ratelimit-reset" end
+    local value = core.parse_seconds(reset)
+    if value then return retry.reset_in(value, now), "x-ratelimit-reset" end
   end
   return nil
 end
@@ -167,11 +184,12 @@ function retry.delay(h, attempt, opts)
   check_attempt("retry_delay", attempt)
   opts = check_options("retry_delay", opts, delay_options)
   if opts.now ~= nil and (type(opts.now) ~= "number" or opts.now ~= opts.now) then
-    error(format("retry_delay: option 'now' must be a number of epoch seconds (got %s)",
-      tostring(opts.now)), 2)
+    errors.bad_option("retry_delay", "now", "a number of epoch seconds", opts.now, 2)
   end
   local seconds, source = retry.hint(h, opts.now)
-  if seconds then return seconds, source end
+  -- A zero hint (a reset already past, "Retry-After: 0") would send the
+  -- retry at once, and the one after it: backoff instead, as urllib3 does.
+  if seconds and seconds > 0 then return seconds, source end
   return backoff("retry_delay", attempt, opts), "backoff"
 end
 

@@ -13,6 +13,7 @@
 -- each call costs O(1) (plus the slots that expired since the last call,
 -- at most the ring's size), whatever the traffic.
 local core = require "ratewise.core"
+local errors = require "ratewise.errors"
 
 local now = core.now
 local format = string.format
@@ -34,7 +35,7 @@ local EPSILON = 1e-9
 
 local function check_number(name, v, ok, expected)
   if type(v) ~= "number" or v ~= v or v == huge or not ok(v) then
-    error(format("retry_budget: option '%s' must be %s (got %s)", name, expected, tostring(v)), 4)
+    errors.bad_option("retry_budget", name, expected, v, 4)
   end
 end
 

@@ -10,6 +10,8 @@
 --      an ngx.semaphore (hosts/openresty.lua); the phases that cannot
 --      yield raise a clear error instead of blocking the worker;
 --   3. a host given to rw.configure{sleep = fn [, wait = fn]};
+--      past it, a host whose loop's thread must never wait (a LÖVE game's
+--      frame, hosts/love.lua) raises there instead;
 --   4. a coroutine of a cqueues controller: cqueues.sleep, and
 --      cqueues.poll on the scheduler's descriptor (hosts/cqueues.lua);
 --   5. any other coroutine: it yields ("ratewise.sleep", seconds, pollable),
@@ -21,9 +23,12 @@
 -- so that tasks and transfers of others go on meanwhile.
 local compat = require "ratewise.compat"
 local core = require "ratewise.core"
+local errors = require "ratewise.errors"
 local scheduler = require "ratewise.scheduler"
 local openresty = require "ratewise.hosts.openresty"
 local cqueues = require "ratewise.hosts.cqueues"
+local nvim = require "ratewise.hosts.nvim"
+local log = require "ratewise.log"
 
 local now = core.now
 local bad_seconds = scheduler.bad_seconds
@@ -85,8 +90,21 @@ local main_host = {
 -- can only count time resumes the coroutine on each of its turns (a
 -- frame): resumed early, a wait looks at what it waits for and yields
 -- again with what is left.
+--
+-- A generic for calls its iterator with the last item it got: a wait
+-- resumed with its own "ratewise.sleep" was taken for an item by a `for
+-- ... in coroutine.wrap(fn)` loop, which resumes it at once, and would
+-- have gone on handing the loop such items.
+local TAKEN_FOR_ITEM = "ratewise: a wait's yield (\"ratewise.sleep\") was taken for an item: a coroutine "
+  .. "that calls ratewise is the iterator of a for loop (for x in coroutine.wrap(fn)), which does not wait "
+  .. "before resuming it. Call ratewise outside the iterator, or run the work as ratewise tasks (rw.run, "
+  .. "rw.spawn, rw.map), whose waits need no resumer (docs/hosts.md)"
+local function resumed(_, last_item)
+  if last_item == "ratewise.sleep" then error(TAKEN_FOR_ITEM, 0) end
+end
+
 local function yield_for(seconds)
-  yield("ratewise.sleep", seconds, scheduler.pollable)
+  resumed(yield("ratewise.sleep", seconds, scheduler.pollable))
 end
 
 -- A sleep resumed early asks again for what is left, so the wait is never
@@ -95,7 +113,7 @@ local coroutine_host = {
   sleep = function(seconds)
     local deadline = now() + seconds
     repeat
-      yield("ratewise.sleep", deadline - now())
+      resumed(yield("ratewise.sleep", deadline - now()))
     until now() >= deadline
   end,
   await = function(done, deadline) return await_with(yield_for, false, done, deadline) end,
@@ -111,7 +129,19 @@ local function host_of(sleep, wait)
   }
 end
 
+-- A coroutine of the caller's own that a task resumes (its code, or one
+-- that code resumed) cannot reach the scheduler: its yield goes to the
+-- task's code (as items of a `for ... in coroutine.wrap(fn)` loop), and
+-- the thread cannot block in the scheduler's poll while a task runs.
+local NESTED_IN_TASK = "ratewise: a coroutine of your own inside a task (coroutine.wrap, say) called ratewise, "
+  .. "which would have to wait: its yield would go to the task's code, not to the scheduler. Call ratewise "
+  .. "from the task itself, or make each item a task of its own (rw.spawn, rw.map) and collect the results"
+local task_resuming = scheduler.in_task
+
 local configured -- rw.configure{sleep = fn [, wait = fn]}
+-- A host whose loop runs on a thread that must never wait (a game's frame,
+-- hosts/love.lua): it raises there, before anything is started.
+local frame_guard = nil
 local per_call_hosts = setmetatable({}, { __mode = "k" })
 
 local function per_call_host(sleep)
@@ -134,9 +164,17 @@ function runtime.host(per_call)
     return openresty.host() -- raises in a phase that cannot yield
   end
   if configured then return configured end
+  if frame_guard then frame_guard() end
   if loaded.cqueues ~= nil and cqueues.active() then return cqueues.host() end
+  if task_resuming() then error(NESTED_IN_TASK, 0) end
   if running() ~= nil and isyieldable() then return coroutine_host end
   return main_host
+end
+
+--- runtime.set_frame_guard(fn | nil): fn() raises where a wait outside a
+-- task would hold up the host's loop; asked before rules 4 to 6.
+function runtime.set_frame_guard(fn)
+  frame_guard = fn
 end
 
 scheduler.set_outside_wait(function(done, deadline)
@@ -147,6 +185,10 @@ scheduler.set_kick(function()
   cqueues.kick()
 end)
 
+-- Inside Neovim the editor's loop runs ratewise's tasks (hosts/nvim.lua):
+-- a task spawned by any plugin runs with nothing more to set up.
+if nvim.active() then nvim.start() end
+
 ---------------------------------------------------------------------------
 -- rw.configure
 
@@ -156,7 +198,8 @@ local MAX_LIMIT = 1000000
 local HOST_OPTIONS = { sleep = true, wait = true }
 local tls_warning = true
 
---- runtime.configure{sleep = fn | false, wait = fn | false, max_connections = n, max_idle_connections = n}
+--- runtime.configure{sleep = fn | false, wait = fn | false, log = fn | false | true,
+--   max_connections = n, max_idle_connections = n, tls_warning = bool}
 function runtime.configure(opts)
   if type(opts) ~= "table" then
     error(format("configure: expected a table of options (got %s)", type(opts)), 2)
@@ -165,20 +208,24 @@ function runtime.configure(opts)
   for k, v in pairs(opts) do
     if ENGINE_OPTIONS[k] then
       if type(v) ~= "number" or v % 1 ~= 0 or v < 1 or v > MAX_LIMIT then
-        error(format("configure: option '%s' must be an integer from 1 to %d (got %s)", k, MAX_LIMIT,
-          type(v) == "number" and tostring(v) or type(v)), 2)
+        errors.bad_option("configure", k, format("an integer from 1 to %d", MAX_LIMIT), v, 2)
       end
       limits = limits or {}
       limits[k] = v
     elseif k == "tls_warning" then
       if type(v) ~= "boolean" then
-        error(format("configure: option 'tls_warning' must be a boolean (got %s)", type(v)), 2)
+        errors.bad_option("configure", "tls_warning", "a boolean", v, 2)
       end
       tls_warning = v
+    elseif k == "log" then
+      if type(v) ~= "function" and type(v) ~= "boolean" then
+        error(format("configure: option 'log' must be a function, false (silence) or true (the default) (got %s)",
+          type(v)), 2)
+      end
     elseif not HOST_OPTIONS[k] then
       error(format("configure: unknown option '%s'", tostring(k)), 2)
     elseif v ~= false and type(v) ~= "function" then
-      error(format("configure: option '%s' must be a function or false (got %s)", k, type(v)), 2)
+      errors.bad_option("configure", k, "a function or false", v, 2)
     end
   end
   if opts.wait and not (opts.sleep or (opts.sleep == nil and configured)) then
@@ -192,6 +239,7 @@ function runtime.configure(opts)
     configured = host_of(configured.sleep, opts.wait or nil)
   end
   if limits then scheduler.engine(limits) end
+  if opts.log ~= nil then log.configure(opts.log) end
 end
 
 --- Whether fetch says once that verify_tls = false checks no certificate.
@@ -342,8 +390,9 @@ end
 -- A 2xx answers them (status, headers; no body) and the transfer still
 -- running, whose body the caller reads as it arrives. Anything else is
 -- answered as runtime.transfer would, whole: a transfer that ended before
--- its headers came, and an answer that is not 2xx (read to its end, so
--- that retries and errors see its body).
+-- its headers came, and an answer that is not 2xx (which the engine reads
+-- to its end under the request's timeout and max_body, so that retries
+-- and errors see its body).
 function runtime.open_stream(request, per_call)
   local in_task = scheduler.current() ~= nil
   if not in_task then runtime.host(per_call) end -- raises where no wait is possible, before anything starts
@@ -357,27 +406,10 @@ function runtime.open_stream(request, per_call)
     return head ~= nil or transfer:done()
   end, per_call)
   if head and head.status >= 200 and head.status < 300 then return head, nil, transfer end
-  -- Not a stream to hand over: its body read whole (a stream pauses when
-  -- nobody reads it).
-  local chunks, chunk = {}, nil
-  runtime.await_news(transfer, function()
-    while true do
-      chunk = transfer:read()
-      if not chunk then return chunk == false end
-      chunks[#chunks + 1] = chunk
-    end
-  end, per_call)
+  runtime.await_news(transfer, function() return transfer:done() end, per_call)
   local res, terr = transfer:result(true)
   transfer:close()
-  if res and #chunks > 0 then res.body = table.concat(chunks) .. res.body end
   return res, terr
-end
-
---- runtime.log(line): a line for the operator (the default retry line):
--- nginx's error log inside OpenResty, standard error elsewhere.
-function runtime.log(line)
-  if openresty.log(line) then return end
-  io.stderr:write(line, "\n")
 end
 
 return runtime

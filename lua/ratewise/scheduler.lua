@@ -3,12 +3,15 @@
 -- sockets or the next timer, whichever comes first.
 local compat = require "ratewise.compat"
 local core = require "ratewise.core"
+local log = require "ratewise.log"
+local misuse = require "ratewise.errors" -- (map has errors of its own)
 
 local now = core.now
 local create, resume, yield, status = coroutine.create, coroutine.resume, coroutine.yield, coroutine.status
 local running, unpack, pack = compat.coroutine_of_task, compat.unpack, compat.pack
-local format, huge, min, max = string.format, math.huge, math.min, math.max
+local format, find, huge, min, max = string.format, string.find, math.huge, math.min, math.max
 local type, tostring, setmetatable = type, tostring, setmetatable
+local shown, bad_option = misuse.shown, misuse.bad_option
 
 local scheduler = {}
 
@@ -118,7 +121,7 @@ Task.__index = Task
 
 --- text | nil = scheduler.bad_seconds(seconds): nil when seconds is a
 -- finite number (a negative one is no wait); else the value as an error
--- shows it (nan whatever its sign bit, inf, -inf, "5", nil).
+-- shows it (nan whatever its sign bit, inf, -inf, string "5", nil).
 function scheduler.bad_seconds(seconds)
   local t = type(seconds)
   if t == "number" then
@@ -126,8 +129,7 @@ function scheduler.bad_seconds(seconds)
     if seconds == huge or seconds == -huge then return tostring(seconds) end
     return nil
   end
-  if t == "string" then return format("%q", seconds) end
-  return tostring(seconds)
+  return shown(seconds)
 end
 local bad_seconds = scheduler.bad_seconds
 
@@ -146,9 +148,24 @@ end
 -- scheduler met while finishing the task's wait for it (claim_wait).
 local WAIT_FAILED = setmetatable({}, { __tostring = function() return "ratewise: wait failed" end })
 
+-- A wait from a function Lua calls from C cannot yield. Lua 5.2 on and
+-- LuaJIT say so beforehand (coroutine.isyieldable); on PUC Lua 5.1 the
+-- yield itself fails, and the task is found dead while still "waiting"
+-- (after_resume), its wait's on_cancel kept in task.undo to be called then.
+local isyieldable = rawget(coroutine, "isyieldable")
+local CANNOT_YIELD = "ratewise: a task cannot wait inside a function that Lua calls from C (a table.sort "
+  .. "comparator, a string.gsub callback, a for loop's iterator on Lua 5.1): Lua cannot yield out of it "
+  .. "(\"attempt to yield across a C-call boundary\"). Make the requests (or sleeps) outside it: fetch what "
+  .. "it needs first, then sort or substitute with the results"
+
 local function wait_here(task, on_cancel, a, b)
   if not task.cancel_requested then
+    if isyieldable and not isyieldable() then
+      if on_cancel then on_cancel(a, b) end
+      error(CANNOT_YIELD, 0)
+    end
     task.state = "waiting"
+    if not isyieldable then task.undo, task.undo_a, task.undo_b = on_cancel, a, b end
     local value = yield(task)
     if value == WAIT_FAILED then
       local err = task.wait_error
@@ -208,7 +225,7 @@ local function finish(task, ok, ...)
       if group then
         group.unjoined[#group.unjoined + 1] = task
       else
-        io.stderr:write("ratewise: a task failed and nobody joined it: ", tostring(failed), "\n")
+        log.write("ratewise: a task failed and nobody joined it: " .. tostring(failed), "error")
       end
     end
   end
@@ -227,11 +244,18 @@ end
 -- a waiting task small; a dead coroutine keeps its stack, so the traceback
 -- of an error is still there to read.
 local function after_resume(task, resumed, ...)
-  -- waiting (wait_here yielded): alive, and nothing more to do
-  if resumed and task.state == "waiting" then return end
+  if resumed and task.state == "waiting" then
+    -- waiting (wait_here yielded itself): alive, and nothing more to do
+    if ... == task then return end
+    task.state = "running" -- a wait whose yield failed on Lua 5.1, its error caught by the task
+  end
   if status(task.co) == "dead" then
     if resumed then return finish(task, true, ...) end
     local err = ...
+    if task.state == "waiting" then -- its wait's yield failed (Lua 5.1)
+      if task.undo then task.undo(task.undo_a, task.undo_b) end
+      if type(err) == "string" and find(err, "attempt to yield across", 1, true) then err = CANNOT_YIELD end
+    end
     if err ~= CANCELLED then err = debug.traceback(task.co, tostring(err)) end
     return finish(task, false, err)
   end
@@ -307,6 +331,12 @@ function scheduler.current()
   local task = current
   if task and task.co == running() then return task end
   return nil
+end
+
+--- Whether a task is being run, by the code running now or by a coroutine
+-- that code resumed (a plain coroutine started from inside a task).
+function scheduler.in_task()
+  return current ~= nil
 end
 
 ---------------------------------------------------------------------------
@@ -472,14 +502,14 @@ local STEP_BUDGET = 0.0005
 function scheduler.step(timeout, budget)
   timeout = timeout or 0
   if type(timeout) ~= "number" or timeout ~= timeout or timeout < 0 then
-    error(format("step: timeout must be a non-negative number of seconds (got %s)", tostring(timeout)), 2)
+    error(format("step: timeout must be a non-negative number of seconds (got %s)", shown(timeout)), 2)
   end
   if budget == nil then
     budget = timeout == 0 and STEP_BUDGET or nil
   elseif budget == false then
     budget = nil
   elseif type(budget) ~= "number" or budget ~= budget or budget <= 0 or budget == huge then
-    error(format("step: budget must be a positive number of seconds or false (got %s)", tostring(budget)), 2)
+    error(format("step: budget must be a positive number of seconds or false (got %s)", shown(budget)), 2)
   end
   if scheduler.current() then error("step: called from inside a task; a task waits with rw.sleep instead", 2) end
   local deadline = now() + timeout
@@ -772,7 +802,7 @@ Semaphore.__index = Semaphore
 --- sem = scheduler.semaphore(n)
 function scheduler.semaphore(n)
   if type(n) ~= "number" or n < 1 or n % 1 ~= 0 then
-    error(format("semaphore: size must be a positive integer (got %s)", tostring(n)), 2)
+    error(format("semaphore: size must be a positive integer (got %s)", shown(n)), 2)
   end
   return setmetatable({ available = n, size = n, queue = {}, head = 1, tail = 0 }, Semaphore)
 end
@@ -790,7 +820,7 @@ end
 function Semaphore:acquire(timeout)
   if timeout ~= nil and (type(timeout) ~= "number" or timeout ~= timeout or timeout < 0) then
     error(format("semaphore: acquire: timeout must be a non-negative number of seconds (got %s)",
-      tostring(timeout)), 2)
+      shown(timeout)), 2)
   end
   if self.available > 0 and self.head > self.tail then
     self.available = self.available - 1
@@ -968,7 +998,7 @@ function scheduler.map(list, fn, opts)
     local c = opts.concurrency
     if c ~= nil then
       if type(c) ~= "number" or c < 1 or c % 1 ~= 0 then
-        error(format("map: option 'concurrency' must be a positive integer (got %s)", tostring(c)), 2)
+        bad_option("map", "concurrency", "a positive integer", c, 2)
       end
       concurrency = c
     end

@@ -306,9 +306,13 @@ end
 -- `rate` a second, as a rate-limited API does: 200, or 429 with
 -- retry_after (a string) as its Retry-After. Each logged request says
 -- whether it was limited. Scripts win over it; reset forgets it.
+-- With window = W and limit = N instead: a fixed window of N requests per W
+-- seconds answering with the headers of `as` (express, express-draft-6,
+-- express-draft-7, fastify, flexible: see server.py); retry_after = false
+-- leaves Retry-After out.
 function Server:limit(path, opts)
   self:_control("POST", "/_limit", { path = path, rate = opts.rate, burst = opts.burst,
-    retry_after = opts.retry_after })
+    retry_after = opts.retry_after, window = opts.window, limit = opts.limit, as = opts.as })
 end
 
 --- ok, limited = s:counted(path): how many requests the limit on path let
@@ -321,7 +325,8 @@ end
 --- Request records, oldest first; only those for `path` if given.
 -- Always a plain Lua sequence (an empty log is {}). Fields: seq, path,
 -- query, method, headers (lowercase names), body, t, wall, conn, conn_seq,
--- active, t_answer (when the handler began its last send; nil before).
+-- active, t_answer (when the handler began its last send; nil before);
+-- an endless answer's sent and gone, once it ended (server.py).
 -- Strings hold the exact request bytes.
 function Server:log(path)
   local q = path and ("?path=" .. url_encode(path)) or ""

@@ -21,6 +21,11 @@ What it offers (see spec/support/server.lua for the Lua driver):
   connection is reset, with "hang" it stays silent).
   A step's ``encoding`` (gzip, deflate, br or zstd) sends the body
   compressed, with its Content-Encoding.
+  endless: a chunked body of ``body`` (default 64 KiB of "x"), again and
+  again as fast as the client takes it (every ``interval`` s if given),
+  until the client goes away or ``cap`` bytes (default 1 GiB) went out;
+  the request's log record then says ``sent`` (body bytes written) and
+  ``gone`` (true: the client disconnected; false: the cap was reached).
 * A request in absolute form (``GET http://host:port/x``, as a client sends
   it to a proxy) is answered as its path would be, and logged with
   ``proxied`` true and whether it carried Proxy-Authorization.
@@ -30,6 +35,20 @@ What it offers (see spec/support/server.lua for the Lua driver):
   refilled at R a second, as a rate-limited API's server does: ``200 ok``,
   or ``429`` with the given Retry-After (none when it is absent).
   ``GET /_limit?path=/x`` answers ``{"ok": n, "limited": n}``.
+  With ``"window": W`` and ``"limit": N`` instead, the limit is a fixed
+  window of N requests per W seconds, opened by the first request after the
+  last one ended (as the memory stores of express-rate-limit 7 and
+  @fastify/rate-limit 9 do), and answers with the headers of ``"as"``:
+  ``express`` (X-RateLimit-* with the reset in epoch seconds rounded up, a
+  whole-second Date, Retry-After in whole seconds rounded up),
+  ``express-draft-6`` (RateLimit-Limit/-Remaining/-Reset as seconds and
+  RateLimit-Policy ``N;w=W``), ``express-draft-7`` (RateLimit
+  ``limit=N, remaining=n, reset=s`` and RateLimit-Policy), ``fastify``
+  (x-ratelimit-* with the reset as seconds until it, rounded up) or
+  ``flexible`` (rate-limiter-flexible's documented headers: the reset in
+  epoch seconds rounded up, Retry-After in fractional seconds).
+  ``"retry_after": false`` leaves Retry-After out (fastify's
+  ``addHeaders: {'retry-after': false}``).
 * ``POST /_reset``: forget scripts, log and the demo rate limiter.
 * ``/echo``: describes the request as JSON.
 * ``/api/...``: a demo rate-limited API (token bucket, random 503s).
@@ -40,6 +59,7 @@ in ``active``.
 """
 
 import argparse
+import email.utils
 import json
 import math
 import os
@@ -57,7 +77,7 @@ from urllib.parse import parse_qs
 
 ACTIONS = (
     "respond", "drop", "reset", "garbage", "hang", "slow", "truncate",
-    "chunked_forever", "redirect", "reset_body", "raw", "stream",
+    "chunked_forever", "redirect", "reset_body", "raw", "stream", "endless",
 )
 
 # Errors that only mean "the client went away"; never worth a traceback.
@@ -124,10 +144,71 @@ class State:
             return False, self.tokens, wait, False
 
 
+WINDOW_HEADERS = ("express", "express-draft-6", "express-draft-7", "fastify", "flexible")
+
+
+def validate_window(spec):
+    """Check a fixed-window /_limit payload; return its window."""
+    limit, window, kind = spec.get("limit"), spec.get("window"), spec.get("as", "express")
+    for name, v in (("limit", limit), ("window", window)):
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
+            raise ValueError("limit: %s must be a positive number" % name)
+    if kind not in WINDOW_HEADERS:
+        raise ValueError("limit: 'as' must be one of %s" % ", ".join(WINDOW_HEADERS))
+    retry_after = spec.get("retry_after", True)
+    if not isinstance(retry_after, bool):
+        raise ValueError("limit: retry_after must be a boolean for a window")
+    return {"window": float(window), "limit": int(limit), "as": kind, "retry_after": retry_after,
+            "hits": 0, "reset_at": 0.0, "ok": 0, "limited": 0}
+
+
+def window_headers(w, now, allowed):
+    """The headers a fixed-window limiter of the kind w["as"] sends."""
+    kind, limit = w["as"], w["limit"]
+    remaining = max(0, limit - w["hits"])
+    left_ms = max(0.0, (w["reset_at"] - now) * 1000)
+    window_s = math.ceil(w["window"])
+    retry = None
+    if kind == "express":
+        # express-rate-limit's setLegacyHeaders and setRetryAfterHeader
+        headers = [("X-RateLimit-Limit", str(limit)), ("X-RateLimit-Remaining", str(remaining)),
+                   ("Date", email.utils.formatdate(now, usegmt=True)),
+                   ("X-RateLimit-Reset", str(math.ceil(w["reset_at"])))]
+        retry = str(math.ceil(left_ms / 1000))
+    elif kind == "express-draft-6":
+        headers = [("RateLimit-Policy", "%d;w=%d" % (limit, window_s)),
+                   ("RateLimit-Limit", str(limit)), ("RateLimit-Remaining", str(remaining))]
+        reset = math.ceil(left_ms / 1000)
+        if reset:
+            headers.append(("RateLimit-Reset", str(reset)))
+        retry = str(reset)
+    elif kind == "express-draft-7":
+        reset = math.ceil(left_ms / 1000)
+        headers = [("RateLimit-Policy", "%d;w=%d" % (limit, window_s)),
+                   ("RateLimit", "limit=%d, remaining=%d, reset=%d" % (limit, remaining, reset))]
+        retry = str(reset)
+    elif kind == "fastify":
+        # @fastify/rate-limit: timeLeftInSeconds = Math.ceil(ttl / 1000)
+        left = math.ceil(left_ms / 1000)
+        headers = [("x-ratelimit-limit", str(limit)), ("x-ratelimit-remaining", str(remaining)),
+                   ("x-ratelimit-reset", str(left)), ("Date", email.utils.formatdate(now, usegmt=True))]
+        retry = str(left)
+    else:  # flexible
+        headers = [("X-RateLimit-Limit", str(limit)), ("X-RateLimit-Remaining", str(remaining)),
+                   ("X-RateLimit-Reset", str(math.ceil(w["reset_at"]))),
+                   ("Date", email.utils.formatdate(now, usegmt=True))]
+        retry = num_str(round(left_ms) / 1000)
+    if not allowed and w["retry_after"]:
+        headers.append(("Retry-After", retry))
+    return headers
+
+
 def validate_limit(spec):
     """Check a /_limit payload; return its bucket. Raises ValueError."""
     if not isinstance(spec, dict) or not isinstance(spec.get("path"), str):
         raise ValueError("limit needs a path")
+    if "window" in spec:
+        return validate_window(spec)
     rate, burst = spec.get("rate"), spec.get("burst", 1)
     for name, v in (("rate", rate), ("burst", burst)):
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
@@ -514,6 +595,8 @@ class Handler(BaseHTTPRequestHandler):
                 self.close_now()
             else:
                 self.write(b"0\r\n\r\n")
+        elif action == "endless":
+            self.endless(status, headers, step)
         elif action == "chunked_forever":
             interval = float(step.get("interval", 0.2))
             self.head(status, headers + [("Transfer-Encoding", "chunked")])
@@ -526,9 +609,39 @@ class Handler(BaseHTTPRequestHandler):
                 headers.append(("Location", str(step.get("location", "/"))))
             self.respond(status, body, headers)
 
+    def endless(self, status, headers, step):
+        """A chunked body that goes on until the client leaves (or ``cap``)."""
+        data = step_bytes(step["body"]) if step.get("body") else b"x" * 65536
+        interval = float(step.get("interval", 0))
+        cap = int(step.get("cap", 1 << 30))
+        chunk = b"%x\r\n%s\r\n" % (len(data), data)
+        rec = self.rec
+        sent, gone = 0, False
+        try:
+            self.head(status, headers + [("Transfer-Encoding", "chunked")])
+            self.wfile.flush()
+            while sent < cap:
+                if interval > 0 and not self.wait(interval):
+                    gone = True
+                    break
+                self.write(chunk)
+                self.wfile.flush()
+                sent += len(data)
+            else:
+                self.write(b"0\r\n\r\n")
+        except OSError:  # CLIENT_GONE and the like: the client went away
+            gone = True
+        with self.server.state.lock:
+            rec["sent"], rec["gone"] = sent, gone
+        if gone:
+            self.close_now()
+
     # --- demo rate-limited API ----------------------------------------
 
     def limited(self, bucket, rec):
+        if "window" in bucket:
+            self.windowed(bucket, rec)
+            return
         with self.server.state.lock:
             now = time.monotonic()
             bucket["tokens"] = min(bucket["burst"], bucket["tokens"] + (now - bucket["at"]) * bucket["rate"])
@@ -543,6 +656,21 @@ class Handler(BaseHTTPRequestHandler):
         else:
             headers = [("Retry-After", bucket["retry_after"])] if bucket["retry_after"] is not None else []
             self.respond(429, b"slow down", headers, "text/plain")
+
+    def windowed(self, w, rec):
+        with self.server.state.lock:
+            now = time.time()
+            if w["reset_at"] <= now:
+                w["hits"], w["reset_at"] = 0, now + w["window"]
+            w["hits"] += 1
+            allowed = w["hits"] <= w["limit"]
+            w["ok" if allowed else "limited"] += 1
+            rec["limited"] = not allowed
+            headers = window_headers(w, now, allowed)
+        if allowed:
+            self.respond(200, b"ok", headers, "text/plain")
+        else:
+            self.respond(429, b"Too many requests, please try again later.", headers, "text/plain")
 
     def api(self, path, seq):
         args = self.server.state.args
@@ -586,7 +714,7 @@ def validate_script(spec):
             raise ValueError("step %d: body must be a string" % i)
         if not isinstance(step.get("headers") or {}, dict):
             raise ValueError("step %d: headers must be an object" % i)
-        for key in ("status", "delay", "interval", "sent"):
+        for key in ("status", "delay", "interval", "sent", "cap"):
             if key in step:
                 float(step[key])  # raises ValueError if not a number
     return steps

@@ -46,7 +46,6 @@ function cqueues_host.host()
       if seconds then m.poll(scheduler.pollable, kick, seconds) else m.poll(scheduler.pollable, kick) end
     end,
     watches_fd = true,
-    log = function(message) io.stderr:write(message, "\n") end,
   }
   host.sleep = sleep
   per_controller[controller] = host

@@ -8,6 +8,7 @@
 -- one, does not wake two coroutines polling the same descriptor).
 local core = require "ratewise.core"
 local scheduler = require "ratewise.scheduler"
+local log = require "ratewise.log"
 
 local now = core.now
 local min, next, pairs, ipairs, pcall, tostring, error, setmetatable = math.min, next, pairs, ipairs, pcall,
@@ -38,7 +39,6 @@ local NAP_FIRST, NAP_MAX, IDLE = 0.001, 0.016, 0.05
 --                            belong to the driver (OpenResty's: they are
 --                            made in its timer, and no other timer may
 --                            resume them)
---   log(message)             reports a failure of the driver's step
 -- and host has await(done, deadline), await_transfer(transfer) and kick().
 function driven.new(p)
   -- waiter -> true: { done = fn, signal = s } of host.await, asked by the
@@ -81,7 +81,7 @@ function driven.new(p)
     local seen, nap = nil, NAP_FIRST
     while not premature do
       local ok, err = pcall(scheduler.step, 0)
-      if not ok then p.log("ratewise: the driver's step failed: " .. tostring(err)) end
+      if not ok then log.write("ratewise: the driver's step failed: " .. tostring(err), "error") end
       local progress = scheduler.progress()
       if progress ~= seen then -- with a thousand waiters, most steps change nothing
         seen, nap = progress, NAP_FIRST

@@ -16,7 +16,7 @@
 --   the phases that cannot yield (init, init_worker, set, header and body
 --   filters, log, balancer) raise a clear error instead of blocking the
 --   worker;
---   the default retry line goes to nginx's error log.
+--   ratewise's lines go to nginx's error log (ratewise/log.lua).
 local driven = require "ratewise.hosts.driven"
 
 local format, rawget, tostring, type, error = string.format, rawget, tostring, type, error
@@ -44,14 +44,6 @@ function openresty.active()
     .. "rewrite, access or content handler, or from an ngx.timer.at callback", tostring(phase)), 0)
 end
 
---- handled = openresty.log(line): the line in nginx's error log, as a warning.
-function openresty.log(line)
-  local ngx = ngx_api()
-  if not ngx then return false end
-  ngx.log(ngx.WARN, line)
-  return true
-end
-
 local host -- made at the first wait: ngx.semaphore is not there in every phase
 
 -- Apart from openresty.host: a function that makes closures has upvalues
@@ -68,7 +60,6 @@ local function make_host()
     block = function(kick, seconds) kick:wait(seconds) end,
     watches_fd = false,
     tasks_stay = true,
-    log = function(message) ngx.log(ngx.ERR, message) end,
   }
   made.sleep = function(seconds) ngx.sleep(seconds) end
   return made

@@ -63,10 +63,11 @@ function common.retry_after(res)
 end
 
 --- seconds | nil = common.reset_at(res, name): an epoch-seconds header
--- ("1735732830") as seconds from the server's now.
+-- ("1735732830") as seconds from the server's now; a number far below the
+-- epoch ("10", as @fastify/rate-limit sends it) is seconds from now.
 function common.reset_at(res, name)
-  local epoch = common.number(res, name)
-  return epoch and common.until_epoch(res, epoch) or nil
+  local value = common.number(res, name)
+  return value and retry.reset_in(value, common.server_now(res)) or nil
 end
 
 --- seconds | nil = common.reset_rfc3339(res, name): an RFC 3339 header as
@@ -113,15 +114,21 @@ local function sync_method(limiter)
   return nil
 end
 
---- common.sync(limiter, remaining, reset_in): tells a limiter that has a
--- sync method what the server says is left; anything else is left alone.
--- reset_in may be nil (unknown). An error raised by sync itself is the
--- limiter's and is not hidden.
-function common.sync(limiter, remaining, reset_in)
+--- common.sync(limiter, remaining, reset_in [, limit [, window]]): tells a
+-- limiter that has a sync method what the server says is left, and the
+-- limit it states (limit requests per window seconds, when it says); anything
+-- else is left alone. reset_in and window may be nil (unknown): a limiter
+-- may then reckon the window from the resets it sees (rw.adaptive). An
+-- error raised by sync itself is the limiter's and is not hidden.
+function common.sync(limiter, remaining, reset_in, limit, window)
   if remaining == nil then return end
   local sync = sync_method(limiter)
   if not sync then return end
-  if reset_in == nil then
+  if limit ~= nil and limit < 1 then limit, window = nil, nil end
+  if window ~= nil and window <= 0 then window = nil end
+  if limit ~= nil then
+    sync(limiter, remaining, reset_in, limit, window)
+  elseif reset_in == nil then
     sync(limiter, remaining)
   else
     sync(limiter, remaining, reset_in)

@@ -1,10 +1,13 @@
 -- GitHub's REST API (docs.github.com, "Rate limits for the REST API").
 --   primary limit:   403 or 429 with x-ratelimit-remaining: 0; wait until
---                    x-ratelimit-reset (epoch seconds)
+--                    x-ratelimit-reset (epoch seconds; seconds from now
+--                    when far below the epoch), or Retry-After when the
+--                    reset is less than a second past it
 --   secondary limit: 403 or 429 with retry-after; wait that long. Without
 --                    one, GitHub asks for at least a minute, then longer
 --                    waits: 60 s * 2^attempt (no jitter: the minute is a floor)
 --   anything else on a 403 is a permission error, terminal as built in.
+--   observe: limiter:sync(x-ratelimit-remaining, the reset, x-ratelimit-limit)
 local policy = require "ratewise.policy"
 local common = require "ratewise.providers.common"
 
@@ -42,7 +45,11 @@ local function delay(res, attempt)
   local wait = common.retry_after(res)
   if primary_exhausted(res) then
     local reset = common.reset_at(res, "x-ratelimit-reset")
-    if reset and (not wait or reset > wait) then wait = reset end
+    -- Both are whole seconds, rounded up by the servers that send both
+    -- (express-rate-limit): a reset less than a second past Retry-After
+    -- names the same moment, which Retry-After, counted from now, names
+    -- more closely.
+    if reset and (not wait or reset >= wait + 1) then wait = reset end
   end
   if wait then return wait end
   if limit_status(res) and mentions_secondary(res) then
@@ -55,7 +62,8 @@ end
 local function observe(res, limiter)
   local remaining = common.number(res, "x-ratelimit-remaining")
   if remaining then
-    common.sync(limiter, remaining, common.reset_at(res, "x-ratelimit-reset"))
+    common.sync(limiter, remaining, common.reset_at(res, "x-ratelimit-reset"),
+      common.number(res, "x-ratelimit-limit"))
   end
 end
 

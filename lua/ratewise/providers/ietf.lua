@@ -9,7 +9,10 @@
 -- among equals, the latest reset). An item without t takes the window w of
 -- its policy in RateLimit-Policy (a quota refills within its window).
 --   delay on 429 or 503 with nothing remaining: the reset
---   observe: limiter:sync(remaining, reset)
+--   observe: limiter:sync(remaining, reset, limit, window), the limit and
+--            window from the quota's policy (q and w), or draft 07's limit
+--            and drafts 00 to 06's RateLimit-Limit with the w of the
+--            RateLimit-Policy named by that number ("100;w=60")
 -- A field that does not parse gives no value, never an error.
 local policy = require "ratewise.policy"
 local common = require "ratewise.providers.common"
@@ -217,44 +220,61 @@ local function more_restrictive(a, b)
   return (b.reset or -1) > (a.reset or -1)
 end
 
--- policy name -> window w, from RateLimit-Policy.
-local function windows(res)
+-- policy name -> { q = quota | nil, w = window }, from RateLimit-Policy.
+-- Drafts 06 and 07 name a policy by its quota ("100;w=60"), so the name
+-- is the quota then.
+local function policies(res)
   local field = common.header(res, "ratelimit-policy")
   local list = field and parse_list(field)
   if not list then return nil end
   local out = {}
   for i = 1, #list do
-    local name, w = list[i].value, count(list[i].params.w)
-    if (type(name) == "string" or type(name) == "number") and w then out[name] = w end
+    local name, params = list[i].value, list[i].params
+    local w = count(params.w)
+    if (type(name) == "string" or type(name) == "number") and w then
+      out[name] = { q = count(params.q) or (type(name) == "number" and count(name)) or nil, w = w }
+    end
   end
   return out
 end
 
+-- The quota left is the most restrictive one's; the limit stated is the
+-- slowest of the quotas' policies (10 a second and 1000 an hour: the hour's).
 local function from_list(res, list)
-  local best, policy_windows
+  local best, known, slowest
   for i = 1, #list do
     local params = list[i].params
     local remaining = count(params.r)
     if remaining then
-      local reset = count(params.t)
-      if not reset then
-        if policy_windows == nil then policy_windows = windows(res) or false end
-        reset = policy_windows and policy_windows[list[i].value] or nil
-      end
-      local quota = { remaining = remaining, reset = reset }
+      if known == nil then known = policies(res) or false end
+      local stated = known and known[list[i].value] or nil
+      local quota = { remaining = remaining, reset = count(params.t) or (stated and stated.w) }
       if more_restrictive(best, quota) then best = quota end
+      if stated and stated.q and stated.w > 0 and (not slowest or stated.q / stated.w < slowest.q / slowest.w) then
+        slowest = stated
+      end
     end
   end
+  if best and slowest then best.limit, best.window = slowest.q, slowest.w end
   return best
 end
 
-local function from_dictionary(dict)
-  local remaining = dict.remaining and count(dict.remaining.value)
-  if not remaining then return nil end
-  return { remaining = remaining, reset = dict.reset and count(dict.reset.value) or nil }
+-- The window of the policy whose quota is `limit` (drafts 06 and 07).
+local function window_of(res, limit)
+  local known = limit and policies(res)
+  local stated = known and known[limit]
+  return stated and stated.w or nil
 end
 
---- { remaining = n, reset = seconds | nil } | nil
+local function from_dictionary(res, dict)
+  local remaining = dict.remaining and count(dict.remaining.value)
+  if not remaining then return nil end
+  local limit = dict.limit and count(dict.limit.value) or nil
+  return { remaining = remaining, reset = dict.reset and count(dict.reset.value) or nil,
+    limit = limit, window = window_of(res, limit) }
+end
+
+--- { remaining = n, reset = seconds | nil, limit = n | nil, window = seconds | nil } | nil
 local function quota_of(res)
   local field = common.header(res, "ratelimit")
   if field then
@@ -264,13 +284,15 @@ local function quota_of(res)
       if quota then return quota end
     else
       local dict = parse_dictionary(field)
-      local quota = dict and from_dictionary(dict)
+      local quota = dict and from_dictionary(res, dict)
       if quota then return quota end
     end
   end
   local remaining = common.number(res, "ratelimit-remaining")
   if not remaining then return nil end
-  return { remaining = remaining, reset = common.number(res, "ratelimit-reset") }
+  local limit = common.number(res, "ratelimit-limit")
+  return { remaining = remaining, reset = common.number(res, "ratelimit-reset"), limit = limit,
+    window = window_of(res, limit) }
 end
 
 local function delay(res)
@@ -283,7 +305,7 @@ end
 
 local function observe(res, limiter)
   local quota = quota_of(res)
-  if quota then common.sync(limiter, quota.remaining, quota.reset) end
+  if quota then common.sync(limiter, quota.remaining, quota.reset, quota.limit, quota.window) end
 end
 
 return policy.new {

@@ -1,0 +1,233 @@
+-- `ratewise batch`: one request per line of the input, started as the lines
+-- arrive, at most --concurrency at a time, one JSON line per result. Every
+-- line read gets its result line, whatever happens to the others: a line
+-- that is not a request, an interrupt (Ctrl-C) or a write that fails stops
+-- the starting of new ones, the requests in flight get a short grace, and
+-- those still running after it and those never started are written as
+-- cancelled.
+local rw = require "ratewise"
+local core = require "ratewise.core"
+local compat = require "ratewise.compat"
+local scheduler = require "ratewise.scheduler"
+local input = require "ratewise.cli.input"
+local output = require "ratewise.cli.output"
+local progress = require "ratewise.cli.progress"
+
+local format = string.format
+
+local batch = {}
+
+-- How long the requests in flight may go on after an interrupt or a failed
+-- write before they are cancelled.
+batch.GRACE = 2
+
+-- The exit status after an interrupt: 128 + SIGINT, as a shell reports a
+-- command that SIGINT ended.
+batch.INTERRUPTED = 130
+
+local CANCEL_MESSAGES = {
+  interrupt = "the batch was interrupted",
+  write = "the results could not be written",
+}
+
+--- status = batch.run(path, o, err_out, base, fail): base: the fetch
+-- options every request shares; fail(status, message) raises the command's
+-- error (a missing input, an output that cannot be opened).
+function batch.run(path, o, err_out, base, fail)
+  local reader, why = input.open(path)
+  if not reader then fail(2, why) end
+  local out
+  out, why = output.open(o.output)
+  if not out then fail(output.WRITE_FAILED, why) end
+
+  local st = { done = 0, ok = 0, failed = 0, retries = 0, throttled = 0, errors = {}, waits = {},
+    started = rw.now(), unwritten = 0 }
+  local stop_reason -- "interrupt" or "write" once the batch stops starting requests
+  local function stopping() return stop_reason ~= nil end
+
+  local show_progress = o.progress or (not o.no_progress and core.isatty(2))
+  -- results on the terminal the bar is drawn on: the bar is cleared first
+  local shares_terminal = show_progress and out.file == io.stdout and core.isatty(1)
+  local drawn = false
+  local function draw()
+    st.total = reader:total()
+    err_out:write("\r", progress.line(st, progress.width(2)), "\27[K")
+    err_out:flush()
+    drawn = true
+  end
+
+  local events = function(ev)
+    if ev.type == "retry" then
+      st.retries = st.retries + 1
+      st.waits[compat.running() or "main"] = rw.now() + ev.delay
+    elseif ev.type == "response" then
+      st.waits[compat.running() or "main"] = nil
+      if ev.status == 429 then st.throttled = st.throttled + 1 end
+    end
+  end
+  base.on_event, base.on_retry = events, false
+
+  -- task coroutine -> true once a request of it may have reached the
+  -- server; refused: those the limiter turned away after a stop
+  local started, refused = {}, {}
+  local limited = base.limiter ~= nil
+  if limited then
+    -- The limiter's tokens tell a request that goes out from one still
+    -- queued (which a stop cancels at once: it was never sent); after a
+    -- stop none is given, not even to a retry. Every other method (wait_time,
+    -- observe, a provider's sync) is the bucket's own.
+    local bucket = base.limiter
+    base.limiter = setmetatable({
+      acquire = function(_, n, sleep, max_wait)
+        local me = compat.running() or "main"
+        local granted, wait = false, nil
+        if not stop_reason then granted, wait = bucket:acquire(n, sleep, max_wait) end
+        if granted and stop_reason then granted = false end
+        if granted then started[me] = true elseif stop_reason then refused[me] = true end
+        return granted, wait
+      end,
+    }, { __index = function(_, name)
+      local value = bucket[name]
+      if type(value) ~= "function" then return value end
+      return function(_, ...) return value(bucket, ...) end
+    end })
+  end
+
+  -- One result: counted, then written (unless a write failed before).
+  local function record(item, req, res, err)
+    st.waits[compat.running() or "main"] = nil
+    st.done = st.done + 1
+    if res then
+      st.ok = st.ok + 1
+    else
+      st.failed = st.failed + 1
+      st.errors[err.kind or "input"] = (st.errors[err.kind or "input"] or 0) + 1
+    end
+    local encoded, line = pcall(output.result_line, item, req, res, err, o.no_body)
+    if not encoded then
+      line = format('{"line":%d,"ok":false,"error":{"kind":"internal","message":"the result could not be '
+        .. 'written as JSON"}}', item.n)
+    end
+    if shares_terminal and drawn then err_out:write("\r\27[K") end
+    if not out:write(line, "\n") then
+      st.unwritten = st.unwritten + 1
+      stop_reason = stop_reason or "write"
+    end
+    if shares_terminal and drawn then draw() end
+  end
+
+  local function cancelled(item, in_flight)
+    local req = input.parse_line(item.text, item.n)
+    local reason = CANCEL_MESSAGES[stop_reason]
+    record(item, req, nil, { kind = "cancelled", message = in_flight
+      and format("%s while it was in flight: the server may have received it", reason)
+      or format("not sent: %s", reason) })
+  end
+
+  local function send(item)
+    local req, line_why = input.parse_line(item.text, item.n)
+    if not req then return record(item, nil, nil, { kind = "input", message = line_why }) end
+    local me = compat.running() or "main"
+    if not limited then started[me] = true end
+    local opts = setmetatable({}, { __index = base })
+    local h = {}
+    for k, v in pairs(base.headers) do h[k] = v end
+    if req.headers then for k, v in pairs(req.headers) do h[k] = v end end
+    opts.headers, opts.method, opts.body, opts.json = h, req.method, req.body, req.json
+    if req.idempotency_key ~= nil then opts.idempotency_key = req.idempotency_key end
+    local ok, res, err = compat.pcall(rw.fetch, req.url, opts)
+    if ok and not (res == nil and refused[me]) then return record(item, req, res, err) end
+    if ok or res == scheduler.CANCELLED then return cancelled(item, started[me]) end
+    record(item, req, nil, { kind = "input", message = tostring(res) })
+  end
+
+  local trap = core.trap_sigint()
+  local ok, err = compat.pcall(rw.run, function()
+    local slots = rw.semaphore(o.concurrency or 4)
+    local in_flight = {} -- task -> item
+    local coroutine_of = {} -- task -> its coroutine (the key of started)
+    local watcher = rw.spawn(function()
+      while true do
+        if not stop_reason and core.interrupted() then stop_reason = "interrupt" end
+        if show_progress then draw() end
+        rw.sleep(0.1)
+      end
+    end)
+    local function free_slot()
+      while not stop_reason do
+        if slots:acquire(0.1) then return true end
+      end
+      return false
+    end
+    local unsent
+    while not stop_reason do
+      local item = reader:next(stopping)
+      if not item then break end
+      if not free_slot() then
+        unsent = item
+        break
+      end
+      local task
+      task = rw.spawn(function()
+        local me = compat.running()
+        coroutine_of[task] = me
+        local sent, why_not = compat.pcall(send, item)
+        in_flight[task], coroutine_of[task] = nil, nil
+        slots:release()
+        if why_not == scheduler.CANCELLED then
+          cancelled(item, started[me])
+        elseif not sent then
+          record(item, nil, nil, { kind = "internal", message = tostring(why_not) })
+        end
+        started[me], refused[me] = nil, nil
+      end)
+      in_flight[task] = item
+    end
+    -- The requests in flight end; after a stop, within the grace.
+    local grace_ends
+    while next(in_flight) do
+      if stop_reason then
+        grace_ends = grace_ends or rw.now() + batch.GRACE
+        local graced = rw.now() >= grace_ends
+        for task, item in pairs(in_flight) do
+          if task:status() == "done" then -- cancelled before it ever ran
+            in_flight[task] = nil
+            cancelled(item, false)
+          elseif graced or not started[coroutine_of[task]] then
+            -- (one queued for a token has sent nothing: it goes at once)
+            task:cancel()
+          end
+        end
+      end
+      rw.sleep(0.05)
+    end
+    if stop_reason then
+      if unsent then cancelled(unsent, false) end
+      -- what is left of a file (standard input is left unread: it may never end)
+      if reader.lines then
+        for item in function() return reader:next(function() return false end) end do cancelled(item, false) end
+      end
+    end
+    watcher:cancel()
+  end)
+  if trap then core.release_sigint(trap) end
+  if not ok then error(err, 0) end
+  if show_progress then
+    draw()
+    err_out:write("\n")
+  end
+  out:close()
+  if reader.failed then err_out:write("ratewise: ", reader.failed, "\n") end
+  if out.failed then err_out:write("ratewise: ", out.failed, "\n") end
+  st.total = st.done
+  local line = progress.summary(st)
+  if st.unwritten > 0 then line = line .. format("; %d result%s not written", st.unwritten,
+    st.unwritten == 1 and "" or "s") end
+  err_out:write(line, "\n")
+  if stop_reason == "interrupt" then return batch.INTERRUPTED end
+  if out.failed then return output.WRITE_FAILED end
+  if reader.failed then return 2 end
+  return st.failed == 0 and 0 or 1
+end
+
+return batch

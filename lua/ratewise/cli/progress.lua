@@ -1,0 +1,63 @@
+-- batch's progress bar (on a terminal) and its summary line (always).
+local rw = require "ratewise"
+local core = require "ratewise.core"
+
+local format, concat, rep, sub = string.format, table.concat, string.rep, string.sub
+local floor, max, min = math.floor, math.max, math.min
+
+local progress = {}
+
+--- columns = progress.width(fd): the terminal's width now (it may have been
+-- resized since the last draw), else $COLUMNS, else 80.
+function progress.width(fd)
+  local columns = core.terminal_width(fd)
+  if columns then return columns end
+  local env = tonumber(os.getenv("COLUMNS"))
+  if env and env >= 1 and env % 1 == 0 then return env end
+  return 80
+end
+
+local function duration(seconds)
+  if seconds >= 3600 then return format("%dh%02dm", floor(seconds / 3600), floor(seconds % 3600 / 60)) end
+  if seconds >= 60 then return format("%dm%02ds", floor(seconds / 60), floor(seconds % 60)) end
+  return format("%.0fs", seconds)
+end
+
+--- The progress bar's line, at most width - 1 columns (a line as wide as
+-- the terminal wraps on some): done/total (total "?" until the input has
+-- ended), rate, ETA, retries and 429s so far, and the longest wait under
+-- way. st.total is nil while the input is still being read.
+function progress.line(st, width)
+  local elapsed = max(rw.now() - st.started, 1e-9)
+  local rate = st.done / elapsed
+  local total = st.total
+  local eta = total and rate > 0 and (total - st.done) / rate or nil
+  local info = format(" %d/%s %s %.1f/s ETA %s retries %d 429s %d", st.done, total or "?",
+    total and format("%3d%%", total > 0 and floor(st.done * 100 / total) or 100) or "  ?%", rate,
+    eta and duration(eta) or "?", st.retries, st.throttled)
+  local wait = 0
+  local now = rw.now()
+  for _, until_t in pairs(st.waits) do wait = max(wait, until_t - now) end
+  if wait > 0 then info = info .. format(" waiting %.1fs", wait) end
+  -- the bar keeps one width all run long, whatever the figures' lengths,
+  -- and is left out on a terminal too narrow for it
+  local bar = min(30, width - 56)
+  if bar < 10 then return sub(info, 2, width - 1) end
+  local filled = total and (total > 0 and floor(bar * st.done / total) or bar) or 0
+  return sub("[" .. rep("#", filled) .. rep(".", bar - filled) .. "]" .. info, 1, width - 1)
+end
+
+--- The summary line.
+function progress.summary(st)
+  local elapsed = rw.now() - st.started
+  local kinds = {}
+  for kind, count in pairs(st.errors) do kinds[#kinds + 1] = format("%s %d", kind, count) end
+  table.sort(kinds)
+  local total = st.total or st.done
+  return format("%d request%s in %.1f s (%.1f/s): %d ok, %d failed%s; %d retr%s, %d throttled (429)",
+    total, total == 1 and "" or "s", elapsed, st.done / max(elapsed, 1e-9), st.ok, st.failed,
+    #kinds > 0 and " (" .. concat(kinds, ", ") .. ")" or "", st.retries, st.retries == 1 and "y" or "ies",
+    st.throttled)
+end
+
+return progress
