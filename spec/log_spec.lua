@@ -29,13 +29,13 @@ describe("the log sink", function()
   before_each(function() lines = {} end)
 
   it("receives the retry line of a real retry, at level info", function()
-    s:script("/busy", { { status = 503, headers = { ["Retry-After"] = "0" } }, { status = 200, body = "ok" } })
+    s:script("/busy", { { status = 503 }, { status = 200, body = "ok" } })
     rw.configure { log = collect }
     local res = assert(rw.fetch(s:url("/busy"), { base = 0.01 }))
     assert.equal(200, res.status)
     assert.equal(2, #s:log("/busy"))
     assert.equal(1, #lines)
-    assert.matches("^retrying GET http://127%.0%.0%.1:%d+/busy in %d%.%d%d s %(503, attempt 1/%d+, retry%-after%)$",
+    assert.matches("^retrying GET http://127%.0%.0%.1:%d+/busy in %d%.%d%d s %(503, attempt 1/%d+, backoff%)$",
       lines[1].line)
     assert.equal("info", lines[1].level)
   end)
@@ -82,7 +82,7 @@ describe("the log sink", function()
   end)
 
   it("sends a line written while the log function runs to the default place, not into the function again", function()
-    s:script("/busy", { { status = 503, headers = { ["Retry-After"] = "0" } }, { status = 200, body = "ok" } })
+    s:script("/busy", { { status = 503 }, { status = 200, body = "ok" } })
     s:script("/ship", { { status = 503, headers = { ["Retry-After"] = "0" } }, { status = 200, body = "ok" } })
     local out, err = run_apart(([[
       local rw = require "ratewise"
@@ -113,7 +113,7 @@ describe("the log sink", function()
   end)
 
   it("leaves nothing on stderr when it takes the lines; they are on stderr by default", function()
-    s:script("/busy", { { status = 503, headers = { ["Retry-After"] = "0" } }, { status = 200, body = "ok" } })
+    s:script("/busy", { { status = 503 }, { status = 200, body = "ok" } })
     local program = ([[
       local rw = require "ratewise"
       local configure = ...
@@ -136,14 +136,14 @@ describe("the log sink", function()
     assert.matches("status 200\n", out)
 
     s:reset()
-    s:script("/busy", { { status = 503, headers = { ["Retry-After"] = "0" } }, { status = 200, body = "ok" } })
+    s:script("/busy", { { status = 503 }, { status = 200, body = "ok" } })
     local silent = program:gsub("local configure = %.%.%.", "local configure = 'silent'")
     out, err = run_apart(silent)
     assert.equal("", err)
     assert.equal("status 200\nend\n", out)
 
     s:reset()
-    s:script("/busy", { { status = 503, headers = { ["Retry-After"] = "0" } }, { status = 200, body = "ok" } })
+    s:script("/busy", { { status = 503 }, { status = 200, body = "ok" } })
     out, err = run_apart(program)
     assert.matches("^retrying GET http://127%.0%.0%.1:%d+/busy in", err)
     assert.matches("\nratewise: a task failed and nobody joined it: .*nobody listens", err)
