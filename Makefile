@@ -243,7 +243,7 @@ CPPCHECK_FLAGS := --std=c99 -D_POSIX_C_SOURCE=200809L --library=posix,lua,libcur
 # the command that checks a file parses there.
 LUAS := lua5.1:build-lua5.1:luac5.1 lua5.3:build-lua5.3:luac5.3 lua5.4:build:luac5.4 luajit:build-luajit:/usr/bin/luajit
 lint: deps deps-check
-	luacheck --no-color lua spec bench examples bin
+	luacheck --no-color lua spec bench examples bin types
 	@# Under every Lua: lua/ parses, the C core builds (-Werror) and ratewise runs (spec/support/smoke.lua).
 	@for entry in $(LUAS); do \
 	  lua=$${entry%%:*}; rest=$${entry#*:}; dir=$${rest%%:*}; parse=$${rest#*:}; \

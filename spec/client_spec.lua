@@ -378,6 +378,21 @@ describe("rw.client", function()
       assert.equal("request", events[1])
     end)
 
+    it("calls a call's own on_event beside the client's, each with every event of that call", function()
+      s:script("/ev", { { status = 503 }, { status = 200 } })
+      local client_events, call_events, plain_events = {}, {}, {}
+      local c = new { sleep = function() end, on_event = function(e) client_events[#client_events + 1] = e.type end }
+      assert(c:get("/ev", { on_event = function(e) call_events[#call_events + 1] = e.type end }))
+      assert.equal(2, #s:log("/ev"))
+      assert.is_true(#call_events >= 4, table.concat(call_events, " "))
+      assert.are.same(client_events, call_events)
+      -- a client without a hook of its own calls the call's alone
+      local plain = new { sleep = function() end }
+      assert(plain:get("/ok", { on_event = function(e) plain_events[#plain_events + 1] = e.type end }))
+      assert.equal("request", plain_events[1])
+      assert.error_matches(function() c:get("/ok", { on_event = 1 }) end, "option 'on_event' must be a function")
+    end)
+
     it("counts without an on_event hook, and names an attempt with no response 'network'", function()
       s:script("/t", { { status = 503 } })
       local c = new { sleep = function() end, max_retries = 1, concurrency = 2 }

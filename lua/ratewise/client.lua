@@ -448,7 +448,20 @@ function Client:_call(method, opts, url, route_path, foreign, kept)
   call.circuit = opts.circuit or self.circuit
   call.budget = opts.budget or self.budget
   call.cost = opts.cost
-  call.on_event = self.on_event
+  -- Both hear the call: the client's hook (its telemetry) and the call's own.
+  local own_hook, client_hook = opts.on_event, self.on_event
+  if own_hook == nil or own_hook == client_hook then
+    call.on_event = client_hook
+  elseif type(own_hook) ~= "function" then
+    error("client:request: option 'on_event' must be a function", 3)
+  elseif client_hook then
+    call.on_event = function(event)
+      client_hook(event)
+      own_hook(event)
+    end
+  else
+    call.on_event = own_hook
+  end
   -- Another origin gets neither the client's secrets nor its limits, which
   -- are the client's API's.
   if foreign then

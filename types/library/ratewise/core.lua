@@ -1,0 +1,300 @@
+---@meta ratewise.core
+
+-- ratewise.core: the C core (src/*.c), as the Lua layer in lua/ratewise
+-- uses it. Not a public API: `require "ratewise"` is. Misuse raises;
+-- runtime failures answer nil, err.
+
+---@class ratewise.core
+---@field version string ratewise's version
+---@field curl_version string libcurl's version string
+---@field secret_header_names string[] the built-in secret request headers
+---@field transport_header_names string[] the request headers libcurl owns (a caller's raise)
+---@field max_request_header_bytes integer the most bytes of request headers in all
+---@field bucket_methods table<string, function> the methods of every ratewise.Bucket (lua/ratewise/bucket.lua adds to them)
+local core = {}
+
+---The monotonic clock, seconds.
+---@return number
+function core.now() end
+
+---The wall clock, epoch seconds.
+---@return number
+function core.time() end
+
+---Bytes the C heap has handed out and not had back (glibc), or nil elsewhere.
+---@return integer|nil
+function core.malloc_in_use() end
+
+---`n` bytes from the kernel's cryptographic generator, or nil, err.
+---@param n integer from 1 to 256
+---@return string|nil bytes
+---@return string? err
+function core.random_bytes(n) end
+
+---A number in [0, 1) from the kernel's generator, or nil, err.
+---@return number|nil
+---@return string? err
+function core.random() end
+
+---The SIGINT action `core.trap_sigint` replaced (src/term.c).
+---@class ratewise.term_saved_sigint
+
+---From now on SIGINT sets the flag `core.interrupted` reads (the CLI's Ctrl-C); the action it replaced, for `core.release_sigint`, or nil, err.
+---@return ratewise.term_saved_sigint|nil saved
+---@return string? err
+function core.trap_sigint() end
+
+---SIGINT does again what it did before `core.trap_sigint`.
+---@param saved ratewise.term_saved_sigint
+function core.release_sigint(saved) end
+
+---Whether SIGINT came since `core.trap_sigint`.
+---@return boolean
+function core.interrupted() end
+
+---A write to a closed pipe fails with EPIPE instead of ending the process.
+function core.ignore_sigpipe() end
+
+---The columns of the terminal at `fd`, or nil when it is not one (or does not say).
+---@param fd integer
+---@return integer|nil
+function core.terminal_width(fd) end
+
+---One read(2) of at most `max` bytes from a descriptor poll found readable: the bytes ("" at the end), or nil, err.
+---@param fd integer
+---@param max integer
+---@return string|nil bytes
+---@return string? err
+function core.read_fd(fd, max) end
+
+---Whether the descriptor is a terminal.
+---@param fd integer
+---@return boolean
+function core.isatty(fd) end
+
+---@param status integer
+---@return ratewise.Class
+function core.classify(status) end
+
+---@param s string
+---@param now? number
+---@return number|nil epoch
+function core.parse_http_date(s, now) end
+
+---@param value string
+---@param now? number
+---@return number|nil seconds
+function core.parse_retry_after(value, now) end
+
+---Non-negative decimal seconds, such as a rate header's.
+---@param s string
+---@return number|nil seconds
+function core.parse_seconds(s) end
+
+---@param s string
+---@return number|nil seconds
+function core.parse_duration(s) end
+
+---@param s string
+---@return number|nil epoch
+function core.parse_rfc3339(s) end
+
+---The backoff's arithmetic; lua/ratewise/retry.lua checks and names the options.
+---@param attempt integer
+---@param base number
+---@param max_delay number
+---@param jitter ratewise.Jitter
+---@param u number a number in [0, 1)
+---@param previous? number
+---@return number seconds
+function core.backoff(attempt, base, max_delay, jitter, u, previous) end
+
+---An event-stream parser: a line or an event's data may hold at most `max` bytes (default 1 MiB).
+---@param max? integer
+---@return ratewise.SSEParser
+function core.sse_parser(max) end
+
+---A token bucket (what `rw.bucket` is; without `slow_down` handled here).
+---@param opts ratewise.BucketOptions
+---@return ratewise.Bucket
+function core.bucket(opts) end
+
+---The transfer engine: a libcurl multi handle.
+---@param opts? ratewise.core.EngineOptions
+---@return ratewise.Engine|nil engine
+---@return string? err
+function core.engine(opts) end
+
+---Makes a lazily built response's header tables from its raw header block.
+---@param res ratewise.Response
+function core.response_headers(res) end
+
+---Starts a connection to Redis; it is under way when this returns.
+---Absent from a core built without Redis.
+---@param host string
+---@param port integer
+---@return ratewise.Redis|nil conn
+---@return string? err
+function core.redis_connect(host, port) end
+
+---@class ratewise.core.EngineOptions
+---@field max_connections? integer
+---@field max_idle_connections? integer
+
+---The request table `engine:start` takes (its fields: src/transfer.h, REQUEST_FIELDS).
+---@class ratewise.core.Request
+---@field url string
+---@field method string
+---@field body? string
+---@field empty_body? boolean
+---@field transport? string[]|false the names of the rarer fields the request sets (false: none)
+---@field decompress? boolean
+---@field secret_headers? string[]
+---@field headers? table the request headers, as src/request.c reads them
+---@field timeout? number
+---@field connect_timeout? number
+---@field first_byte_timeout? number
+---@field idle_timeout? number
+---@field stream? boolean
+---@field follow_redirects? boolean
+---@field max_body? number
+---@field no_replay? boolean
+---@field verify_tls? boolean
+---@field ca_file? string
+---@field ca_path? string
+---@field client_cert? string
+---@field client_key? string
+---@field client_key_password? string
+---@field pinned_public_key? string
+---@field proxy? string
+---@field proxy_ca_file? string
+---@field tls_min_version? "1.2"|"1.3"
+
+---@class ratewise.Engine
+local Engine = {}
+
+---Starts a transfer; `owner` is named with it when a poll reports it finished.
+---@param request ratewise.core.Request
+---@param owner? any
+---@return ratewise.Transfer|nil transfer
+---@return ratewise.TransportError|string|nil err
+function Engine:start(request, owner) end
+
+---Drives every running transfer; waits at most `timeout` seconds when none
+---has finished. The finished ones are `out[1..n]`.
+---@param timeout? number
+---@param out? table
+---@param budget? number
+---@param owners? table
+---@return table out
+---@return integer n
+function Engine:poll(timeout, out, budget, owners) end
+
+---New connection limits for a running engine.
+---@param opts ratewise.core.EngineOptions
+function Engine:configure(opts) end
+
+---Transfers in flight, finished ones not yet reported, and watched descriptors.
+---@return integer
+function Engine:running() end
+
+---Once nothing runs, closes the connections kept from a burst and lets large buffers go.
+function Engine:trim() end
+
+---The descriptor that is readable when a transfer can move.
+---@return integer fd
+function Engine:pollfd() end
+
+---The next poll that finds `fd` ready reports it, once, among the finished transfers.
+---@param fd integer
+---@param mode "r"|"w"
+function Engine:watch(fd, mode) end
+
+---@param fd integer
+function Engine:unwatch(fd) end
+
+---@return "r"
+function Engine:events() end
+
+---Seconds until the engine must be polled (0: now), or nil when nothing is due.
+---@return number|nil
+function Engine:timeout() end
+
+---Running transfers end as aborted.
+function Engine:close() end
+
+---@class ratewise.Transfer
+local Transfer = {}
+
+---@return boolean
+function Transfer:done() end
+
+---@param owner any
+function Transfer:set_owner(owner) end
+
+---The response table, or nil and the transport error.
+---@param lazy? boolean
+---@param close? boolean
+---@param recycle? boolean
+---@param mt? table
+---@return ratewise.Response|nil res
+---@return ratewise.TransportError|nil err
+function Transfer:result(lazy, close, recycle, mt) end
+
+---A streamed transfer's timeout (the request's) applies to its body too: for a reader that reads the whole body within a call's time.
+function Transfer:bound() end
+
+---The final response's status and headers once they are in, while the transfer runs.
+---@return table|nil
+function Transfer:head() end
+
+---The body bytes since the last read; nil when none has come yet; false once all were read.
+---@return string|false|nil
+function Transfer:read() end
+
+---Aborts a running transfer and closes its connection.
+function Transfer:cancel() end
+
+function Transfer:close() end
+
+---An event-stream parser (`core.sse_parser`).
+---@class ratewise.SSEParser
+local SSEParser = {}
+
+---The events the chunk completed, in order; nil, err when a line or an event is over max.
+---@param chunk string
+---@return ratewise.ServerEvent[]|nil events
+---@return string? err
+function SSEParser:feed(chunk) end
+
+function SSEParser:close() end
+
+---A connection to Redis (`core.redis_connect`).
+---@class ratewise.Redis
+local Redis = {}
+
+---@return integer fd
+function Redis:fd() end
+
+---`true` once connected, `false` while under way, nil and an error when it failed.
+---@return boolean|nil
+---@return string? err
+function Redis:connected() end
+
+---Queues one command; `flush` writes it.
+---@param ... string|number
+function Redis:send(...) end
+
+---`true` when every queued command is written, `false` when the socket takes no more for now.
+---@return boolean|nil
+---@return string? err
+function Redis:flush() end
+
+---`true, value` when a reply is complete; `false` when more must arrive.
+---@return boolean|nil
+---@return any value_or_err
+function Redis:read() end
+
+function Redis:close() end
+
+return core
