@@ -33,6 +33,9 @@ build = {
    type = "builtin",
    -- the command-line tool (lua/ratewise/cli.lua does the work)
    install = { bin = { ratewise = "bin/ratewise" } },
+   -- Copied into the rock's directory (`luarocks show --rock-dir ratewise`):
+   -- the docs, and the editor types (types/library, a LuaLS addon).
+   copy_directories = { "docs", "types" },
    -- The Lua modules need no list: builtin copies the top-level lua/ folder,
    -- whose paths mirror the module names (ratewise/init.lua, ratewise/*.lua,
    -- ratewise/providers/*.lua, ratewise/hosts/*.lua, ratewise/cli/*.lua).
