@@ -369,8 +369,8 @@ describe("rw.redis_bucket", function()
       -- the first.
       local gaps = {}
       for i = 2, 12 do gaps[#gaps + 1] = string.format("%.3f", log[i].t - log[i - 1].t) end
-      assert.is_true(took >= 11 / 20 - 0.02, string.format("12 requests in %.3f s at 20 a second (gaps at the server: %s)",
-        took, table.concat(gaps, " ")))
+      assert.is_true(took >= 11 / 20 - 0.02,
+        string.format("12 requests in %.3f s at 20 a second (gaps at the server: %s)", took, table.concat(gaps, " ")))
     end)
   end
 
