@@ -10,24 +10,44 @@ LUA       ?= lua5.4
 ifeq ($(LUA),lua5.4)
   LUA_PKG := lua5.4
   DEB_LUA := lua5.4 liblua5.4-dev
-  BUILD   ?= build
+  BUILD   ?= build$(VARIANT)
 else ifeq ($(LUA),lua5.3)
   LUA_PKG := lua5.3
   DEB_LUA := lua5.3 liblua5.3-dev
-  BUILD   ?= build-lua5.3
+  BUILD   ?= build-lua5.3$(VARIANT)
 else ifeq ($(LUA),lua5.1)
   LUA_PKG := lua5.1
   DEB_LUA := lua5.1 liblua5.1-0-dev lua-compat53-dev
-  BUILD   ?= build-lua5.1
+  BUILD   ?= build-lua5.1$(VARIANT)
 else ifeq ($(LUA),luajit)
   LUA_PKG := luajit
   # lua-compat-5.3's header lives with Lua 5.1's, searched after LuaJIT's own.
   LUA_EXTRA_INC := -I/usr/include/lua5.1
   DEB_LUA := luajit2 libluajit2-5.1-dev lua-compat53-dev
-  BUILD   ?= build-luajit
+  BUILD   ?= build-luajit$(VARIANT)
 else
   $(error LUA must be lua5.4, lua5.3, lua5.1 or luajit (got $(LUA)))
 endif
+
+# The OS wait (src/poller.c): POLLER=epoll (Linux's default) or poll (any
+# POSIX system's; the default elsewhere). REDIS=0 builds without hiredis:
+# rw.redis_bucket then takes only a client object (such as resty.redis).
+# Each variant builds into a folder of its own: `make test POLLER=poll`
+# into build-poll/, `make test REDIS=0` into build-noredis/.
+UNAME     := $(shell uname -s)
+POLLER    ?= $(if $(filter Linux,$(UNAME)),epoll,poll)
+REDIS     ?= 1
+ifeq ($(POLLER),epoll)
+  POLLER_DEF := -DRW_POLLER_EPOLL
+else ifeq ($(POLLER),poll)
+  POLLER_DEF := -DRW_POLLER_POLL
+else
+  $(error POLLER must be epoll or poll (got $(POLLER)))
+endif
+ifneq ($(REDIS),$(filter $(REDIS),0 1))
+  $(error REDIS must be 0 or 1 (got $(REDIS)))
+endif
+VARIANT   := $(if $(filter Linux,$(UNAME)),$(if $(filter poll,$(POLLER)),-poll),$(if $(filter epoll,$(POLLER)),-epoll))$(if $(filter 0,$(REDIS)),-noredis)
 CC        ?= cc
 PKG_LUA    = $(shell pkg-config --cflags $(LUA_PKG) 2>/dev/null) $(LUA_EXTRA_INC)
 PKG_LUA_LIBS = $(shell pkg-config --libs $(LUA_PKG) 2>/dev/null)
@@ -37,10 +57,14 @@ WARN      := -Wall -Wextra -Werror -Wshadow -Wmissing-prototypes -Wstrict-protot
              -Wpointer-arith -Wcast-qual -Wformat=2 -Wundef
 CFLAGS    ?= -O2 -g
 ALL_CFLAGS = -std=c99 -D_POSIX_C_SOURCE=200809L -fPIC -fvisibility=hidden $(WARN) \
-             $(PKG_LUA) $(PKG_CURL_CFLAGS) $(CFLAGS)
+             $(POLLER_DEF) $(REDIS_DEF) $(PKG_LUA) $(PKG_CURL_CFLAGS) $(CFLAGS)
 LDFLAGS   ?=
 # Not -llua5.4: the lua5.4 binary already contains Lua, a second copy breaks it.
-LIBS      = $(PKG_CURL_LIBS) -lhiredis -lm
+REDIS_DEF := $(if $(filter 0,$(REDIS)),-DRW_NO_REDIS)
+REDIS_LIB := $(if $(filter 1,$(REDIS)),-lhiredis)
+LIBS      = $(PKG_CURL_LIBS) $(REDIS_LIB) -lm
+# A module is a bundle on macOS, whose symbols from Lua are found at load.
+SHARED    := $(if $(filter Darwin,$(UNAME)),-bundle -undefined dynamic_lookup,-shared)
 
 CORE      := $(BUILD)/ratewise/core.so
 # examples/host.c built for this interpreter (examples/host is the default's)
@@ -52,7 +76,7 @@ HDR       := $(wildcard src/*.h)
 LUA_ENV   = LUA_PATH="./lua/?.lua;./lua/?/init.lua;./?.lua;;" LUA_CPATH="./$(BUILD)/?.so;;"
 
 # Debian packages each target needs; installed by `make deps` when missing.
-DEB_BUILD := gcc make pkg-config $(DEB_LUA) libcurl4-openssl-dev libhiredis-dev
+DEB_BUILD := gcc make pkg-config $(DEB_LUA) libcurl4-openssl-dev $(if $(filter 1,$(REDIS)),libhiredis-dev)
 # The hosts the suite runs ratewise in: OpenResty (nginx with the Lua
 # module, whose LuaJIT is luajit2's), cqueues, luv, and LÖVE (on the same
 # LuaJIT) under a virtual X server.
@@ -67,7 +91,7 @@ DEB_TOOLS := lua-check luarocks
 DEB_CHECK := clang libclang-rt-14-dev clang-tidy cppcheck valgrind \
              lua5.1 liblua5.1-0-dev lua5.3 liblua5.3-dev luajit2 libluajit2-5.1-dev lua-compat53-dev
 
-.PHONY: all deps deps-check test demo bench examples install lint clean soak nvim \
+.PHONY: all deps deps-build deps-check test demo bench examples install lint clean soak nvim \
         fuzz test-asan test-valgrind luajit-core bench-hosts bench-rate bench-redis bench-http2 \
         bench-openresty bench-baseline bench-instructions
 
@@ -75,7 +99,7 @@ all: $(CORE)
 
 $(CORE): $(SRC) $(HDR) Makefile
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -shared -o $@ $(SRC) $(LDFLAGS) $(LIBS)
+	$(CC) $(ALL_CFLAGS) $(SHARED) -o $@ $(SRC) $(LDFLAGS) $(LIBS)
 
 # Installs the Debian packages that are missing (needs root, as on a fresh machine).
 define install_missing
@@ -91,6 +115,9 @@ endef
 deps:
 	$(call install_missing,$(DEB_BUILD) $(DEB_TEST) $(DEB_TOOLS))
 
+deps-build:
+	$(call install_missing,$(DEB_BUILD) luarocks)
+
 deps-check:
 	$(call install_missing,$(DEB_CHECK))
 
@@ -98,13 +125,16 @@ deps-check:
 # RATEWISE_* tell the specs how to start this interpreter, this build and
 # this host in processes of their own, and how to build C against this Lua.
 SPEC_ENV = RATEWISE_LUA="$$(command -v $(LUA))" RATEWISE_CPATH="./$(BUILD)/?.so" RATEWISE_HOST="$(HOST)" \
-           RATEWISE_LUA_CFLAGS="$(PKG_LUA)" RATEWISE_LUA_LIBS="$(PKG_LUA_LIBS)"
+           RATEWISE_LUA_CFLAGS="$(PKG_LUA)" RATEWISE_LUA_LIBS="$(PKG_LUA_LIBS)" \
+           RATEWISE_CORE_CFLAGS="$(POLLER_DEF) $(REDIS_DEF)" RATEWISE_CORE_LIBS="$(PKG_CURL_LIBS) $(REDIS_LIB) -lm" \
+           RATEWISE_LUAJIT_CPATH="./$(LUAJIT_BUILD)/?.so"
 # spec/openresty_spec.lua runs nginx's Lua module, and spec/love_spec.lua
-# LÖVE, both LuaJIT: they load the LuaJIT build of the core, whichever Lua
-# the suite runs under.
-LUAJIT_CORE := build-luajit/ratewise/core.so
+# LÖVE, both LuaJIT: they load the LuaJIT build of the core (of the same
+# variant), whichever Lua the suite runs under.
+LUAJIT_BUILD := build-luajit$(VARIANT)
+LUAJIT_CORE := $(LUAJIT_BUILD)/ratewise/core.so
 luajit-core:
-	@$(MAKE) -s --no-print-directory LUA=luajit BUILD=build-luajit $(LUAJIT_CORE)
+	@$(MAKE) -s --no-print-directory LUA=luajit BUILD=$(LUAJIT_BUILD) $(LUAJIT_CORE)
 
 # A Neovim plugin tree in this checkout (lazy.nvim: build = "make nvim"):
 # the core built against LuaJIT where Neovim's runtimepath loader looks for
@@ -220,15 +250,26 @@ lint: deps deps-check
 	  for f in $$(find lua -name '*.lua'); do \
 	    if [ "$$lua" = luajit ]; then $$parse -bl "$$f" >/dev/null || exit 1; else $$parse -p "$$f" || exit 1; fi; \
 	  done; \
-	  $(MAKE) -s --no-print-directory LUA=$$lua BUILD=$$dir all || exit 1; \
-	  LUA_PATH="./lua/?.lua;./lua/?/init.lua;;" LUA_CPATH="./$$dir/?.so;;" $$lua spec/support/smoke.lua || exit 1; \
+	  $(MAKE) -s --no-print-directory LUA=$$lua BUILD=$$dir$(VARIANT) all || exit 1; \
+	  LUA_PATH="./lua/?.lua;./lua/?/init.lua;;" LUA_CPATH="./$$dir$(VARIANT)/?.so;;" $$lua spec/support/smoke.lua || exit 1; \
 	done
-	@echo "clang-tidy src/*.c"
-	@out=$$(clang-tidy --quiet $(SRC) -- $(TIDY_FLAGS) 2>&1); rc=$$?; \
+	@# Under Lua 5.4, the poll(2) backend and the build without Redis too.
+	@for variant in poll:POLLER=poll noredis:REDIS=0; do \
+	  dir=build-$${variant%%:*}; \
+	  $(MAKE) -s --no-print-directory LUA=lua5.4 $${variant#*:} BUILD=$$dir all || exit 1; \
+	  printf '%s: ' "$${variant#*:}"; \
+	  LUA_PATH="./lua/?.lua;./lua/?/init.lua;;" LUA_CPATH="./$$dir/?.so;;" lua5.4 spec/support/smoke.lua || exit 1; \
+	done
+	@# Each backend's code, and the core without Redis.
+	@for defs in -DRW_POLLER_EPOLL "-DRW_POLLER_POLL -DRW_NO_REDIS"; do \
+	  echo "clang-tidy src/*.c $$defs"; \
+	  out=$$(clang-tidy --quiet $(SRC) -- $(TIDY_FLAGS) $$defs 2>&1); rc=$$?; \
 	  printf '%s\n' "$$out" | grep -v -e 'warnings\? generated\.$$' -e '^$$' || true; \
-	  [ $$rc -eq 0 ] && echo "clang-tidy: no findings"; exit $$rc
-	cppcheck $(CPPCHECK_FLAGS) src/
-	@echo "cppcheck: no findings"
+	  [ $$rc -eq 0 ] || exit $$rc; \
+	  echo "cppcheck src/ $$defs"; \
+	  cppcheck $(CPPCHECK_FLAGS) $$defs src/ || exit 1; \
+	done
+	@echo "clang-tidy, cppcheck: no findings"
 
 # luarocks leaves ./ratewise/core.so and src/*.o behind; a stray
 # ./ratewise/core.so would shadow the installed module through the cpath.
@@ -237,14 +278,35 @@ lint: deps deps-check
 # to download the rock (and fail offline).
 # LuaJIT loads Lua 5.1 modules: its rocks go to luarocks' 5.1 tree (which
 # LuaJIT searches too), built against LuaJIT's own headers.
-ROCKS_LUA = $(if $(filter luajit,$(LUA)),5.1 LUA_INCDIR=/usr/include/luajit-2.1,$(subst lua,,$(LUA)))
-# luarocks' builtin copies all of lua/: `make nvim`'s LuaJIT core is set
-# aside meanwhile, so that it does not land among the installed Lua files.
-install: deps
+# Installs what the build needs, never the suite's servers: the C core,
+# lua/ratewise and bin/ratewise, through luarocks into its system tree or
+# TREE=dir (`luarocks --tree`); with REDIS=0 the rock without Redis
+# (rockspec/ratewise-noredis-scm-1.rockspec). PREFIX=dir copies the same
+# files without luarocks: PREFIX/lib/lua/V/, PREFIX/share/lua/V/,
+# PREFIX/bin/ (DESTDIR first, for packagers; the command runs under LUA).
+# luarocks builds with its own flags: POLLER=poll reaches it as a define in
+# CFLAGS. luarocks' builtin copies all of lua/: `make nvim`'s LuaJIT core is
+# set aside meanwhile, so that it does not land among the installed Lua
+# files (nor does the copy take it).
+LUA_V     = $(if $(filter luajit,$(LUA)),5.1,$(subst lua,,$(LUA)))
+ROCKS_LUA = $(LUA_V)$(if $(filter luajit,$(LUA)), LUA_INCDIR=/usr/include/luajit-2.1)
+ROCKSPEC  = rockspec/ratewise$(if $(filter 0,$(REDIS)),-noredis)-scm-1.rockspec
+ROCKS_CFLAGS = $(if $(filter command line,$(origin POLLER)),CFLAGS="-O2 -fPIC $(POLLER_DEF)")
+install: deps-build
+ifdef PREFIX
+install: $(CORE)
+	install -d $(DESTDIR)$(PREFIX)/lib/lua/$(LUA_V)/ratewise $(DESTDIR)$(PREFIX)/share/lua/$(LUA_V) $(DESTDIR)$(PREFIX)/bin
+	install -m 644 $(CORE) $(DESTDIR)$(PREFIX)/lib/lua/$(LUA_V)/ratewise/core.so
+	cp -R lua/ratewise $(DESTDIR)$(PREFIX)/share/lua/$(LUA_V)/
+	rm -f $(DESTDIR)$(PREFIX)/share/lua/$(LUA_V)/$(NVIM_CORE:lua/%=%)*
+	sed '1s|.*|#!/usr/bin/env $(LUA)|' bin/ratewise > $(DESTDIR)$(PREFIX)/bin/ratewise
+	chmod 755 $(DESTDIR)$(PREFIX)/bin/ratewise
+else
 	@if [ -e $(NVIM_CORE) ]; then mv -f $(NVIM_CORE) $(NVIM_CORE).aside; fi; \
-	luarocks --lua-version $(ROCKS_LUA) make --deps-mode=none rockspec/ratewise-scm-1.rockspec; rc=$$?; \
-	if [ -e $(NVIM_CORE).aside ]; then mv -f $(NVIM_CORE).aside $(NVIM_CORE); fi; \
+	luarocks --lua-version $(ROCKS_LUA) $(if $(TREE),--tree $(TREE)) make --deps-mode=none $(ROCKSPEC) $(ROCKS_CFLAGS); \
+	rc=$$?; if [ -e $(NVIM_CORE).aside ]; then mv -f $(NVIM_CORE).aside $(NVIM_CORE); fi; \
 	rm -rf ratewise src/*.o; exit $$rc
+endif
 
 # ---- fuzzing: one libFuzzer target per parser of src/parse.c (fuzz/) ----
 # `make fuzz FUZZ_SECONDS=600` for a long run; each target prints one line.
@@ -345,6 +407,5 @@ test-valgrind: deps deps-check $(CORE) examples luajit-core nvim
 	esac
 
 clean:
-	rm -rf build build-lua5.3 build-lua5.1 build-luajit $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) src/*.o ./*.so examples/host \
-	  $(NVIM_CORE)
+	rm -rf build build-* $(BUILD) src/*.o ./*.so examples/host $(NVIM_CORE)
 	@$(MAKE) -s -C bench clean 2>/dev/null || true

@@ -8,21 +8,24 @@ local uv = require "luv"
 local rw = require "ratewise"
 
 -- The adapter: a dozen lines that any libuv program can copy. on_idle is
--- called once no ratewise task is left.
+-- called once no ratewise task is left. A build with the poll(2) backend
+-- has no descriptor (rw.features.pollfd): the timer alone drives it then,
+-- rw.pollable:timeout() keeping it short while transfers are in flight.
 local function drive_ratewise(on_idle)
-  local poll, timer = uv.new_poll(rw.pollable:pollfd()), uv.new_timer()
+  local fd, timer = rw.pollable:pollfd(), uv.new_timer()
+  local poll = fd and uv.new_poll(fd)
   local function drive()
     local live = rw.step(0)
     timer:stop()
     if live == 0 then -- closed, not only stopped: the loop must not outlive the descriptor
-      poll:close()
+      if poll then poll:close() end
       timer:close()
       return on_idle()
     end
     local wait = rw.pollable:timeout()
     if wait then timer:start(math.ceil(wait * 1000), 0, drive) end
   end
-  poll:start("r", drive)
+  if poll then poll:start("r", drive) end
   return drive
 end
 

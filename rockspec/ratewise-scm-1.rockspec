@@ -41,7 +41,7 @@ build = {
    modules = {
       ["ratewise.core"] = {
          sources = { "src/bucket.c", "src/core.c", "src/engine.c", "src/lparse.c", "src/parse.c", "src/request.c",
-                     "src/response.c", "src/redis.c", "src/redis_reader.c", "src/sse.c",
+                     "src/poller.c", "src/response.c", "src/redis.c", "src/redis_reader.c", "src/sse.c",
                      "src/term.c" },
          libraries = { "curl", "hiredis" },
          -- On Lua 5.1 and LuaJIT the C core needs lua-compat-5.3's header

@@ -29,8 +29,9 @@ end
 
 -- The C flags every build of the module needs (the Makefile adds warnings
 -- and -fvisibility=hidden).
-local CFLAGS = "-std=c99 -D_POSIX_C_SOURCE=200809L " .. subprocess.lua_cflags .. " $(pkg-config --cflags libcurl)"
-local LIBS = "$(pkg-config --libs libcurl) -lhiredis -lm"
+local CFLAGS = "-std=c99 -D_POSIX_C_SOURCE=200809L " .. subprocess.lua_cflags .. " $(pkg-config --cflags libcurl) "
+  .. subprocess.core_cflags
+local LIBS = subprocess.core_libs
 
 -- For a subprocess: how many descriptors it has open now.
 local FDS = [[
@@ -842,9 +843,8 @@ describe("ratewise.core as a shared object", function()
     local dir = os.tmpname()
     os.remove(dir)
     assert(os.execute("mkdir -p " .. dir))
-    local build = "cc -O2 -fPIC -D_POSIX_C_SOURCE=200809L " .. subprocess.lua_cflags
-      .. " $(pkg-config --cflags libcurl) -shared -o "
-      .. dir .. "/core.so src/*.c $(pkg-config --libs libcurl) -lhiredis -lm 2>&1"
+    local build = "cc -O2 -fPIC -D_POSIX_C_SOURCE=200809L " .. subprocess.lua_cflags .. " " .. subprocess.core_cflags
+      .. " $(pkg-config --cflags libcurl) -shared -o " .. dir .. "/core.so src/*.c " .. LIBS .. " 2>&1"
     local out, built = sh(build)
     assert(built, "the build failed: " .. out)
     local p = assert(io.popen("nm -D --defined-only " .. dir .. "/core.so"))

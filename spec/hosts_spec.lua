@@ -9,6 +9,17 @@ local socket = require "socket"
 
 local quiet = { on_retry = false }
 
+-- A build with the poll(2) backend (`make POLLER=poll`) has no descriptor
+-- to wait on: there, hosts look again after naps of 1 to 16 ms while a
+-- transfer is in flight (rw.pollable:timeout() says so), and these specs
+-- hold them to that instead: a bounded count of wake-ups, none longer
+-- than the longest nap.
+local has_fd = rw.features.pollfd
+local NAP_MAX = 0.016
+local function most_wakeups(with_fd, seconds)
+  return has_fd and with_fd or math.ceil(seconds / NAP_MAX) * 3
+end
+
 describe("the waiting seam", function()
   local s
 
@@ -76,7 +87,7 @@ describe("the waiting seam", function()
       assert.is_true(rw.now() - started < 0.9, "took " .. (rw.now() - started) .. " s")
       assert.is_true(ticks >= 8, "the other coroutine ticked " .. ticks .. " times")
       -- naps of 1 to 10 ms would have woken each fetch 50 times or more
-      assert.is_true(polls.n < 40, polls.n .. " wake-ups")
+      assert.is_true(polls.n < most_wakeups(40, 0.5), polls.n .. " wake-ups")
       assert.equal(2, #s:log("/slow"))
     end)
 
@@ -143,8 +154,12 @@ describe("the waiting seam", function()
       end
       assert.equal(200, value)
       -- naps of 1 to 10 ms would have made some 50 yields, none over 0.01 s
-      assert.is_true(yields < 15, yields .. " yields for one 0.5 s transfer")
-      assert.is_true(longest > 0.05, "the longest yield asked for " .. longest .. " s")
+      assert.is_true(yields < most_wakeups(15, 0.5), yields .. " yields for one 0.5 s transfer")
+      if has_fd then
+        assert.is_true(longest > 0.05, "the longest yield asked for " .. longest .. " s")
+      else
+        assert.is_true(longest <= NAP_MAX + 1e-6, "the longest yield asked for " .. longest .. " s")
+      end
     end)
 
     it("yields the scheduler's pollable, so that a resumer can wait on its descriptor", function()
@@ -155,7 +170,7 @@ describe("the waiting seam", function()
       end)
       local status, resumes = run_with_select(co)
       assert.equal(200, status)
-      assert.is_true(resumes < 15, resumes .. " resumes for one transfer")
+      assert.is_true(resumes < most_wakeups(15, 0.5), resumes .. " resumes for one transfer")
     end)
 
     it("lets two coroutines share a client with concurrency 1, never blocking the thread", function()
@@ -213,13 +228,13 @@ describe("the waiting seam", function()
         sleep = socket.sleep,
         wait = function(pollable, seconds)
           waits = waits + 1
-          assert.is_number(pollable:pollfd())
+          if has_fd then assert.is_number(pollable:pollfd()) else assert.is_nil(pollable:pollfd()) end
           socket.select({ pollable }, nil, seconds)
         end,
       }
       local res = assert(rw.client { base_url = s.base, on_retry = false }:get("/slow"))
       assert.equal(200, res.status)
-      assert.is_true(waits > 0 and waits < 20, waits .. " waits")
+      assert.is_true(waits > 0 and waits < most_wakeups(20, 0.3), waits .. " waits")
       assert.error_matches(function() rw.configure { sleep = false, wait = print } end, "'wait' needs a 'sleep'")
     end)
 

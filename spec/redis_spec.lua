@@ -108,6 +108,12 @@ local NGINX_SERVER = [[
     }
 ]]
 
+-- Without Redis support (`make test REDIS=0`), what needs ratewise's own
+-- Redis connection is pending, and the error a caller gets is checked.
+local needs_redis = rw.features.redis and it or function(name)
+  pending(name .. " [this build has no Redis support: REDIS=0]")
+end
+
 describe("rw.redis_bucket", function()
   local s, r
 
@@ -124,7 +130,7 @@ describe("rw.redis_bucket", function()
     r:cli("FLUSHALL")
   end)
 
-  it("is one bucket for every object that names the same key, on the server's clock", function()
+  needs_redis("is one bucket for every object that names the same key, on the server's clock", function()
     local a = rw.redis_bucket { redis = r.url, key = "k", capacity = 2, rate = 10 }
     local b = rw.redis_bucket { redis = r.url, key = "k", capacity = 2, rate = 10 }
     local other = rw.redis_bucket { redis = r.url, key = "other", capacity = 2, rate = 10 }
@@ -143,7 +149,7 @@ describe("rw.redis_bucket", function()
     assert.is_true((a:take()))
   end)
 
-  it("keeps its key under a hash tag, and lets it expire once the bucket is full again", function()
+  needs_redis("keeps its key under a hash tag, and lets it expire once the bucket is full again", function()
     local b = rw.redis_bucket { redis = r.url, key = "api-key-7", capacity = 1, rate = 20 }
     assert.is_true((b:take()))
     assert.equal("ratewise:{api-key-7}", r:cli("KEYS", "*"))
@@ -154,7 +160,7 @@ describe("rw.redis_bucket", function()
     assert.near(1, b:tokens(), 0.01)
   end)
 
-  it("reloads its script when Redis forgot it (NOSCRIPT), and takes one command per acquire", function()
+  needs_redis("reloads its script when Redis forgot it (NOSCRIPT), and takes one command per acquire", function()
     local b = rw.redis_bucket { redis = r.url, key = "k", capacity = 100, rate = 1000 }
     assert.is_true(b:acquire())
     r:cli("SCRIPT", "FLUSH")
@@ -169,7 +175,7 @@ describe("rw.redis_bucket", function()
     assert.equal(10, #s:log("/x"))
   end)
 
-  it("keeps four processes to one rate: the server sees 100 a second, within 2 %", function()
+  needs_redis("keeps four processes to one rate: the server sees 100 a second, within 2 %", function()
     local results = workers(4, s:url("/shared"), r.url, 3, "closed", 100)
     local total = 0
     for _, out in ipairs(results) do
@@ -186,7 +192,7 @@ describe("rw.redis_bucket", function()
       last - first, rate))
   end)
 
-  it("on_error = closed: with Redis stopped every call ends at once with kind limiter_unavailable", function()
+  needs_redis("on_error = closed: with Redis stopped every call ends at once with kind limiter_unavailable", function()
     local stop, seen_at_stop = stop_redis_once_paced(s, r, "/closed")
     local results = workers(4, s:url("/closed"), r.url, 2, "closed", 50, stop)
     local shared = seen_at_stop()
@@ -209,7 +215,8 @@ describe("rw.redis_bucket", function()
     assert.is_true(#log - shared <= 8 + 2, (#log - shared) .. " requests after Redis stopped")
   end)
 
-  it("on_error = local: with Redis stopped mid-run, four processes go on at their local rate, none fails", function()
+  needs_redis("on_error = local: with Redis stopped mid-run, four processes go on at their local rate, none fails",
+    function()
     local stop, seen_at_stop = stop_redis_once_paced(s, r, "/local")
     local results = workers(4, s:url("/local"), r.url, 2, "local", 40, stop)
     local shared = seen_at_stop()
@@ -238,7 +245,8 @@ describe("rw.redis_bucket", function()
       string.format("%d requests in %.3f s after Redis stopped", after, local_span))
   end)
 
-  it("on_error = local: with Redis stopped each process goes on at its local rate, and back to Redis after", function()
+  needs_redis("on_error = local: with Redis stopped each process goes on at its local rate, and back to Redis after",
+    function()
     local b = rw.redis_bucket { redis = r.url, key = "k", capacity = 1, rate = 20, on_error = "local",
       timeout = 0.1 }
     assert.is_true(b:acquire())
@@ -254,7 +262,7 @@ describe("rw.redis_bucket", function()
     assert.equal("ratewise:{k}", r:cli("KEYS", "*"))
   end)
 
-  it("picks up a restarted Redis: a call after the restart is served by it", function()
+  needs_redis("picks up a restarted Redis: a call after the restart is served by it", function()
     local b = rw.redis_bucket { redis = r.url, key = "k", capacity = 5, rate = 5, timeout = 0.1 }
     assert.is_true((b:take()))
     r:stop()
@@ -268,7 +276,7 @@ describe("rw.redis_bucket", function()
     assert.is_true((b:take()))
   end)
 
-  it("in rw.limiters: a Redis that fails ends the composite's acquire and the call with its error", function()
+  needs_redis("in rw.limiters: a Redis that fails ends the composite's acquire and the call with its error", function()
     local b = rw.redis_bucket { redis = r.url, key = "k", capacity = 5, rate = 5, timeout = 0.1 }
     -- The local member refills too slowly to hide a token taken from it
     -- (at 5 a second, an ASan run's 140 ms between its checks showed 4.69).
@@ -288,7 +296,8 @@ describe("rw.redis_bucket", function()
     assert.near(4, local_limit:tokens(), 0.1) -- nothing taken from the member that could answer
   end)
 
-  it("takes a broken or hostile server's huge reply for a protocol error, allocating nothing for it", function()
+  needs_redis("takes a broken or hostile server's huge reply for a protocol error, allocating nothing for it",
+    function()
     local fake_redis = require "spec.support.fake_redis"
     for _, case in ipairs {
       { "*1111111111\r\n", "protocol error" },
@@ -304,7 +313,7 @@ describe("rw.redis_bucket", function()
     end
   end)
 
-  it("never shows the password of its URL, and refuses options that make no sense", function()
+  needs_redis("never shows the password of its URL, and refuses options that make no sense", function()
     local b = rw.redis_bucket { redis = "redis://:hunter2@127.0.0.1:1", key = "k", capacity = 1, rate = 1,
       timeout = 0.1 }
     local _, err = b:acquire()
@@ -329,7 +338,8 @@ describe("rw.redis_bucket", function()
   end)
 
   for _, client in ipairs { "object", "url" } do
-    it("paces the requests of an nginx through Redis (" .. (client == "object" and "a cosocket client" or
+    local test = client == "object" and it or needs_redis
+    test("paces the requests of an nginx through Redis (" .. (client == "object" and "a cosocket client" or
       "a redis:// URL") .. ")", function()
       local nginx = require "spec.support.nginx"
       local n = nginx.start { server = NGINX_SERVER }
@@ -361,12 +371,12 @@ describe("rw.redis_bucket", function()
       -- the first.
       local gaps = {}
       for i = 2, 12 do gaps[#gaps + 1] = string.format("%.3f", log[i].t - log[i - 1].t) end
-      assert.is_true(took >= 11 / 20 - 0.02, string.format("12 requests in %.3f s at 20 a second (gaps at the server: %s)",
-        took, table.concat(gaps, " ")))
+      assert.is_true(took >= 11 / 20 - 0.02,
+        string.format("12 requests in %.3f s at 20 a second (gaps at the server: %s)", took, table.concat(gaps, " ")))
     end)
   end
 
-  it("takes a client object with evalsha and eval (the shape of resty.redis)", function()
+  needs_redis("takes a client object with evalsha and eval (the shape of resty.redis)", function()
     local own = require("ratewise.redis").new { host = "127.0.0.1", port = r.port, timeout = 1 }
     local calls = {}
     local object = {
@@ -399,7 +409,7 @@ describe("rw.redis_bucket against a broken or hostile Redis", function()
     assert(ok, err)
   end
 
-  it("reads a URL's userinfo to its last @, and shows no part of the password", function()
+  needs_redis("reads a URL's userinfo to its last @, and shows no part of the password", function()
     with_fake({ AUTH = "-WRONGPASS invalid username-password pair\r\n" }, function(fake)
       local url = "redis://:p@ssw0rdSECRET@127.0.0.1:" .. fake.port .. "/2"
       local b = rw.redis_bucket { redis = url, key = "k", capacity = 1, rate = 1 }
@@ -423,7 +433,7 @@ describe("rw.redis_bucket against a broken or hostile Redis", function()
     assert.is_nil(tostring(err):find("SECRET", 1, true), tostring(err))
   end)
 
-  it("keeps the password and the user out of every error the server answers with", function()
+  needs_redis("keeps the password and the user out of every error the server answers with", function()
     local echo = "-ERR alice sent hunter2SECRET, p%40ss\r\n"
     for _, replies in ipairs {
       { AUTH = echo },
@@ -462,7 +472,7 @@ describe("rw.redis_bucket against a broken or hostile Redis", function()
     { SCRIPT = SHA, EVALSHA = "-NOSCRIPT\r\n", EVAL = ":1\r\n" },
   }
 
-  it("takes any reply that is not the script's three integers for an unavailable limiter, and never raises",
+  needs_redis("takes any reply that is not the script's three integers for an unavailable limiter, and never raises",
     function()
       for _, replies in ipairs(ABSURD) do
         with_fake(replies, function(fake)
@@ -493,7 +503,7 @@ describe("rw.redis_bucket against a broken or hostile Redis", function()
       assert.equal(0, #s:log("/absurd"))
     end)
 
-  it("never waits past the max_wait given, whatever the server grants", function()
+  needs_redis("never waits past the max_wait given, whatever the server grants", function()
     -- granted, with a wait of 5 s: a server that does not run the script
     with_fake({ SCRIPT = SHA, EVALSHA = "*3\r\n:5000000\r\n:1\r\n:0\r\n" }, function(fake)
       local b = rw.redis_bucket { redis = fake.url, key = "k", capacity = 1, rate = 1 }
@@ -507,5 +517,25 @@ describe("rw.redis_bucket against a broken or hostile Redis", function()
       assert.is_true(rw.now() - t0 < 1, "took " .. (rw.now() - t0) .. " s")
     end)
     assert.equal(0, #s:log("/late"))
+  end)
+end)
+
+describe("a build without Redis support (make REDIS=0)", function()
+  if rw.features.redis then
+    pending("this build has Redis support: `make test REDIS=0` runs these")
+    return
+  end
+
+  -- (a client object still works: the nginx spec above with a cosocket
+  -- client runs in this build too)
+  it("raises a clear error for a redis:// URL, naming the build and not the password", function()
+    local ok, err = pcall(rw.redis_bucket, { redis = "redis://:hunter2@127.0.0.1:6379", key = "k", capacity = 1,
+      rate = 1 })
+    assert.is_false(ok)
+    assert.matches("ratewise was built without Redis support (REDIS=0): rebuild with hiredis", err, 1, true)
+    assert.no.matches("hunter2", err, 1, true)
+    assert.error_matches(function() require("ratewise.redis").new { host = "127.0.0.1", port = 6379 } end,
+      "built without Redis support", 1, true)
+    assert.is_nil(require("ratewise.core").redis_connect)
   end)
 end)

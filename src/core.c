@@ -22,6 +22,7 @@
 #include <curl/curl.h>
 
 #include "compat.h"
+#include "poller.h"
 #include "ratewise.h"
 
 double rw_clock_monotonic(void)
@@ -270,7 +271,15 @@ int luaopen_ratewise_core(lua_State *L)
     rw_parse_register(L);
     rw_bucket_register(L);
     rw_engine_register(L);
+#ifdef RW_NO_REDIS
+    lua_pushboolean(L, 0);
+#else
     rw_redis_register(L);
+    lua_pushboolean(L, 1);
+#endif
+    lua_setfield(L, -2, "redis"); /* whether core.redis_connect is there (`make REDIS=0`) */
+    lua_pushliteral(L, POLLER_NAME);
+    lua_setfield(L, -2, "poller"); /* the OS wait: "epoll" or "poll" (src/poller.h) */
     rw_term_register(L);
     lua_pushliteral(L, RW_VERSION);
     lua_setfield(L, -2, "version");

@@ -9,10 +9,11 @@
  *
  * The engine is pollable, as cqueues calls it: libcurl's socket interface
  * (CURLMOPT_SOCKETFUNCTION, CURLMOPT_TIMERFUNCTION) tells it which sockets
- * to watch, which it keeps in one epoll set, and when to call back. So a
- * host waits on one descriptor (engine:pollfd(), readable when any socket
- * is ready) and one deadline (engine:timeout()), then lets the engine act
- * on what is ready (engine:poll(0), which never blocks). engine:poll(t)
+ * to watch, which it keeps in its poller's set (src/poller.c), and when to
+ * call back. So a host waits on one descriptor (engine:pollfd(), readable
+ * when any socket is ready; none with the poll(2) backend) and one
+ * deadline (engine:timeout()), then lets the engine act on what is ready
+ * (engine:poll(0), which never blocks). engine:poll(t)
  * waits on that descriptor itself, at most t seconds: the one place the
  * engine blocks, and only when asked to.
  * Connections live in the multi handle's cache, so they are reused across
@@ -38,8 +39,8 @@
 #include <unistd.h>
 
 #include <poll.h>
-#include <sys/epoll.h>
 
+#include "poller.h"
 #include "transfer.h"
 
 #define ENGINE_MT "ratewise.Engine"
@@ -155,14 +156,13 @@ typedef struct engine {
     long max_connections, max_idle;
     long cache_size; /* CURLMOPT_MAXCONNECTS as last set (engine_size_cache) */
     int renew; /* replace the multi handle once nothing runs (engine_shed) */
-    int epfd;        /* the sockets libcurl waits on, as one descriptor (-1: none) */
+    poller poller;   /* the sockets libcurl waits on (open while multi is) */
     unsigned char *watch; /* by descriptor: WATCH_* (see engine_on_watch) */
     size_t nwatch;
     double timer_at; /* when libcurl asked to be called back (HUGE_VAL: it did not) */
     int *fired;      /* descriptors of engine:watch that became ready, not yet reported */
     int nfired, capfired;
     int nwatching;   /* descriptors of engine:watch armed and not yet ready */
-    int coarse_wait; /* the kernel has no epoll_pwait2: waits are whole milliseconds */
 #ifdef RW_FAULTS
     CURLMcode fail_next; /* RW_FAULTS builds: the next drive fails with this */
 #endif
@@ -353,10 +353,10 @@ static void engine_size_cache(engine *e)
     curl_multi_setopt(e->multi, CURLMOPT_MAXCONNECTS, size);
 }
 
-/* What the epoll set holds for a descriptor (engine.watch[fd]). libcurl
+/* What the poller's set holds for a descriptor (engine.watch[fd]). libcurl
  * stops watching a connection each time a transfer on it ends and watches
  * it again for the next one, which reuses it: taking it out of the set and
- * putting it back would cost two or three epoll_ctl calls a request (a
+ * putting it back would cost two or three system calls a request (a
  * quarter more CPU in the concurrent benchmark). So a connection libcurl
  * no longer wants stays in the set, marked unwanted, until it reports an
  * event (then it leaves: an idle connection the server closes would stay
@@ -367,7 +367,7 @@ static void engine_size_cache(engine *e)
 #define WATCH_IN_SET 4u
 #define WATCH_WANTED 8u
 /* A descriptor the Lua layer watches (engine:watch: a Redis connection),
- * not libcurl: armed once (EPOLLONESHOT), reported by poll when ready. */
+ * not libcurl: armed once (POLLER_ONESHOT), reported by poll when ready. */
 #define WATCH_FOREIGN 16u
 #define WATCH_ARMED 32u
 
@@ -396,12 +396,11 @@ static unsigned char *engine_watch_slot(engine *e, curl_socket_t s)
 }
 
 /* libcurl says which sockets it waits on, and for what: the engine keeps
- * them in its epoll set. C only. */
+ * them in its poller's set. C only. */
 static int engine_on_watch(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
 {
     engine *e = (engine *)userp;
     unsigned char *slot = engine_watch_slot(e, s), want;
-    struct epoll_event ev;
     (void)easy;
     (void)socketp;
     if (!slot) return -1; /* out of memory: libcurl gives the multi handle up (engine_drive) */
@@ -414,13 +413,10 @@ static int engine_on_watch(CURL *easy, curl_socket_t s, int what, void *userp, v
         *slot |= WATCH_WANTED;
         return 0;
     }
-    memset(&ev, 0, sizeof ev);
-    ev.events = ((want & WATCH_IN) ? EPOLLIN : 0u) | ((want & WATCH_OUT) ? EPOLLOUT : 0u);
-    ev.data.fd = s;
-    if (epoll_ctl(e->epfd, (*slot & WATCH_IN_SET) ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, s, &ev) != 0
-        && !(errno == ENOENT && epoll_ctl(e->epfd, EPOLL_CTL_ADD, s, &ev) == 0)
-        && !(errno == EEXIST && epoll_ctl(e->epfd, EPOLL_CTL_MOD, s, &ev) == 0))
-        return -1; /* out of kernel memory: libcurl gives the multi handle up (engine_drive) */
+    if (poller_set(&e->poller, s, ((want & WATCH_IN) ? POLLER_IN : 0u) | ((want & WATCH_OUT) ? POLLER_OUT : 0u),
+                   (*slot & WATCH_IN_SET) != 0)
+        != 0)
+        return -1; /* out of memory: libcurl gives the multi handle up (engine_drive) */
     *slot = (unsigned char)(want | WATCH_IN_SET | WATCH_WANTED);
     return 0;
 }
@@ -459,7 +455,7 @@ static void engine_socket_gone(engine *e, int fd)
     if (g && g->sockets > 0 && --g->sockets == 0 && g->state == GATE_KNOWN && !g->held) g->state = GATE_FREE;
 }
 
-/* libcurl closes a socket: it leaves the epoll set with it. The last of an
+/* libcurl closes a socket: it leaves the poller's set with it. The last of an
  * origin's connections closed, the engine forgets what it knew of it: a
  * server that closed its idle connection (an HTTP/2 server's idle timeout,
  * minutes at most) would otherwise see the next burst open a connection
@@ -470,6 +466,7 @@ static int engine_on_close(void *userp, curl_socket_t s)
     engine *e = (engine *)userp;
     if (s < 0) return 0;
     if ((size_t)s < e->nwatch) e->watch[s] = 0;
+    poller_closing(&e->poller, s);
     engine_socket_gone(e, s);
     return close(s);
 }
@@ -519,7 +516,7 @@ static void engine_shed(engine *e)
     if (!e->renew || e->running.head) return;
     fresh = engine_new_multi(e);
     if (!fresh) return; /* out of memory: the old one does */
-    /* Closing its connections also takes them out of the epoll set. */
+    /* Closing its connections also takes them out of the poller's set. */
     curl_multi_cleanup(e->multi);
     e->multi = fresh;
     e->renew = 0;
@@ -1037,62 +1034,37 @@ static void engine_fire(engine *e, int fd)
     e->fired[e->nfired++] = fd;
 }
 
-/* Waits at most `seconds` for a socket libcurl watches, to the microsecond
- * where the kernel can (epoll_pwait2, Linux 5.11): a bucket spacing requests
- * 5 ms apart must not send them 4 or 6 ms apart, as waits rounded up to
- * whole milliseconds of epoll_wait would. */
-static int engine_wait(engine *e, struct epoll_event *ev, int max, double seconds)
-{
-    long ms;
-#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 35))
-    if (!e->coarse_wait && seconds > 0) {
-        struct timespec ts;
-        int n;
-        if (seconds > RW_MAX_SECONDS) seconds = RW_MAX_SECONDS;
-        ts.tv_sec = (time_t)seconds;
-        ts.tv_nsec = (long)((seconds - (double)ts.tv_sec) * 1e9);
-        if (ts.tv_nsec > 999999999L) ts.tv_nsec = 999999999L;
-        n = epoll_pwait2(e->epfd, ev, max, &ts, NULL);
-        if (n >= 0 || errno != ENOSYS) return n;
-        e->coarse_wait = 1;
-    }
-#endif
-    if (seconds <= 0) return epoll_wait(e->epfd, ev, max, 0);
-    ms = transfer_ms(seconds);
-    return epoll_wait(e->epfd, ev, max, ms > INT_MAX ? INT_MAX : (int)ms);
-}
-
 /* Waits at most `seconds` (0: not at all) for a socket libcurl watches, lets
  * libcurl act on the sockets that are ready and on its timer if it is due,
  * then gathers what finished. With a `budget` (seconds; 0: none), libcurl
  * is given no more sockets once that much time has passed after the wait:
- * the sockets left stay ready in the epoll set (level-triggered) and its
+ * the sockets left stay ready in the poller's set (level-triggered) and its
  * timer stays due, so the next drive takes them up, and a frame loop's step
  * stays short however many transfers move at once. A failure of the multi
- * handle (or of epoll) ends every running transfer with it. */
+ * handle (or of the OS wait) ends every running transfer with it. */
 static void engine_drive(engine *e, double seconds, double budget)
 {
-    struct epoll_event ev[ENGINE_EVENTS];
+    poller_event ev[ENGINE_EVENTS];
     CURLMcode mc = CURLM_OK;
     int n, i, running, spent = 0; /* spent: the budget is, and the clock need not be read again */
     double until;
-    n = engine_wait(e, ev, ENGINE_EVENTS, seconds);
+    n = poller_wait(&e->poller, ev, ENGINE_EVENTS, seconds);
     until = budget > 0 ? rw_clock_monotonic() + budget : 0;
     if (n < 0) {
         n = 0;
         if (errno != EINTR) mc = CURLM_UNRECOVERABLE_POLL;
     }
     for (i = 0; i < n && mc == CURLM_OK; i++) {
-        int fd = ev[i].data.fd;
-        int flags = ((ev[i].events & EPOLLIN) ? CURL_CSELECT_IN : 0) | ((ev[i].events & EPOLLOUT) ? CURL_CSELECT_OUT : 0)
-                    | ((ev[i].events & (EPOLLERR | EPOLLHUP)) ? CURL_CSELECT_ERR : 0);
+        int fd = ev[i].fd;
+        int flags = ((ev[i].events & POLLER_IN) ? CURL_CSELECT_IN : 0) | ((ev[i].events & POLLER_OUT) ? CURL_CSELECT_OUT : 0)
+                    | ((ev[i].events & POLLER_ERR) ? CURL_CSELECT_ERR : 0);
         if (fd >= 0 && (size_t)fd < e->nwatch && (e->watch[fd] & WATCH_FOREIGN)) {
             engine_fire(e, fd);
             continue;
         }
         if (fd >= 0 && (size_t)fd < e->nwatch && !(e->watch[fd] & WATCH_WANTED)) {
             /* a connection libcurl no longer watches (see WATCH_IN) */
-            (void)epoll_ctl(e->epfd, EPOLL_CTL_DEL, fd, NULL);
+            poller_del(&e->poller, fd);
             e->watch[fd] = 0;
             continue;
         }
@@ -1192,7 +1164,6 @@ static int engine_l_new(lua_State *L)
     }
     e = (engine *)lua_newuserdatauv(L, sizeof(engine), ENGINE_NUV);
     memset(e, 0, sizeof *e); /* closed until the multi handle exists */
-    e->epfd = -1;
     e->response_bytes = (double)ENGINE_RECV_MAX * 2; /* libcurl's default until responses are seen */
     e->next_expiry = HUGE_VAL;
     e->timer_at = HUGE_VAL;
@@ -1209,18 +1180,16 @@ static int engine_l_new(lua_State *L)
     lua_setiuservalue(L, -2, ENGINE_UV_KEYS);
     lua_createtable(L, ENGINE_SPARE_MAX, 0);
     lua_setiuservalue(L, -2, ENGINE_UV_SPARE);
-    e->epfd = epoll_create1(EPOLL_CLOEXEC);
-    if (e->epfd < 0) {
+    if (poller_open(&e->poller) != 0) {
         int err = errno;
         lua_pop(L, 1);
         lua_pushnil(L);
-        lua_pushfstring(L, "no epoll descriptor for the engine: %s", strerror(err));
+        lua_pushfstring(L, "the engine cannot wait on sockets (" POLLER_NAME "): %s", strerror(err));
         return 2;
     }
     e->multi = engine_new_multi(e);
     if (!e->multi) {
-        close(e->epfd);
-        e->epfd = -1;
+        poller_close(&e->poller);
         lua_pop(L, 1);
         lua_pushnil(L);
         lua_pushliteral(L, "libcurl could not create a multi handle");
@@ -1448,10 +1417,14 @@ static int engine_l_poll(lua_State *L)
 
 /* engine:pollfd() -> the descriptor that is readable when a socket of a
  * transfer is ready: a host waits on it (and on engine:timeout()), then
- * calls engine:poll(0). It stays the same for the engine's whole life. */
+ * calls engine:poll(0). It stays the same for the engine's whole life.
+ * nil with the poll(2) backend, which has none: engine:timeout() then
+ * says when to look again while sockets may move. */
 static int engine_l_pollfd(lua_State *L)
 {
-    lua_pushinteger(L, engine_check(L)->epfd);
+    int fd = poller_fd(&engine_check(L)->poller);
+    if (fd < 0) lua_pushnil(L);
+    else lua_pushinteger(L, fd);
     return 1;
 }
 
@@ -1466,8 +1439,6 @@ static int engine_l_watch(lua_State *L)
     lua_Integer fd = luaL_checkinteger(L, 2);
     const char *mode = luaL_checkstring(L, 3);
     unsigned char *slot;
-    struct epoll_event ev;
-    int op;
     luaL_argcheck(L, fd >= 0 && fd <= INT_MAX, 2, "not a descriptor");
     luaL_argcheck(L, (mode[0] == 'r' || mode[0] == 'w') && mode[1] == '\0', 3, "mode must be \"r\" or \"w\"");
     slot = engine_watch_slot(e, (curl_socket_t)fd);
@@ -1485,13 +1456,9 @@ static int engine_l_watch(lua_State *L)
         e->fired = grown;
         e->capfired = cap;
     }
-    memset(&ev, 0, sizeof ev);
-    ev.events = (mode[0] == 'r' ? EPOLLIN : EPOLLOUT) | EPOLLONESHOT;
-    ev.data.fd = (int)fd;
-    op = (*slot & WATCH_FOREIGN) ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
-    if (epoll_ctl(e->epfd, op, (int)fd, &ev) != 0
-        && !(errno == ENOENT && epoll_ctl(e->epfd, EPOLL_CTL_ADD, (int)fd, &ev) == 0)
-        && !(errno == EEXIST && epoll_ctl(e->epfd, EPOLL_CTL_MOD, (int)fd, &ev) == 0)) {
+    if (poller_set(&e->poller, (int)fd, (mode[0] == 'r' ? POLLER_IN : POLLER_OUT) | POLLER_ONESHOT,
+                   (*slot & WATCH_FOREIGN) != 0)
+        != 0) {
         int err = errno;
         lua_pushnil(L);
         lua_pushfstring(L, "cannot watch descriptor %d: %s", (int)fd, strerror(err));
@@ -1513,7 +1480,7 @@ static int engine_l_unwatch(lua_State *L)
     if (fd < 0 || (size_t)fd >= e->nwatch || !(e->watch[fd] & WATCH_FOREIGN)) return 0;
     if (e->watch[fd] & WATCH_ARMED) e->nwatching--;
     e->watch[fd] = 0;
-    (void)epoll_ctl(e->epfd, EPOLL_CTL_DEL, (int)fd, NULL);
+    poller_del(&e->poller, (int)fd);
     for (i = 0; i < e->nfired; i++) {
         if (e->fired[i] == (int)fd) e->fired[i--] = e->fired[--e->nfired];
     }
@@ -1532,7 +1499,9 @@ static int engine_l_events(lua_State *L)
  * its descriptor stayed quiet (0: now), or nil when nothing is due. */
 static int engine_l_timeout(lua_State *L)
 {
-    double left = engine_deadline(engine_check(L));
+    engine *e = engine_check(L);
+    double left = engine_deadline(e);
+    if (e->running.head || e->nwatching) left = poller_nap(&e->poller, left);
     if (left < 0) lua_pushnil(L);
     else lua_pushnumber(L, left);
     return 1;
@@ -1594,8 +1563,7 @@ static int engine_l_close(lua_State *L)
     while (e->npool > 0) engine_destroy(e->pool[--e->npool]);
     curl_multi_cleanup(e->multi);
     e->multi = NULL;
-    if (e->epfd >= 0) close(e->epfd);
-    e->epfd = -1;
+    poller_close(&e->poller);
     free(e->watch);
     e->watch = NULL;
     e->nwatch = 0;

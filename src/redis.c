@@ -10,6 +10,9 @@
  * replies parsed by hiredis (Debian's libhiredis), not by hand: RESP is its
  * job, and its reader is the one every Redis client in C trusts.
  */
+/* Built without hiredis (`make REDIS=0`): nothing here, and core.redis_connect
+ * is absent. */
+#ifndef RW_NO_REDIS
 #include <errno.h>
 #include <limits.h>
 #include <netdb.h>
@@ -360,3 +363,5 @@ void rw_redis_register(lua_State *L)
     lua_pushcfunction(L, redis_l_connect);
     lua_setfield(L, -2, "redis_connect");
 }
+
+#endif /* RW_NO_REDIS */

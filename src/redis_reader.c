@@ -10,6 +10,9 @@
  * is refused before anything is allocated, and redis.c caps what it
  * buffers for one reply (RW_REDIS_MAX_REPLY_BYTES).
  */
+/* Built without hiredis (`make REDIS=0`): nothing here, and core.redis_connect
+ * is absent. */
+#ifndef RW_NO_REDIS
 #include <stddef.h>
 
 #include "redis_reader.h"
@@ -38,3 +41,5 @@ void rw_redis_reader_free(rw_redis_reader *r)
     if (r->reader) redisReaderFree(r->reader);
     r->reader = NULL;
 }
+
+#endif /* RW_NO_REDIS */

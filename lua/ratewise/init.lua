@@ -56,6 +56,9 @@ local ratewise = {
   step = scheduler.step,
   --- rw.pollable:pollfd(), :events(), :timeout(): what an event loop waits on before rw.step(0)
   pollable = scheduler.pollable,
+  --- what this build has: redis (rw.redis_bucket takes a redis:// URL), poller ("epoll" | "poll"),
+  --- pollfd (rw.pollable:pollfd() is a descriptor, not nil)
+  features = { redis = core.redis == true, poller = core.poller, pollfd = core.poller ~= "poll" },
   --- results, errors = rw.map(list, fn [, {concurrency = n}])
   map = scheduler.map,
   --- ok, ... = rw.pcall(fn, ...): pcall that a task may wait inside, on every Lua (PUC Lua 5.1's own pcall

@@ -21,6 +21,12 @@ local redis = {}
 local RECONNECT_AFTER = 0.5
 redis.RECONNECT_AFTER = RECONNECT_AFTER
 
+-- Whether the C core has its Redis connection (built without hiredis, `make
+-- REDIS=0`, it has not), and what a caller who needs it is told.
+redis.available = core.redis == true
+redis.MISSING = "ratewise was built without Redis support (REDIS=0): rebuild with hiredis "
+  .. "(Debian's libhiredis-dev), or pass a client object such as resty.redis"
+
 -- What is kept of an error the server answers with: its words go into
 -- error messages and log lines, and a broken server may send a megabyte.
 local MAX_SERVER_WORDS = 200
@@ -73,6 +79,7 @@ Client.__index = Client
 
 --- client = redis.new{host = h, port = p, db = n, username = u, password = pw, timeout = s}
 function redis.new(opts)
+  if not redis.available then error(redis.MISSING, 2) end
   -- a server may echo them in its errors (a failed AUTH)
   local secrets = {}
   secrets[#secrets + 1] = opts.password

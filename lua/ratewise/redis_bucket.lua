@@ -253,6 +253,7 @@ function redis_bucket.new(opts)
   }, RedisBucket)
   local target = opts.redis
   if type(target) == "string" then
+    if not redis.available then error("redis_bucket: " .. redis.MISSING, 2) end
     local host, port, db, username, password = redis.parse_url(target)
     if not host then
       -- the URL is not repeated: it may hold a password

@@ -10,6 +10,10 @@ subprocess.host = os.getenv("RATEWISE_HOST") or "examples/host"
 -- test LUA=... sets them): compiler flags, and the library to link a host.
 subprocess.lua_cflags = os.getenv("RATEWISE_LUA_CFLAGS") or "$(pkg-config --cflags lua5.4)"
 subprocess.lua_libs = os.getenv("RATEWISE_LUA_LIBS") or "$(pkg-config --libs lua5.4)"
+-- How the build under test was made (`make POLLER=poll`, `make REDIS=0`):
+-- the C core's defines, and the libraries it links.
+subprocess.core_cflags = os.getenv("RATEWISE_CORE_CFLAGS") or ""
+subprocess.core_libs = os.getenv("RATEWISE_CORE_LIBS") or "$(pkg-config --libs libcurl) -lhiredis -lm"
 
 --- The shell command that runs a Lua script with this tree's ratewise.
 function subprocess.lua_command(script)

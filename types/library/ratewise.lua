@@ -6,9 +6,16 @@
 ---@class ratewise
 ---@field _VERSION string the version string
 ---@field pollable ratewise.Pollable the scheduler as a pollable: what an event loop waits on before `rw.step(0)`
+---@field features ratewise.Features what this build has
 ---@field policy ratewise.PolicyModule `rw.policy{...}` makes a policy; `rw.policy.chain(a, b, ...)` joins several
 ---@field providers ratewise.Providers the built-in provider policies, loaded on first use
 local ratewise = {}
+
+---`rw.features`: what this build of ratewise has.
+---@class ratewise.Features
+---@field redis boolean `rw.redis_bucket` takes a `redis://` URL (false when built with `make REDIS=0`)
+---@field poller "epoll"|"poll" the engine's OS wait
+---@field pollfd boolean `rw.pollable:pollfd()` is a descriptor (false with the poll(2) backend)
 
 ---One HTTP request, retried the way the server asks. Misuse (a bad URL, an
 ---unknown or bad option) raises; whatever the network or the server causes

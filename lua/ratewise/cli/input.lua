@@ -10,6 +10,7 @@ local text = require "ratewise.cli.text"
 
 local format, find, sub, gsub = string.format, string.find, string.sub, string.gsub
 local huge = math.huge
+local EBADF = 9 -- POSIX systems' number for a descriptor that is not open
 
 local input = {}
 
@@ -133,6 +134,12 @@ local READ_SIZE = 16384
 function input.open(path)
   local reader = setmetatable({ buffer = "", at = 1, line_number = 0, count = 0, ended = false }, Reader)
   if path == "-" then
+    -- A closed standard input is said so now: descriptor 0 would otherwise
+    -- go to whatever is opened next (the engine's, libcurl's), and reading
+    -- that would wait for ever. Seeking a closed one fails with EBADF (a
+    -- pipe's, with ESPIPE).
+    local _, why, code = io.stdin:seek("cur")
+    if code == EBADF then return nil, "cannot read standard input: " .. tostring(why) end
     reader.fd = 0
     return reader
   end

@@ -7,6 +7,8 @@
 ---@class ratewise.core
 ---@field version string ratewise's version
 ---@field curl_version string libcurl's version string
+---@field redis boolean whether the core has its Redis connection (false when built with `make REDIS=0`)
+---@field poller "epoll"|"poll" the engine's OS wait, chosen at build time (`make POLLER=poll`)
 ---@field secret_header_names string[] the built-in secret request headers
 ---@field transport_header_names string[] the request headers libcurl owns (a caller's raise)
 ---@field max_request_header_bytes integer the most bytes of request headers in all
@@ -201,8 +203,9 @@ function Engine:running() end
 ---Once nothing runs, closes the connections kept from a burst and lets large buffers go.
 function Engine:trim() end
 
----The descriptor that is readable when a transfer can move.
----@return integer fd
+---The descriptor that is readable when a transfer can move; nil with the
+---poll(2) backend, which has none (`Engine:timeout()` then says when to look again).
+---@return integer|nil fd
 function Engine:pollfd() end
 
 ---The next poll that finds `fd` ready reports it, once, among the finished transfers.

@@ -40,11 +40,12 @@ function Semaphore:release() end
 local Pollable = {}
 
 ---The descriptor to wait on until it is readable; the same for the life of the Lua state.
----@return integer fd
+---nil in a build with the poll(2) backend: wait for `timeout()` alone.
+---@return integer|nil fd
 function Pollable:pollfd() end
 
 ---The same descriptor, for luasocket's `select`.
----@return integer fd
+---@return integer|nil fd
 function Pollable:getfd() end
 
 ---What to wait for on the descriptor.

@@ -1,0 +1,60 @@
+rockspec_format = "3.0"
+-- ratewise without Redis support (`make REDIS=0`): no hiredis needed;
+-- rw.redis_bucket takes a client object (resty.redis) but no redis:// URL.
+package = "ratewise-noredis"
+version = "scm-1"
+source = {
+   url = "git+file://.",
+}
+description = {
+   summary = "Calls to rate-limited web APIs that wait the way the server asks",
+   detailed = [[
+ratewise classifies every response, turns the server's own hints (Retry-After,
+x-ratelimit-reset) into waits that are never shorter than asked, falls back to
+capped exponential backoff with jitter, never replays an unsafe request, and
+keeps a client-side token bucket. A C core on libcurl; the waiting is in Lua.
+]],
+   license = "MIT",
+}
+-- lua-cjson is needed by the JSON features only (the json option,
+-- res:json()); ratewise loads it on first use. Debian's lua-cjson package is
+-- not a rock luarocks can see, so an offline install from this tree passes
+-- --deps-mode=none (as `make install` does) and relies on that package.
+dependencies = {
+   "lua >= 5.1",
+   "lua-cjson",
+}
+external_dependencies = {
+   -- Debian keeps curl.h in /usr/include/x86_64-linux-gnu, which luarocks does
+   -- not search, so only the library is looked up.
+   CURL = { library = "curl" },
+}
+build = {
+   type = "builtin",
+   -- the command-line tool (lua/ratewise/cli.lua does the work)
+   install = { bin = { ratewise = "bin/ratewise" } },
+   -- Copied into the rock's directory (`luarocks show --rock-dir ratewise`):
+   -- the docs, and the editor types (types/library, a LuaLS addon).
+   copy_directories = { "docs", "types" },
+   -- The Lua modules need no list: builtin copies the top-level lua/ folder,
+   -- whose paths mirror the module names (ratewise/init.lua, ratewise/*.lua,
+   -- ratewise/providers/*.lua, ratewise/hosts/*.lua, ratewise/cli/*.lua).
+   modules = {
+      ["ratewise.core"] = {
+         sources = { "src/bucket.c", "src/core.c", "src/engine.c", "src/lparse.c", "src/parse.c", "src/request.c",
+                     "src/poller.c", "src/response.c", "src/redis.c", "src/redis_reader.c", "src/sse.c",
+                     "src/term.c" },
+         libraries = { "curl" },
+         -- On Lua 5.1 and LuaJIT the C core needs lua-compat-5.3's header
+         -- (Debian's lua-compat53-dev keeps it beside Lua 5.1's own).
+         incdirs = { "$(CURL_INCDIR)", "/usr/include/x86_64-linux-gnu", "$(LUA_INCDIR)",
+                     "/usr/include/lua5.1" },
+         libdirs = { "$(CURL_LIBDIR)" },
+         defines = { "_POSIX_C_SOURCE=200809L", "RW_NO_REDIS" },
+      },
+   },
+}
+test = {
+   type = "command",
+   command = "make test REDIS=0",
+}
