@@ -40,7 +40,10 @@ ALL_CFLAGS = -std=c99 -D_POSIX_C_SOURCE=200809L -fPIC -fvisibility=hidden $(WARN
              $(PKG_LUA) $(PKG_CURL_CFLAGS) $(CFLAGS)
 LDFLAGS   ?=
 # Not -llua5.4: the lua5.4 binary already contains Lua, a second copy breaks it.
-LIBS      = $(PKG_CURL_LIBS) -lhiredis -lm
+# zlib, libbrotlidec and libzstd: the engine decodes Content-Encoding itself
+# (src/decode.c).
+DECODE_LIBS := -lz -lbrotlidec -lzstd
+LIBS      = $(PKG_CURL_LIBS) -lhiredis $(DECODE_LIBS) -lm
 
 CORE      := $(BUILD)/ratewise/core.so
 # examples/host.c built for this interpreter (examples/host is the default's)
@@ -52,7 +55,7 @@ HDR       := $(wildcard src/*.h)
 LUA_ENV   = LUA_PATH="./lua/?.lua;./lua/?/init.lua;./?.lua;;" LUA_CPATH="./$(BUILD)/?.so;;"
 
 # Debian packages each target needs; installed by `make deps` when missing.
-DEB_BUILD := gcc make pkg-config $(DEB_LUA) libcurl4-openssl-dev libhiredis-dev
+DEB_BUILD := gcc make pkg-config $(DEB_LUA) libcurl4-openssl-dev libhiredis-dev zlib1g-dev libbrotli-dev libzstd-dev
 # The hosts the suite runs ratewise in: OpenResty (nginx with the Lua
 # module, whose LuaJIT is luajit2's), cqueues, luv, and LÖVE (on the same
 # LuaJIT) under a virtual X server.
@@ -250,7 +253,7 @@ install: deps
 # `make fuzz FUZZ_SECONDS=600` for a long run; each target prints one line.
 CLANG        ?= clang
 FUZZ_SECONDS ?= 30
-FUZZ_TARGETS := retry_after http_date seconds duration rfc3339 backoff headers sse redis_reply
+FUZZ_TARGETS := retry_after http_date seconds duration rfc3339 backoff headers sse redis_reply decode
 FUZZ_BUILD   := build-fuzz
 FUZZ_BINS    := $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz_%)
 FUZZ_CFLAGS   = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
@@ -271,6 +274,12 @@ $(FUZZ_BUILD)/fuzz_sse: fuzz/fuzz_sse.c fuzz/fuzz.h src/sse.c src/ratewise.h Mak
 $(FUZZ_BUILD)/fuzz_redis_reply: fuzz/fuzz_redis_reply.c fuzz/fuzz.h src/redis_reader.c src/redis_reader.h Makefile | deps-check
 	@mkdir -p $(dir $@)
 	$(CLANG) $(FUZZ_CFLAGS) -o $@ $< src/redis_reader.c -lhiredis -lm
+
+# decode.c is plain C too, on zlib, libbrotlidec and libzstd; the target
+# compresses with zlib, libbrotlienc and libzstd to check what comes back.
+$(FUZZ_BUILD)/fuzz_decode: fuzz/fuzz_decode.c fuzz/fuzz.h src/decode.c src/decode.h Makefile | deps-check
+	@mkdir -p $(dir $@)
+	$(CLANG) $(FUZZ_CFLAGS) -o $@ $< src/decode.c -lbrotlienc $(DECODE_LIBS) -lm
 
 fuzz: $(FUZZ_BINS)
 	@failed=""; for t in $(FUZZ_TARGETS); do \

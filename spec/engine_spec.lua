@@ -30,7 +30,7 @@ end
 -- The C flags every build of the module needs (the Makefile adds warnings
 -- and -fvisibility=hidden).
 local CFLAGS = "-std=c99 -D_POSIX_C_SOURCE=200809L " .. subprocess.lua_cflags .. " $(pkg-config --cflags libcurl)"
-local LIBS = "$(pkg-config --libs libcurl) -lhiredis -lm"
+local LIBS = "$(pkg-config --libs libcurl) -lhiredis -lz -lbrotlidec -lzstd -lm"
 
 -- For a subprocess: how many descriptors it has open now.
 local FDS = [[
@@ -844,7 +844,7 @@ describe("ratewise.core as a shared object", function()
     assert(os.execute("mkdir -p " .. dir))
     local build = "cc -O2 -fPIC -D_POSIX_C_SOURCE=200809L " .. subprocess.lua_cflags
       .. " $(pkg-config --cflags libcurl) -shared -o "
-      .. dir .. "/core.so src/*.c $(pkg-config --libs libcurl) -lhiredis -lm 2>&1"
+      .. dir .. "/core.so src/*.c " .. LIBS .. " 2>&1"
     local out, built = sh(build)
     assert(built, "the build failed: " .. out)
     local p = assert(io.popen("nm -D --defined-only " .. dir .. "/core.so"))
