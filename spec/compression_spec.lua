@@ -171,13 +171,30 @@ describe("compressed bodies", function()
     end
   end)
 
+  it("pauses a compressed stream whose reader falls behind, then goes on where it stopped", function()
+    local big = text(1024 * 1024)
+    for _, coding in ipairs { "gzip", "br", "zstd", { "deflate", "gzip" } } do
+      s:script("/big", { { encoding = coding, body = big } })
+      local res = assert(rw.fetch(s:url("/big"), opts { stream = true }))
+      rw.run(function() rw.sleep(0.3) end) -- the engine runs, nobody reads
+      local parts = { res:read() }
+      assert.is_true(#parts[1] <= 256 * 1024 + 16 * 1024, #parts[1] .. " bytes were buffered while nobody read")
+      for chunk in res:chunks() do parts[#parts + 1] = chunk end
+      local got = table.concat(parts)
+      assert.equal(#big, #got)
+      assert.is_true(got == big)
+    end
+  end)
+
   it("breaks a stream off whose compressed body ends before its coding does", function()
-    s:script("/s", { { action = "stream", encoding = "gzip", chunks = { { 0, "data: one\n\n" } }, ["end"] = "unfinished" } })
+    -- (the pause: the body does not end before fetch has the headers)
+    s:script("/s", { { action = "stream", encoding = "gzip", ["end"] = "unfinished",
+      chunks = { { 0, "data: one\n\n" }, { 0.3, "data: two\n\n" } } } })
     local res = assert(rw.fetch(s:url("/s"), opts { stream = true }))
     local got = {}
     local ok, err = pcall(function() for chunk in res:chunks() do got[#got + 1] = chunk end end)
     assert.is_false(ok)
-    assert.equal("data: one\n\n", table.concat(got)) -- what came, decoded
+    assert.equal("data: one\n\ndata: two\n\n", table.concat(got)) -- what came, decoded
     assert.equal("stream", err.kind)
     assert.matches("the gzip body ended before its end %(truncated%)", err.message)
   end)
