@@ -14,7 +14,6 @@
  * callback), so that fuzz/fuzz_decode.c can drive it.
  */
 #include <limits.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,20 +70,15 @@ struct rwd_decoder {
     char why[200];
 };
 
-#if defined(__GNUC__)
-__attribute__((format(printf, 2, 3)))
-#endif
-static int decode_fail(rwd_decoder *d, const char *fmt, ...);
-
-static int decode_fail(rwd_decoder *d, const char *fmt, ...)
+/* d has failed: d->why, just written (`written`, snprintf's answer),
+ * says why. DECODE_FAIL(d, format, ...) writes it and answers RWD_ERROR. */
+static int decode_fail(rwd_decoder *d, int written)
 {
-    va_list ap;
-    va_start(ap, fmt);
-    (void)vsnprintf(d->why, sizeof d->why, fmt, ap);
-    va_end(ap);
+    (void)written;
     d->failed = 1;
     return RWD_ERROR;
 }
+#define DECODE_FAIL(d, ...) decode_fail((d), snprintf((d)->why, sizeof (d)->why, __VA_ARGS__))
 
 static const char *decode_name(const decode_stage *s)
 {
@@ -153,7 +147,7 @@ int rwd_add(rwd_decoder *d, const char *v, size_t len)
 {
     const char *p = v, *end = v + len;
     if (d->failed) return RWD_ERROR;
-    if (d->begun) return decode_fail(d, "a coding was added after the body began");
+    if (d->begun) return DECODE_FAIL(d, "a coding was added after the body began");
     while (p < end) {
         const char *name, *name_end;
         size_t name_len;
@@ -166,7 +160,8 @@ int rwd_add(rwd_decoder *d, const char *v, size_t len)
         name_len = (size_t)(name_end - name);
         if (name_len == 0) continue;
         if (d->ncodings == RWD_MAX_CODINGS)
-            return decode_fail(d, "the response has more than %d content codings (Content-Encoding)", RWD_MAX_CODINGS);
+            return DECODE_FAIL(d, "the response has more than %d content codings (Content-Encoding)",
+                               RWD_MAX_CODINGS);
         d->ncodings++;
         if (decode_is(name, name_len, "identity") || decode_is(name, name_len, "none")) continue;
         if (decode_is(name, name_len, "gzip") || decode_is(name, name_len, "x-gzip")) coding = DECODE_GZIP;
@@ -213,7 +208,7 @@ static int decode_zlib_header(unsigned char cmf, unsigned char flg)
 
 static int decode_after_end(rwd_decoder *d, const decode_stage *s)
 {
-    return decode_fail(d, "the %s body has bytes after its end", decode_name(s));
+    return DECODE_FAIL(d, "the %s body has bytes after its end", decode_name(s));
 }
 
 /* gzip and deflate. */
@@ -243,7 +238,7 @@ static int decode_zlib(rwd_decoder *d, decode_stage *s, decode_io *io, int *move
         memset(&s->z, 0, sizeof s->z);
         rc = inflateInit2(&s->z, bits);
         if (rc == Z_MEM_ERROR) return RWD_NO_MEMORY;
-        if (rc != Z_OK) return decode_fail(d, "zlib could not start (%d)", rc);
+        if (rc != Z_OK) return DECODE_FAIL(d, "zlib could not start (%d)", rc);
         s->started = 1;
         *moved = 1;
     }
@@ -252,7 +247,7 @@ static int decode_zlib(rwd_decoder *d, decode_stage *s, decode_io *io, int *move
         if (s->coding == DECODE_GZIP) {
             /* A gzip body may be several members one after the other
              * (RFC 1952 2.2), as gzip and Go read it. */
-            if (inflateReset(&s->z) != Z_OK) return decode_fail(d, "zlib could not start again");
+            if (inflateReset(&s->z) != Z_OK) return DECODE_FAIL(d, "zlib could not start again");
             s->ended = 0;
         } else if (s->tail > 0) {
             size_t take = io->inlen < s->tail ? io->inlen : s->tail;
@@ -300,9 +295,9 @@ static int decode_zlib(rwd_decoder *d, decode_stage *s, decode_io *io, int *move
     case Z_MEM_ERROR:
         return RWD_NO_MEMORY;
     case Z_NEED_DICT:
-        return decode_fail(d, "the %s body needs a preset dictionary, which HTTP has no way to give", decode_name(s));
+        return DECODE_FAIL(d, "the %s body needs a preset dictionary, which HTTP has no way to give", decode_name(s));
     default:
-        return decode_fail(d, "the %s body is not valid %s (%s)", decode_name(s), decode_name(s),
+        return DECODE_FAIL(d, "the %s body is not valid %s (%s)", decode_name(s), decode_name(s),
                            s->z.msg ? s->z.msg : "corrupt data");
     }
 }
@@ -339,7 +334,7 @@ static int decode_brotli(rwd_decoder *d, decode_stage *s, decode_io *io, int *mo
         if (code <= BROTLI_DECODER_ERROR_ALLOC_CONTEXT_MODES && code >= BROTLI_DECODER_ERROR_ALLOC_BLOCK_TYPE_TREES)
             return RWD_NO_MEMORY;
         while (*what == '_') what++;
-        return decode_fail(d, "the br body is not valid br (%s)", what);
+        return DECODE_FAIL(d, "the br body is not valid br (%s)", what);
     }
     }
 }
@@ -354,7 +349,7 @@ static int decode_zstd(rwd_decoder *d, decode_stage *s, decode_io *io, int *move
         if (!s->zs) return RWD_NO_MEMORY;
         s->started = 1;
         if (ZSTD_isError(ZSTD_DCtx_setParameter(s->zs, ZSTD_d_windowLogMax, DECODE_ZSTD_WINDOW_LOG)))
-            return decode_fail(d, "libzstd refused its window bound");
+            return DECODE_FAIL(d, "libzstd refused its window bound");
     }
     /* Frames may follow one another (RFC 8878 3): after one ends, more
      * bytes start the next. */
@@ -375,9 +370,9 @@ static int decode_zstd(rwd_decoder *d, decode_stage *s, decode_io *io, int *move
         ZSTD_ErrorCode code = ZSTD_getErrorCode(r);
         if (code == ZSTD_error_memory_allocation) return RWD_NO_MEMORY;
         if (code == ZSTD_error_frameParameter_windowTooLarge)
-            return decode_fail(d, "the zstd body needs a window over %d MiB (RFC 9659's bound)",
+            return DECODE_FAIL(d, "the zstd body needs a window over %d MiB (RFC 9659's bound)",
                                1 << (DECODE_ZSTD_WINDOW_LOG - 20));
-        return decode_fail(d, "the zstd body is not valid zstd (%s)", ZSTD_getErrorName(r));
+        return DECODE_FAIL(d, "the zstd body is not valid zstd (%s)", ZSTD_getErrorName(r));
     }
     if ((r == 0) != s->ended) *moved = 1;
     s->ended = r == 0; /* the frame is whole and all of it given out */
@@ -400,7 +395,7 @@ static int decode_run(rwd_decoder *d, decode_stage *s, decode_io *io, int *moved
         /* As libcurl: refused once a byte comes, so that an empty body
          * (HEAD, 204, 304) with an odd Content-Encoding is no error. */
         if (io->inlen == 0) return 0;
-        return decode_fail(d, "the response's Content-Encoding \"%s\" is not one ratewise decodes (gzip, deflate, "
+        return DECODE_FAIL(d, "the response's Content-Encoding \"%s\" is not one ratewise decodes (gzip, deflate, "
                               "br, zstd; decompress = false takes the body as sent)", s->name);
     }
 }
@@ -449,7 +444,7 @@ static int decode_pull(rwd_decoder *d, size_t k, const unsigned char **in, size_
         if (!moved) {
             /* Each library takes its input while it has room to give;
              * one that would leave bytes untaken would lose them. */
-            if (io.inlen > 0) return decode_fail(d, "the %s decoder stopped taking bytes", decode_name(s));
+            if (io.inlen > 0) return DECODE_FAIL(d, "the %s decoder stopped taking bytes", decode_name(s));
             break;
         }
     }
