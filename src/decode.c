@@ -49,9 +49,11 @@ typedef struct decode_stage {
     int ended;   /* its stream came to its end (a gzip member: until another starts) */
     int raw;     /* deflate without the zlib wrapper */
     unsigned tail; /* raw deflate: bytes after its end still taken */
-    /* deflate: its first two bytes, taken before its form is known, then
-     * given to zlib from first_pos on */
-    unsigned char first[2];
+    int in_frame;  /* zstd: a frame's magic number was taken, its frame not done */
+    /* deflate: its first two bytes, taken before its form is known; zstd:
+     * a frame's magic number, checked; then given to the library from
+     * first_pos on */
+    unsigned char first[4];
     size_t nfirst, first_pos;
     z_stream z;
     BrotliDecoderState *br;
@@ -344,6 +346,7 @@ static int decode_zstd(rwd_decoder *d, decode_stage *s, decode_io *io, int *move
     ZSTD_inBuffer in;
     ZSTD_outBuffer out;
     size_t r;
+    int first = 0;
     if (!s->started) {
         s->zs = ZSTD_createDStream();
         if (!s->zs) return RWD_NO_MEMORY;
@@ -351,19 +354,49 @@ static int decode_zstd(rwd_decoder *d, decode_stage *s, decode_io *io, int *move
         if (ZSTD_isError(ZSTD_DCtx_setParameter(s->zs, ZSTD_d_windowLogMax, DECODE_ZSTD_WINDOW_LOG)))
             return DECODE_FAIL(d, "libzstd refused its window bound");
     }
-    /* Frames may follow one another (RFC 8878 3): after one ends, more
-     * bytes start the next. */
-    if (s->ended && io->inlen == 0) return 0;
-    in.src = io->in;
-    in.size = io->inlen;
+    if (!s->in_frame) {
+        /* Frames may follow one another (RFC 8878 3): after one ends, more
+         * bytes start the next. Each starts with a magic number, taken
+         * here first: libzstd also decodes the formats that came before
+         * RFC 8878, and tells one of those from a bad number only when it
+         * has the whole number, so that a body's verdict would depend on
+         * where the network cut it. */
+        unsigned long magic;
+        if (io->inlen == 0) return 0;
+        while (s->nfirst < 4 && io->inlen > 0) {
+            s->first[s->nfirst++] = *io->in++;
+            io->inlen--;
+            *moved = 1;
+        }
+        s->ended = 0;
+        if (s->nfirst < 4) return 0;
+        magic = s->first[0] | (unsigned long)s->first[1] << 8 | (unsigned long)s->first[2] << 16
+                | (unsigned long)s->first[3] << 24;
+        if (magic != ZSTD_MAGICNUMBER && (magic & ZSTD_MAGIC_SKIPPABLE_MASK) != ZSTD_MAGIC_SKIPPABLE_START)
+            return DECODE_FAIL(d, "the zstd body is not valid zstd (a frame does not start with zstd's magic number)");
+        s->in_frame = 1;
+        s->first_pos = 0;
+    }
+    if (s->first_pos < s->nfirst) {
+        in.src = s->first + s->first_pos;
+        in.size = s->nfirst - s->first_pos;
+        first = 1;
+    } else {
+        in.src = io->in;
+        in.size = io->inlen;
+    }
     in.pos = 0;
     out.dst = io->out;
     out.size = io->avail;
     out.pos = 0;
     r = ZSTD_decompressStream(s->zs, &out, &in);
     if (in.pos > 0 || out.pos > 0) *moved = 1;
-    io->in += in.pos;
-    io->inlen -= in.pos;
+    if (first) {
+        s->first_pos += in.pos;
+    } else {
+        io->in += in.pos;
+        io->inlen -= in.pos;
+    }
     io->out += out.pos;
     io->avail -= out.pos;
     if (ZSTD_isError(r)) {
@@ -374,8 +407,12 @@ static int decode_zstd(rwd_decoder *d, decode_stage *s, decode_io *io, int *move
                                1 << (DECODE_ZSTD_WINDOW_LOG - 20));
         return DECODE_FAIL(d, "the zstd body is not valid zstd (%s)", ZSTD_getErrorName(r));
     }
-    if ((r == 0) != s->ended) *moved = 1;
-    s->ended = r == 0; /* the frame is whole and all of it given out */
+    if (r == 0) { /* the frame is whole and all of it given out */
+        s->ended = 1;
+        s->in_frame = 0;
+        s->nfirst = s->first_pos = 0;
+        *moved = 1;
+    }
     return 0;
 }
 
