@@ -102,6 +102,9 @@ static size_t response_decode(transfer *t, const char *ptr, size_t n)
     size_t left = n, gave = 0;
     int rc = RWD_FULL;
     if (n == 0) return 0;
+    /* A chunk handed over again after a pause: the bytes the decoder took
+     * already are passed over (decode_taken keeps those past this chunk,
+     * were libcurl to hand it over in shorter pieces). */
     if (t->decode_taken > 0) {
         size_t skip = t->decode_taken < n ? t->decode_taken : n;
         in += skip;
@@ -112,7 +115,7 @@ static size_t response_decode(transfer *t, const char *ptr, size_t n)
     while (rc == RWD_FULL) {
         size_t have = t->body.len + (t->stream ? t->delivered : 0), room, made = 0;
         if (t->stream && t->body.len >= ENGINE_STREAM_BUFFER) {
-            t->decode_taken = n - left;
+            t->decode_taken += n - left;
             t->paused = 1;
             if (gave > 0) {
                 if (t->idle_timeout > 0) t->last_byte = rw_clock_monotonic();
