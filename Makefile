@@ -62,7 +62,10 @@ LDFLAGS   ?=
 # Not -llua5.4: the lua5.4 binary already contains Lua, a second copy breaks it.
 REDIS_DEF := $(if $(filter 0,$(REDIS)),-DRW_NO_REDIS)
 REDIS_LIB := $(if $(filter 1,$(REDIS)),-lhiredis)
-LIBS      = $(PKG_CURL_LIBS) $(REDIS_LIB) -lm
+# zlib, libbrotlidec and libzstd: the engine decodes Content-Encoding itself
+# (src/decode.c).
+DECODE_LIBS := -lz -lbrotlidec -lzstd
+LIBS      = $(PKG_CURL_LIBS) $(REDIS_LIB) $(DECODE_LIBS) -lm
 # A module is a bundle on macOS, whose symbols from Lua are found at load.
 SHARED    := $(if $(filter Darwin,$(UNAME)),-bundle -undefined dynamic_lookup,-shared)
 
@@ -76,7 +79,8 @@ HDR       := $(wildcard src/*.h)
 LUA_ENV   = LUA_PATH="./lua/?.lua;./lua/?/init.lua;./?.lua;;" LUA_CPATH="./$(BUILD)/?.so;;"
 
 # Debian packages each target needs; installed by `make deps` when missing.
-DEB_BUILD := gcc make pkg-config $(DEB_LUA) libcurl4-openssl-dev $(if $(filter 1,$(REDIS)),libhiredis-dev)
+DEB_BUILD := gcc make pkg-config $(DEB_LUA) libcurl4-openssl-dev $(if $(filter 1,$(REDIS)),libhiredis-dev) \
+             zlib1g-dev libbrotli-dev libzstd-dev
 # The hosts the suite runs ratewise in: OpenResty (nginx with the Lua
 # module, whose LuaJIT is luajit2's), cqueues, luv, and LÖVE (on the same
 # LuaJIT) under a virtual X server.
@@ -126,7 +130,7 @@ deps-check:
 # this host in processes of their own, and how to build C against this Lua.
 SPEC_ENV = RATEWISE_LUA="$$(command -v $(LUA))" RATEWISE_CPATH="./$(BUILD)/?.so" RATEWISE_HOST="$(HOST)" \
            RATEWISE_LUA_CFLAGS="$(PKG_LUA)" RATEWISE_LUA_LIBS="$(PKG_LUA_LIBS)" \
-           RATEWISE_CORE_CFLAGS="$(POLLER_DEF) $(REDIS_DEF)" RATEWISE_CORE_LIBS="$(PKG_CURL_LIBS) $(REDIS_LIB) -lm" \
+           RATEWISE_CORE_CFLAGS="$(POLLER_DEF) $(REDIS_DEF)" RATEWISE_CORE_LIBS="$(PKG_CURL_LIBS) $(REDIS_LIB) $(DECODE_LIBS) -lm" \
            RATEWISE_LUAJIT_CPATH="./$(LUAJIT_BUILD)/?.so"
 # spec/openresty_spec.lua runs nginx's Lua module, and spec/love_spec.lua
 # LÖVE, both LuaJIT: they load the LuaJIT build of the core (of the same
@@ -312,7 +316,7 @@ endif
 # `make fuzz FUZZ_SECONDS=600` for a long run; each target prints one line.
 CLANG        ?= clang
 FUZZ_SECONDS ?= 30
-FUZZ_TARGETS := retry_after http_date seconds duration rfc3339 backoff headers sse redis_reply
+FUZZ_TARGETS := retry_after http_date seconds duration rfc3339 backoff headers sse redis_reply decode
 FUZZ_BUILD   := build-fuzz
 FUZZ_BINS    := $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz_%)
 FUZZ_CFLAGS   = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
@@ -333,6 +337,12 @@ $(FUZZ_BUILD)/fuzz_sse: fuzz/fuzz_sse.c fuzz/fuzz.h src/sse.c src/ratewise.h Mak
 $(FUZZ_BUILD)/fuzz_redis_reply: fuzz/fuzz_redis_reply.c fuzz/fuzz.h src/redis_reader.c src/redis_reader.h Makefile | deps-check
 	@mkdir -p $(dir $@)
 	$(CLANG) $(FUZZ_CFLAGS) -o $@ $< src/redis_reader.c -lhiredis -lm
+
+# decode.c is plain C too, on zlib, libbrotlidec and libzstd; the target
+# compresses with zlib, libbrotlienc and libzstd to check what comes back.
+$(FUZZ_BUILD)/fuzz_decode: fuzz/fuzz_decode.c fuzz/fuzz.h src/decode.c src/decode.h Makefile | deps-check
+	@mkdir -p $(dir $@)
+	$(CLANG) $(FUZZ_CFLAGS) -o $@ $< src/decode.c -lbrotlienc $(DECODE_LIBS) -lm
 
 fuzz: $(FUZZ_BINS)
 	@failed=""; for t in $(FUZZ_TARGETS); do \

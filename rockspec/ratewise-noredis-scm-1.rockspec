@@ -28,6 +28,10 @@ external_dependencies = {
    -- Debian keeps curl.h in /usr/include/x86_64-linux-gnu, which luarocks does
    -- not search, so only the library is looked up.
    CURL = { library = "curl" },
+   -- the engine decodes Content-Encoding itself (src/decode.c)
+   ZLIB = { header = "zlib.h", library = "z" },
+   BROTLIDEC = { header = "brotli/decode.h", library = "brotlidec" },
+   ZSTD = { header = "zstd.h", library = "zstd" },
 }
 build = {
    type = "builtin",
@@ -41,15 +45,15 @@ build = {
    -- ratewise/providers/*.lua, ratewise/hosts/*.lua, ratewise/cli/*.lua).
    modules = {
       ["ratewise.core"] = {
-         sources = { "src/bucket.c", "src/core.c", "src/engine.c", "src/lparse.c", "src/parse.c", "src/request.c",
-                     "src/poller.c", "src/response.c", "src/redis.c", "src/redis_reader.c", "src/sse.c",
+         sources = { "src/bucket.c", "src/core.c", "src/decode.c", "src/engine.c", "src/lparse.c", "src/parse.c",
+                     "src/request.c", "src/poller.c", "src/response.c", "src/redis.c", "src/redis_reader.c", "src/sse.c",
                      "src/term.c" },
-         libraries = { "curl" },
+         libraries = { "curl", "z", "brotlidec", "zstd" },
          -- On Lua 5.1 and LuaJIT the C core needs lua-compat-5.3's header
          -- (Debian's lua-compat53-dev keeps it beside Lua 5.1's own).
-         incdirs = { "$(CURL_INCDIR)", "/usr/include/x86_64-linux-gnu", "$(LUA_INCDIR)",
-                     "/usr/include/lua5.1" },
-         libdirs = { "$(CURL_LIBDIR)" },
+         incdirs = { "$(CURL_INCDIR)", "/usr/include/x86_64-linux-gnu", "$(ZLIB_INCDIR)",
+                     "$(BROTLIDEC_INCDIR)", "$(ZSTD_INCDIR)", "$(LUA_INCDIR)", "/usr/include/lua5.1" },
+         libdirs = { "$(CURL_LIBDIR)", "$(ZLIB_LIBDIR)", "$(BROTLIDEC_LIBDIR)", "$(ZSTD_LIBDIR)" },
          defines = { "_POSIX_C_SOURCE=200809L", "RW_NO_REDIS" },
       },
    },

@@ -257,6 +257,7 @@ static void engine_destroy(transfer *t)
     engine_buf_free(&t->reset_next);
     engine_buf_free(&t->body);
     engine_buf_free(&t->head);
+    rwd_free(t->decoder);
     free(t);
 }
 
@@ -304,6 +305,9 @@ static void engine_give(engine *e, transfer *t)
     t->held_next = NULL;
     t->delivered = t->skipped = 0;
     t->bounded = 0;
+    t->encoded = t->decoding = t->decode_failed = 0;
+    t->decode_taken = 0;
+    if (t->decoder) rwd_reset(t->decoder); /* what a coding holds (a window of MiBs) is not kept */
     t->no_replay = t->replay_refused = t->prereq_asked = 0;
     t->first_byte_timeout = t->idle_timeout = t->last_byte = 0;
     t->status = t->request_size = t->redirects = t->http_version = 0;
@@ -725,6 +729,7 @@ static void engine_finish(transfer *t, CURLcode code, enum transfer_abort aborte
     held = t->held;
     if (t->gate_slot) engine_gate_leave(e, t);
     engine_news_drop(e, t); /* finished, it is reported once, as such */
+    if (aborted == ABORT_NONE && !held) code = rw_response_end(t, code);
     t->code = code;
     t->aborted = aborted;
     /* Only whole responses say what size the responses are. */

@@ -107,31 +107,11 @@ void rw_request_free_headers(transfer *t)
 #define REQUEST_LINES_EXPECT 1u /* "Expect:" (a body) */
 #define REQUEST_LINES_ENCODING 2u /* the engine's Accept-Encoding line */
 
-/* The Accept-Encoding line libcurl would print for CURLOPT_ACCEPT_ENCODING
- * "" (every encoding it decodes, in its order), given as one of the
- * request's own lines instead: libcurl formats its line afresh for every
- * request, a character at a time, which cost a twentieth of a small
- * request; a line of the list is reused with it (rw_request_configure).
- * libcurl still decodes what comes back, CURLOPT_ACCEPT_ENCODING being set. */
-static const char *request_accept_encoding(void)
-{
-    const curl_version_info_data *v = curl_version_info(CURLVERSION_NOW);
-    int z = (v->features & CURL_VERSION_LIBZ) != 0;
-#ifdef CURL_VERSION_BROTLI
-    int br = (v->features & CURL_VERSION_BROTLI) != 0;
-#else
-    int br = 0;
-#endif
-#ifdef CURL_VERSION_ZSTD
-    int zstd = (v->features & CURL_VERSION_ZSTD) != 0;
-#else
-    int zstd = 0;
-#endif
-    if (!z) return br ? (zstd ? "Accept-Encoding: br, zstd" : "Accept-Encoding: br")
-                      : (zstd ? "Accept-Encoding: zstd" : NULL);
-    return br ? (zstd ? "Accept-Encoding: deflate, gzip, br, zstd" : "Accept-Encoding: deflate, gzip, br")
-              : (zstd ? "Accept-Encoding: deflate, gzip, zstd" : "Accept-Encoding: deflate, gzip");
-}
+/* The Accept-Encoding line of a request that decompresses: every coding
+ * the engine decodes (decode.c), in the order libcurl 7.88 gave them when
+ * it decoded them itself. One of the request's own lines, reused with its
+ * list (rw_request_configure). */
+#define REQUEST_ACCEPT_ENCODING "Accept-Encoding: deflate, gzip, br, zstd"
 
 /* Pushes item i of the array at index idx (raw: read without metamethods)
  * and returns its type. */
@@ -393,17 +373,16 @@ static void request_sig_add(lua_State *L, engine_buf *b, enum request_field fiel
 
 /* Builds in t->reset_next the signature of the request's options that
  * libcurl cannot put back one by one (TLS files, a pin, a proxy, a TLS
- * version, decompression off: those of `fields` it has), each value
+ * version: those of `fields` it has), each value
  * checked, and answers whether the handle has exactly those already
  * (t->reset_sig, when reset_ok). request_set_reset_options sets them from
  * it: each is read from the request once. */
-static int request_reset_sig(const request_src *src, transfer *t, unsigned long long fields, int decompress)
+static int request_reset_sig(const request_src *src, transfer *t, unsigned long long fields)
 {
     lua_State *L = src->L;
     engine_buf *b = &t->reset_next;
     size_t i, len;
     b->len = 0;
-    if (!decompress) request_sig_add(L, b, RF_DECOMPRESS, "", 0);
     for (i = 0; i < sizeof request_string_options / sizeof request_string_options[0]; i++) {
         enum request_field field = request_string_options[i].field;
         if ((fields & RF_BIT(field)) && request_opt_field(src, field, LUA_TSTRING, "a string")) {
@@ -436,17 +415,15 @@ static void request_set_reset_options(lua_State *L, transfer *t)
     while (p < end) {
         enum request_field field = (enum request_field)(unsigned char)*p++;
         const char *v;
-        size_t len, i;
+        size_t len;
         memcpy(&len, p, sizeof len);
         v = p + sizeof len;
         p = v + len + 1;
-        if (field == RF_DECOMPRESS) {
-            curl_easy_setopt(t->easy, CURLOPT_ACCEPT_ENCODING, (char *)NULL);
-        } else if (field == RF_TLS_MIN_VERSION) {
+        if (field == RF_TLS_MIN_VERSION) {
             curl_easy_setopt(t->easy, CURLOPT_SSLVERSION,
                              strcmp(v, "1.3") == 0 ? (long)CURL_SSLVERSION_TLSv1_3 : (long)CURL_SSLVERSION_TLSv1_2);
         } else {
-            i = 0;
+            size_t i = 0;
             while (request_string_options[i].field != field) i++;
             if (curl_easy_setopt(t->easy, request_string_options[i].option, v) != CURLE_OK)
                 luaL_error(L, "request option '%s' is not supported by this libcurl", request_field_names[field]);
@@ -551,7 +528,8 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
         t->reset_sig.len = 0;
         t->reset_ok = 1;
     }
-    same_reset = request_reset_sig(src, t, transport, decompress);
+    t->decompress = decompress;
+    same_reset = request_reset_sig(src, t, transport);
     if (!same_reset && !(t->reset_ok && t->reset_sig.len == 0)) {
         rw_engine_reset(e, t); /* it has others, which cannot be unset one by one */
         fresh = 1;
@@ -589,10 +567,11 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
 #endif
         curl_easy_setopt(easy, CURLOPT_SOCKOPTFUNCTION, request_on_socket);
         curl_easy_setopt(easy, CURLOPT_SOCKOPTDATA, t);
-        /* Every encoding this libcurl decodes is offered and decoded (the
-         * body is what max_body counts, decoded): a caller that sends its
-         * own Accept-Encoding still gets the body decoded. */
-        curl_easy_setopt(easy, CURLOPT_ACCEPT_ENCODING, "");
+        /* The engine decodes the body (decode.c), not libcurl, whose
+         * decoders take a compressed body cut short for a whole one: libcurl
+         * hands the bytes over as they came (with CURLOPT_ACCEPT_ENCODING
+         * unset, it never decodes; this says so once more). */
+        curl_easy_setopt(easy, CURLOPT_HTTP_CONTENT_DECODING, 0L);
         /* The standard variables of OpenSSL's tools, which libcurl itself
          * does not read: the CAs an internal service's users point to. */
         if ((env = getenv("SSL_CERT_FILE")) != NULL && *env) curl_easy_setopt(easy, CURLOPT_CAINFO, env);
@@ -765,10 +744,9 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
         }
         if ((flags & REQUEST_LINES_ENCODING) && !given_encoding) {
             /* first, where libcurl itself prints it */
-            const char *encoding = request_accept_encoding();
-            struct curl_slist *line = encoding ? curl_slist_append(NULL, encoding) : NULL;
-            if (encoding && !line) luaL_error(L, "out of memory building request headers");
-            if (line) {
+            struct curl_slist *line = curl_slist_append(NULL, REQUEST_ACCEPT_ENCODING);
+            if (!line) luaL_error(L, "out of memory building request headers");
+            else {
                 line->next = t->headers;
                 t->headers = line;
             }

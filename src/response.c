@@ -60,6 +60,112 @@ static void response_reserve(transfer *t)
     t->body.cap = want;
 }
 
+/* The body of a response with a Content-Encoding, at its first byte: the
+ * decoder takes the codings of the header block's Content-Encoding fields,
+ * in order (a folded line as more of its field's list). 0: refused (too
+ * many codings) or out of memory. */
+static int response_decode_start(transfer *t)
+{
+    rwp_header_field f;
+    size_t pos = 0;
+    int in_field = 0;
+    if (!t->decoder && (t->decoder = rwd_new()) == NULL) {
+        t->out_of_memory = 1;
+        return 0;
+    }
+    rwd_reset(t->decoder);
+    while (rwp_header_next(t->head.data, t->head_end, &pos, &f)) {
+        if (!f.continuation) in_field = f.name_len == 16 && strncasecmp(f.name, "content-encoding", 16) == 0;
+        if (in_field && rwd_add(t->decoder, f.value, f.value_len) != 0) {
+            t->decode_failed = 1;
+            return 0;
+        }
+    }
+    t->decoding = rwd_active(t->decoder) ? DECODING_ON : DECODING_OFF;
+    return 1;
+}
+
+/* The most decoded bytes made at once: a stream's buffer passes
+ * ENGINE_STREAM_BUFFER by no more than this. */
+#define RESPONSE_DECODE_STEP (16 * 1024)
+
+/* The write callback's work for a body that is decoded: the decoded bytes
+ * go to the body buffer, a step at a time, each step with room for the
+ * byte past max_body that tells a body over it, so that a small body that
+ * expands without end (a compression bomb) ends at max_body, nothing past
+ * it made. A stream's reader that is behind pauses the transfer in the
+ * middle of a chunk: libcurl hands the whole chunk over again, and the
+ * bytes the decoder took already are passed over then. */
+static size_t response_decode(transfer *t, const char *ptr, size_t n)
+{
+    const unsigned char *in = (const unsigned char *)ptr;
+    size_t left = n, gave = 0;
+    int rc = RWD_FULL;
+    if (n == 0) return 0;
+    /* A chunk handed over again after a pause: the bytes the decoder took
+     * already are passed over (decode_taken keeps those past this chunk,
+     * were libcurl to hand it over in shorter pieces). */
+    if (t->decode_taken > 0) {
+        size_t skip = t->decode_taken < n ? t->decode_taken : n;
+        in += skip;
+        left -= skip;
+        t->decode_taken -= skip;
+    }
+    if (t->body.len == 0 && !t->stream) response_reserve(t);
+    while (rc == RWD_FULL) {
+        size_t have = t->body.len + (t->stream ? t->delivered : 0), room, made = 0;
+        if (t->stream && t->body.len >= ENGINE_STREAM_BUFFER) {
+            t->decode_taken += n - left;
+            t->paused = 1;
+            if (gave > 0) {
+                if (t->idle_timeout > 0) t->last_byte = rw_clock_monotonic();
+                rw_engine_progress(t);
+            }
+            return CURL_WRITEFUNC_PAUSE;
+        }
+        room = t->max_body - have < RESPONSE_DECODE_STEP ? t->max_body - have + 1 : RESPONSE_DECODE_STEP;
+        if (t->body.cap - t->body.len < room && !rw_buf_grow(&t->body, t->body.len + room)) {
+            t->out_of_memory = 1;
+            return 0;
+        }
+        rc = rwd_decode(t->decoder, &in, &left, (unsigned char *)t->body.data + t->body.len, room, &made);
+        t->body.len += made;
+        gave += made;
+        if (made > t->max_body - have) {
+            t->body_too_large = 1;
+            return 0;
+        }
+        if (rc == RWD_NO_MEMORY) {
+            t->out_of_memory = 1;
+            return 0;
+        }
+        if (rc == RWD_ERROR) {
+            t->decode_failed = 1;
+            return 0;
+        }
+    }
+    if (t->idle_timeout > 0) t->last_byte = rw_clock_monotonic();
+    if (t->stream && gave > 0) rw_engine_progress(t);
+    return n;
+}
+
+CURLcode rw_response_end(transfer *t, CURLcode code)
+{
+    if (t->decode_failed) {
+        (void)snprintf(t->errbuf, sizeof t->errbuf, "%s", rwd_why(t->decoder));
+        return CURLE_BAD_CONTENT_ENCODING;
+    }
+    if (code == CURLE_OK && t->decoding == DECODING_ON && !rwd_finish(t->decoder)) {
+        /* libcurl checked the length it was told against the bytes that
+         * came, which are the compressed ones: only the decoder can tell
+         * that they stop short. A body cut short, as libcurl says of one
+         * shorter than its Content-Length (retried when replay-safe). */
+        (void)snprintf(t->errbuf, sizeof t->errbuf, "%s", rwd_why(t->decoder));
+        return CURLE_PARTIAL_FILE;
+    }
+    return code;
+}
+
 size_t rw_response_on_body(char *ptr, size_t size, size_t nmemb, void *ud)
 {
     transfer *t = (transfer *)ud;
@@ -76,6 +182,10 @@ size_t rw_response_on_body(char *ptr, size_t size, size_t nmemb, void *ud)
         }
         t->skipped += n;
         return n;
+    }
+    if (t->encoded && t->decompress) {
+        if (t->decoding == DECODING_UNKNOWN && !response_decode_start(t)) return 0;
+        if (t->decoding == DECODING_ON) return response_decode(t, ptr, n);
     }
     /* A stream's limit counts what Lua has read too. */
     have = t->body.len + (t->stream ? t->delivered : 0);
@@ -134,6 +244,12 @@ size_t rw_response_on_header(char *ptr, size_t size, size_t nmemb, void *ud)
         t->head.len = 0;
         t->head_end = 0;
         t->headers_done = 0;
+        t->encoded = 0;
+        t->decoding = DECODING_UNKNOWN;
+        t->decode_taken = 0;
+    } else if (!t->headers_done && n > 16 && transfer_lower((unsigned char)ptr[0]) == 'c'
+               && strncasecmp(ptr, "content-encoding", 16) == 0) {
+        t->encoded = 1; /* the field is read from the block at the body's first byte */
     }
     if (t->head.len + n > ENGINE_MAX_HEADER_BYTES) {
         t->headers_too_large = 1;

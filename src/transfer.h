@@ -14,6 +14,7 @@
 #include <curl/curl.h>
 
 #include "compat.h"
+#include "decode.h"
 #include "ratewise.h"
 
 #define ENGINE_MAX_HEADER_BYTES (256 * 1024) /* under libcurl's own 300 KiB */
@@ -38,6 +39,11 @@ enum transfer_method { METHOD_GET, METHOD_HEAD, METHOD_POST, METHOD_OTHER };
 #define DIRTY_FRESH 8u      /* FRESH_CONNECT (a libcurl without CURLOPT_PREREQFUNCTION) */
 #define DIRTY_NOVERIFY 16u
 #define DIRTY_HTTP1 32u     /* HTTP_VERSION 1.1 (a no_replay request over https) */
+
+/* Whether a body goes through the transfer's decoder. */
+#define DECODING_UNKNOWN 0 /* not looked at yet: at the body's first byte */
+#define DECODING_ON 1
+#define DECODING_OFF 2 /* identity alone */
 
 /* Transfer user values */
 #define TRANSFER_UV_ENGINE 1 /* keeps the engine alive while the transfer is */
@@ -81,7 +87,7 @@ typedef struct transfer {
     engine_buf url;
     CURLU *uh;
     /* The options the handle has that libcurl cannot put back one by one
-     * (TLS files, a pin, a TLS version, a proxy, decompression off), as a
+     * (TLS files, a pin, a TLS version, a proxy), as a
      * signature (rw_request_configure), when reset_ok: a request with the
      * same ones leaves them set, one with others starts the handle again
      * from curl_easy_reset (rw_engine_reset). reset_next: the next
@@ -134,6 +140,16 @@ typedef struct transfer {
     size_t delivered;   /* stream: body bytes transfer:read() has handed over */
     size_t skipped;     /* stream: body bytes of redirects, not kept (rw_response_on_body) */
     int bounded;        /* stream: its timeout applies after the headers too (transfer:bound) */
+    /* Content-Encoding, undone by the engine (decode.c), not by libcurl:
+     * decompress is the request's option; encoded: a Content-Encoding line
+     * came in the header block being read; decoding: DECODING_* for its
+     * body; decode_taken: of the chunk libcurl hands over again after a
+     * pause, the bytes the decoder took already; decode_failed: the
+     * decoder refused the body (rwd_why says why). The decoder is the
+     * record's own, made when first needed. */
+    int decompress, encoded, decoding, decode_failed;
+    size_t decode_taken;
+    rwd_decoder *decoder;
     /* https: a hash of the URL's "host:port" (0: none), by which the engine
      * holds a burst to an origin it knows nothing of until the first
      * answer says whether it multiplexes (engine_gate_hold) */
@@ -228,6 +244,10 @@ int rw_buf_grow(engine_buf *b, size_t need);
  * transfer:result() */
 size_t rw_response_on_body(char *ptr, size_t size, size_t nmemb, void *ud);
 size_t rw_response_on_header(char *ptr, size_t size, size_t nmemb, void *ud);
+/* engine.c, when a transfer ends as libcurl ended it (code): the code it
+ * ends with, once its decoded body is checked (a coding that did not come
+ * to its end is a body cut short), t->errbuf saying why. */
+CURLcode rw_response_end(transfer *t, CURLcode code);
 int rw_response_result(lua_State *L, transfer *t, int lazy);
 /* Keeps in the registry the names of a response's fields, for
  * rw_response_result (engine.c's registration calls it once). */

@@ -19,8 +19,14 @@ What it offers (see spec/support/server.lua for the Lua driver):
   stream (a chunked body sent as ``chunks``, each ``[seconds, text]``: a
   pause, then the text; then the body ends, or with ``end`` "reset" the
   connection is reset, with "hang" it stays silent).
-  A step's ``encoding`` (gzip, deflate, br or zstd) sends the body
-  compressed, with its Content-Encoding.
+  A step's ``encoding`` (gzip, deflate, deflate-raw, br or zstd, or an
+  array of them applied in order) sends the body compressed, with its
+  Content-Encoding (deflate-raw is sent as "deflate"); a stream's chunks
+  are compressed as they go out (gzip, deflate or deflate-raw alone). With
+  ``cut`` N the encoded body's last N bytes are left out, and its
+  Content-Length says what is sent; with ``zeros`` N the body is N zero
+  bytes, compressed without ever being in memory whole (a bomb). A
+  stream's ``end`` "unfinished" ends the body without the coding's end.
   endless: a chunked body of ``body`` (default 64 KiB of "x"), again and
   again as fast as the client takes it (every ``interval`` s if given),
   until the client goes away or ``cap`` bytes (default 1 GiB) went out;
@@ -69,9 +75,11 @@ import signal
 import socket
 import ssl
 import struct
+import subprocess
 import sys
 import threading
 import time
+import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs
 
@@ -519,22 +527,26 @@ class Handler(BaseHTTPRequestHandler):
         for name, value in (step.get("headers") or {}).items():
             values = value if isinstance(value, list) else [value]
             headers.extend((name, str(v)) for v in values)
-        encoding = step.get("encoding")
-        if encoding == "gzip":
-            import gzip
-            body = gzip.compress(body)
-            headers.append(("Content-Encoding", "gzip"))
-        elif encoding == "deflate":
-            import zlib
-            body = zlib.compress(body)
-            headers.append(("Content-Encoding", "deflate"))
-        elif encoding in ("br", "zstd"):
-            # Python's standard library has neither: Debian's brotli and
-            # zstd commands (make deps installs them).
-            import subprocess
-            command = ["brotli", "-c"] if encoding == "br" else ["zstd", "-c", "-q"]
-            body = subprocess.run(command, input=body, stdout=subprocess.PIPE, check=True).stdout
-            headers.append(("Content-Encoding", encoding))
+        codings = step.get("encoding") or []
+        if isinstance(codings, str):
+            codings = [codings]
+        stream_coder = None
+        if action == "stream" and codings:
+            # Each chunk compressed as it goes out, flushed (Z_SYNC_FLUSH),
+            # so that a client can decode it before the next one comes.
+            stream_coder = compressor(codings[0])
+        elif "zeros" in step:
+            body = encode_zeros(codings, int(step["zeros"]))
+        else:
+            for coding in codings:
+                body = encode(coding, body)
+        if codings:
+            headers.append(("Content-Encoding", ", ".join(CODING_NAMES.get(c, c) for c in codings)))
+        if "cut" in step:
+            # The encoded body less its last `cut` bytes, sent with a
+            # Content-Length that matches: a truncated body that only its
+            # decoder can tell.
+            body = body[:max(0, len(body) - int(step["cut"]))]
 
         if action == "hang":
             self.wait(float(step.get("delay", 3600)))
@@ -584,6 +596,8 @@ class Handler(BaseHTTPRequestHandler):
                 if pause > 0 and not self.wait(float(pause)):
                     return
                 data = step_bytes(text)
+                if stream_coder is not None:
+                    data = stream_coder.compress(data) + stream_coder.flush(zlib.Z_SYNC_FLUSH)
                 self.write(b"%x\r\n%s\r\n" % (len(data), data))
                 self.wfile.flush()
             end = step.get("end", "finish")
@@ -594,6 +608,9 @@ class Handler(BaseHTTPRequestHandler):
                 self.wait(3600)
                 self.close_now()
             else:
+                if stream_coder is not None and end != "unfinished":
+                    data = stream_coder.flush()
+                    self.write(b"%x\r\n%s\r\n" % (len(data), data))
                 self.write(b"0\r\n\r\n")
         elif action == "endless":
             self.endless(status, headers, step)
@@ -697,6 +714,51 @@ def read_json(body):
     return json.loads(body.decode("utf-8", "surrogateescape"))
 
 
+# A step's encoding: the coding names a step may give, and what each sends
+# as its Content-Encoding ("deflate-raw" is deflate without the zlib
+# wrapper, which some servers send and clients accept as "deflate").
+CODINGS = ("gzip", "deflate", "deflate-raw", "br", "zstd")
+CODING_NAMES = {"deflate-raw": "deflate"}
+STREAM_CODINGS = ("gzip", "deflate", "deflate-raw")
+
+
+def compressor(coding):
+    """A zlib compressor for a coding of STREAM_CODINGS."""
+    wbits = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS, "deflate-raw": -zlib.MAX_WBITS}[coding]
+    return zlib.compressobj(6, zlib.DEFLATED, wbits)
+
+
+def encode(coding, body):
+    """body compressed with one coding of CODINGS."""
+    if coding in STREAM_CODINGS:
+        c = compressor(coding)
+        return c.compress(body) + c.flush()
+    # Python's standard library has neither br nor zstd: Debian's brotli
+    # and zstd commands (make deps installs them).
+    command = ["brotli", "-c"] if coding == "br" else ["zstd", "-c", "-q"]
+    return subprocess.run(command, input=body, stdout=subprocess.PIPE, check=True).stdout
+
+
+def encode_zeros(codings, n):
+    """n zero bytes compressed with codings (a bomb), made a MiB at a time:
+    never n bytes in memory."""
+    if not codings:
+        return bytes(n)
+    first, rest = codings[0], codings[1:]
+    if first in STREAM_CODINGS:
+        c, zeros, parts = compressor(first), bytes(1 << 20), []
+        for at in range(0, n, len(zeros)):
+            parts.append(c.compress(zeros[:min(len(zeros), n - at)]))
+        parts.append(c.flush())
+        body = b"".join(parts)
+    else:
+        command = "head -c %d /dev/zero | %s" % (n, "brotli -c" if first == "br" else "zstd -c -q")
+        body = subprocess.run(["sh", "-c", command], stdout=subprocess.PIPE, check=True).stdout
+    for coding in rest:
+        body = encode(coding, body)
+    return body
+
+
 def validate_script(spec):
     """Check a /_script payload; return its steps. Raises ValueError."""
     if not isinstance(spec, dict) or not isinstance(spec.get("path"), str):
@@ -714,7 +776,14 @@ def validate_script(spec):
             raise ValueError("step %d: body must be a string" % i)
         if not isinstance(step.get("headers") or {}, dict):
             raise ValueError("step %d: headers must be an object" % i)
-        for key in ("status", "delay", "interval", "sent", "cap"):
+        codings = step.get("encoding") or []
+        codings = [codings] if isinstance(codings, str) else codings
+        for coding in codings:
+            if coding not in CODINGS:
+                raise ValueError("step %d: unknown encoding %r (one of %s)" % (i, coding, ", ".join(CODINGS)))
+        if action == "stream" and codings and (len(codings) != 1 or codings[0] not in STREAM_CODINGS):
+            raise ValueError("step %d: a stream's encoding is one of %s" % (i, ", ".join(STREAM_CODINGS)))
+        for key in ("status", "delay", "interval", "sent", "cap", "cut", "zeros"):
             if key in step:
                 float(step[key])  # raises ValueError if not a number
     return steps

@@ -13,7 +13,8 @@ subprocess.lua_libs = os.getenv("RATEWISE_LUA_LIBS") or "$(pkg-config --libs lua
 -- How the build under test was made (`make POLLER=poll`, `make REDIS=0`):
 -- the C core's defines, and the libraries it links.
 subprocess.core_cflags = os.getenv("RATEWISE_CORE_CFLAGS") or ""
-subprocess.core_libs = os.getenv("RATEWISE_CORE_LIBS") or "$(pkg-config --libs libcurl) -lhiredis -lm"
+subprocess.core_libs = os.getenv("RATEWISE_CORE_LIBS")
+  or "$(pkg-config --libs libcurl) -lhiredis -lz -lbrotlidec -lzstd -lm"
 
 --- The shell command that runs a Lua script with this tree's ratewise.
 function subprocess.lua_command(script)
