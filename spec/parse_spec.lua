@@ -240,25 +240,25 @@ describe("rw.retry_delay", function()
   end)
 
   it("falls back to x-ratelimit-reset as epoch seconds", function()
-    local d, source = rw.retry_delay({ ["X-RateLimit-Reset"] = "1000030" }, 0, { now = 1000000 })
+    local d, source = rw.retry_delay({ ["X-RateLimit-Reset"] = "1700000030" }, 0, { now = 1700000000 })
     assert.equal(30, d)
     assert.equal("x-ratelimit-reset", source)
   end)
 
   it("skips x-ratelimit-reset while x-ratelimit-remaining says requests are left", function()
-    local d, source = rw.retry_delay({ ["x-ratelimit-reset"] = "1003000", ["x-ratelimit-remaining"] = "4999" }, 0,
-      { now = 1000000, jitter = "none" })
+    local d, source = rw.retry_delay({ ["x-ratelimit-reset"] = "1700003000", ["x-ratelimit-remaining"] = "4999" }, 0,
+      { now = 1700000000, jitter = "none" })
     assert.equal(1, d)
     assert.equal("backoff", source)
-    d, source = rw.retry_delay({ ["x-ratelimit-reset"] = "1000030", ["x-ratelimit-remaining"] = "0" }, 0,
-      { now = 1000000 })
+    d, source = rw.retry_delay({ ["x-ratelimit-reset"] = "1700000030", ["x-ratelimit-remaining"] = "0" }, 0,
+      { now = 1700000000 })
     assert.equal(30, d)
     assert.equal("x-ratelimit-reset", source)
   end)
 
   it("backs off for a reset time in the past: a zero hint never sends the retry at once", function()
-    local d, source = rw.retry_delay({ ["x-ratelimit-reset"] = "999990" }, 0,
-      { now = 1000000, jitter = "none", base = 0.5 })
+    local d, source = rw.retry_delay({ ["x-ratelimit-reset"] = "1699999990" }, 0,
+      { now = 1700000000, jitter = "none", base = 0.5 })
     assert.equal(0.5, d)
     assert.equal("backoff", source)
     d, source = rw.retry_delay({ ["Retry-After"] = "0" }, 1, { jitter = "none", base = 0.5 })
@@ -266,8 +266,8 @@ describe("rw.retry_delay", function()
   end)
 
   it("ignores a header that does not parse and tries the next source", function()
-    local d, source = rw.retry_delay({ ["Retry-After"] = "soon", ["x-ratelimit-reset"] = "1000005" }, 0,
-      { now = 1000000 })
+    local d, source = rw.retry_delay({ ["Retry-After"] = "soon", ["x-ratelimit-reset"] = "1700000005" }, 0,
+      { now = 1700000000 })
     assert.equal(5, d)
     assert.equal("x-ratelimit-reset", source)
     d, source = rw.retry_delay({ ["Retry-After"] = "soon", ["x-ratelimit-reset"] = " " }, 2, none)

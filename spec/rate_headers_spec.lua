@@ -77,6 +77,22 @@ describe("rate headers of real servers", function()
       d, source = rw.retry_delay({ ["x-ratelimit-reset"] = tostring(os.time() - 7200),
         ["x-ratelimit-remaining"] = "0" }, 0, { jitter = "none", base = 0.5 })
       assert.same({ 0.5, "backoff" }, { d, source })
+      -- and so is an epoch years past (a server whose clock is off, a
+      -- cached reset): not billions of seconds from now
+      for _, stale in ipairs { os.time() - 400 * 86400, 1e9 + 1 } do
+        d, source = rw.retry_delay({ ["x-ratelimit-reset"] = tostring(stale), ["x-ratelimit-remaining"] = "0" }, 0,
+          { jitter = "none", base = 0.5 })
+        assert.same({ 0.5, "backoff" }, { d, source }, "reset " .. stale)
+      end
+    end)
+
+    it("drains no limiter for a stale epoch a provider reads", function()
+      local stale = tostring(os.time() - 400 * 86400)
+      s:script("/stale", { { status = 200, headers = { ["x-ratelimit-reset"] = stale,
+        ["x-ratelimit-remaining"] = "0", ["x-ratelimit-limit"] = "60" } } })
+      local b = rw.bucket { capacity = 10, rate = 10 }
+      assert(rw.fetch(s:url("/stale"), { policy = rw.providers.github, limiter = b }))
+      assert.is_true(b:wait_time(1) < 1, "the bucket would wait " .. b:wait_time(1) .. " s")
     end)
   end)
 

@@ -134,16 +134,18 @@ function retry.server_now(h)
   return local_now
 end
 
--- A reset more than this far below the current epoch is not a time (in
--- 1970) but a count of seconds from now, as @fastify/rate-limit and many
--- gateways send x-ratelimit-reset.
-local DELTA_BELOW = 365 * 86400
+-- A reset below this is not a time (before September 2001, when epoch
+-- seconds reached ten digits) but a count of seconds from now, as
+-- @fastify/rate-limit and many gateways send x-ratelimit-reset. Anything
+-- above is an epoch, however far past: a server whose clock is off or a
+-- cached reset must read as a time gone, not as decades to wait.
+local DELTA_BELOW = 1e9
 
 --- seconds = retry.reset_in(value, now): a reset header's number (epoch
--- seconds, or seconds from now when it is far below the epoch `now`) as
--- seconds from now; 0 for a time already past.
+-- seconds, or seconds from now when below 1e9) as seconds from now; 0 for
+-- a time already past.
 function retry.reset_in(value, now)
-  if value < now - DELTA_BELOW then return value end
+  if value < DELTA_BELOW then return value end
   return value > now and value - now or 0
 end
 

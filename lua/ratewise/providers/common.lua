@@ -63,8 +63,8 @@ function common.retry_after(res)
 end
 
 --- seconds | nil = common.reset_at(res, name): an epoch-seconds header
--- ("1735732830") as seconds from the server's now; a number far below the
--- epoch ("10", as @fastify/rate-limit sends it) is seconds from now.
+-- ("1735732830") as seconds from the server's now; a number below 1e9 (before
+-- 2001: "10", as @fastify/rate-limit sends it) is seconds from now.
 function common.reset_at(res, name)
   local value = common.number(res, name)
   return value and retry.reset_in(value, common.server_now(res)) or nil

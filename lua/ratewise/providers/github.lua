@@ -1,7 +1,7 @@
 -- GitHub's REST API (docs.github.com, "Rate limits for the REST API").
 --   primary limit:   403 or 429 with x-ratelimit-remaining: 0; wait until
 --                    x-ratelimit-reset (epoch seconds; seconds from now
---                    when far below the epoch), or Retry-After when the
+--                    when below 1e9), or Retry-After when the
 --                    reset is less than a second past it
 --   secondary limit: 403 or 429 with retry-after; wait that long. Without
 --                    one, GitHub asks for at least a minute, then longer
