@@ -436,7 +436,6 @@ describe("rw.redis_bucket against a broken or hostile Redis", function()
   needs_redis("keeps the password and the user out of every error the server answers with", function()
     local echo = "-ERR alice sent hunter2SECRET, p%40ss\r\n"
     for _, replies in ipairs {
-      { AUTH = echo },
       { SCRIPT = echo },
       { SCRIPT = SHA, EVALSHA = echo },
       { SCRIPT = SHA, EVALSHA = "-NOSCRIPT\r\n", EVAL = echo },
@@ -450,6 +449,22 @@ describe("rw.redis_bucket against a broken or hostile Redis", function()
         assert.equal("limiter_unavailable", err.kind)
         assert.matches("ERR [redacted] sent [redacted], p%40ss", err.message, 1, true)
         assert.is_nil(tostring(err):find("SECRET", 1, true), tostring(err))
+        assert.is_nil(tostring(err):find("alice", 1, true), tostring(err))
+      end)
+    end
+  end)
+
+  needs_redis("says only the code of an AUTH error, which may echo the password in any form", function()
+    for _, echo in ipairs { "-WRONGPASS invalid password 'hunter2SECRE'\r\n", "-ERR bad password HUNTER2SECRET\r\n",
+                            "-ERR alice sent hunter2SECRET\r\n" } do
+      with_fake({ AUTH = echo }, function(fake)
+        local b = rw.redis_bucket { redis = "redis://alice:hunter2SECRET@127.0.0.1:" .. fake.port, key = "k",
+          capacity = 1, rate = 1 }
+        local ok, err = b:take()
+        assert.is_nil(ok)
+        assert.equal("limiter_unavailable", err.kind)
+        assert.matches("AUTH: " .. echo:match("^%-(%u+)") .. " (the server refused the credentials)", err.message, 1, true)
+        assert.is_nil(tostring(err):upper():find("SECRE", 1, true), tostring(err))
         assert.is_nil(tostring(err):find("alice", 1, true), tostring(err))
       end)
     end

@@ -168,7 +168,13 @@ local function connect(self, deadline)
       reply, rerr = exchange(self, deadline, "AUTH", self.password)
     end
     if rerr then return nil, rerr end
-    if reply ~= "OK" then return failed(self, "AUTH", redis.described(reply)) end
+    if reply ~= "OK" then
+      -- Only the error's code (WRONGPASS, NOAUTH, ERR): the rest of an
+      -- AUTH error is the one text likely to echo the password, and it may
+      -- echo it in a form no scrub recognises (cut short, upper-cased).
+      local code = type(reply) == "table" and type(reply.err) == "string" and reply.err:match("^[%w_%-]+")
+      return failed(self, "AUTH", code and code .. " (the server refused the credentials)" or redis.described(reply))
+    end
   end
   if self.db ~= 0 then
     local reply, rerr = exchange(self, deadline, "SELECT", self.db)
