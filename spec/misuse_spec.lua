@@ -448,6 +448,11 @@ describe("misuse", function()
         function() rw.fetch(URL, { headers = "Bearer sk-secret" }) end,
         function() rw.fetch(URL, { proxy = { "http://u:sk-secret@proxy:1" } }) end,
         function() rw.client { base_url = URL, headers = "Bearer sk-secret" } end,
+        -- JSON already encoded, a query string, a header line: each may carry a key
+        function() rw.fetch(URL, { json = '{"api_key": "sk-secret"}' }) end,
+        function() rw.fetch(URL, { query = "api_key=sk-secret" }) end,
+        function() rw.fetch(URL, { secret_headers = "Authorization: Bearer sk-secret" }) end,
+        function() rw.fetch(URL, { method = "POST", body = { token = "sk-secret" } }) end,
       } do
         msg = message_of(call)
         assert.not_matches("sk-secret", msg, 1, true)

@@ -151,8 +151,10 @@ end
 
 -- `depth` counts the frames between fetch's caller and the function that
 -- checks (0 for fetch itself), so that the error names the caller's line.
--- Shown by their type only: a string given for them may hold a credential.
-local secret_options = { client_key_password = true, proxy = true, headers = true }
+-- Shown by their type only: a string given for them may hold a credential
+-- (a JSON document or query string already encoded, a header line).
+local secret_options = { client_key_password = true, proxy = true, headers = true, json = true, query = true,
+  secret_headers = true, body = true }
 local function bad_option(name, expected, v, depth)
   errors.bad_option("fetch", name, expected, v, 4 + depth, secret_options[name])
 end
