@@ -345,6 +345,22 @@ describe("the ratewise command", function()
       assert.equal(0, #s:log())
     end)
 
+    it("answers a line past 8 MiB on standard input with its own error, read in time linear in its length", function()
+      -- 20 MiB of one line (a binary file piped by mistake), then a request
+      local started = os.time()
+      local out, err, code = ratewise("batch --no-progress -", { shell = "{ head -c 20971520 /dev/zero | tr '\\0' x; "
+        .. "printf '\\n%s\\n' " .. quote(s:url("/after")) .. "; } | " })
+      assert.equal(1, code, err)
+      local rows = json_lines(out)
+      assert.equal(2, #rows, out:sub(1, 300))
+      assert.equal("input", rows[1].error.kind)
+      assert.matches("line 1 is longer than 8388608 bytes", rows[1].error.message, 1, true)
+      assert.is_true(rows[2].ok, out:sub(1, 300))
+      assert.equal(1, #s:log("/after"))
+      -- the quadratic reader took minutes for this; bounded generously
+      assert.is_true(os.time() - started < 20, "took " .. (os.time() - started) .. " s")
+    end)
+
     it("writes bodies that are not UTF-8 as body_base64, and sends a line's body_base64", function()
       s:script("/bin", { { status = 200, body = "\255\254\0A" } })
       local out, err, code = ratewise("batch --no-progress -", { stdin = s:url("/bin") .. "\n"

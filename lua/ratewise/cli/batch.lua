@@ -117,7 +117,7 @@ function batch.run(path, o, err_out, base, fail)
   end
 
   local function cancelled(item, in_flight)
-    local req = input.parse_line(item.text, item.n)
+    local req = input.parse_line(item.text, item.n, item.too_long)
     local reason = CANCEL_MESSAGES[stop_reason]
     record(item, req, nil, { kind = "cancelled", message = in_flight
       and format("%s while it was in flight: the server may have received it", reason)
@@ -125,7 +125,7 @@ function batch.run(path, o, err_out, base, fail)
   end
 
   local function send(item)
-    local req, line_why = input.parse_line(item.text, item.n)
+    local req, line_why = input.parse_line(item.text, item.n, item.too_long)
     if not req then return record(item, nil, nil, { kind = "input", message = line_why }) end
     local me = compat.running() or "main"
     if not limited then started[me] = true end

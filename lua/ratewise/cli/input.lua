@@ -9,6 +9,7 @@ local scheduler = require "ratewise.scheduler"
 local text = require "ratewise.cli.text"
 
 local format, find, sub, gsub = string.format, string.find, string.sub, string.gsub
+local concat = table.concat
 local huge = math.huge
 local EBADF = 9 -- POSIX systems' number for a descriptor that is not open
 
@@ -97,9 +98,13 @@ local function check_object(t)
   return t
 end
 
---- request | nil, why = input.parse_line(line, n): one line of the input,
+--- request | nil, why = input.parse_line(line, n [, too_long]): one line of the input,
 -- a URL or a JSON object.
-function input.parse_line(line, n)
+function input.parse_line(line, n, too_long)
+  if too_long then
+    return nil, format("line %d is longer than %d bytes (%d MiB): not read, not sent", n, input.MAX_LINE,
+      math.floor(input.MAX_LINE / 1048576))
+  end
   if sub(line, 1, 1) == "{" then
     local t, why = json.decode(line)
     if type(t) ~= "table" then return nil, format("line %d is not a JSON object: %s", n, tostring(why)) end
@@ -127,12 +132,17 @@ Reader.__index = Reader
 
 -- The most one read of standard input takes.
 local READ_SIZE = 16384
+-- The longest line taken: a longer one (a binary file given by mistake, a
+-- producer that never ends its line) is skipped to its end, kept in
+-- memory no further, and answered with an input error of its own.
+input.MAX_LINE = 8 * 1048576
 
 --- reader | nil, why = input.open(path): the lines of the file, read
 -- at once (so that the total is known), or of standard input for "-", read
 -- as they arrive.
 function input.open(path)
-  local reader = setmetatable({ buffer = "", at = 1, line_number = 0, count = 0, ended = false }, Reader)
+  local reader = setmetatable({ buffer = "", at = 1, pieces = {}, pending_bytes = 0, line_number = 0, count = 0,
+    ended = false }, Reader)
   if path == "-" then
     -- A closed standard input is said so now: descriptor 0 would otherwise
     -- go to whatever is opened next (the engine's, libcurl's), and reading
@@ -175,7 +185,7 @@ function Reader:fill(stop)
       local bytes, why = core.read_fd(self.fd, READ_SIZE)
       if bytes == "" then return false end
       if bytes then
-        self.buffer, self.at = sub(self.buffer, self.at) .. bytes, 1
+        self.buffer, self.at = bytes, 1
         return true
       end
       if why ~= "interrupted" then
@@ -186,26 +196,40 @@ function Reader:fill(stop)
   end
 end
 
--- The next line of the input (without its end), or nil at its end.
+-- The line begun so far, its pieces kept apart (a piece per read, each
+-- searched once, joined once); a line past MAX_LINE keeps none of them.
+local function line_done(self, last)
+  local pieces, too_long = self.pieces, self.pending_bytes + #last > input.MAX_LINE
+  local line = too_long and "" or (#pieces == 0 and last or concat(pieces) .. last)
+  self.pieces, self.pending_bytes = {}, 0
+  return line, too_long
+end
+
+-- The next line of the input (without its end) and whether it was too
+-- long to keep, or nil at its end.
 function Reader:raw_line(stop)
   if self.lines then
     local line = self.lines[self.next_line]
     self.lines[self.next_line] = nil
     self.next_line = self.next_line + 1
-    return line
+    if line and #line > input.MAX_LINE then return "", true end
+    return line, false
   end
   while true do
     local i = find(self.buffer, "\n", self.at, true)
     if i then
-      local line = sub(self.buffer, self.at, i - 1)
+      local last = sub(self.buffer, self.at, i - 1)
       self.at = i + 1
-      return line
+      return line_done(self, last)
     end
+    local rest = sub(self.buffer, self.at)
+    self.buffer, self.at = "", 1
+    self.pending_bytes = self.pending_bytes + #rest
+    if self.pending_bytes <= input.MAX_LINE then self.pieces[#self.pieces + 1] = rest else self.pieces = {} end
     if not self:fill(stop) then
       if stop() then return nil end
-      local last = sub(self.buffer, self.at)
-      self.buffer, self.at = "", 1
-      return last ~= "" and last or nil
+      if self.pending_bytes == 0 then return nil end
+      return line_done(self, "")
     end
   end
 end
@@ -215,12 +239,16 @@ end
 -- at the end of the input, or when stop() answers true while it waits.
 function Reader:next(stop)
   while not self.ended do
-    local line = self:raw_line(stop)
+    local line, too_long = self:raw_line(stop)
     if line == nil then
       if not stop() then self.ended = true end
       return nil
     end
     self.line_number = self.line_number + 1
+    if too_long then
+      self.count = self.count + 1
+      return { n = self.line_number, text = "", too_long = true }
+    end
     if input.is_request_line(line) then
       self.count = self.count + 1
       return { n = self.line_number, text = trim(line) }
