@@ -1,5 +1,5 @@
 /*
- * multi_curl64 [--cainfo FILE] [--pipewait] [--warmup K] [--header LINE]... [--keep] [--paths]
+ * multi_curl64 [--cainfo FILE] [--pipewait] [--warmup K] [--header LINE]... [--keep] [--copy] [--paths]
  *              [--post BODY] URL N [IN_FLIGHT [USER_AGENT]]
  *
  * The baseline of `make bench`'s concurrent part: N keep-alive GETs of URL
@@ -36,6 +36,11 @@
  * starts, so that the measured ones find their connections open (and their
  * TLS handshakes done), as a contender that runs in a process of its own
  * all along does from its second round on.
+ *
+ * --copy hands each body over as a copy in memory of its own, made when
+ * its transfer ends, as rw.fetch hands its caller a Lua string of it; the
+ * copy before is freed then, as a caller drops one body for the next (the
+ * large-body shapes, so that both contenders pay for an owned copy).
  *
  * Each body is kept whole in a per-handle buffer (bench_common.h), emptied
  * for the handle's next transfer; the bytes kept are summed, so that
@@ -92,6 +97,8 @@ typedef struct {
     long failures, performs, polls, connections, http_version;
     double body_bytes;
     response *kept; /* --keep: room for every response of the batch; else NULL */
+    int copy;       /* --copy: each body handed over as a copy of its own */
+    char *handed;   /* --copy: the last body handed over */
 } batch;
 
 static int shown; /* failures reported on stderr so far (at most 5) */
@@ -141,6 +148,13 @@ static int run_batch(CURLM *multi, slot *slots, long conc, long n, batch *b)
             b->connections += connects;
             b->http_version = version;
             if (s) b->body_bytes += (double)s->body.len;
+            if (s && b->copy) {
+                free(b->handed);
+                if (!(b->handed = copy_of(&s->body))) {
+                    fprintf(stderr, "multi_curl64: out of memory\n");
+                    return -1;
+                }
+            }
             if (s && b->kept) {
                 response *r = &b->kept[finished];
                 r->status = status;
@@ -178,7 +192,7 @@ static int run_batch(CURLM *multi, slot *slots, long conc, long n, batch *b)
 
 static int usage(const char *prog)
 {
-    fprintf(stderr, "usage: %s [--cainfo FILE] [--pipewait] [--warmup K] [--header LINE]... [--keep] [--paths] [--post BODY] URL N "
+    fprintf(stderr, "usage: %s [--cainfo FILE] [--pipewait] [--warmup K] [--header LINE]... [--keep] [--copy] [--paths] [--post BODY] URL N "
                     "[IN_FLIGHT [USER_AGENT]]\n",
             prog);
     return 2;
@@ -189,7 +203,7 @@ int main(int argc, char **argv)
     const char *url, *agent, *cainfo = NULL, *post = NULL;
     char *end;
     long n, conc, warmup = 0, i;
-    int pipewait = 0, keep = 0, paths = 0, arg = 1, rest, nextra = 0;
+    int pipewait = 0, keep = 0, copy = 0, paths = 0, arg = 1, rest, nextra = 0;
     const char *extra[8];
     char *agent_line;
     struct curl_slist *headers = NULL;
@@ -204,6 +218,9 @@ int main(int argc, char **argv)
             arg++;
         } else if (strcmp(argv[arg], "--keep") == 0) {
             keep = 1;
+            arg++;
+        } else if (strcmp(argv[arg], "--copy") == 0) {
+            copy = 1;
             arg++;
         } else if (strcmp(argv[arg], "--paths") == 0) {
             paths = 1;
@@ -311,6 +328,7 @@ int main(int argc, char **argv)
 
     memset(&warm, 0, sizeof warm);
     memset(&b, 0, sizeof b);
+    warm.copy = b.copy = copy;
     if (keep && !(b.kept = (response *)calloc((size_t)n, sizeof *b.kept))) {
         fprintf(stderr, "multi_curl64: out of memory\n");
         return 1;
@@ -326,6 +344,8 @@ int main(int argc, char **argv)
            n, b.failures, secs, (double)n / secs, cpu * 1e6 / (double)n, b.performs, b.polls, b.body_bytes,
            b.connections, b.http_version == CURL_HTTP_VERSION_2_0 ? "2" : "1.1", warm.failures);
 
+    free(warm.handed);
+    free(b.handed);
     if (b.kept) {
         for (i = 0; i < n; i++) {
             free(b.kept[i].head);

@@ -105,8 +105,9 @@ local rows, failed = {}, 0
 local function bench(base)
   local root_url, url_64k, url_1m = base .. "/", base .. "/body/64k", base .. "/body/1m"
   local function shape(key, name, kind, url, n, size)
-    -- rw.map hands back every result: the multi keeps every response too (--keep)
-    local flags = (kind == "map" or kind == "map_fresh") and "--keep" or nil
+    -- rw.map hands back every result: the multi keeps every response too
+    -- (--keep); a large body is handed over as a copy of its own (--copy)
+    local flags = (kind == "map" or kind == "map_fresh") and "--keep" or size and "--copy" or nil
     local plain = function(k) return common.run_multi(url, k, CONC, { size = size, flags = flags }) end
     if kind == "sequential" then plain = function(k) return common.run_plain(url, k) end end
     return { key = key, name = name, n = n, rounds = ROUNDS, warmup = WARMUP or math.ceil(n / 10),
