@@ -7,7 +7,7 @@ local rw = require "ratewise"
 local scheduler = require "ratewise.scheduler"
 local server = require "spec.support.server"
 
-local THIS_FILE = "spec/misuse_spec.lua"
+local THIS_FILE = "spec/promises/misuse_spec.lua"
 
 -- The message of the error fn raises (fails the row when it raises none).
 local function message_of(fn, label)
