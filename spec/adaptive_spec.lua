@@ -1,0 +1,111 @@
+-- lua/ratewise/adaptive.lua on its own (rw.adaptive): a bucket whose rate
+-- a CUBIC controller moves. limits_spec.lua and rate_headers_spec.lua try
+-- it against the test server's limiter (the share of the rate it gets, a
+-- limit that drops, a stated limit through providers) and its option
+-- errors; this covers where it starts, what observe does to the rate its
+-- bucket serves at, growth held back while nobody waits, and the
+-- arithmetic of sync's stated limit.
+local rw = require "ratewise"
+
+describe("rw.adaptive", function()
+  it("starts at rate, else max_rate, else 10 a second, and never below min_rate", function()
+    assert.equal(10, rw.adaptive():rate())
+    assert.equal(10, rw.adaptive({}):rate())
+    assert.equal(4, rw.adaptive({ max_rate = 4 }):rate())
+    assert.equal(3, rw.adaptive({ rate = 3, max_rate = 4 }):rate())
+    assert.equal(0.5, rw.adaptive({ rate = 0.1 }):rate())
+    assert.equal(0.2, rw.adaptive({ rate = 0.2, min_rate = 0.1 }):rate())
+    local l = rw.adaptive { rate = 7, burst = 3 }
+    assert.equal(3, l:capacity())
+    assert.near(3, l:tokens(), 1e-6)
+    assert.equal("ratewise.Adaptive (7/s now, burst 3)", tostring(l))
+  end)
+
+  it("drops its bucket's rate to beta times the rate at a throttle: the next token comes that much later", function()
+    local l = rw.adaptive { rate = 20, beta = 0.5 }
+    assert.is_true((l:take()))
+    assert.near(1 / 20, l:wait_time(), 0.005)
+    l:observe({ status = 429, throttled = true }, rw.now())
+    assert.near(10, l:rate(), 0.01)
+    assert.near(1 / 10, l:wait_time(), 0.01)
+    local ok, wait = l:take()
+    assert.is_false(ok)
+    assert.near(0.1, wait, 0.01)
+    -- a throttle of a request sent before that drop is the same episode
+    l:observe({ status = 429, throttled = true }, rw.now() - 1)
+    assert.near(10, l:rate(), 0.01)
+  end)
+
+  it("takes anything but a throttle for a success, and a sent_at that is not a number for now", function()
+    local l = rw.adaptive { rate = 20 }
+    l:observe(nil)
+    l:observe({ status = 503 }, "earlier")
+    l:observe({ status = 429 }) -- a 429 fetch did not mark throttled: not a throttle
+    assert.equal(20, l:rate())
+  end)
+
+  it("in slow start grows on successes only while callers wait for it", function()
+    local l = rw.adaptive { rate = 10 }
+    for _ = 1, 5 do l:observe({ status = 200 }, rw.now() - 0.1) end
+    assert.equal(10, l:rate(), "nobody waiting and nothing sent: no growth")
+    local rate_while_waiting, tokens_while_waiting
+    rw.run(function()
+      assert.is_true(l:acquire()) -- the one token
+      local waiter = rw.spawn(function() l:acquire() end)
+      assert(rw.spawn(function()
+        tokens_while_waiting = l:tokens()
+        for _ = 1, 5 do l:observe({ status = 200 }, rw.now() - 0.1) end
+        rate_while_waiting = l:rate()
+      end):join())
+      assert(waiter:join())
+    end)
+    assert.is_true(tokens_while_waiting < 0, "the waiter holds its place: " .. tokens_while_waiting)
+    -- a round trip of 0.1 s: each success adds a tenth of a second's worth
+    assert.near(10 + 5 * 10, rate_while_waiting, 2)
+  end)
+
+  it("sync takes a stated limit per window at once and never climbs above it, nor above max_rate", function()
+    local l = rw.adaptive { max_rate = 50 }
+    l:sync(100, 30, 120, 60)
+    assert.equal(2, l:rate())
+    for _ = 1, 20 do l:observe({ status = 200 }, rw.now() - 0.1) end
+    assert.equal(2, l:rate())
+    l:sync(100, 30, 6000, 60) -- 100 a second: max_rate wins
+    assert.equal(50, l:rate())
+    l:sync(100, 30, 1e12, 1e-3) -- no limit a client could reach: left alone
+    assert.equal(50, l:rate())
+    -- a throttle at the stated rate is jitter: a drop by near (0.95), not beta
+    l:observe({ status = 429, throttled = true }, rw.now())
+    assert.near(47.5, l:rate(), 0.05)
+  end)
+
+  it("sync without a window takes the longest reset seen, in whole seconds, afresh for a new limit", function()
+    local l = rw.adaptive {}
+    l:sync(90, 59.4, 100)
+    assert.near(100 / 59, l:rate(), 1e-9)
+    l:sync(80, 30, 100) -- a shorter reset of the same quota says nothing new
+    assert.near(100 / 59, l:rate(), 1e-9)
+    l:sync(10, 0.5, 300) -- another quota: its own resets count
+    assert.near(300 / 0.5, l:rate(), 1e-9)
+    l:sync(10, 20.7, 300)
+    assert.near(300 / 20, l:rate(), 1e-9)
+    local fresh = rw.adaptive {}
+    fresh:sync(5, nil, 100) -- no reset seen yet: nothing stated
+    assert.equal(10, fresh:rate())
+  end)
+
+  it("sync refuses a limit or window that is not one, naming it", function()
+    local l = rw.adaptive {}
+    for _, bad in ipairs { 0, 0.5, "100", 0 / 0, math.huge } do
+      assert.error_matches(function() l:sync(1, 1, bad, 60) end, "limit must be a number of requests, at least 1",
+        1, true)
+    end
+    for _, bad in ipairs { 0, -1, "60", math.huge } do
+      assert.error_matches(function() l:sync(1, 1, 100, bad) end, "window must be a positive number of seconds",
+        1, true)
+    end
+    assert.error_matches(function() rw.adaptive { near = 1 } end, "option 'near'", 1, true)
+    assert.error_matches(function() rw.adaptive { burst = 0.5 } end, "option 'burst' must be at least 1", 1, true)
+    assert.error_matches(function() rw.adaptive(5) end, "options must be a table", 1, true)
+  end)
+end)
