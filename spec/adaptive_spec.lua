@@ -51,11 +51,12 @@ describe("rw.adaptive", function()
     local rate_while_waiting, tokens_while_waiting
     rw.run(function()
       assert.is_true(l:acquire()) -- the one token
-      local waiter = rw.spawn(function() l:acquire() end)
+      local waiter = rw.spawn(function() return l:acquire() end)
       assert(rw.spawn(function()
         tokens_while_waiting = l:tokens()
         for _ = 1, 5 do l:observe({ status = 200 }, rw.now() - 0.1) end
         rate_while_waiting = l:rate()
+        return true
       end):join())
       assert(waiter:join())
     end)
