@@ -57,7 +57,7 @@ describe("ratewise.cubic", function()
     assert.is_false(c:recovered()) -- with no ceiling there is no rate to be back at
   end)
 
-  it("in slow start counts a round trip no shorter than MIN_ROUND_TRIP, and ignores one that ends before it began", function()
+  it("in slow start counts a round trip of at least MIN_ROUND_TRIP, and none that ends before it began", function()
     local c = cubic.new { rate = 10, slow_start = true }
     c:succeeded(1.001, 1) -- a 1 ms round trip: growth is 1 / MIN_ROUND_TRIP, not 1000
     assert.near(10 + 1 / cubic.MIN_ROUND_TRIP, c:current(1.001), 1e-9)
@@ -97,7 +97,7 @@ describe("ratewise.cubic", function()
     assert.equal(2, c:current(200))
   end)
 
-  it("after a drop, with no one waiting, climbs past w_max no further than DEMAND times the measured send rate", function()
+  it("after a drop, nobody waiting, climbs past w_max no further than DEMAND times the measured send rate", function()
     local base = rw.now() -- the measure's first window starts when the controller is made
     local c = cubic.new { rate = 100, demand = true }
     for i = 1, 400 do c:sent(base + i / 80) end -- 80 requests a second for 5 s

@@ -136,7 +136,8 @@ describe("rw.limiters", function()
     assert.is_true(only:take())
     only:refund()
     assert.same({ "bare take 1", "bare refund 1" }, journal)
-    local mixed = rw.limiters { bare, cost = { rw.bucket { capacity = 40, rate = 1 }, rw.bucket { capacity = 25, rate = 1 } } }
+    local mixed = rw.limiters { bare,
+      cost = { rw.bucket { capacity = 40, rate = 1 }, rw.bucket { capacity = 25, rate = 1 } } }
     assert.equal(25, mixed:capacity())
     assert.equal("ratewise.Limiters (1 taking 1, 2 taking the cost)", tostring(mixed))
   end)

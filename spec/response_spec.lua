@@ -39,7 +39,7 @@ describe("a response's methods", function()
   it("stays broken once a stream broke off: every later read says the same error", function()
     s:script("/cut", { { action = "stream", chunks = { { 0, "abc" }, { 0.05, "de" } }, ["end"] = "reset" } })
     local res = assert(rw.fetch(s:url("/cut"), streamed))
-    local got, err = {}, nil
+    local got, err = {}
     while true do
       local chunk, why = res:read()
       if not chunk then
