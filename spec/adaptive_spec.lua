@@ -26,14 +26,16 @@ describe("rw.adaptive", function()
     assert.is_true((l:take()))
     assert.near(1 / 20, l:wait_time(), 0.005)
     l:observe({ status = 429, throttled = true }, rw.now())
-    assert.near(10, l:rate(), 0.01)
+    -- the curve climbs back from 10 at about 5 a second per second
+    assert.near(10, l:rate(), 0.3)
     assert.near(1 / 10, l:wait_time(), 0.01)
     local ok, wait = l:take()
     assert.is_false(ok)
     assert.near(0.1, wait, 0.01)
     -- a throttle of a request sent before that drop is the same episode
+    local before = l:rate()
     l:observe({ status = 429, throttled = true }, rw.now() - 1)
-    assert.near(10, l:rate(), 0.01)
+    assert.is_true(l:rate() >= before, "no second drop: " .. l:rate())
   end)
 
   it("takes anything but a throttle for a success, and a sent_at that is not a number for now", function()
@@ -77,7 +79,7 @@ describe("rw.adaptive", function()
     assert.equal(50, l:rate())
     -- a throttle at the stated rate is jitter: a drop by near (0.95), not beta
     l:observe({ status = 429, throttled = true }, rw.now())
-    assert.near(47.5, l:rate(), 0.05)
+    assert.near(47.5, l:rate(), 0.3)
   end)
 
   it("sync without a window takes the longest reset seen, in whole seconds, afresh for a new limit", function()
