@@ -112,15 +112,16 @@ local function parse_retry_after_list(value, now)
   return best
 end
 
---- epoch = retry.server_now(headers): the response's Date when it has one
--- (the server's clock), else the local wall clock. A Date more than a day
+--- epoch = retry.server_now(headers [, now]): the response's Date when it
+-- has one (the server's clock), else the local clock: now, or the wall
+-- clock. A Date more than a day
 -- away from the local clock is not a server's clock but a broken or hostile
 -- one (a "Date: 1970" would turn a reset a few seconds ahead into a wait of
 -- 56 years), so the local clock is used then.
 local DATE_TRUST = 86400
 
-function retry.server_now(h)
-  local local_now = core.time()
+function retry.server_now(h, now)
+  local local_now = now or core.time()
   local date = headers.get(h, "date")
   local server = date and core.parse_http_date(date)
   if server and server - local_now <= DATE_TRUST and local_now - server <= DATE_TRUST then
@@ -162,7 +163,7 @@ end
 -- response's own Date header when there is one: that is the server's clock,
 -- so a local clock that runs ahead cannot cut the wait short.
 function retry.hint(h, now)
-  if now == nil then now = retry.server_now(h) end
+  now = retry.server_now(h, now)
   local seconds = retry.retry_after(h, now)
   if seconds then return seconds, "retry-after" end
   local reset = headers.get(h, "x-ratelimit-reset")
