@@ -41,7 +41,8 @@ build = {
    copy_directories = { "docs", "types" },
    -- The Lua modules need no list: builtin copies the top-level lua/ folder,
    -- whose paths mirror the module names (ratewise/init.lua, ratewise/*.lua,
-   -- ratewise/providers/*.lua, ratewise/hosts/*.lua, ratewise/cli/*.lua).
+   -- ratewise/providers/*.lua, ratewise/hosts/*.lua, ratewise/cli/*.lua,
+   -- ratewise/fetch/*.lua).
    modules = {
       ["ratewise.core"] = {
          sources = { "src/bucket.c", "src/core.c", "src/decode.c", "src/engine.c", "src/lparse.c", "src/parse.c",

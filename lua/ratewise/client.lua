@@ -2,6 +2,7 @@
 -- resilience settings in one object, with JSON in and out.
 local compat = require "ratewise.compat"
 local fetch = require "ratewise.fetch"
+local cache = require "ratewise.fetch.cache"
 local headers_mod = require "ratewise.headers"
 local json = require "ratewise.json"
 local policy_mod = require "ratewise.policy"
@@ -178,12 +179,14 @@ function client.new(opts)
       budget_refusals = 0, circuit_refusals = 0, deduped = 0, cache_hits = 0, in_flight = 0,
       statuses = {}, retries_by_status = {}, retries_by_source = {}, waits_by_source = {}, errors = {},
     },
+    -- The fast-path caches of the client's calls (fetch.cache's policies):
     -- the call tables of calls that add no options, by method and limiter
+    -- (weak: by the caller's limiter)
     plain_calls = {},
     last_path = false, last_url = false, -- the last path joined to base_url, and the URL it made
     -- the calls that gave no options, by method and path: { URL, call table }
-    -- (PLAIN_PATHS_KEPT at most)
-    plain_paths = {}, plain_paths_kept = 0,
+    -- (bounded: cache.PLAIN_PATHS_KEPT a method)
+    plain_paths = {},
   }, Client)
   for k in pairs(fetch_defaults) do c.defaults[k] = opts[k] end
   -- The defaults and objects are checked now, where they were given, not at the first request.
@@ -510,7 +513,7 @@ function Client:_plain_call(method, url, route_path)
   local limiter = self:_limiter_for(route_path, nil)
   local by_limiter = self.plain_calls[method]
   if not by_limiter then
-    by_limiter = {}
+    by_limiter = cache.weak()
     self.plain_calls[method] = by_limiter
   end
   local call = by_limiter[limiter or NO_LIMITER]
@@ -521,19 +524,16 @@ function Client:_plain_call(method, url, route_path)
   return call
 end
 
--- How many paths' calls a client keeps (Client:_keep_plain): a program
--- that calls a new path each time (an id apiece) starts them over.
-local PLAIN_PATHS_KEPT = 256
-
+-- Keeps the URL and call table of a path called with no options: a
+-- program that calls a new path each time (an id apiece) starts them over
+-- (cache.bounded).
 function Client:_keep_plain(method, path, url, call)
-  if self.plain_paths_kept >= PLAIN_PATHS_KEPT then self.plain_paths, self.plain_paths_kept = {}, 0 end
   local known = self.plain_paths[method]
   if not known then
-    known = {}
+    known = cache.bounded(cache.PLAIN_PATHS_KEPT)
     self.plain_paths[method] = known
   end
-  known[path] = { url, call }
-  self.plain_paths_kept = self.plain_paths_kept + 1
+  cache.keep(known, path, { url, call })
 end
 
 function Client:request(method, path, opts)

@@ -128,12 +128,14 @@ local MAX_REQUEST_HEADER_BYTES = core.max_request_header_bytes
 -- Turns the caller's header table into the lines libcurl sends. Raises a
 -- clear error (that never repeats a value) for bad input. Returns the lines,
 -- the values given by lower-case name, and the secret values seen (or nil).
--- extra_secrets: a set of more secret names (the `secret_headers` option).
-function headers.request_lines(t, extra_secrets)
+-- extra_secrets: a set of more secret names (the `secret_headers` option);
+-- level: error's, for the errors it raises (3: the caller of its caller).
+function headers.request_lines(t, extra_secrets, level)
+  level = level or 3
   local lines, seen, secrets = {}, {}, nil
   if t == nil then return lines, no_names end
   if type(t) ~= "table" then
-    error(format("fetch: option 'headers' must be a table (got %s)", type(t)), 3)
+    error(format("fetch: option 'headers' must be a table (got %s)", type(t)), level)
   end
   local bytes = 0
   for name, value in pairs(t) do
@@ -141,25 +143,26 @@ function headers.request_lines(t, extra_secrets)
       -- not repeated: a pasted "Authorization Bearer ..." holds a credential
       error(type(name) == "string"
         and "fetch: a header name is not a valid HTTP field name (not shown: it may hold a credential)"
-        or format("fetch: a header name is a %s, not a string", type(name)), 3)
+        or format("fetch: a header name is a %s, not a string", type(name)), level)
     end
     local tv = type(value)
     if tv == "number" then
       value = tostring(value)
     elseif tv ~= "string" then
-      error(format("fetch: header '%s' must have a string value (got %s)", name, tv), 3)
+      error(format("fetch: header '%s' must have a string value (got %s)", name, tv), level)
     end
     -- RFC 9110 5.5: no control characters but HTAB; CR and LF would end the
     -- field and start another.
     if find(value, "[%z\1-\8\10-\31\127]") then
-      error(format("fetch: header '%s' has a value containing a control character (CR, LF, NUL or another)", name), 3)
+      error(format("fetch: header '%s' has a value containing a control character (CR, LF, NUL or another)", name),
+        level)
     end
     local lname = lower(name)
     if owned_by_transport[lname] then
-      error(format("fetch: header '%s' cannot be set by the caller: %s", name, owned_by_transport[lname]), 3)
+      error(format("fetch: header '%s' cannot be set by the caller: %s", name, owned_by_transport[lname]), level)
     end
     if seen[lname] then
-      error(format("fetch: header '%s' is given twice (names are case-insensitive)", name), 3)
+      error(format("fetch: header '%s' is given twice (names are case-insensitive)", name), level)
     end
     seen[lname] = value
     if secret_names[lname] or (extra_secrets and extra_secrets[lname]) then
@@ -172,7 +175,7 @@ function headers.request_lines(t, extra_secrets)
     bytes = bytes + #line + 2
     if bytes > MAX_REQUEST_HEADER_BYTES then
       error(format("fetch: the request headers are too large (over %d KiB; servers commonly refuse "
-        .. "more than 8 to 16 KiB)", math.floor(MAX_REQUEST_HEADER_BYTES / 1024)), 3)
+        .. "more than 8 to 16 KiB)", math.floor(MAX_REQUEST_HEADER_BYTES / 1024)), level)
     end
     lines[#lines + 1] = line
   end

@@ -1,0 +1,94 @@
+-- fetch.cache: every fast-path cache of fetch and rw.client, in one place,
+-- each with one of three policies:
+--
+-- * keyed by a caller's table (an options table, a header table, a
+--   limiter): weak keys (cache.weak), so that a table dropped by its owner
+--   takes what was kept for it along, and nothing else ever evicts;
+-- * keyed by a string (a URL, an origin, a path): bounded (cache.bounded),
+--   emptied whole when it holds its limit, so that a program calling a new
+--   URL each time (an id apiece) keeps at most that many and pays for one
+--   emptying now and then rather than for an eviction order at every call;
+-- * the call before (cache.last_*): one entry, replaced by the next call
+--   that differs, for a program that calls one endpoint again and again.
+--
+-- What each cache keeps and why it pays: docs/internals.md, "The fast-path
+-- caches". A value kept must be what the code would compute again from the
+-- key alone; where it also depends on what a table holds (a header table's
+-- names and values), the entry keeps those and is compared at every use.
+local setmetatable, next = setmetatable, next
+
+local cache = {}
+
+local WEAK_KEYS = { __mode = "k" }
+
+--- t = cache.weak(): a table whose keys (callers' tables) do not keep them alive.
+function cache.weak()
+  return setmetatable({}, WEAK_KEYS)
+end
+
+-- The number of entries and the limit of each bounded table (weak: a
+-- bounded table made for an rw.client goes with the client).
+local held, limit_of = cache.weak(), cache.weak()
+
+--- t = cache.bounded(limit): a table read with t[key] and written with
+-- cache.keep, emptied when it holds `limit` entries.
+function cache.bounded(limit)
+  local t = {}
+  held[t], limit_of[t] = 0, limit
+  return t
+end
+
+--- cache.keep(t, key, value): t[key] = value in a bounded table, emptied
+-- first when it is full (in place: whoever holds t holds it still).
+function cache.keep(t, key, value)
+  local n = held[t]
+  if n >= limit_of[t] then
+    for k in next, t do t[k] = nil end
+    n = 0
+  end
+  t[key] = value
+  held[t] = n + 1
+end
+
+-- How many URLs and origins are kept, and the longest URL kept (a query
+-- carrying a payload is not worth keeping).
+local URLS_KEPT, ORIGINS_KEPT = 256, 256
+cache.URL_KEPT_MAX = 512
+
+-- The URL of the call before and what it gave (plan.url_facts): url,
+-- shown, secrets, origin.
+cache.last_url = { url = false, shown = false, secrets = false, origin = false }
+-- What is printed of each URL without credentials and its origin, by URL:
+-- a program's tasks call a few URLs each, interleaved, so the URL of the
+-- call before is seldom the same. { shown, origin } by URL.
+cache.url_facts = cache.bounded(URLS_KEPT)
+-- The origin of each scheme://authority (as written, without "@") seen: a
+-- URL on a known origin is checked and printed with a few plain finds.
+cache.origin_of = cache.bounded(ORIGINS_KEPT)
+-- The scheme://authority before, and its origin, found without a pattern.
+cache.last_head = { head = false, origin = false }
+
+-- The options table of the call before with its names and values (three
+-- at most) and what checking it found (plan.check_options): seen is the
+-- table of the call before, kept from a table's second call in a row.
+cache.last_options = { opts = false, seen = false, k1 = nil, v1 = nil, k2 = nil, v2 = nil, k3 = nil, v3 = nil,
+  transport = false, common = false }
+
+-- Options tables fetch.check has passed, by table: what checking found,
+-- taken by the fetch that follows (or by every fetch, for a table its
+-- owner never changes: a negative mark).
+cache.checked = cache.weak()
+
+-- The header lines made from a caller's header table, by table (plan.lua:
+-- made_lines, keep_lines), for calls without and with a JSON body.
+cache.lines_made = cache.weak()
+cache.lines_made_json = cache.weak()
+
+-- A limiter's optional methods, looked up once (plan.limiter_methods).
+cache.limiter_methods = cache.weak()
+
+-- How many paths' calls an rw.client keeps for each method (client.lua,
+-- Client:_keep_plain).
+cache.PLAIN_PATHS_KEPT = 256
+
+return cache
