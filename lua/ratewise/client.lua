@@ -2,7 +2,7 @@
 -- resilience settings in one object, with JSON in and out.
 local compat = require "ratewise.compat"
 local fetch = require "ratewise.fetch"
-local cache = require "ratewise.fetch.cache"
+local fast_paths = require "ratewise.fetch.cache"
 local headers_mod = require "ratewise.headers"
 local json = require "ratewise.json"
 local policy_mod = require "ratewise.policy"
@@ -185,7 +185,7 @@ function client.new(opts)
     plain_calls = {},
     last_path = false, last_url = false, -- the last path joined to base_url, and the URL it made
     -- the calls that gave no options, by method and path: { URL, call table }
-    -- (bounded: cache.PLAIN_PATHS_KEPT a method)
+    -- (bounded: fetch.cache.PLAIN_PATHS_KEPT a method)
     plain_paths = {},
   }, Client)
   for k in pairs(fetch_defaults) do c.defaults[k] = opts[k] end
@@ -513,7 +513,7 @@ function Client:_plain_call(method, url, route_path)
   local limiter = self:_limiter_for(route_path, nil)
   local by_limiter = self.plain_calls[method]
   if not by_limiter then
-    by_limiter = cache.weak()
+    by_limiter = fast_paths.weak()
     self.plain_calls[method] = by_limiter
   end
   local call = by_limiter[limiter or NO_LIMITER]
@@ -526,14 +526,14 @@ end
 
 -- Keeps the URL and call table of a path called with no options: a
 -- program that calls a new path each time (an id apiece) starts them over
--- (cache.bounded).
+-- (fetch.cache.bounded).
 function Client:_keep_plain(method, path, url, call)
   local known = self.plain_paths[method]
   if not known then
-    known = cache.bounded(cache.PLAIN_PATHS_KEPT)
+    known = fast_paths.bounded(fast_paths.PLAIN_PATHS_KEPT)
     self.plain_paths[method] = known
   end
-  cache.keep(known, path, { url, call })
+  fast_paths.keep(known, path, { url, call })
 end
 
 function Client:request(method, path, opts)

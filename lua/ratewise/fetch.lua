@@ -51,8 +51,8 @@ function fetch.fetch(url, opts, counters)
     error(format("fetch: options must be a table (got %s)", type(opts)), 2)
   end
   if counters ~= nil then check_counters(counters) end
-  local method, body, lines, header_secrets, shown_url, url_secrets, transport, rare, safe, empty_body, state
-  url, method, body, lines, header_secrets, shown_url, url_secrets, transport, rare, safe, empty_body, state =
+  local method, body, lines, header_secrets, shown_url, url_secrets, transport, rare, safe, state
+  url, method, body, lines, header_secrets, shown_url, url_secrets, transport, rare, safe, state =
     make_plan(url, opts, counters)
   if url == nil then return nil, method end -- no idempotency key could be made
   local timeout = opts.timeout or DEFAULT_TIMEOUT
@@ -82,8 +82,7 @@ function fetch.fetch(url, opts, counters)
     if left <= 0 then
       return budget_error(state, "no time left for another attempt", state.last_response)
     end
-    local res, terr, streaming, budget_cut = send(state, url, method, lines, body, opts, transport, rare,
-      empty_body, safe, timeout, left)
+    local res, terr, streaming = send(state, url, method, lines, body, opts, transport, rare, safe, timeout, left)
     attempts = attempts + 1
     if res then
       -- set when a redirect was followed (raw: the response's __index answers nil for it, at the cost of a call)
@@ -106,6 +105,9 @@ function fetch.fetch(url, opts, counters)
       state = plan_state(opts, counters, method, shown_url, url_secrets, header_secrets, safe, started, deadline)
     end
     state.attempts = attempts
+    -- whether the time budget cut the attempt's own timeouts (a stream's: attempt.send's)
+    local budget_cut = left < timeout
+    if state.stream then budget_cut = state.budget_cut end
     local done, a, b = after(state, res, terr, sent_at, streaming, budget_cut)
     if done then return a, b end
   end

@@ -13,7 +13,8 @@ local min = math.min
 local type, tostring, pairs, getmetatable = type, tostring, pairs, getmetatable
 local call_hook, guarded, not_boolean = report.call_hook, report.guarded, report.not_boolean
 local fetch_error, budget_error, limiter_failed = report.fetch_error, report.budget_error, report.limiter_failed
-local transport_options, is_transport_option = plan.transport_options, plan.is_transport_option
+local transport_options, is_transport_option, has_body = plan.transport_options, plan.is_transport_option,
+  plan.has_body
 local response_mt = response.mt
 
 local attempt = {}
@@ -135,18 +136,15 @@ function attempt.admit(state)
   return true
 end
 
---- res, terr, streaming, budget_cut = attempt.send(state, url, method, lines, body, opts, transport, rare,
--- empty_body, safe, timeout, left): one transfer of the request plan.make
--- made (state: the call's, or nil for a common call's first attempt),
--- within the `left` seconds of its time budget. res: the response (a
--- stream's reader in streaming), or terr: the transport error. budget_cut:
--- whether the time budget cut the attempt's own timeout ("after_headers":
--- only a stream's time read whole).
-function attempt.send(state, url, method, lines, body, opts, transport, rare, empty_body, safe, timeout, left)
+--- res, terr, streaming = attempt.send(state, url, method, lines, body, opts, transport, rare, safe, timeout,
+-- left): one transfer of the request plan.make made (state: the call's, or
+-- nil for a common call's first attempt), within the `left` seconds of its
+-- time budget. res: the response (a stream's reader in streaming), or
+-- terr: the transport error. A stream's state.budget_cut: whether the time
+-- budget cut its timeouts ("after_headers": only its time read whole).
+function attempt.send(state, url, method, lines, body, opts, transport, rare, safe, timeout, left)
   local attempt_timeout = timeout
   if left < timeout then attempt_timeout = left end -- min(), without a call
-  -- what a time budget too short for the call's own timeouts cut
-  local budget_cut = attempt_timeout < timeout
   -- The engine copies what it needs from the request as it starts the
   -- transfer, so one table serves every attempt of every call. Every
   -- field is assigned; those the call does not use are nil, and the
@@ -161,7 +159,8 @@ function attempt.send(state, url, method, lines, body, opts, transport, rare, em
     -- most are), and the request holds it still.
   elseif rare or scratch_transport_n > 0 then
     set_transport(request, opts, transport)
-    if empty_body then put_transport(request, "empty_body", true) end
+    -- (servers expect a Content-Length on these even when the body is empty)
+    if body == nil and has_body[method] then put_transport(request, "empty_body", true) end
     if state then
       if state.follow == false then put_transport(request, "follow_redirects", false) end
       if state.max_body ~= nil then put_transport(request, "max_body", state.max_body) end
@@ -188,7 +187,7 @@ function attempt.send(state, url, method, lines, body, opts, transport, rare, em
     request.timeout = min(whole, left)
     put_transport(request, "first_byte_timeout", min(first_byte, left))
     put_transport(request, "idle_timeout", state.idle)
-    budget_cut = left < first_byte or left < whole and "after_headers"
+    state.budget_cut = left < first_byte or left < whole and "after_headers"
     if sleep then
       res, terr, streaming = guarded("sleep", "a wait for the transfer", runtime.open_stream, request, sleep)
     else
@@ -204,7 +203,7 @@ function attempt.send(state, url, method, lines, body, opts, transport, rare, em
     res, terr = runtime.transfer(request, nil, response_mt)
   end
   if body ~= nil then request.body = nil end -- not kept alive by the next call's table
-  return res, terr, streaming, budget_cut
+  return res, terr, streaming
 end
 
 return attempt

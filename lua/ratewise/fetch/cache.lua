@@ -8,8 +8,10 @@
 --   emptied whole when it holds its limit, so that a program calling a new
 --   URL each time (an id apiece) keeps at most that many and pays for one
 --   emptying now and then rather than for an eviction order at every call;
--- * the call before (cache.last_*): one entry, replaced by the next call
---   that differs, for a program that calls one endpoint again and again.
+-- * the call before: one entry, replaced by the next call that differs,
+--   for a program that calls one endpoint again and again. These are
+--   locals of plan.lua (last_url, last_head, last_opts: an upvalue is read
+--   for less than a table's field on the path of every call), listed here.
 --
 -- What each cache keeps and why it pays: docs/internals.md, "The fast-path
 -- caches". A value kept must be what the code would compute again from the
@@ -55,9 +57,8 @@ end
 local URLS_KEPT, ORIGINS_KEPT = 256, 256
 cache.URL_KEPT_MAX = 512
 
--- The URL of the call before and what it gave (plan.url_facts): url,
--- shown, secrets, origin.
-cache.last_url = { url = false, shown = false, secrets = false, origin = false }
+-- plan.lua's last_url, last_shown, last_secrets, last_origin: the URL of
+-- the call before and what it gave (plan.url_facts).
 -- What is printed of each URL without credentials and its origin, by URL:
 -- a program's tasks call a few URLs each, interleaved, so the URL of the
 -- call before is seldom the same. { shown, origin } by URL.
@@ -65,14 +66,13 @@ cache.url_facts = cache.bounded(URLS_KEPT)
 -- The origin of each scheme://authority (as written, without "@") seen: a
 -- URL on a known origin is checked and printed with a few plain finds.
 cache.origin_of = cache.bounded(ORIGINS_KEPT)
--- The scheme://authority before, and its origin, found without a pattern.
-cache.last_head = { head = false, origin = false }
+-- plan.lua's last_head, last_head_origin: the scheme://authority before,
+-- and its origin, found without a pattern.
 
--- The options table of the call before with its names and values (three
--- at most) and what checking it found (plan.check_options): seen is the
+-- plan.lua's last_opts, last_k1 ... last_v3, last_transport, last_common:
+-- the options table of the call before with its names and values (three
+-- at most) and what checking it found (check_options); last_seen is the
 -- table of the call before, kept from a table's second call in a row.
-cache.last_options = { opts = false, seen = false, k1 = nil, v1 = nil, k2 = nil, v2 = nil, k3 = nil, v3 = nil,
-  transport = false, common = false }
 
 -- Options tables fetch.check has passed, by table: what checking found,
 -- taken by the fetch that follows (or by every fetch, for a table its

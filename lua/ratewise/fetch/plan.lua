@@ -26,8 +26,11 @@ local plan = {}
 -- Methods that may be sent again without asking (RFC 9110 9.2.2 idempotent
 -- methods, less TRACE, which has no business in an API client).
 local replay_safe = { GET = true, HEAD = true, OPTIONS = true, PUT = true, DELETE = true }
--- Methods servers expect a Content-Length on even when the body is empty.
+-- Methods servers expect a Content-Length on even when the body is empty:
+-- a request of them without a body has a field the engine reads only when
+-- listed (attempt.send's empty_body).
 local has_body = { POST = true, PUT = true, PATCH = true }
+plan.has_body = has_body
 
 -- The time budget of a call that gives none, and its attempts' timeout.
 local DEFAULT_MAX_ELAPSED, DEFAULT_TIMEOUT = 120, 30
@@ -184,10 +187,11 @@ local function check_url(url, level)
   end
 end
 
--- The URL facts kept (fetch.cache): the call before's, by URL, and the
--- origins by scheme://authority.
-local last_url, url_facts_of, origin_of, last_head = cache.last_url, cache.url_facts, cache.origin_of,
-  cache.last_head
+-- The URL facts kept (fetch.cache): by URL, and the origins by
+-- scheme://authority; and (listed there) the call before's.
+local url_facts_of, origin_of = cache.url_facts, cache.origin_of
+local last_url, last_shown, last_secrets, last_origin = false, false, false, false
+local last_head, last_head_origin = false, false
 local keep, URL_KEPT_MAX = cache.keep, cache.URL_KEPT_MAX
 local SLASH, QUESTION, HASH = byte("/"), byte("?"), byte("#")
 
@@ -211,19 +215,18 @@ end
 -- (the origin before is matched with no pattern at all: a Lua pattern's
 -- character class costs tens of instructions a byte).
 local function learn_url(url, level)
-  local head_before = last_head.head
-  local shown = head_before and type(url) == "string" and find(url, head_before, 1, true) == 1
-    and shown_on(url, #head_before)
+  local shown = last_head and type(url) == "string" and find(url, last_head, 1, true) == 1
+    and shown_on(url, #last_head)
   local secrets, origin
   if shown then
-    secrets, origin = false, last_head.origin
+    secrets, origin = false, last_head_origin
   else
     local head = type(url) == "string" and match(url, "^%a[%w+.-]*://[^/?#@]*")
     origin = head and origin_of[head]
     shown = origin and shown_on(url, #head)
     if shown then
       secrets = false
-      last_head.head, last_head.origin = head, origin
+      last_head, last_head_origin = head, origin
     else
       check_url(url, level)
       shown = headers.redact_url(url)
@@ -231,7 +234,7 @@ local function learn_url(url, level)
       origin = headers.origin(url)
       if head and not find(url, "@", 1, true) then -- head is then the whole authority
         keep(origin_of, head, origin)
-        last_head.head, last_head.origin = head, origin
+        last_head, last_head_origin = head, origin
       end
     end
   end
@@ -244,16 +247,16 @@ end
 -- none: headers.url_secrets) and its origin; raises for a URL fetch does
 -- not take, at the caller `extra` frames above url_facts' own.
 local function url_facts(url, extra)
-  if url ~= last_url.url then
+  if url ~= last_url then
     local facts = url_facts_of[url]
     if facts then
-      last_url.shown, last_url.secrets, last_url.origin = facts[1], false, facts[2]
+      last_shown, last_secrets, last_origin = facts[1], false, facts[2]
     else
-      last_url.shown, last_url.secrets, last_url.origin = learn_url(url, 5 + (extra or 0))
+      last_shown, last_secrets, last_origin = learn_url(url, 5 + (extra or 0))
     end
-    last_url.url = url
+    last_url = url
   end
-  return last_url.shown, last_url.secrets, last_url.origin
+  return last_shown, last_secrets, last_origin
 end
 plan.url_facts = url_facts
 
@@ -385,14 +388,15 @@ local function uuid4()
 end
 
 
--- The options table of the call before (fetch.cache.last_options), its
+-- The options table of the call before (listed in fetch.cache), its
 -- names and values then (three at most), and what checking it answered;
 -- kept from a table's second call in a row on (seen: the table of the call
 -- before), so that a table made for each call costs a comparison, not a
 -- copy. A table whose options hold objects checked for their contents
 -- (contents_checked: an array of names, a limiter's methods) is checked
 -- again at each call.
-local last = cache.last_options
+local last_opts, last_seen, last_k1, last_v1, last_k2, last_v2, last_k3, last_v3, last_transport, last_common =
+  false, false
 local contents_checked = { secret_headers = true, limiter = true, circuit = true, budget = true, policy = true }
 
 -- Checks the options a call gives, its table's own and those it inherits
@@ -416,9 +420,9 @@ local function check_options(opts, depth)
       -- The table of the call before, with the same names and values (one
       -- options table made once and passed to every call): what its check
       -- found then.
-      if opts == last.opts and k1 == last.k1 and v1 == last.v1 and k2 == last.k2 and v2 == last.v2
-        and k3 == last.k3 and v3 == last.v3 then
-        return last.transport, true, last.common
+      if opts == last_opts and k1 == last_k1 and v1 == last_v1 and k2 == last_k2 and v2 == last_v2
+        and k3 == last_k3 and v3 == last_v3 then
+        return last_transport, true, last_common
       end
       check_option(k1, v1, depth)
       local common1 = is_common_option[k1]
@@ -426,11 +430,11 @@ local function check_options(opts, depth)
       if k2 == nil then
         local transport = is_transport_option[k1] == true
         common1 = common1 or false
-        if opts ~= last.seen then
-          last.seen = opts
+        if opts ~= last_seen then
+          last_seen = opts
         elseif not contents_checked[k1] then
-          last.opts, last.k1, last.v1, last.k2, last.v2, last.k3, last.v3 = opts, k1, v1, nil, nil, nil, nil
-          last.transport, last.common = transport, common1
+          last_opts, last_k1, last_v1, last_k2, last_v2, last_k3, last_v3 = opts, k1, v1, nil, nil, nil, nil
+          last_transport, last_common = transport, common1
         end
         return transport, true, common1
       end
@@ -446,11 +450,11 @@ local function check_options(opts, depth)
         transport = transport or is_transport_option[k3] == true
         common = common == true and common3 or common and common3 and "body" or false
       end
-      if opts ~= last.seen then
-        last.seen = opts
+      if opts ~= last_seen then
+        last_seen = opts
       elseif not (contents_checked[k1] or contents_checked[k2] or contents_checked[k3]) then
-        last.opts, last.k1, last.v1, last.k2, last.v2, last.k3, last.v3 = opts, k1, v1, k2, v2, k3, v3
-        last.transport, last.common = transport, common
+        last_opts, last_k1, last_v1, last_k2, last_v2, last_k3, last_v3 = opts, k1, v1, k2, v2, k3, v3
+        last_transport, last_common = transport, common
       end
       return transport, true, common
     end
@@ -587,8 +591,8 @@ function plan.state(opts, counters, method, shown_url, url_secrets, header_secre
   return state
 end
 
---- url, method, body, lines, header_secrets, shown_url, url_secrets, transport, rare, safe,
--- empty_body, state = plan.make(url, opts, counters): a call's plan, its
+--- url, method, body, lines, header_secrets, shown_url, url_secrets, transport, rare, safe, state =
+-- plan.make(url, opts, counters): a call's plan, its
 -- options (a table) checked; or nil, err for a call that cannot be made.
 -- Raises for misuse at fetch.fetch's caller. transport: whether the call
 -- names a transport option; rare: whether the request has fields the
@@ -619,8 +623,8 @@ function plan.make(url, opts, counters)
     end
   end
   local shown_url, url_secrets, origin
-  if url == last_url.url then -- most calls: the URL of the call before
-    shown_url, url_secrets, origin = last_url.shown, last_url.secrets, last_url.origin
+  if url == last_url then -- most calls: the URL of the call before
+    shown_url, url_secrets, origin = last_shown, last_secrets, last_origin
   else
     shown_url, url_secrets, origin = url_facts(url, 1)
   end
@@ -704,9 +708,8 @@ function plan.make(url, opts, counters)
     -- a request with a body, and no key, hook, limiter or stream: its
     -- method or an Idempotency-Key header says whether it is replay-safe
     local safe = replay_safe[method] or given["idempotency-key"] ~= nil
-    local empty_body = body == nil and has_body[method] or nil
     return url, method, body, lines, header_secrets, shown_url, url_secrets, transport,
-      transport or empty_body or not safe and "no_replay", safe, empty_body
+      transport or body == nil and has_body[method] or not safe and "no_replay", safe
   end
   local safe = replay_safe[method] or opts.retry_non_idempotent or key ~= nil or given["idempotency-key"] ~= nil
   local max_elapsed = opts.max_elapsed or DEFAULT_MAX_ELAPSED
@@ -752,19 +755,17 @@ function plan.make(url, opts, counters)
     end
   end
   if limiter then state.limiter_methods = limiter_methods(limiter) end
-  local empty_body = body == nil and has_body[method] or nil
   local secret_headers = opts.secret_headers
   state.secret_headers, state.sleep, state.safe = secret_headers, opts.sleep, safe
   -- whether the request has fields the engine reads only when listed (a
   -- plain GET has none: the engine looks up six fields, not twelve)
-  local rare = transport or empty_body or not follow or max_body ~= nil or verify_tls ~= nil or no_replay
-    or secret_headers ~= nil
+  local rare = transport or body == nil and has_body[method] or not follow or max_body ~= nil or verify_tls ~= nil
+    or no_replay or secret_headers ~= nil
   -- Whether the call has anything to tell of an attempt or to ask before
   -- one (a policy, limiter, circuit, budget, hook or stream): without, a
   -- 2xx is returned as soon as it is made a response.
   state.hooked = (policy or limiter or circuit or budget or on_event or stream) and true or false
-  return url, method, body, lines, header_secrets, shown_url, url_secrets, transport, rare, safe,
-    empty_body, state
+  return url, method, body, lines, header_secrets, shown_url, url_secrets, transport, rare, safe, state
 end
 
 return plan
