@@ -1,6 +1,6 @@
--- fetch.attempt: one try of a call: admission (the circuit, the limiter,
--- the time left), then the transfer through the runtime seam, which gives a
--- response or a transport error.
+-- fetch.attempt: one try of a call: admission (the circuit, the limiter
+-- within the time left), then the transfer through the runtime seam, which
+-- gives a response or a transport error.
 local core = require "ratewise.core"
 local response = require "ratewise.response"
 local runtime = require "ratewise.runtime"

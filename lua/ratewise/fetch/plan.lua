@@ -581,9 +581,9 @@ local function new_state(started, method, shown_url, max_elapsed, on_event)
 end
 plan.new_state = new_state
 
---- state = plan.state(url, opts, counters, method, shown_url, url_secrets, header_secrets, origin, safe,
--- started, deadline): the state of a common call, made at its first attempt
--- that does not succeed.
+--- state = plan.state(opts, counters, method, shown_url, url_secrets, header_secrets, safe, started,
+-- deadline): the state of a common call, made at its first attempt that
+-- does not succeed.
 function plan.state(opts, counters, method, shown_url, url_secrets, header_secrets, safe, started, deadline)
   local state = new_state(started, method, shown_url, opts.max_elapsed or DEFAULT_MAX_ELAPSED, nil)
   state.opts, state.counters, state.url_secrets, state.header_secrets = opts, counters, url_secrets, header_secrets
