@@ -91,6 +91,11 @@
  * engine_buffer_size. */
 #define ENGINE_RECV_MAX 16384L
 #define ENGINE_RECV_MIN 1024L
+/* At most this many sockets for libcurl to be given them all at once when
+ * they are multiplexed, and at most this many passes over them after one
+ * event (engine_drive). */
+#define ENGINE_ALL_SOCKETS 16
+#define ENGINE_ALL_PASSES 8
 
 /* A pooled record keeps its body buffer for the next response, so that a
  * steady stream of large responses does not allocate (and, past glibc's
@@ -163,6 +168,9 @@ typedef struct engine {
     int *fired;      /* descriptors of engine:watch that became ready, not yet reported */
     int nfired, capfired;
     int nwatching;   /* descriptors of engine:watch armed and not yet ready */
+    int nwanted;     /* descriptors libcurl waits on now (WATCH_WANTED) */
+    unsigned long delivered; /* callbacks that delivered a response's bytes (rw_engine_delivered) */
+    int all_again;           /* the last pass over every socket delivered: pass again (engine_drive_all) */
 #ifdef RW_FAULTS
     CURLMcode fail_next; /* RW_FAULTS builds: the next drive fails with this */
 #endif
@@ -399,6 +407,13 @@ static unsigned char *engine_watch_slot(engine *e, curl_socket_t s)
     return &e->watch[s];
 }
 
+/* Sets a descriptor's WATCH_* bits, counting those libcurl waits on. */
+static void engine_watch_put(engine *e, unsigned char *slot, unsigned char bits)
+{
+    e->nwanted += ((bits & WATCH_WANTED) != 0) - ((*slot & WATCH_WANTED) != 0);
+    *slot = bits;
+}
+
 /* libcurl says which sockets it waits on, and for what: the engine keeps
  * them in its poller's set. C only. */
 static int engine_on_watch(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
@@ -409,19 +424,19 @@ static int engine_on_watch(CURL *easy, curl_socket_t s, int what, void *userp, v
     (void)socketp;
     if (!slot) return -1; /* out of memory: libcurl gives the multi handle up (engine_drive) */
     if (what == CURL_POLL_REMOVE) {
-        *slot &= (unsigned char)~WATCH_WANTED;
+        engine_watch_put(e, slot, (unsigned char)(*slot & ~WATCH_WANTED));
         return 0;
     }
     want = (unsigned char)(((what & CURL_POLL_IN) ? WATCH_IN : 0u) | ((what & CURL_POLL_OUT) ? WATCH_OUT : 0u));
     if ((*slot & WATCH_IN_SET) && (*slot & (WATCH_IN | WATCH_OUT)) == want) {
-        *slot |= WATCH_WANTED;
+        engine_watch_put(e, slot, (unsigned char)(*slot | WATCH_WANTED));
         return 0;
     }
     if (poller_set(&e->poller, s, ((want & WATCH_IN) ? POLLER_IN : 0u) | ((want & WATCH_OUT) ? POLLER_OUT : 0u),
                    (*slot & WATCH_IN_SET) != 0)
         != 0)
         return -1; /* out of memory: libcurl gives the multi handle up (engine_drive) */
-    *slot = (unsigned char)(want | WATCH_IN_SET | WATCH_WANTED);
+    engine_watch_put(e, slot, (unsigned char)(want | WATCH_IN_SET | WATCH_WANTED));
     return 0;
 }
 
@@ -469,7 +484,7 @@ static int engine_on_close(void *userp, curl_socket_t s)
 {
     engine *e = (engine *)userp;
     if (s < 0) return 0;
-    if ((size_t)s < e->nwatch) e->watch[s] = 0;
+    if ((size_t)s < e->nwatch) engine_watch_put(e, &e->watch[s], 0);
     poller_closing(&e->poller, s);
     engine_socket_gone(e, s);
     return close(s);
@@ -674,6 +689,11 @@ static void engine_gate_unlink(engine_gate *g, transfer *t)
         }
     }
     t->held = 0;
+}
+
+void rw_engine_delivered(transfer *t)
+{
+    if (t->engine) t->engine->delivered++;
 }
 
 void rw_engine_answered(transfer *t)
@@ -1039,6 +1059,38 @@ static void engine_fire(engine *e, int fd)
     e->fired[e->nfired++] = fd;
 }
 
+/* libcurl is given every socket at once (engine_drive), pass after pass
+ * while a pass delivered anything: a pass runs each transfer once, and
+ * bytes that a later transfer's read brought in for one whose turn had
+ * passed stay in libcurl's buffers, with no timer set and the socket
+ * drained (such a transfer waited for the next event: a second, until the
+ * server's idle timeout closed the connection, and the next burst opened
+ * another). Past the last pass or the budget, the next drive passes again
+ * without waiting (all_again). */
+static CURLMcode engine_drive_all(engine *e, double until, int *running)
+{
+    CURLMcode mc;
+    int passes = 0;
+    unsigned long before;
+    do {
+        before = e->delivered;
+        /* curl_multi_socket_all: deprecated for curl_multi_socket_action,
+         * which has no form for "every socket" but this one (libcurl keeps it) */
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
+        /* cppcheck-suppress curl_multi_socket_allCalled */
+        mc = curl_multi_socket_all(e->multi, running);
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+    } while (mc == CURLM_OK && e->delivered != before && ++passes < ENGINE_ALL_PASSES
+             && !(until > 0 && rw_clock_monotonic() >= until));
+    e->all_again = mc == CURLM_OK && e->delivered != before;
+    return mc;
+}
+
 /* Waits at most `seconds` (0: not at all) for a socket libcurl watches, lets
  * libcurl act on the sockets that are ready and on its timer if it is due,
  * then gathers what finished. With a `budget` (seconds; 0: none), libcurl
@@ -1052,6 +1104,21 @@ static void engine_drive(engine *e, double seconds, double budget)
     poller_event ev[ENGINE_EVENTS];
     CURLMcode mc = CURLM_OK;
     int n, i, running, spent = 0; /* spent: the budget is, and the clock need not be read again */
+    /* Multiplexed connections (HTTP/2: two transfers a socket or more, on
+     * a few sockets): an event on a socket makes libcurl 7.88 run every
+     * transfer on it, drive after drive, each after the first polling the
+     * socket again (more than twice the plain multi's polls for a 64 KiB
+     * response: bench/http2.lua h2_64k). Then libcurl is given every socket
+     * at once, one pass over the transfers as curl_multi_perform makes,
+     * which is what the plain contender does.
+     * Not with many sockets (a pass would poll each connection that has
+     * nothing to read), and with a budget (a frame's step, OpenResty's
+     * driver) only on one socket, where a pass is no longer than that
+     * socket's own turn: socket by socket there, so that a step can stop
+     * between them. */
+    int all = e->nwanted > 0 && e->nwanted <= (budget > 0 ? 1 : ENGINE_ALL_SOCKETS)
+              && e->running.n >= 2 * e->nwanted,
+        any = 0;
     double until;
     n = poller_wait(&e->poller, ev, ENGINE_EVENTS, seconds);
     until = budget > 0 ? rw_clock_monotonic() + budget : 0;
@@ -1075,8 +1142,13 @@ static void engine_drive(engine *e, double seconds, double budget)
         }
         if (!spent && until > 0 && rw_clock_monotonic() >= until) spent = 1;
         if (spent) continue; /* watched descriptors still fire */
+        if (all) {
+            any = 1;
+            continue;
+        }
         mc = curl_multi_socket_action(e->multi, fd, flags, &running);
     }
+    if ((any || e->all_again) && mc == CURLM_OK) mc = engine_drive_all(e, until, &running);
     if (mc == CURLM_OK && !spent && e->timer_at != HUGE_VAL) {
         double now = rw_clock_monotonic();
         if (now >= e->timer_at && !(until > 0 && now >= until)) {
@@ -1106,7 +1178,7 @@ static void engine_drive(engine *e, double seconds, double budget)
 static double engine_deadline(const engine *e)
 {
     double at = e->timer_at < e->next_expiry ? e->timer_at : e->next_expiry, left;
-    if (e->finished.head || e->nfired || e->news) return 0;
+    if (e->finished.head || e->nfired || e->news || e->all_again) return 0;
     if (at == HUGE_VAL) return -1;
     left = at - rw_clock_monotonic();
     return left > 0 ? left : 0;

@@ -171,6 +171,7 @@ size_t rw_response_on_body(char *ptr, size_t size, size_t nmemb, void *ud)
     transfer *t = (transfer *)ud;
     size_t n = size * nmemb;
     size_t have;
+    rw_engine_delivered(t);
     if (t->stream && !t->head_ready) {
         /* A redirect's body, which engine_follow would drop: not kept at
          * all, but counted, as what is read whole (a redirect that never
@@ -238,6 +239,7 @@ size_t rw_response_on_header(char *ptr, size_t size, size_t nmemb, void *ud)
 {
     transfer *t = (transfer *)ud;
     size_t n = size * nmemb;
+    rw_engine_delivered(t);
     /* Each response (interim 1xx, every redirect hop) starts with its status
      * line; keep only the headers of the last one. */
     if (n >= 5 && memcmp(ptr, "HTTP/", 5) == 0) {

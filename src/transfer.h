@@ -231,6 +231,8 @@ void rw_engine_reset(struct engine *e, transfer *t);
  * callback): if it probes an origin for the engine's gate, the transfers
  * held for that origin go on (after libcurl returns). */
 void rw_engine_answered(transfer *t);
+/* libcurl delivered bytes of t's response (an all-at-once pass made progress). */
+void rw_engine_delivered(transfer *t);
 /* engine.c: libcurl opened socket fd for t's connection (request.c's
  * socket callback): the engine counts it for t's origin, so that it
  * forgets what it knows of an origin once its last connection is closed. */
