@@ -36,10 +36,6 @@ function methods:set_rate(rate)
   slowed[self] = nil
 end
 
-local function cancel(bucket, place)
-  bucket:cancel(place)
-end
-
 -- Checked in the caller's terms, so that an error names acquire and the
 -- caller's line (level: the caller's frame).
 local function check_acquire(self, n, host_sleep, max_wait, level)
@@ -62,9 +58,7 @@ local function check_acquire(self, n, host_sleep, max_wait, level)
 end
 
 -- Waits in the bucket's queue for n tokens (see acquire). A pace, when
--- given, moves the bucket's rate while the waiter sleeps: pace:nap(wait)
--- answers how long to sleep before looking again (no longer than wait),
--- and pace:follow() sets the bucket's rate before each claim.
+-- given, moves the bucket's rate while the waiter waits (runtime.claim).
 local function queue(self, n, host_sleep, max_wait, pace)
   local wait, place = self:reserve(n)
   if wait <= 0 then return true end
@@ -72,16 +66,7 @@ local function queue(self, n, host_sleep, max_wait, pace)
     self:cancel(place)
     return false, wait
   end
-  if not pace then return runtime.claim(self, place, wait, host_sleep, n) end
-  -- A waiter that is gone (a cancelled task, a host sleep that raised)
-  -- gives its place up. A claim can come early when a waiter before this
-  -- one woke late: it then waits for what is left.
-  repeat
-    runtime.sleep(pace:nap(wait), host_sleep, cancel, self, place)
-    pace:follow()
-    wait = self:claim(place)
-  until wait <= 0
-  return true
+  return runtime.claim(self, place, wait, host_sleep, n, pace)
 end
 
 --- true | false, wait = bucket:acquire([n [, sleep [, max_wait]]])

@@ -1,13 +1,14 @@
 -- A small Redis client for the shared buckets (redis_bucket.lua): one
 -- connection of the C core (ratewise.Redis: hiredis formats and parses),
--- one command at a time, every wait for its socket a wait on the engine
--- (scheduler.await_fd), so that a task waiting on Redis waits with the
--- transfers and never blocks the others. Not a general Redis client: it
--- knows what the buckets need (AUTH, SELECT, EVALSHA, SCRIPT LOAD).
+-- one command at a time, every wait for its socket a wait of the seam
+-- (runtime.await_fd: the engine watches it), so that a task waiting on
+-- Redis waits with the transfers and never blocks the others. Not a
+-- general Redis client: it knows what the buckets need (AUTH, SELECT,
+-- EVALSHA, SCRIPT LOAD).
 local compat = require "ratewise.compat"
 local core = require "ratewise.core"
 local headers = require "ratewise.headers"
-local scheduler = require "ratewise.scheduler"
+local runtime = require "ratewise.runtime"
 
 local now = core.now
 local format, tonumber, type, tostring, setmetatable = string.format, tonumber, type, tostring, setmetatable
@@ -91,7 +92,7 @@ function redis.new(opts)
     conn = false,
     down_until = -math.huge, down_reason = nil,
     -- one command at a time on the connection; later callers queue
-    turn = scheduler.semaphore(1),
+    turn = runtime.semaphore(1),
     where = format("Redis at %s:%d", opts.host, opts.port),
     secrets = secrets,
   }, Client)
@@ -110,7 +111,7 @@ end
 local function drop(self)
   local conn = self.conn
   if conn then
-    scheduler.engine():unwatch(conn:fd())
+    runtime.unwatch_fd(conn:fd())
     conn:close()
     self.conn = false
   end
@@ -122,7 +123,7 @@ local function failed(self, what, err)
 end
 
 local function wait_for(self, mode, deadline)
-  local ready, err = scheduler.await_fd(self.conn:fd(), mode, deadline)
+  local ready, err = runtime.await_fd(self.conn:fd(), mode, deadline)
   if ready then return true end
   return nil, err or format("no answer within %.3g s", self.timeout)
 end

@@ -257,53 +257,115 @@ local function check_seconds(seconds)
   end
 end
 
+-- Rules 0 and 1, asked first by every wait: the task that parks in the
+-- scheduler for it, or nil when a host waits (runtime.host). A per-call
+-- sleep takes a wait that is time alone (a sleep, a bucket's place) from
+-- the task: the caller said how to wait. A task waits for its transfers
+-- and descriptors itself whatever sleep the call gave: a sleep function
+-- cannot see a socket.
+local current = scheduler.current
+local park_in_task = scheduler.park
+
+-- Outside a task: sleeps through the host, then asks resuming(a, b, c, d)
+-- (see scheduler.park) until it answers nothing. A sleep that raised (a
+-- host's cancellation) calls on_cancel(a, b, c, d) before the error goes on.
+local function park_in_host(host, seconds, resuming, on_cancel, a, b, c, d)
+  local sleep = host.sleep
+  repeat
+    if on_cancel then
+      local ok, err = pcall(sleep, seconds)
+      if not ok then
+        on_cancel(a, b, c, d)
+        error(err, 0)
+      end
+    else
+      sleep(seconds)
+    end
+    seconds = resuming and resuming(a, b, c, d)
+  until not seconds
+  return true
+end
+
+--- true = runtime.park(seconds, per_call_sleep, resuming, on_cancel, a, b, c, d):
+-- the wait of the seam that every timed wait is: waits seconds, then asks
+-- resuming(a, b, c, d) (if given) whether to wait on (seconds) or go on
+-- (nothing); an interrupted wait (a cancelled task, a host sleep that
+-- raised) calls on_cancel(a, b, c, d, resumed) before the error goes on,
+-- resumed telling, in a task, that resuming had let it go. Inside a task
+-- this is a tail call to the scheduler: thousands of tasks may wait at
+-- once, and a frame apiece would make each cost more.
+function runtime.park(seconds, per_call, resuming, on_cancel, a, b, c, d)
+  check_seconds(seconds)
+  if not per_call and current() then return park_in_task(seconds, resuming, on_cancel, a, b, c, d) end
+  return park_in_host(runtime.host(per_call), seconds, resuming, on_cancel, a, b, c, d)
+end
+
 --- true = runtime.sleep(seconds [, per_call_sleep [, on_cancel, a, b]]):
 -- every sleep of the library comes here, so this is where a wait that
 -- could never end is refused: NaN or infinite seconds would make a waiting
 -- loop spin, here or in a host's own sleep. A negative wait is no wait.
 -- A wait that is interrupted (a cancelled task, a host sleep that raised)
--- calls on_cancel(a, b) before the error goes on. Inside a task this is a
--- tail call to the scheduler: thousands of tasks may wait at once, and a
--- frame apiece would make each cost more.
-local function give_up(bucket, place)
-  bucket:cancel(place)
-end
-
+-- calls on_cancel(a, b) before the error goes on.
 function runtime.sleep(seconds, per_call, on_cancel, a, b)
   check_seconds(seconds)
-  if not per_call and scheduler.current() then
-    return scheduler.sleep(seconds, on_cancel, a, b)
-  end
-  local sleep = runtime.host(per_call).sleep
-  if not on_cancel then
-    sleep(seconds)
-    return true
-  end
-  local ok, err = pcall(sleep, seconds)
-  if not ok then
-    on_cancel(a, b)
-    error(err, 0)
-  end
-  return true
+  if not per_call and current() then return park_in_task(seconds, nil, on_cancel, a, b) end
+  return park_in_host(runtime.host(per_call), seconds, nil, on_cancel, a, b)
 end
 
---- true = runtime.claim(bucket, place, wait [, per_call_sleep [, n]]): waits for
--- a place in a bucket's queue (bucket:reserve), due in wait seconds, until
--- its tokens are claimed; a claim can come early when a waiter before it
--- woke late, and it then waits for what is left. A wait that is
--- interrupted gives the place up. Inside a task the scheduler does the
--- claiming (a tail call: no frame stays on the waiting task).
-function runtime.claim(bucket, place, wait, per_call, n)
-  if not per_call and scheduler.current() then
-    check_seconds(wait)
-    return scheduler.claim_wait(wait, bucket, place, n)
-  end
-  repeat
-    runtime.sleep(wait, per_call, give_up, bucket, place)
-    wait = bucket:claim(place)
-  until wait <= 0
-  return true
+-- A bucket's place (bucket:reserve), when its time has come: its tokens
+-- are claimed, or the seconds to wait on are answered (a claim comes early
+-- when a waiter before it woke late). A pace, when given, moves the
+-- bucket's rate while the waiter waits: pace:follow() sets it before each
+-- claim, and pace:nap(wait) answers how long to wait before looking again.
+-- The one claim of a bucket's waiter, wherever it waits.
+local function claim(bucket, place, _, pace)
+  if pace then pace:follow() end
+  local wait = bucket:claim(place)
+  if wait <= 0 then return nil end
+  if pace then return pace:nap(wait) end
+  return wait
 end
+
+-- A waiter that is gone gives its place up, or, when its tokens were
+-- claimed for it before it ran (resumed), gives them back.
+local function give_back(bucket, place, n, _, resumed)
+  if resumed then
+    bucket:refund(n)
+  else
+    bucket:cancel(place)
+  end
+end
+
+--- true = runtime.claim(bucket, place, wait, per_call_sleep [, n [, pace]]):
+-- waits for a place in a bucket's queue (bucket:reserve of n tokens), due
+-- in wait seconds, until its tokens are claimed. A wait that is
+-- interrupted gives the place up (or the tokens back). Inside a task the
+-- scheduler does the claiming (scheduler.park), so no frame of the
+-- bucket's code stays on the waiting task's stack.
+function runtime.claim(bucket, place, wait, per_call, n, pace)
+  if pace then wait = pace:nap(wait) end
+  return runtime.park(wait, per_call, claim, give_back, bucket, place, n or 1, pace)
+end
+
+--- ready | nil, err = runtime.await_fd(fd, mode, deadline): waits until the
+-- descriptor fd is ready to read (mode "r") or write ("w"), or until the
+-- deadline (monotonic seconds) passes (a Redis connection: redis.lua). A
+-- task parks in the scheduler; anywhere else the host at hand waits, the
+-- engine watching fd beside the transfers' sockets.
+function runtime.await_fd(fd, mode, deadline)
+  if current() then return scheduler.await_fd(fd, mode, deadline) end
+  -- the host first: where no wait is possible it raises before fd is watched
+  return scheduler.await_fd(fd, mode, deadline, runtime.host().await)
+end
+
+--- runtime.unwatch_fd(fd): a descriptor that is closed is watched no more.
+function runtime.unwatch_fd(fd)
+  scheduler.engine():unwatch(fd)
+end
+
+--- sem = runtime.semaphore(n): see scheduler.semaphore; its waits are the
+-- seam's too (a task parks, code outside any task waits through its host).
+runtime.semaphore = scheduler.semaphore
 
 --- done() came true = runtime.await(done [, deadline [, per_call_sleep]]):
 -- waits outside any task until done() is true, or until the deadline (on

@@ -141,11 +141,13 @@ local function make_ready(task, value)
 end
 
 -- Every wait of a task is one yield; the scheduler resumes it with nil, or
--- with CANCELLED when it has been cancelled meanwhile. on_cancel(a, b), if
--- given, undoes what the wait held before the cancellation goes on (it sits
--- on the waiting coroutine's stack, which costs less than a pcall frame).
--- A task resumed with WAIT_FAILED raises task.wait_error: what the
--- scheduler met while finishing the task's wait for it (claim_wait).
+-- with CANCELLED when it has been cancelled meanwhile. on_cancel(a, b, c, d,
+-- resumed), if given, undoes what the wait held before the cancellation goes
+-- on (it sits on the waiting coroutine's stack, which costs less than a
+-- pcall frame); resumed: the wait's resuming hook (scheduler.park) had let
+-- the task go, and what it took is the task's to give back.
+-- A task resumed with WAIT_FAILED raises task.wait_error: what the wait's
+-- resuming hook raised.
 local WAIT_FAILED = setmetatable({}, { __tostring = function() return "ratewise: wait failed" end })
 
 -- A wait from a function Lua calls from C cannot yield. Lua 5.2 on and
@@ -158,14 +160,21 @@ local CANNOT_YIELD = "ratewise: a task cannot wait inside a function that Lua ca
   .. "(\"attempt to yield across a C-call boundary\"). Make the requests (or sleeps) outside it: fetch what "
   .. "it needs first, then sort or substitute with the results"
 
-local function wait_here(task, on_cancel, a, b)
+-- A wait whose hook is set (scheduler.park) and that ends without the task
+-- running on: the hook and its arguments are let go.
+local function leave_park(task)
+  task.resuming, task.park_a, task.park_b, task.park_c, task.park_d = nil, nil, nil, nil, nil
+end
+
+local function wait_here(task, on_cancel, a, b, c, d)
   if not task.cancel_requested then
     if isyieldable and not isyieldable() then
-      if on_cancel then on_cancel(a, b) end
+      if task.resuming then leave_park(task) end
+      if on_cancel then on_cancel(a, b, c, d) end
       error(CANNOT_YIELD, 0)
     end
     task.state = "waiting"
-    if not isyieldable then task.undo, task.undo_a, task.undo_b = on_cancel, a, b end
+    if not isyieldable then task.undo, task.undo_a, task.undo_b, task.undo_c, task.undo_d = on_cancel, a, b, c, d end
     local value = yield(task)
     if value == WAIT_FAILED then
       local err = task.wait_error
@@ -173,11 +182,13 @@ local function wait_here(task, on_cancel, a, b)
       error(err, 0)
     end
     if value ~= CANCELLED and not task.cancel_requested then
-      if task.claim_bucket then task.claim_bucket, task.claim_refund = nil, nil end -- its claim is its own now
+      if task.resuming ~= nil then task.resuming = nil end -- what its hook took is its own now
       return true
     end
   end
-  if on_cancel then on_cancel(a, b) end
+  local resumed = task.resuming == false
+  if task.resuming ~= nil then leave_park(task) end
+  if on_cancel then on_cancel(a, b, c, d, resumed) end
   error(CANCELLED, 0)
 end
 
@@ -185,23 +196,25 @@ end
 -- cancelled out of a wait has moved on, and must not be woken for it).
 local function wake(task, id)
   if task.state ~= "waiting" or task.wait_id ~= id then return end
-  local bucket = task.claim_bucket
-  if bucket then
-    -- A bucket's place (claim_wait): the tokens are claimed here, and the
-    -- task waits on for what is left, resumed only once they are its own.
-    local ok, wait = pcall(bucket.claim, bucket, task.claim_place)
-    if ok and wait > 0 then
+  local resuming = task.resuming
+  if resuming then
+    -- A parked wait's hook (scheduler.park), here rather than on the
+    -- task's stack: the task waits on for what it answers, and is resumed
+    -- only once it answers nothing.
+    local ok, wait = pcall(resuming, task.park_a, task.park_b, task.park_c, task.park_d)
+    if ok and wait then
       heap_push(now() + wait, task, id)
       return
     end
-    -- claimed: the tokens go back if the task is cancelled before it runs
-    task.claim_place, task.claim_refund = nil, ok and task.claim_count or nil
     if not ok then
-      task.claim_bucket = nil
+      leave_park(task)
       task.wait_error = wait
       make_ready(task, WAIT_FAILED)
       return
     end
+    -- resuming = false: a cancellation before the task runs tells its
+    -- on_cancel that the hook let it go
+    task.resuming, task.park_a, task.park_b, task.park_c, task.park_d = false, nil, nil, nil, nil
   end
   make_ready(task)
 end
@@ -253,7 +266,7 @@ local function after_resume(task, resumed, ...)
     if resumed then return finish(task, true, ...) end
     local err = ...
     if task.state == "waiting" then -- its wait's yield failed (Lua 5.1)
-      if task.undo then task.undo(task.undo_a, task.undo_b) end
+      if task.undo then task.undo(task.undo_a, task.undo_b, task.undo_c, task.undo_d) end
       if type(err) == "string" and find(err, "attempt to yield across", 1, true) then err = CANNOT_YIELD end
     end
     if err ~= CANCELLED then err = debug.traceback(task.co, tostring(err)) end
@@ -679,29 +692,23 @@ function scheduler.run_transfer(request)
   return await_in_task(task, transfer)
 end
 
--- A task cancelled while it waits for a bucket's place gives the place up.
-local function give_up_claim(task)
-  local bucket, place, refund = task.claim_bucket, task.claim_place, task.claim_refund
-  task.claim_bucket, task.claim_place, task.claim_refund = nil, nil, nil
-  if place then
-    bucket:cancel(place)
-  elseif refund then
-    bucket:refund(refund)
-  end
-end
-
---- true = scheduler.claim_wait(seconds, bucket, place): inside a task,
--- waits for a place in a bucket's queue (bucket:reserve), due in seconds.
--- The scheduler claims it when the time comes (bucket:claim) and waits on
--- for what is left, resuming the task once the tokens are its own. So no
--- frame of the bucket's code stays on a waiting task's stack: with it, the
--- stack passed Lua's first 40 slots and doubled, 640 bytes more a waiter.
-function scheduler.claim_wait(seconds, bucket, place, n)
+--- true = scheduler.park(seconds, resuming, on_cancel, a, b, c, d): inside
+-- a task, waits seconds (nil: until something wakes it). When the wait
+-- ends, and before the task runs, the scheduler calls resuming(a, b, c, d)
+-- (if given): a number of seconds answered waits on that long, nothing
+-- lets the task go on, and an error ends the wait with it, raised in the
+-- task. A task cancelled meanwhile calls on_cancel(a, b, c, d, resumed),
+-- resumed telling that resuming had let it go (what resuming took is then
+-- to be given back). The hook runs outside the task's stack, so no frame
+-- of its code stays on a waiting task.
+function scheduler.park(seconds, resuming, on_cancel, a, b, c, d)
   local task = scheduler.current()
   task.wait_id = task.wait_id + 1
-  task.claim_bucket, task.claim_place, task.claim_count = bucket, place, n or 1
-  heap_push(now() + seconds, task, task.wait_id)
-  return wait_here(task, give_up_claim, task)
+  if resuming then
+    task.resuming, task.park_a, task.park_b, task.park_c, task.park_d = resuming, a, b, c, d
+  end
+  if seconds then heap_push(now() + seconds, task, task.wait_id) end
+  return wait_here(task, on_cancel, a, b, c, d)
 end
 
 -- A wait on a descriptor ends: it is watched no more.
@@ -711,12 +718,13 @@ local function unwatch(fd, task)
   if engine then engine:unwatch(fd) end
 end
 
---- ready = scheduler.await_fd(fd, mode, deadline): waits until the
--- descriptor fd is ready to read (mode "r") or write ("w"), or until the
--- deadline (monotonic seconds) passes; answers whether it became ready.
--- The engine watches it with the transfers' sockets, so every host that
--- waits on the engine wakes for it (a Redis connection: redis.lua).
-function scheduler.await_fd(fd, mode, deadline)
+--- ready = scheduler.await_fd(fd, mode, deadline [, outside]): waits
+-- until the descriptor fd is ready to read (mode "r") or write ("w"), or
+-- until the deadline (monotonic seconds) passes; answers whether it became
+-- ready. Outside a task outside(done, deadline) waits (runtime.await_fd
+-- gives its host's). The engine watches it with the transfers' sockets, so
+-- every host that waits on the engine wakes for it.
+function scheduler.await_fd(fd, mode, deadline, outside)
   local ok, err = scheduler.engine():watch(fd, mode)
   if not ok then return nil, err end
   fd_ready[fd] = nil
@@ -730,7 +738,7 @@ function scheduler.await_fd(fd, mode, deadline)
   else
     -- A host that cannot wait here raises (a phase of nginx that cannot
     -- yield): the descriptor is watched no more.
-    local waited, why = compat.pcall(outside_wait, function() return fd_ready[fd] end, deadline)
+    local waited, why = compat.pcall(outside or outside_wait, function() return fd_ready[fd] end, deadline)
     if not waited then
       unwatch(fd)
       error(why, 0)
