@@ -15,9 +15,9 @@ local shown = errors.shown
 -- back to it along CUBIC's curve (cubic.lua) in about 3 s; never below
 -- FLOOR times its rate. A gentle drop: the rate is the caller's knowledge,
 -- and a throttle at that rate is the network's jitter bringing two
--- requests closer than the server's bucket allows. Measured against a
--- server whose bucket holds one token: 96 % of its rate with 1.6 % of the
--- requests answered 429 without the drop; in bench/ with it (docs/limits.md).
+-- requests closer than the server's bucket allows: against a server whose
+-- bucket holds one token, the drop keeps most of its rate with far fewer
+-- 429s than none (bench/HISTORY.md, docs/limits.md).
 local SLOW_DOWN, FLOOR = 0.95, 0.5
 
 -- bucket -> its controller, while it runs below its own rate.

@@ -1,10 +1,19 @@
 -- How ratewise waits: the one module that knows which host it runs on.
--- Every wait of the library comes here (backoff and hints, buckets and
--- limiters, a transfer in flight, and, from outside a task, a join, a
--- semaphore, a group of tasks), and is done the way of the host at hand,
--- found in this order:
---   0. a per-call `sleep` option: the caller said how to wait;
---   1. a ratewise task: it yields to ratewise's scheduler;
+-- Every wait of the library comes here: a sleep (backoff and hints), a
+-- bucket's place (buckets and limiters: runtime.claim), a transfer in
+-- flight and a stream's news (runtime.transfer, runtime.await_news), a
+-- Redis reply (runtime.await_fd, on its connection's descriptor), and,
+-- from outside a task, a join, a semaphore, a group of tasks (the
+-- scheduler's outside wait, set below). Each is served by the first of
+-- these that applies, one precedence for all:
+--   0. a per-call `sleep` option, for a wait that is time alone (a sleep,
+--      a bucket's place): the caller said how to wait. Outside a task it
+--      serves the call's transfers too, checked on between naps; a task
+--      waits for its transfers and descriptors itself (rule 1), which a
+--      sleep function cannot see;
+--   1. a ratewise task: it parks in ratewise's scheduler (scheduler.park,
+--      run_transfer, await_transfer, await_fd), with no frame of the wait's
+--      code on its stack;
 --   2. OpenResty, in a phase that can yield: ngx.sleep, and one driver per
 --      worker that runs the engine and wakes each waiting request through
 --      an ngx.semaphore (hosts/openresty.lua); the phases that cannot
@@ -17,10 +26,14 @@
 --   5. any other coroutine: it yields ("ratewise.sleep", seconds, pollable),
 --      and whoever resumes it does so once the seconds have passed or the
 --      pollable's descriptor is readable (the one ratewise would wait on);
+--      not one a task resumes, whose yield would go to the task's code;
 --   6. the main thread: it runs the scheduler, blocking in the engine's
---      poll until a socket or a timer is due.
--- Outside a task, whatever waits also runs the scheduler between its waits,
--- so that tasks and transfers of others go on meanwhile.
+--      poll until a socket or a timer is due (in Neovim the editor's loop
+--      runs the tasks meanwhile: hosts/nvim.lua).
+-- Rules 0 and 1 are asked by each wait (per_call, scheduler.current());
+-- rules 0 and 2 to 6 by runtime.host. Outside a task, whatever waits also
+-- runs the scheduler between its waits, so that tasks and transfers of
+-- others go on meanwhile.
 local compat = require "ratewise.compat"
 local core = require "ratewise.core"
 local errors = require "ratewise.errors"
@@ -159,7 +172,7 @@ function runtime.host(per_call)
   if per_call then return per_call_host(per_call) end
   -- Each host is asked only where it can be (nginx's `ngx` global, cqueues
   -- loaded): a sequential fetch in a plain script asks at every call, and
-  -- asking both cost 2,000 instructions of its 100,000 under Lua 5.4.
+  -- asking both each time showed in its instructions (bench/HISTORY.md).
   if rawget(_G, "ngx") ~= nil and openresty.active() then
     return openresty.host() -- raises in a phase that cannot yield
   end
@@ -381,6 +394,17 @@ local function await_done(host, transfer)
   return host.await(function() return transfer:done() end)
 end
 
+-- wait(a, b), a host's wait for transfer: one that is interrupted (a
+-- cancellation, a host sleep that raised) aborts the transfer before the
+-- error goes on.
+local function host_wait(transfer, wait, a, b)
+  local ok, err = pcall(wait, a, b)
+  if not ok then
+    transfer:close()
+    error(err, 0)
+  end
+end
+
 -- The transport error of a transfer the engine would not start.
 local function not_started(err)
   return nil, { message = err, retryable = false, sent = false }
@@ -409,16 +433,11 @@ function runtime.transfer(request, per_call, mt)
     local host = runtime.host(per_call)
     transfer, err = scheduler.engine():start(request)
     if not transfer then return not_started(err) end
-    local ok, werr
     if host.await_transfer then
-      ok, werr = pcall(host.await_transfer, transfer)
+      host_wait(transfer, host.await_transfer, transfer)
     else
       recycle = false
-      ok, werr = pcall(await_done, host, transfer)
-    end
-    if not ok then
-      transfer:close()
-      error(werr, 0)
+      host_wait(transfer, await_done, host, transfer)
     end
   end
   -- lazy: the header tables are made when first read (response.lua); the
@@ -438,12 +457,7 @@ function runtime.await_news(transfer, ready, per_call)
     while not ready() do scheduler.await_transfer(transfer) end
     return true
   end
-  local host = runtime.host(per_call)
-  local ok, werr = pcall(host.await, ready)
-  if not ok then
-    transfer:close()
-    error(werr, 0)
-  end
+  host_wait(transfer, runtime.host(per_call).await, ready)
   return true
 end
 
@@ -459,9 +473,7 @@ function runtime.open_stream(request, per_call)
   local in_task = scheduler.current() ~= nil
   if not in_task then runtime.host(per_call) end -- raises where no wait is possible, before anything starts
   local transfer, err = scheduler.engine():start(request)
-  if not transfer then
-    return nil, { message = err, retryable = false, sent = false }
-  end
+  if not transfer then return not_started(err) end
   local head
   runtime.await_news(transfer, function()
     head = transfer:head()

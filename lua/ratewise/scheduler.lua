@@ -26,7 +26,13 @@ local engine                                    -- the libcurl multi handle, mad
 local ready, ready_value, ready_n = {}, {}, 0
 local spare, spare_value = {}, {}
 local heap_at, heap_task, heap_id, heap_n = {}, {}, {}, 0  -- timers: a binary min-heap
-local transfer_waiter = {}                      -- transfer -> task waiting for it
+-- Whom the poll wakes for what it reports: a transfer's end names its
+-- owner itself (engine:start's, or scheduler.own's: the engine keeps it
+-- with the transfer); what the engine reports without one (a stream's
+-- news, a watched descriptor) finds its task here. The scheduler is the
+-- only writer of both: runtime and the hosts ask it (scheduler.own,
+-- run_transfer, await_transfer, await_fd).
+local unowned_waiter = {}                       -- stream transfer or descriptor -> task
 local live = 0                                  -- tasks not finished
 local kick                                      -- see scheduler.set_kick
 local progress = 0                              -- see scheduler.progress
@@ -400,9 +406,9 @@ function scheduler.poll(timeout, budget)
     else
       -- a number is a descriptor of engine:watch (scheduler.await_fd)
       if type(transfer) == "number" then fd_ready[transfer] = true end
-      local task = transfer_waiter[transfer]
+      local task = unowned_waiter[transfer]
       if task then
-        transfer_waiter[transfer] = nil
+        unowned_waiter[transfer] = nil
         if task.state == "waiting" then make_ready(task) end
       end
     end
@@ -499,8 +505,8 @@ local function trim()
 end
 
 -- The work rw.step(0) does at most, so that a frame loop's frame stays
--- short whatever moves at once (100 responses arriving together take some
--- 5 ms to turn into results).
+-- short whatever moves at once (a burst of responses arriving together
+-- takes several frames' worth of work to turn into results).
 local STEP_BUDGET = 0.0005
 
 --- live = scheduler.step([timeout [, budget]]): runs the tasks for at
@@ -641,7 +647,7 @@ end
 -- A task cancelled while its transfer runs: the transfer is aborted (its
 -- connection closed) and released before the cancellation goes on.
 local function abort_transfer(transfer, task)
-  transfer_waiter[transfer] = nil
+  unowned_waiter[transfer] = nil
   task.transfer = nil
   transfer:close()
 end
@@ -656,7 +662,7 @@ function scheduler.await_started(transfer)
 end
 
 -- Task `task` waits until the poll reports `transfer` (its own, or one it
--- is listed for in transfer_waiter); a cancellation aborts the transfer.
+-- is listed for in unowned_waiter); a cancellation aborts the transfer.
 -- Returns the transfer.
 local function await_in_task(task, transfer)
   task.wait_id = task.wait_id + 1
@@ -666,12 +672,19 @@ local function await_in_task(task, transfer)
   return transfer
 end
 
+--- scheduler.own(transfer, waiter): the poll that reports transfer ended
+-- wakes waiter: a task waiting is made ready, anything else has
+-- waiter:wake() called (a driven host's waiter: hosts/driven.lua).
+function scheduler.own(transfer, waiter)
+  transfer:set_owner(waiter)
+end
+
 --- scheduler.await_transfer(transfer): waits for a transfer started
 -- without an owner (a stream's, asking for news), inside a task or not.
 function scheduler.await_transfer(transfer)
   local task = scheduler.current()
   if task then
-    transfer_waiter[transfer] = task
+    unowned_waiter[transfer] = task
     await_in_task(task, transfer)
   elseif not transfer:done() then
     scheduler.await_started(transfer)
@@ -713,7 +726,7 @@ end
 
 -- A wait on a descriptor ends: it is watched no more.
 local function unwatch(fd, task)
-  if task then transfer_waiter[fd] = nil end
+  if task then unowned_waiter[fd] = nil end
   fd_ready[fd] = nil
   if engine then engine:unwatch(fd) end
 end
@@ -730,11 +743,11 @@ function scheduler.await_fd(fd, mode, deadline, outside)
   fd_ready[fd] = nil
   local task = scheduler.current()
   if task then
-    transfer_waiter[fd] = task
+    unowned_waiter[fd] = task
     task.wait_id = task.wait_id + 1
     heap_push(deadline, task, task.wait_id)
     wait_here(task, unwatch, fd, task)
-    transfer_waiter[fd] = nil
+    unowned_waiter[fd] = nil
   else
     -- A host that cannot wait here raises (a phase of nginx that cannot
     -- yield): the descriptor is watched no more.

@@ -169,7 +169,7 @@ function driven.new(p)
   -- reports it wakes the waiter, its owner.
   function host.await_transfer(transfer)
     local w = take_waiter()
-    transfer:set_owner(w)
+    scheduler.own(transfer, w)
     transfer_waiters[w] = true -- the driver goes on while it waits, and tells it if the host goes away
     start()
     host.kick() -- the transfer is sent at the driver's next step: now, not after its nap
