@@ -166,8 +166,8 @@ local CANNOT_YIELD = "ratewise: a task cannot wait inside a function that Lua ca
   .. "(\"attempt to yield across a C-call boundary\"). Make the requests (or sleeps) outside it: fetch what "
   .. "it needs first, then sort or substitute with the results"
 
--- A wait whose hook is set (scheduler.park) and that ends without the task
--- running on: the hook and its arguments are let go.
+-- A wait whose hook is set (scheduler.park) ends: the hook and its
+-- arguments are let go.
 local function leave_park(task)
   task.resuming, task.park_a, task.park_b, task.park_c, task.park_d = nil, nil, nil, nil, nil
 end
@@ -188,7 +188,7 @@ local function wait_here(task, on_cancel, a, b, c, d)
       error(err, 0)
     end
     if value ~= CANCELLED and not task.cancel_requested then
-      if task.resuming ~= nil then task.resuming = nil end -- what its hook took is its own now
+      if task.resuming ~= nil then leave_park(task) end -- what its hook took is its own now
       return true
     end
   end
@@ -628,13 +628,9 @@ function scheduler.sleep(seconds, on_cancel, a, b)
   if bad then
     error(format("sleep: seconds must be a finite number (got %s)", bad), 2)
   end
+  -- a tail call: one frame less on a waiting task
+  if scheduler.current() then return scheduler.park(seconds, nil, on_cancel, a, b) end
   local deadline = now() + seconds
-  local task = scheduler.current()
-  if task then
-    task.wait_id = task.wait_id + 1
-    heap_push(deadline, task, task.wait_id)
-    return wait_here(task, on_cancel, a, b) -- a tail call: one frame less on a waiting task
-  end
   while true do
     local left = deadline - now()
     if left <= 0 then return end
