@@ -87,55 +87,47 @@ describe("the seam's precedence", function()
   end)
 end)
 
-describe("a bucket's waiter whose wait is cut short", function()
-  it("gives its place up when its task is cancelled before its claim", function()
-    local b = rw.bucket { capacity = 1, rate = 10 }
-    assert(b:acquire())
-    local waiter = rw.spawn(function() return b:acquire() end)
-    rw.step(0, false) -- it queues for the next token, 0.1 s away
-    assert.equal("waiting", waiter:status())
-    waiter:cancel()
-    rw.step(0, false)
-    assert.equal("done", waiter:status())
-    -- with its place still held, the next token would be its, and this caller's 0.2 s away
-    local ok, wait = b:acquire(1, nil, 0.15)
-    assert.is_true(ok, tostring(wait))
-  end)
+-- A limiter (capacity 1, 10 a second) whose token was just taken: a waiter
+-- that held on to its place would make the next caller wait 0.2 s, not 0.1.
+local function next_caller_served_in_turn(limiter)
+  local ok, wait = limiter:acquire(1, nil, 0.15)
+  assert.is_true(ok, tostring(wait))
+end
 
-  it("gives its tokens back when its task is cancelled after its claim, before it ran", function()
-    local b = rw.bucket { capacity = 1, rate = 20 }
-    assert(b:acquire())
-    local waiter = rw.spawn(function() return b:acquire() end)
-    rw.step(0, false) -- it waits for the next token, 0.05 s away
+describe("a bucket's waiter whose wait is cut short", function()
+  for _, kind in ipairs { "bucket", "adaptive" } do
+    it("gives its place up when its task is cancelled before its claim (" .. kind .. ")", function()
+      local limiter = kind == "bucket" and rw.bucket { capacity = 1, rate = 10 } or rw.adaptive { rate = 10, burst = 1 }
+      assert(limiter:acquire())
+      local waiter = rw.spawn(function() return limiter:acquire() end)
+      rw.step(0, false) -- it queues for the next token, 0.1 s away
+      assert.equal("waiting", waiter:status())
+      waiter:cancel()
+      rw.step(0, false)
+      assert.equal("done", waiter:status())
+      next_caller_served_in_turn(limiter)
+    end)
+  end
+
+  it("gives all its tokens back when its task is cancelled after its claim, before it ran", function()
+    local b = rw.bucket { capacity = 2, rate = 40 }
+    assert(b:acquire(2))
+    local waiter = rw.spawn(function() return b:acquire(2) end)
+    rw.step(0, false) -- it waits for the next two tokens, 0.05 s away
     socket.sleep(0.08)
     assert.equal(0, rw.pollable:timeout()) -- the due claim made the waiter ready, without running it
     assert.equal("ready", waiter:status())
     waiter:cancel()
     rw.step(0, false)
     assert.equal("done", waiter:status())
-    assert.is_true(b:tokens() > 0.9, "the claimed token was lost: " .. b:tokens())
+    assert.is_true(b:tokens() > 1.9, "the claimed tokens were not all given back: " .. b:tokens())
   end)
 
   it("gives its place up when the host's sleep raises outside a task", function()
     local b = rw.bucket { capacity = 1, rate = 10 }
     assert(b:acquire())
     assert.has_error(function() b:acquire(1, function() error("the host went away") end) end, "the host went away")
-    -- nobody queues ahead now: the next token is the next caller's
-    local ok, wait = b:acquire(1, nil, 0.2)
-    assert.is_true(ok, tostring(wait))
-  end)
-
-  it("of an adaptive limiter gives its place up when its task is cancelled", function()
-    local limiter = rw.adaptive { rate = 10, burst = 1 }
-    assert(limiter:acquire())
-    local waiter = rw.spawn(function() return limiter:acquire() end)
-    rw.step(0, false)
-    assert.equal("waiting", waiter:status())
-    waiter:cancel()
-    rw.step(0, false)
-    assert.equal("done", waiter:status())
-    local ok, wait = limiter:acquire(1, nil, 0.15)
-    assert.is_true(ok, tostring(wait))
+    next_caller_served_in_turn(b)
   end)
 
   it("ends with the bucket's error when the bucket is closed while it waits in a task", function()
