@@ -28,8 +28,9 @@
 --      pollable's descriptor is readable (the one ratewise would wait on);
 --      not one a task resumes, whose yield would go to the task's code;
 --   6. the main thread: it runs the scheduler, blocking in the engine's
---      poll until a socket or a timer is due (in Neovim the editor's loop
---      runs the tasks meanwhile: hosts/nvim.lua).
+--      poll until a socket or a timer is due (in Neovim that holds up the
+--      editor: its loop runs ratewise's tasks, hosts/nvim.lua, so a
+--      plugin's waits belong in tasks).
 -- Rules 0 and 1 are asked by each wait (per_call, scheduler.current());
 -- rules 0 and 2 to 6 by runtime.host. Outside a task, whatever waits also
 -- runs the scheduler between its waits, so that tasks and transfers of
@@ -270,12 +271,12 @@ local function check_seconds(seconds)
   end
 end
 
--- Rules 0 and 1, asked first by every wait: the task that parks in the
--- scheduler for it, or nil when a host waits (runtime.host). A per-call
--- sleep takes a wait that is time alone (a sleep, a bucket's place) from
--- the task: the caller said how to wait. A task waits for its transfers
--- and descriptors itself whatever sleep the call gave: a sleep function
--- cannot see a socket.
+-- Rules 0 and 1, asked first by every wait: `not per_call and current()`
+-- for a wait that is time alone (a sleep, a bucket's place), which a
+-- per-call sleep takes from the task; current() alone for a transfer or a
+-- descriptor, which a task waits for itself whatever sleep the call gave
+-- (a sleep function cannot see a socket). A task parks in the scheduler;
+-- anything else waits through runtime.host.
 local current = scheduler.current
 local park_in_task = scheduler.park
 
