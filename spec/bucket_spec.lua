@@ -185,8 +185,8 @@ describe("rw.bucket's limits", function()
 end)
 
 -- Inside a task, the scheduler claims a waiting task's place when its time
--- comes (scheduler.claim_wait): the task's stack holds no frame of the
--- bucket's code while it waits.
+-- comes (runtime.claim, through scheduler.park): the task's stack holds no
+-- frame of the bucket's code while it waits.
 describe("rw.bucket's waiters in tasks", function()
   it("serve waiters in order, each once its tokens are its own", function()
     local b = rw.bucket { capacity = 1, rate = 20 }
