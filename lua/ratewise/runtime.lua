@@ -341,9 +341,9 @@ local function claim(bucket, place, _, pace)
 end
 
 -- A waiter that is gone gives its place up, or, when its tokens were
--- claimed for it before it ran (resumed), gives them back.
-local function give_back(bucket, place, n, _, resumed)
-  if resumed then
+-- claimed for it before it ran (let_go: see scheduler.park), gives them back.
+local function give_back(bucket, place, n, _, let_go)
+  if let_go then
     bucket:refund(n)
   else
     bucket:cancel(place)
