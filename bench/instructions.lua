@@ -2,8 +2,8 @@
 -- instructions a request as valgrind's callgrind counts them, and their
 -- ratio. A count of instructions does not change with what else the
 -- machine runs, where a rate does: on a busy host (another tenant's load
--- moved `make bench`'s plain contender between 16,000 and 55,000 requests
--- a second) this is the figure that still compares. It is not time:
+-- moves `make bench`'s plain contender by far more than a change does)
+-- this is the figure that still compares. It is not time:
 -- system calls, cache misses and the CPU's parallelism are not in it, so
 -- it is a second witness beside `make bench`, not a replacement.
 --

@@ -391,8 +391,9 @@ shapes.list = {
 }
 
 -- The targets are per interpreter (issue 30): under PUC Lua (5.1 to 5.4)
--- ratewise's own floor, the scheduler and the seam with no fetch, is about
--- 0.91 of plain libcurl, so no shape can be held to 0.90 there; its target
+-- ratewise's own floor, the scheduler and the seam with no fetch, stays
+-- below 0.90 of plain libcurl (bench/README.md), so no shape can be held to
+-- 0.90 there; its target
 -- is PUC_TARGET. LuaJIT and OpenResty keep each shape's own (0.95 for
 -- sequential, 0.90 for the others).
 shapes.PUC_TARGET = 0.85

@@ -18,10 +18,9 @@ local adaptive = {}
 local MIN_RATE = 0.5
 -- The drop for a throttle below the rate that drew the last one, unless
 -- near says otherwise: the limit is known by then, and such a throttle is
--- jitter bringing two requests too close (cubic.lua). Measured in bench/
--- (docs/limits.md), 12 s runs against a server bucket of one token:
--- 88-90 % of its rate with it, 80-88 % when such a throttle also took the
--- rate as the new w_max, 68-79 % when every throttle dropped to 0.7.
+-- jitter bringing two requests too close (cubic.lua). Against a server
+-- bucket of one token it keeps more of the rate than taking the rate as the
+-- new w_max or dropping every throttle to 0.7 (bench/HISTORY.md).
 local NEAR = 0.95
 -- A stated limit above this is no limit a client could reach: a broken or
 -- hostile header, left alone (a bucket refuses rates far above it).

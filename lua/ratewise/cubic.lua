@@ -15,7 +15,7 @@
 --     network's jitter bringing two requests too close, or a limit that
 --     moved down: the rate drops by `near` only, and w_max halfway to it.
 --     Dropping by BETA and taking the rate as the new w_max each time
---     walked the rate down to 80 % of the limit and kept it there;
+--     walked the rate down well below the limit and kept it there;
 --   * with no rate to start from, the rate starts at START and doubles
 --     about once per round trip while requests succeed (never faster than
 --     once per MIN_ROUND_TRIP): TCP's slow start, where AWS starts
