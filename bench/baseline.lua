@@ -1,7 +1,7 @@
 -- `make bench-baseline`: ratewise against an earlier ratewise, to tell a
 -- regression from the machine. The ratio to plain libcurl that `make bench`
--- prints moves with the machine (a shared one's noise swings it by a
--- third), so "no slower than before" is measured head to head: this tree
+-- prints moves with the machine (a shared one's noise swings it by more
+-- than a change does), so "no slower than before" is measured head to head: this tree
 -- and an earlier revision (by default the one before the waiting seam's
 -- engine, issue 11), each in fresh processes, in alternating rounds against
 -- one private nginx, doing the same shape (bench/shapes.lua, from this
