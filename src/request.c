@@ -1,7 +1,7 @@
 /*
  * A request table turned into libcurl's options for a transfer's easy
  * handle: the method and body, the header lines (checked, secret ones kept
- * apart for engine_follow), the timeout and the rest. Misuse raises, from
+ * apart for rw_redirect_follow), the timeout and the rest. Misuse raises, from
  * engine:start, before anything is sent; a recycled handle gets back only
  * the defaults its last request changed.
  */
@@ -541,7 +541,7 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
     if (fresh) {
         const char *env;
         /* Only http and https (libcurl itself never follows a redirect
-         * here: engine_follow does). */
+         * here: rw_redirect_follow does). */
 #if LIBCURL_VERSION_NUM >= 0x075500
         curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
 #else
@@ -625,7 +625,7 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
      * ones go one at a time as transfers end, so on an HTTP/1.1 server a
      * burst can end up sent one after another on a single connection (seen
      * in the suite on a loaded machine: 256 requests of 64 tasks, one
-     * connection). The engine's gate holds them instead (engine_gate_hold),
+     * connection). The engine's gate holds them instead (rw_gate_hold),
      * keyed by this hash of the origin. */
     lua_pop(L, 1);
 

@@ -173,7 +173,7 @@ size_t rw_response_on_body(char *ptr, size_t size, size_t nmemb, void *ud)
     size_t have;
     rw_engine_delivered(t);
     if (t->stream && !t->head_ready) {
-        /* A redirect's body, which engine_follow would drop: not kept at
+        /* A redirect's body, which rw_redirect_follow would drop: not kept at
          * all, but counted, as what is read whole (a redirect that never
          * ends its body is cut at the limit, not read for ever). */
         size_t limit = t->max_body == (size_t)-1 ? (size_t)ENGINE_DEFAULT_MAX_BODY : t->max_body;
@@ -223,9 +223,9 @@ static int response_has_location(const transfer *t)
 }
 
 /* Whether the header block just ended is the final response's: not a 1xx,
- * and not a redirect that the engine will follow (engine_follow). libcurl
+ * and not a redirect that the engine will follow (rw_redirect_follow). libcurl
  * sets CURLINFO_REDIRECT_URL only once the hop's body is done, too late to
- * ask here: a redirect status with a Location is a hop (engine_follow then
+ * ask here: a redirect status with a Location is a hop (rw_redirect_follow then
  * follows it, or ends the transfer saying why it does not). */
 static int response_is_final(transfer *t, long status)
 {

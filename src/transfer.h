@@ -1,8 +1,9 @@
 /*
- * What the three files of the engine share (engine.c: the multi handle and
- * the transfers' lives; request.c: a request table turned into libcurl's
- * options; response.c: what libcurl delivers turned into Lua values). Not
- * part of the module's interface: included by those three only.
+ * What the engine's files share with request.c (a request table turned
+ * into libcurl's options) and response.c (what libcurl delivers turned
+ * into Lua values); the engine's own files (engine.c, transfer.c, gate.c,
+ * redirect.c, watch.c) share engine.h besides. Not part of the module's
+ * interface.
  */
 #ifndef RATEWISE_TRANSFER_H
 #define RATEWISE_TRANSFER_H
@@ -103,7 +104,7 @@ typedef struct transfer {
      * libcurl asked it on this hop, and the request bytes counted then. */
     int no_replay, replay_refused, prereq_asked;
     long prereq_sent;
-    int follow;                  /* follow redirects (the engine does: engine_follow) */
+    int follow;                  /* follow redirects (the engine does: rw_redirect_follow) */
     enum transfer_method method; /* as sent on the last hop */
     char *origin;                /* the first URL's origin, from the first redirect on */
     int headers_done; /* the blank line after the last response's headers came */
@@ -152,7 +153,7 @@ typedef struct transfer {
     rwd_decoder *decoder;
     /* https: a hash of the URL's "host:port" (0: none), by which the engine
      * holds a burst to an origin it knows nothing of until the first
-     * answer says whether it multiplexes (engine_gate_hold) */
+     * answer says whether it multiplexes (rw_gate_hold) */
     unsigned long long gate_key;
     int gate_slot;  /* 1 + the engine's gate it probes for or is held by; 0: none */
     int gate_probe; /* it is that gate's probe */

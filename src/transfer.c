@@ -1,0 +1,462 @@
+/*
+ * ratewise.Transfer: the life of a transfer's record (engine:start takes
+ * one, the end of a transfer moves it to its engine's finished list,
+ * closing it gives it back), and the methods of the Lua object that holds
+ * it.
+ *
+ * A transfer's record (its easy handle, its buffers, its error text) lives
+ * in C memory and is recycled through a small pool, so that a request
+ * leaves almost nothing for the Lua collector: the Lua object is a box
+ * holding a pointer. Under a steady load that matters twice: less work for
+ * the collector, and a heap that does not grow and shrink at its top every
+ * cycle (with glibc that means page faults, which cost more here than the
+ * rest of a request).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+
+static void transfer_buf_free(engine_buf *b)
+{
+    free(b->data);
+    b->data = NULL;
+    b->len = b->cap = 0;
+}
+
+/* What a handle of engine e has before any request's options, new or
+ * reset: libcurl's receive buffer, and the engine's own callback on closed
+ * sockets (the record stays with this engine for its whole life,
+ * rw_transfer_give). */
+static void transfer_handle_init(engine *e, transfer *t)
+{
+    t->recv_buffer = ENGINE_RECV_MAX; /* libcurl's default */
+    curl_easy_setopt(t->easy, CURLOPT_CLOSESOCKETFUNCTION, rw_watch_on_close);
+    curl_easy_setopt(t->easy, CURLOPT_CLOSESOCKETDATA, e);
+}
+
+/* A pooled record's handle keeps the options that every transfer sets
+ * alike; *fresh says whether they still have to be set. NULL: out of memory. */
+transfer *rw_transfer_take(engine *e, int *fresh)
+{
+    transfer *t;
+    *fresh = e->npool == 0;
+    if (e->npool > 0) {
+        t = e->pool[--e->npool];
+        e->kept -= t->body.cap;
+        return t;
+    }
+    t = (transfer *)calloc(1, sizeof *t);
+    if (!t) return NULL;
+    t->easy = curl_easy_init();
+    if (!t->easy) {
+        free(t);
+        return NULL;
+    }
+    t->state = TRANSFER_CLOSED;
+    t->ref = LUA_NOREF;
+    transfer_handle_init(e, t);
+    return t;
+}
+
+/* Options libcurl cannot put back one by one (TLS files, a pin, a proxy)
+ * change from one request on the handle to the next (rw_request_configure):
+ * every option is forgotten, and the handle is set up as new, the engine's
+ * own callback on closed sockets included. */
+void rw_engine_reset(engine *e, transfer *t)
+{
+    curl_easy_reset(t->easy);
+    t->dirty = 0;
+    t->timeout_ms = t->connect_timeout_ms = 0;
+    t->url_ok = t->lists_set = 0; /* the handle has neither any more */
+    transfer_handle_init(e, t);
+}
+
+void rw_transfer_destroy(transfer *t)
+{
+    curl_easy_cleanup(t->easy);
+    curl_url_cleanup(t->uh); /* the handle used it until now */
+    rw_request_free_headers(t);
+    transfer_buf_free(&t->lines);
+    transfer_buf_free(&t->url);
+    transfer_buf_free(&t->reset_sig);
+    transfer_buf_free(&t->reset_next);
+    transfer_buf_free(&t->body);
+    transfer_buf_free(&t->head);
+    rwd_free(t->decoder);
+    free(t);
+}
+
+static void transfer_news_drop(engine *e, transfer *t)
+{
+    transfer **p;
+    if (!e || !t->in_news) return;
+    for (p = &e->news; *p; p = &(*p)->news_next) {
+        if (*p == t) {
+            *p = t->news_next;
+            break;
+        }
+    }
+    t->in_news = 0;
+    t->news_next = NULL;
+}
+
+/* Back to the pool of engine e (NULL, or closed: freed instead), with what
+ * the last request left behind let go of. */
+void rw_transfer_give(engine *e, transfer *t)
+{
+    transfer_news_drop(e, t);
+    /* Its header lists stay with it, for a next request with the same
+     * lines (rw_request_configure). */
+    free(t->effective_url);
+    free(t->origin);
+    t->effective_url = t->origin = NULL;
+    if (!e || !e->multi || e->npool >= ENGINE_POOL_MAX) {
+        rw_transfer_destroy(t);
+        return;
+    }
+    if (t->body.cap > ENGINE_KEEP_BUFFER || e->kept + t->body.cap > ENGINE_KEEP_TOTAL) transfer_buf_free(&t->body);
+    e->kept += t->body.cap;
+    if (t->head.cap > ENGINE_KEEP_HEAD) transfer_buf_free(&t->head);
+    t->body.len = t->head.len = t->head_end = 0;
+    t->headers_done = t->body_too_large = t->headers_too_large = t->out_of_memory = 0;
+    t->aborted = ABORT_NONE;
+    t->code = CURLE_OK;
+    t->multi_code = CURLM_OK;
+    t->errbuf[0] = '\0';
+    t->timeout = t->started = t->expires = 0;
+    t->head_ready = t->stream = t->paused = t->notify = 0;
+    t->gate_key = 0;
+    t->gate_slot = t->gate_probe = t->held = 0;
+    t->held_next = NULL;
+    t->delivered = t->skipped = 0;
+    t->bounded = 0;
+    t->encoded = t->decoding = t->decode_failed = 0;
+    t->decode_taken = 0;
+    if (t->decoder) rwd_reset(t->decoder); /* what a coding holds (a window of MiBs) is not kept */
+    t->no_replay = t->replay_refused = t->prereq_asked = 0;
+    t->first_byte_timeout = t->idle_timeout = t->last_byte = 0;
+    t->status = t->request_size = t->redirects = t->http_version = 0;
+    t->total_time = 0;
+    t->state = TRANSFER_CLOSED;
+    t->ref = LUA_NOREF;
+    e->pool[e->npool++] = t;
+}
+
+/* Takes a running transfer off the multi handle, keeping what libcurl knows
+ * about its outcome. Its engine forgets it: see rw_transfer_queue. */
+void rw_transfer_finish(transfer *t, CURLcode code, enum transfer_abort aborted)
+{
+    engine *e = t->engine;
+    CURL *easy = t->easy;
+    double hop_time = 0;
+    int held;
+    if (!e) return;
+    held = t->held;
+    if (t->gate_slot) rw_gate_leave(e, t);
+    transfer_news_drop(e, t); /* finished, it is reported once, as such */
+    if (aborted == ABORT_NONE && !held) code = rw_response_end(t, code);
+    t->code = code;
+    t->aborted = aborted;
+    /* Only whole responses say what size the responses are. */
+    if (code == CURLE_OK && aborted == ABORT_NONE)
+        e->response_bytes += ((double)(t->head.len + t->body.len) - e->response_bytes) / 8;
+    /* A held transfer never ran, and was never added: what the handle
+     * knows is its last request's (a status, bytes sent), not this one's. */
+    if (!held) {
+        curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &t->status);
+        curl_easy_getinfo(easy, CURLINFO_HTTP_VERSION, &t->http_version);
+        t->request_size += engine_sent(t);
+        if (curl_easy_getinfo(easy, CURLINFO_TOTAL_TIME, &hop_time) == CURLE_OK) t->total_time += hop_time;
+        /* Removing a transfer that has not completed closes its
+         * connection instead of returning it to the cache, which is what
+         * an abort needs. */
+        curl_multi_remove_handle(e->multi, easy);
+    }
+    engine_list_remove(&e->running, t);
+    t->engine = NULL;
+    t->state = TRANSFER_DONE;
+}
+
+/* A finished transfer waits in its engine's finished list until poll has
+ * put it in the caller's table: a transfer libcurl reported is never lost,
+ * whatever fails in between. */
+void rw_transfer_queue(engine *e, transfer *t)
+{
+    engine_list_add(&e->finished, t);
+    t->engine = e;
+}
+
+/* Drops a finished transfer from the list of those poll is to report. */
+void rw_transfer_unqueue(transfer *t)
+{
+    if (t->state != TRANSFER_DONE || !t->engine) return;
+    engine_list_remove(&t->engine->finished, t);
+    t->engine = NULL;
+}
+
+void rw_engine_progress(transfer *t)
+{
+    engine *e = t->engine;
+    if (!e || t->state != TRANSFER_RUNNING) return;
+    if (t->notify && !t->in_news) {
+        t->notify = 0;
+        t->in_news = 1;
+        t->news_next = e->news;
+        e->news = t;
+    }
+    engine_note_expiry(e, t);
+}
+
+/* engine:trim's share: the pooled records let go of their large body
+ * buffers. */
+void rw_transfer_trim(engine *e)
+{
+    int i;
+    for (i = 0; i < e->npool; i++) {
+        transfer *t = e->pool[i];
+        if (t->body.cap > ENGINE_KEEP_SMALL) {
+            e->kept -= t->body.cap;
+            transfer_buf_free(&t->body);
+        }
+    }
+}
+
+/* ---- Transfer methods ---- */
+
+static transfer *transfer_check(lua_State *L)
+{
+    transfer_box *box = (transfer_box *)luaL_checkudata(L, 1, TRANSFER_MT);
+    if (!box->t) luaL_argerror(L, 1, "transfer is closed");
+    return box->t;
+}
+
+static int transfer_l_done(lua_State *L)
+{
+    lua_pushboolean(L, transfer_check(L)->state == TRANSFER_DONE);
+    return 1;
+}
+
+/* transfer:set_owner(owner): the owner the poll that reports this transfer
+ * finished names with it (see engine:start); nil: none. For a transfer not
+ * reported yet: set after that, it is never named. */
+static int transfer_l_set_owner(lua_State *L)
+{
+    transfer_check(L);
+    luaL_checkany(L, 2);
+    lua_pushvalue(L, 2);
+    lua_setiuservalue(L, 1, TRANSFER_UV_OWNER);
+    return 0;
+}
+
+/* Drops the transfer at index 1 from its engine's table of references
+ * (if it is there), and returns that engine. The stack is left as it was. */
+static engine *transfer_detach(lua_State *L, transfer *t)
+{
+    RW_STACK_MARK(L, mark);
+    engine *e = NULL;
+    if (lua_getiuservalue(L, 1, TRANSFER_UV_ENGINE) == LUA_TUSERDATA) {
+        e = (engine *)lua_touserdata(L, -1);
+        if (t->ref != LUA_NOREF) {
+            if (lua_getiuservalue(L, -1, 1) == LUA_TTABLE) luaL_unref(L, -1, t->ref);
+            lua_pop(L, 1);
+        }
+    }
+    lua_pop(L, 1);
+    t->ref = LUA_NOREF;
+    RW_STACK_EXPECT(L, mark, 0);
+    return e;
+}
+
+/* transfer:cancel(): aborts a running transfer and closes its connection. */
+static int transfer_l_cancel(lua_State *L)
+{
+    transfer *t = transfer_check(L);
+    if (t->state == TRANSFER_RUNNING) {
+        transfer_detach(L, t);
+        rw_transfer_finish(t, CURLE_ABORTED_BY_CALLBACK, ABORT_CANCELLED);
+    }
+    return 0;
+}
+
+/* Closes the transfer whose box (at index 1) is box: a running transfer is
+ * aborted; a finished one is no longer reported by poll. The record goes
+ * back to the engine's pool. */
+static void transfer_release(lua_State *L, transfer_box *box)
+{
+    transfer *t = box->t;
+    engine *e;
+    if (!t) return;
+    box->t = NULL;
+    e = transfer_detach(L, t);
+    if (t->state == TRANSFER_RUNNING) rw_transfer_finish(t, CURLE_ABORTED_BY_CALLBACK, ABORT_CANCELLED);
+    else rw_transfer_unqueue(t);
+    rw_transfer_give(e, t);
+}
+
+/* Idempotent; transfer:close(), __close and __gc. */
+static int transfer_l_close(lua_State *L)
+{
+    transfer_release(L, (transfer_box *)luaL_checkudata(L, 1, TRANSFER_MT));
+    return 0;
+}
+
+/* transfer:head() -> the final response's status and headers (a table like
+ * result()'s, without body) once they are in, while the transfer runs; nil
+ * before (the engine's poll then reports the transfer when they come) and
+ * once it has finished (result() says how). */
+static int transfer_l_head(lua_State *L)
+{
+    transfer *t = transfer_check(L);
+    if (t->state == TRANSFER_RUNNING && t->head_ready) {
+        rw_response_head(L, t);
+        return 1;
+    }
+    if (t->state == TRANSFER_RUNNING) t->notify = 1;
+    lua_pushnil(L);
+    return 1;
+}
+
+/* transfer:read() -> the body bytes that arrived since the last read, as
+ * one string | nil when none has come yet (the engine's poll reports the
+ * transfer when some do) | false once the transfer has finished and every
+ * byte was read (result() then says whether it ended well). For a request
+ * made with stream = true, whose headers are in and a 2xx's (any other
+ * answer is read whole, under the request's timeout and max_body, for
+ * result() to give). A transfer paused because
+ * its buffer filled up resumes as its buffer is taken. */
+static int transfer_l_read(lua_State *L)
+{
+    transfer *t = transfer_check(L);
+    if (!t->stream)
+        return luaL_argerror(L, 1, "the transfer is not streamed (not started with stream = true, or its answer "
+                                   "is not a 2xx: result() has its body)");
+    if (t->body.len > 0 && (t->head_ready || t->state == TRANSFER_DONE)) {
+        lua_pushlstring(L, t->body.data, t->body.len);
+        t->delivered += t->body.len;
+        t->body.len = 0;
+        if (t->paused && t->state == TRANSFER_RUNNING) {
+            engine *e = t->engine;
+            CURLcode rc;
+            t->paused = 0;
+            t->last_byte = rw_clock_monotonic(); /* the server was not idle: the reader was behind */
+            /* libcurl hands the chunk it kept to the write callback (which
+             * only buffers it) and asks its timer to run the transfer on. */
+            rc = curl_easy_pause(t->easy, CURLPAUSE_CONT);
+            if (rc != CURLE_OK && e) {
+                /* the chunk libcurl kept was refused (max_body, out of
+                 * memory): the transfer ends with why, not without it */
+                rw_transfer_finish(t, rc, ABORT_NONE);
+                rw_transfer_queue(e, t);
+                return 1;
+            }
+            engine_note_expiry(e, t);
+        }
+        return 1;
+    }
+    if (t->state == TRANSFER_DONE) {
+        lua_pushboolean(L, 0);
+        return 1;
+    }
+    t->notify = 1;
+    lua_pushnil(L);
+    return 1;
+}
+
+/* transfer:bound(): a streamed transfer's timeout (the request's) applies
+ * to its body too, as it does to a transfer not streamed: for a reader
+ * that reads the whole body within a call's time. */
+static int transfer_l_bound(lua_State *L)
+{
+    transfer *t = transfer_check(L);
+    if (t->state == TRANSFER_RUNNING && t->stream && !t->bounded) {
+        t->bounded = 1;
+        engine_note_expiry(t->engine, t);
+    }
+    return 0;
+}
+
+/* Keeps the closed box at index 1 for engine:start to hand out again
+ * (ENGINE_UV_SPARE), unless its engine is closed or keeps enough. The stack
+ * is left as it was. */
+static void transfer_recycle(lua_State *L)
+{
+    RW_STACK_MARK(L, mark);
+    if (lua_getiuservalue(L, 1, TRANSFER_UV_ENGINE) == LUA_TUSERDATA) {
+        engine *e = (engine *)lua_touserdata(L, -1);
+        if (e->multi && e->nspare < ENGINE_SPARE_MAX) {
+            lua_pushnil(L);
+            lua_setiuservalue(L, 1, TRANSFER_UV_BODY);
+            lua_pushnil(L);
+            lua_setiuservalue(L, 1, TRANSFER_UV_OWNER);
+            lua_getiuservalue(L, -1, ENGINE_UV_SPARE);
+            lua_pushvalue(L, 1);
+            lua_rawseti(L, -2, ++e->nspare); /* within the array made for it: no allocation */
+            lua_pop(L, 1);
+        }
+    }
+    lua_pop(L, 1);
+    RW_STACK_EXPECT(L, mark, 0);
+}
+
+/* transfer:result([lazy [, close [, recycle [, mt]]]]) -> response table |
+ * nil, error table (response.c). close: the transfer is closed once its
+ * result is made, as transfer:close() would (one call less for a caller
+ * that is done with it). recycle (with close): the caller holds no other
+ * reference to this transfer object and drops its own, so that
+ * engine:start may hand the object out again for another transfer
+ * (runtime.transfer's). mt: a table made the metatable of a response (not
+ * of an error), which saved fetch a Lua call and two C calls a request. */
+static int transfer_l_result(lua_State *L)
+{
+    transfer_box *box = (transfer_box *)luaL_checkudata(L, 1, TRANSFER_MT);
+    int n, close = lua_toboolean(L, 3), recycle = close && lua_toboolean(L, 4); /* read before the results go on the stack */
+    int mt = !lua_isnoneornil(L, 5);
+    if (mt) luaL_checktype(L, 5, LUA_TTABLE);
+    if (!box->t) return luaL_argerror(L, 1, "transfer is closed");
+    n = rw_response_result(L, box->t, lua_toboolean(L, 2));
+    if (mt && n == 1) {
+        lua_pushvalue(L, 5);
+        lua_setmetatable(L, -2);
+    }
+    if (close) {
+        transfer_release(L, box);
+        if (recycle) transfer_recycle(L);
+    }
+    return n;
+}
+
+static int transfer_l_tostring(lua_State *L)
+{
+    transfer_box *box = (transfer_box *)luaL_checkudata(L, 1, TRANSFER_MT);
+    static const char *const states[] = { "running", "done", "closed" };
+    lua_pushfstring(L, "ratewise.Transfer (%s)", states[box->t ? box->t->state : TRANSFER_CLOSED]);
+    return 1;
+}
+
+void rw_transfer_register(lua_State *L)
+{
+    static const luaL_Reg transfer_methods[] = {
+        { "done", transfer_l_done },
+        { "set_owner", transfer_l_set_owner },
+        { "result", transfer_l_result },
+        { "head", transfer_l_head },
+        { "read", transfer_l_read },
+        { "bound", transfer_l_bound },
+        { "cancel", transfer_l_cancel },
+        { "close", transfer_l_close },
+        { NULL, NULL }
+    };
+    static const luaL_Reg transfer_meta[] = {
+        { "__gc", transfer_l_close },
+        { "__close", transfer_l_close },
+        { "__tostring", transfer_l_tostring },
+        { NULL, NULL }
+    };
+    luaL_newmetatable(L, TRANSFER_MT);
+    luaL_setfuncs(L, transfer_meta, 0);
+    luaL_newlib(L, transfer_methods);
+    lua_setfield(L, -2, "__index");
+    lua_pop(L, 1);
+}
