@@ -488,47 +488,24 @@ static void request_set_url(transfer *t, const char *url, size_t len)
     }
 }
 
-/* Sets up t->easy from the request table at index req. Misuse raises. */
-void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, int keys, int tidx, int fresh)
+/* The handle, phase 1: options the request shares with the handle's last
+ * (same signature) stay; others start from a reset handle (rw_engine_reset);
+ * a fresh handle gets what every transfer sets alike; a reused one gets
+ * back the defaults the last request changed. Answers whether the options
+ * of the reset signature are the handle's already. */
+static int request_handle(const request_src *src, struct engine *e, transfer *t, unsigned long long transport,
+                          int fresh)
 {
-    RW_STACK_MARK(L, mark);
     CURL *easy = t->easy;
-    const char *method;
-    size_t len;
-    double seconds;
-    long ms;
-    int post = 0, get = 0, extra_secrets = 0, decompress = 1, hidx = 0, hraw = 1;
-    unsigned long long transport;
-    lua_Integer nlines = 0;
-    unsigned flags;
-    size_t header_bytes = 0;
-    const char *url;
-    int same_reset, has_body;
-    request_src source = { L, req, keys, 1 }, *src = &source;
-
-    if (lua_getmetatable(L, req)) {
-        lua_pop(L, 1);
-        source.raw = 0;
-    }
-
-    /* The rarer options the request may have: most of fetch's calls have
-     * none, and say so (transport = false). */
-    transport = request_transport(src);
-    if ((transport & RF_BIT(RF_DECOMPRESS))
-        && request_opt_field(src, RF_DECOMPRESS, LUA_TBOOLEAN, "a boolean")) {
-        decompress = lua_toboolean(L, -1);
-        lua_pop(L, 1);
-    }
+    int same_reset;
     /* The options libcurl cannot put back one by one: a request with the
      * same ones as the handle's last (a CA file on every call) leaves them
-     * set, one with others starts from a reset handle. Resetting for every
-     * such request cost 7,500 instructions a request of 131,000 (callgrind,
-     * 64 tasks looping rw.fetch with a CA file, Lua 5.4). */
+     * set, one with others starts from a reset handle: resetting for every
+     * such request would cost each of them the whole set-up again. */
     if (fresh) {
         t->reset_sig.len = 0;
         t->reset_ok = 1;
     }
-    t->decompress = decompress;
     same_reset = request_reset_sig(src, t, transport);
     if (!same_reset && !(t->reset_ok && t->reset_sig.len == 0)) {
         rw_engine_reset(e, t); /* it has others, which cannot be unset one by one */
@@ -601,6 +578,15 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
     }
     t->dirty = 0;
 
+    return same_reset;
+}
+
+/* Phase 2: the URL, and the gate's key for an https origin. */
+static void request_url(const request_src *src, transfer *t)
+{
+    lua_State *L = src->L;
+    const char *url;
+    size_t len;
     request_opt_field(src, RF_URL, LUA_TSTRING, "a string");
     url = lua_tolstring(L, -1, &len);
     if (!url) {
@@ -624,11 +610,21 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
      * known wait for the first connection, and libcurl 7.88 lets the waiting
      * ones go one at a time as transfers end, so on an HTTP/1.1 server a
      * burst can end up sent one after another on a single connection (seen
-     * in the suite on a loaded machine: 256 requests of 64 tasks, one
-     * connection). The engine's gate holds them instead (rw_gate_hold),
+     * in the suite on a loaded machine). The engine's gate holds them instead (rw_gate_hold),
      * keyed by this hash of the origin. */
     lua_pop(L, 1);
 
+}
+
+/* Phase 3: the method and the body (the body is kept alive in the
+ * transfer's user value tidx, as libcurl does not copy it). */
+static void request_method_body(const request_src *src, transfer *t, unsigned long long transport, int tidx)
+{
+    lua_State *L = src->L;
+    CURL *easy = t->easy;
+    const char *method;
+    size_t len;
+    int post = 0, get = 0, has_body;
     /* No method: GET, or POST when there is a body (libcurl's way). */
     t->method = METHOD_GET;
     if (request_opt_field(src, RF_METHOD, LUA_TSTRING, "a string")) {
@@ -686,6 +682,18 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
         curl_easy_setopt(easy, CURLOPT_POSTFIELDS, "");
     }
 
+}
+
+/* Phase 4: the header lines, sorted into public, secret and proxy lists
+ * (reused when the lines are the last request's). */
+static void request_headers(const request_src *src, transfer *t, unsigned long long transport, int decompress)
+{
+    lua_State *L = src->L;
+    CURL *easy = t->easy;
+    size_t len, header_bytes = 0;
+    int extra_secrets = 0, hidx = 0, hraw = 1;
+    lua_Integer nlines = 0;
+    unsigned flags;
     if ((transport & RF_BIT(RF_SECRET_HEADERS))
         && request_opt_field(src, RF_SECRET_HEADERS, LUA_TTABLE, "a table of header names")) {
         extra_secrets = lua_gettop(L);
@@ -769,6 +777,15 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
         t->lists_set = 1;
     }
 
+}
+
+/* Phase 5: timeouts, streaming, redirects and the body limit. */
+static void request_timeouts(const request_src *src, transfer *t, unsigned long long transport)
+{
+    lua_State *L = src->L;
+    CURL *easy = t->easy;
+    double seconds;
+    long ms;
     t->timeout = 0;
     if ((seconds = request_opt_seconds(src, RF_TIMEOUT)) > 0) t->timeout = seconds;
     ms = 0;
@@ -824,6 +841,13 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
         lua_pop(L, 1);
     }
 
+}
+
+/* Phase 6: whether libcurl may ever send the request twice. */
+static void request_replay(const request_src *src, transfer *t, unsigned long long transport)
+{
+    lua_State *L = src->L;
+    CURL *easy = t->easy;
     /* A request that must not be replayed keeps its kept connection; libcurl
      * is kept from sending it twice by request_on_prereq. A libcurl older
      * than 7.80 has no such callback: the request asks for a connection of
@@ -856,6 +880,14 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
 #endif
     }
 
+}
+
+/* Phase 7: TLS and proxy options (those of the reset signature when they
+ * are not the handle's already), and verify_tls. */
+static void request_tls(const request_src *src, transfer *t, unsigned long long transport, int same_reset)
+{
+    lua_State *L = src->L;
+    CURL *easy = t->easy;
     if (!same_reset) request_set_reset_options(L, t);
 
     if ((transport & RF_BIT(RF_VERIFY_TLS)) && request_opt_field(src, RF_VERIFY_TLS, LUA_TBOOLEAN, "a boolean")) {
@@ -866,9 +898,39 @@ void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, 
         }
         lua_pop(L, 1);
     }
-    RW_STACK_EXPECT(L, mark, 0);
 }
 
+/* Sets up t->easy from the request table at index req, phase by phase.
+ * Misuse raises. */
+void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, int keys, int tidx, int fresh)
+{
+    RW_STACK_MARK(L, mark);
+    int decompress = 1, same_reset;
+    unsigned long long transport;
+    request_src source = { L, req, keys, 1 }, *src = &source;
+
+    if (lua_getmetatable(L, req)) {
+        lua_pop(L, 1);
+        source.raw = 0;
+    }
+    /* The rarer options the request may have: most of fetch's calls have
+     * none, and say so (transport = false). */
+    transport = request_transport(src);
+    if ((transport & RF_BIT(RF_DECOMPRESS))
+        && request_opt_field(src, RF_DECOMPRESS, LUA_TBOOLEAN, "a boolean")) {
+        decompress = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+    }
+    t->decompress = decompress;
+    same_reset = request_handle(src, e, t, transport, fresh);
+    request_url(src, t);
+    request_method_body(src, t, transport, tidx);
+    request_headers(src, t, transport, decompress);
+    request_timeouts(src, t, transport);
+    request_replay(src, t, transport);
+    request_tls(src, t, transport, same_reset);
+    RW_STACK_EXPECT(L, mark, 0);
+}
 
 /* Pushes a list of names as an array. */
 static void request_push_names(lua_State *L, const char *const *list)
