@@ -100,30 +100,13 @@ int rw_redirect_follow(engine *e, transfer *t, CURLcode *code)
     if (curl_easy_getinfo(t->easy, CURLINFO_TOTAL_TIME, &hop_time) == CURLE_OK) t->total_time += hop_time;
     t->request_size += engine_sent(t);
     curl_multi_remove_handle(e->multi, t->easy); /* a completed transfer: its connection is kept */
-    if ((status == 303 && t->method != METHOD_HEAD) || ((status == 301 || status == 302) && t->method == METHOD_POST)) {
-        curl_easy_setopt(t->easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)-1);
-        curl_easy_setopt(t->easy, CURLOPT_POSTFIELDS, (char *)NULL);
-        curl_easy_setopt(t->easy, CURLOPT_HTTPGET, 1L);
-        curl_easy_setopt(t->easy, CURLOPT_CUSTOMREQUEST, (char *)NULL);
-        t->dirty |= DIRTY_BODY | DIRTY_METHOD;
-        t->method = METHOD_GET;
-    }
-    t->lines_ok = 0; /* the lists below may be cut: built afresh for the next request */
-    t->url_ok = 0;   /* the handle goes elsewhere */
-    if (t->secret_headers) {
-        if (t->public_tail) t->public_tail->next = same_origin ? t->secret_headers : NULL;
-        curl_easy_setopt(t->easy, CURLOPT_HTTPHEADER, same_origin || t->public_tail ? t->headers : NULL);
-    }
-    curl_easy_setopt(t->easy, CURLOPT_CURLU, (CURLU *)NULL); /* it would take precedence */
-    curl_easy_setopt(t->easy, CURLOPT_URL, next_url);        /* copied */
+    rw_request_next_hop(t, next_url,
+                        (status == 303 && t->method != METHOD_HEAD)
+                            || ((status == 301 || status == 302) && t->method == METHOD_POST),
+                        same_origin, left);
     free(t->effective_url);
     t->effective_url = next_url;
-    if (t->timeout > 0 && !t->stream) { /* a stream's is the engine's (engine_expiry) */
-        t->timeout_ms = transfer_ms(left);
-        curl_easy_setopt(t->easy, CURLOPT_TIMEOUT_MS, t->timeout_ms);
-    }
     t->body.len = 0; /* the redirect's own body is not the answer */
-    t->prereq_asked = 0; /* a new hop: its first sending is its own (request_on_prereq) */
     t->redirects++;
     mc = curl_multi_add_handle(e->multi, t->easy);
     if (mc != CURLM_OK) {

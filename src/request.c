@@ -509,6 +509,9 @@ static int request_handle(const request_src *src, struct engine *e, transfer *t,
     same_reset = request_reset_sig(src, t, transport);
     if (!same_reset && !(t->reset_ok && t->reset_sig.len == 0)) {
         rw_engine_reset(e, t); /* it has others, which cannot be unset one by one */
+        t->dirty = 0;
+        t->timeout_ms = t->connect_timeout_ms = 0;
+        t->url_ok = t->lists_set = 0; /* the handle has neither any more */
         fresh = 1;
         t->reset_sig.len = 0;
         t->reset_ok = 1;
@@ -898,6 +901,31 @@ static void request_tls(const request_src *src, transfer *t, unsigned long long 
         }
         lua_pop(L, 1);
     }
+}
+
+void rw_request_next_hop(transfer *t, const char *url, int to_get, int same_origin, double left)
+{
+    if (to_get) {
+        curl_easy_setopt(t->easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)-1);
+        curl_easy_setopt(t->easy, CURLOPT_POSTFIELDS, (char *)NULL);
+        curl_easy_setopt(t->easy, CURLOPT_HTTPGET, 1L);
+        curl_easy_setopt(t->easy, CURLOPT_CUSTOMREQUEST, (char *)NULL);
+        t->dirty |= DIRTY_BODY | DIRTY_METHOD;
+        t->method = METHOD_GET;
+    }
+    t->lines_ok = 0; /* the lists below may be cut: built afresh for the next request */
+    t->url_ok = 0;   /* the handle goes elsewhere */
+    if (t->secret_headers) {
+        if (t->public_tail) t->public_tail->next = same_origin ? t->secret_headers : NULL;
+        curl_easy_setopt(t->easy, CURLOPT_HTTPHEADER, same_origin || t->public_tail ? t->headers : NULL);
+    }
+    curl_easy_setopt(t->easy, CURLOPT_CURLU, (CURLU *)NULL); /* it would take precedence */
+    curl_easy_setopt(t->easy, CURLOPT_URL, url);             /* copied */
+    if (t->timeout > 0 && !t->stream) { /* a stream's is the engine's (engine_expiry) */
+        t->timeout_ms = transfer_ms(left);
+        curl_easy_setopt(t->easy, CURLOPT_TIMEOUT_MS, t->timeout_ms);
+    }
+    t->prereq_asked = 0; /* a new hop: its first sending is its own (request_on_prereq) */
 }
 
 /* Sets up t->easy from the request table at index req, phase by phase.

@@ -63,13 +63,11 @@ transfer *rw_transfer_take(engine *e, int *fresh)
 /* Options libcurl cannot put back one by one (TLS files, a pin, a proxy)
  * change from one request on the handle to the next (rw_request_configure):
  * every option is forgotten, and the handle is set up as new, the engine's
- * own callback on closed sockets included. */
+ * own callback on closed sockets included (request.c forgets what it knew
+ * of the handle's options). */
 void rw_engine_reset(engine *e, transfer *t)
 {
     curl_easy_reset(t->easy);
-    t->dirty = 0;
-    t->timeout_ms = t->connect_timeout_ms = 0;
-    t->url_ok = t->lists_set = 0; /* the handle has neither any more */
     transfer_handle_init(e, t);
 }
 

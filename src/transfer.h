@@ -218,6 +218,11 @@ enum request_field {
 void rw_request_push_keys(lua_State *L);
 void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, int keys, int tidx, int fresh);
 void rw_request_free_headers(transfer *t);
+/* request.c: the handle of t, a redirect followed, set up for its next hop
+ * to url (copied): to_get, the method becomes a GET without a body; the
+ * secret header lines go on only to the same origin; what is left (left
+ * seconds) of the request's timeout is the next hop's. */
+void rw_request_next_hop(transfer *t, const char *url, int to_get, int same_origin, double left);
 void rw_request_register(lua_State *L);
 
 /* engine.c: what response.c's callbacks tell the engine when a transfer's
