@@ -625,13 +625,12 @@ static void request_method_body(const request_src *src, transfer *t, unsigned lo
 {
     lua_State *L = src->L;
     CURL *easy = t->easy;
-    const char *method;
     size_t len;
     int post = 0, get = 0, has_body;
     /* No method: GET, or POST when there is a body (libcurl's way). */
     t->method = METHOD_GET;
     if (request_opt_field(src, RF_METHOD, LUA_TSTRING, "a string")) {
-        method = lua_tolstring(L, -1, &len);
+        const char *method = lua_tolstring(L, -1, &len);
         if (len == 0 || request_has_ctl(method, len))
             luaL_error(L, "request method is not a valid HTTP method");
         if (strcmp(method, "GET") != 0) {
@@ -693,7 +692,7 @@ static void request_headers(const request_src *src, transfer *t, unsigned long l
 {
     lua_State *L = src->L;
     CURL *easy = t->easy;
-    size_t len, header_bytes = 0;
+    size_t len;
     int extra_secrets = 0, hidx = 0, hraw = 1;
     lua_Integer nlines = 0;
     unsigned flags;
@@ -717,6 +716,7 @@ static void request_headers(const request_src *src, transfer *t, unsigned long l
     } else {
         lua_Integer i;
         int keep = !extra_secrets, given_encoding = 0;
+        size_t header_bytes = 0;
         rw_request_free_headers(t);
         for (i = 1; i <= nlines; i++) {
             struct curl_slist **list, *next;
