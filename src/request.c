@@ -168,8 +168,8 @@ static const char *const request_field_names[] = {
 
 /* Pushes an array of the request fields' names, in REQUEST_FIELDS order,
  * which also maps each name to its place (for request.transport's list:
- * one lookup a name, where comparing it with each field's name took a
- * request with a CA file some 1,000 instructions): engine.c keeps it with
+ * one lookup a name, not a comparison with each field's name): engine.c
+ * keeps it with
  * the engine, and gives its index to rw_request_configure. */
 void rw_request_push_keys(lua_State *L)
 {
@@ -311,9 +311,8 @@ static size_t request_check_line(lua_State *L, const char *line, size_t len, int
 
 /* Which of the rarer options to look for: request.transport is false
  * (none), true or absent (all: each is looked up), or an array of the names
- * the request has (fetch's: those only. Looking up the fourteen transport
- * options cost some 5,000 instructions a request; a plain GET's twelve
- * lookups, made six, took LuaJIT's request from 78.9k to 77.0k). */
+ * the request has (fetch's: those only, as looking up every transport
+ * option on every request is a cost most requests need not pay). */
 static unsigned long long request_transport(const request_src *src)
 {
     lua_State *L = src->L;
@@ -438,9 +437,7 @@ static void request_set_reset_options(lua_State *L, transfer *t)
 /* Whether the environment has any of the variables libcurl 7.88 reads to
  * choose a proxy for an http or https URL (it ignores HTTP_PROXY). libcurl
  * looks them up for every transfer, five to seven getenv calls that each
- * scan the whole environment, and copies what it finds: about 2,500
- * instructions a request of 90,000 (callgrind, the bench's floor: getenv's
- * 1,500, libcurl's proxy set-up 1,000). A handle made while none is set is
+ * scan the whole environment, and copies what it finds. A handle made while none is set is
  * told so (an empty CURLOPT_PROXY and CURLOPT_NOPROXY) and skips them; with
  * any set, libcurl reads them as it always does. */
 static int request_proxy_env(void)
@@ -455,9 +452,7 @@ static int request_proxy_env(void)
 
 /* The handle gets its URL parsed, as a CURLU kept with the record, rather
  * than as CURLOPT_URL's text, which libcurl parses and prints back for every
- * transfer (curl_url_set, then curl_url_get through its printf: about 10,000
- * instructions a request, as much as the rest of the engine adds to plain
- * libcurl's; callgrind, bench/README.md). The next request for the same URL
+ * transfer (curl_url_set, then curl_url_get through its printf). The next request for the same URL
  * on this handle (a task looping on an endpoint) then sets nothing, and
  * libcurl only copies the parsed parts. The flags are those libcurl
  * parses CURLOPT_URL with, so a URL means what it did. A URL that does not

@@ -405,7 +405,7 @@ static void transfer_recycle(lua_State *L)
  * reference to this transfer object and drops its own, so that
  * engine:start may hand the object out again for another transfer
  * (runtime.transfer's). mt: a table made the metatable of a response (not
- * of an error), which saved fetch a Lua call and two C calls a request. */
+ * of an error), which spares fetch a call of its own. */
 static int transfer_l_result(lua_State *L)
 {
     transfer_box *box = (transfer_box *)luaL_checkudata(L, 1, TRANSFER_MT);
