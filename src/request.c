@@ -169,8 +169,7 @@ static const char *const request_field_names[] = {
 /* Pushes an array of the request fields' names, in REQUEST_FIELDS order,
  * which also maps each name to its place (for request.transport's list:
  * one lookup a name, not a comparison with each field's name): engine.c
- * keeps it with
- * the engine, and gives its index to rw_request_configure. */
+ * keeps it with the engine, and gives its index to rw_request_configure. */
 void rw_request_push_keys(lua_State *L)
 {
     int i;
