@@ -61,6 +61,11 @@
  * engine_buffer_size. */
 #define ENGINE_RECV_MAX 16384L
 #define ENGINE_RECV_MIN 1024L
+/* At most this many sockets for libcurl to be given them all at once when
+ * they are multiplexed, and at most this many passes over them after one
+ * event (engine_drive). */
+#define ENGINE_ALL_SOCKETS 16
+#define ENGINE_ALL_PASSES 8
 
 /* A pooled record keeps its body buffer for the next response, so that a
  * steady stream of large responses does not allocate (and, past glibc's
@@ -132,6 +137,9 @@ typedef struct engine {
     int *fired;      /* descriptors of engine:watch that became ready, not yet reported */
     int nfired, capfired;
     int nwatching;   /* descriptors of engine:watch armed and not yet ready */
+    int nwanted;     /* descriptors libcurl waits on now (WATCH_WANTED; rw_watch_on_socket) */
+    unsigned long delivered; /* callbacks that delivered a response's bytes (rw_engine_delivered) */
+    int all_again;   /* the last pass over every socket delivered: pass again (engine_drive_all) */
 #ifdef RW_FAULTS
     CURLMcode fail_next; /* RW_FAULTS builds: the next drive fails with this */
 #endif

@@ -36,6 +36,13 @@ static unsigned char *watch_slot(engine *e, curl_socket_t s)
     return &e->watch[s];
 }
 
+/* Sets a descriptor's WATCH_* bits, counting those libcurl waits on. */
+static void watch_put(engine *e, unsigned char *slot, unsigned char bits)
+{
+    e->nwanted += ((bits & WATCH_WANTED) != 0) - ((*slot & WATCH_WANTED) != 0);
+    *slot = bits;
+}
+
 /* libcurl says which sockets it waits on, and for what: the engine keeps
  * them in its poller's set. C only. */
 int rw_watch_on_socket(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
@@ -46,19 +53,19 @@ int rw_watch_on_socket(CURL *easy, curl_socket_t s, int what, void *userp, void 
     (void)socketp;
     if (!slot) return -1; /* out of memory: libcurl gives the multi handle up (engine_drive) */
     if (what == CURL_POLL_REMOVE) {
-        *slot &= (unsigned char)~WATCH_WANTED;
+        watch_put(e, slot, (unsigned char)(*slot & ~WATCH_WANTED));
         return 0;
     }
     want = (unsigned char)(((what & CURL_POLL_IN) ? WATCH_IN : 0u) | ((what & CURL_POLL_OUT) ? WATCH_OUT : 0u));
     if ((*slot & WATCH_IN_SET) && (*slot & (WATCH_IN | WATCH_OUT)) == want) {
-        *slot |= WATCH_WANTED;
+        watch_put(e, slot, (unsigned char)(*slot | WATCH_WANTED));
         return 0;
     }
     if (poller_set(&e->poller, s, ((want & WATCH_IN) ? POLLER_IN : 0u) | ((want & WATCH_OUT) ? POLLER_OUT : 0u),
                    (*slot & WATCH_IN_SET) != 0)
         != 0)
         return -1; /* out of memory: libcurl gives the multi handle up (engine_drive) */
-    *slot = (unsigned char)(want | WATCH_IN_SET | WATCH_WANTED);
+    watch_put(e, slot, (unsigned char)(want | WATCH_IN_SET | WATCH_WANTED));
     return 0;
 }
 
@@ -72,7 +79,7 @@ int rw_watch_on_close(void *userp, curl_socket_t s)
 {
     engine *e = (engine *)userp;
     if (s < 0) return 0;
-    if ((size_t)s < e->nwatch) e->watch[s] = 0;
+    if ((size_t)s < e->nwatch) watch_put(e, &e->watch[s], 0);
     poller_closing(&e->poller, s);
     rw_gate_socket_gone(e, s);
     return close(s);
