@@ -5,7 +5,7 @@
 local core = require "ratewise.core"
 local headers = require "ratewise.headers"
 local json = require "ratewise.json"
-local scheduler = require "ratewise.scheduler"
+local runtime = require "ratewise.runtime"
 local text = require "ratewise.cli.text"
 
 local format, find, sub, gsub = string.format, string.find, string.sub, string.gsub
@@ -172,7 +172,7 @@ function input.open(path)
   return reader
 end
 
--- More bytes of standard input: waits on the scheduler (the requests in
+-- More bytes of standard input: waits through the seam (the requests in
 -- flight go on meanwhile) until some come, the input ends or stop() says
 -- to give up. A descriptor epoll cannot watch (a regular file, /dev/null)
 -- never blocks a read. A read that fails ends the input (reader.failed
@@ -180,7 +180,7 @@ end
 function Reader:fill(stop)
   while true do
     if stop() then return false end
-    local ready, err = scheduler.await_fd(self.fd, "r", core.now() + 0.1)
+    local ready, err = runtime.await_fd(self.fd, "r", core.now() + 0.1)
     if ready or err then
       local bytes, why = core.read_fd(self.fd, READ_SIZE)
       if bytes == "" then return false end
