@@ -88,7 +88,7 @@ describe("rw.fetch", function()
     end
 
     -- fetch keeps the lines it made from a header table while the table
-    -- holds the same names and values (lua/ratewise/fetch.lua, lines_made).
+    -- holds the same names and values (lua/ratewise/fetch/plan.lua, lines_made).
     it("sends what a header table holds at each call, the same table changed between calls", function()
       local h = { Authorization = "Bearer one", ["X-Trace"] = "a" }
       local o = opts { headers = h }
@@ -133,7 +133,7 @@ describe("rw.fetch", function()
       end
     end)
 
-    -- A table of one header is compared without a loop (fetch.lua, same_headers).
+    -- A table of one header is compared without a loop (fetch/plan.lua, same_headers).
     it("sends what a table of one header holds at each call, changed between calls", function()
       local h = { Authorization = "Bearer one" }
       local sent = sender("/h1", opts { headers = h })
