@@ -3,6 +3,7 @@
 -- each API really sends.
 local rw = require "ratewise"
 local server = require "spec.support.server"
+local core = require "ratewise.core"
 
 local floor = math.floor
 
@@ -53,6 +54,16 @@ end
 -- Scheduling and loopback jitter: a wait is never shorter than asked, but the
 -- server's timestamps are taken a little after the client's clock reads.
 local EARLY = 0.02
+
+-- A scripted Date is fixed when the script is written: taken just after a
+-- second begins, it is still the server's true second when the response
+-- goes out (taken late in a second, the clock could tick first and the
+-- response carry a stale Date, a second behind: a flake seen in CI).
+local function second_start()
+  local t = core.time()
+  rw.sleep(math.ceil(t) - t + 0.005)
+  return floor(core.time())
+end
 
 describe("rw.providers", function()
   local s
@@ -203,7 +214,7 @@ describe("rw.providers", function()
 
     it("feeds x-ratelimit-remaining and the reset into the limiter, so the next request waits for it", function()
       local bucket = rw.bucket { capacity = 10, rate = 50 }
-      local server_now = os.time()
+      local server_now = second_start()
       s:script("/gh-obs", {
         { status = 200, headers = { date = http_date(server_now), ["x-ratelimit-remaining"] = "0",
           ["x-ratelimit-reset"] = tostring(server_now + 1) } },
@@ -392,7 +403,7 @@ describe("rw.providers", function()
 
     it("feeds the request quota into the limiter, so the next request waits for the reset", function()
       local bucket = rw.bucket { capacity = 10, rate = 50 }
-      local now = os.time()
+      local now = second_start()
       s:script("/an-obs", {
         { status = 200, headers = { date = http_date(now), ["anthropic-ratelimit-requests-limit"] = "50",
           ["anthropic-ratelimit-requests-remaining"] = "0",
