@@ -91,12 +91,17 @@ static int gate_stale(engine *e, engine_gate *g)
  * handle) until its final headers say whether the connection multiplexes:
  * then they all go at once, and share that connection if it is HTTP/2, or
  * open their own if not. Answers 1 when t is held. */
+void rw_gate_clear(transfer *t)
+{
+    t->gate_slot = t->gate_probe = t->held = 0;
+    t->held_next = NULL;
+}
+
 int rw_gate_hold(engine *e, transfer *t)
 {
     int i, free_slot = -1;
     engine_gate *g;
-    t->gate_slot = t->gate_probe = t->held = 0;
-    t->held_next = NULL;
+    rw_gate_clear(t);
     if (!t->gate_key) return 0;
     g = gate_find(e, t->gate_key);
     if (g && g->state == GATE_KNOWN && !gate_stale(e, g)) return 0;
@@ -146,8 +151,7 @@ void rw_gate_go(engine *e, transfer *t)
     mc = curl_multi_add_handle(e->multi, t->easy);
     if (mc != CURLM_OK) {
         rw_transfer_finish(t, CURLE_OUT_OF_MEMORY, ABORT_NONE);
-        (void)snprintf(t->errbuf, sizeof t->errbuf, "libcurl could not start the transfer (%s)",
-                       curl_multi_strerror(mc));
+        rw_transfer_why(t, "libcurl could not start the transfer (%s)", curl_multi_strerror(mc));
         rw_transfer_queue(e, t);
     }
 }
