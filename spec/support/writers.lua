@@ -4,7 +4,8 @@
 -- needs one changed calls a function of that file. `make lint` runs this:
 --   lua spec/support/writers.lua [src] [--list]
 -- It fails, naming file and line, when a field is written elsewhere than by
--- its group's file; --list prints the writers found for each field.
+-- its group's file; --list prints the writers found for each field, and
+-- the files that read each group.
 --
 -- A write, as this reads C: an assignment to a field (=, op=, ++, --), its
 -- address taken (&t->body goes to a function that fills or frees it), an
@@ -85,7 +86,7 @@ for _, name in ipairs(files) do
     end
 end
 
-local writers, bad = {}, {}
+local writers, readers, bad = {}, {}, {}
 local function note(field, file, lineno, line)
     writers[field] = writers[field] or {}
     writers[field][file] = true
@@ -139,7 +140,12 @@ for _, file in ipairs(files) do
             if field and pointers[file][base] and owner_of[field] then
                 local rest, n = l:sub(after), 1
                 while n > 0 do rest, n = rest:gsub("^%s*%.%s*[%a_][%w_]*", "") end
-                if is_write(before_expr(l:sub(1, pos - 1)), rest) then note(field, file, lineno, line) end
+                if is_write(before_expr(l:sub(1, pos - 1)), rest) then
+                    note(field, file, lineno, line)
+                else
+                    readers[owner_of[field]] = readers[owner_of[field]] or {}
+                    readers[owner_of[field]][file] = true
+                end
             end
         end
     end
@@ -151,6 +157,12 @@ if list then
         for w in pairs(writers[field] or {}) do ws[#ws + 1] = w end
         table.sort(ws)
         print(string.format("%-22s %-12s %s", field, owner_of[field], table.concat(ws, " ")))
+    end
+    for owner, files_reading in pairs(readers) do
+        local rs = {}
+        for r in pairs(files_reading) do rs[#rs + 1] = r end
+        table.sort(rs)
+        print(string.format("%s's fields are read by %s", owner, table.concat(rs, " ")))
     end
 end
 if #bad > 0 then
