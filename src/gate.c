@@ -85,18 +85,18 @@ static int gate_stale(engine *e, engine_gate *g)
     return g->state == GATE_FREE;
 }
 
-/* Whether t is to wait for its origin's first answer. The first transfer
- * to an https origin the engine knows nothing of is its probe and goes on;
- * those that come while it has not answered are held (not yet on the multi
- * handle) until its final headers say whether the connection multiplexes:
- * then they all go at once, and share that connection if it is HTTP/2, or
- * open their own if not. Answers 1 when t is held. */
 void rw_gate_clear(transfer *t)
 {
     t->gate_slot = t->gate_probe = t->held = 0;
     t->held_next = NULL;
 }
 
+/* Whether t is to wait for its origin's first answer. The first transfer
+ * to an https origin the engine knows nothing of is its probe and goes on;
+ * those that come while it has not answered are held (not yet on the multi
+ * handle) until its final headers say whether the connection multiplexes:
+ * then they all go at once, and share that connection if it is HTTP/2, or
+ * open their own if not. Answers 1 when t is held. */
 int rw_gate_hold(engine *e, transfer *t)
 {
     int i, free_slot = -1;

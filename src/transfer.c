@@ -153,8 +153,6 @@ static size_t transfer_keep(const engine *e)
 void rw_transfer_give(engine *e, transfer *t)
 {
     transfer_news_drop(e, t);
-    /* Its header lists stay with it, for a next request with the same
-     * lines (rw_request_configure). */
     rw_redirect_clear(t);
     if (!e || !e->multi || e->npool >= ENGINE_POOL_MAX) {
         rw_transfer_destroy(t);
@@ -164,7 +162,7 @@ void rw_transfer_give(engine *e, transfer *t)
     rw_response_keep_body(t, transfer_keep(e));
     e->kept += t->body.cap;
     rw_response_clear(t, ENGINE_KEEP_HEAD);
-    rw_request_clear(t);
+    rw_request_clear(t); /* its header lists stay, for a next request with the same lines */
     rw_gate_clear(t);
     t->aborted = ABORT_NONE;
     t->code = CURLE_OK;
@@ -180,8 +178,6 @@ void rw_transfer_give(engine *e, transfer *t)
     e->pool[e->npool++] = t;
 }
 
-/* Takes a running transfer off the multi handle, keeping what libcurl knows
- * about its outcome. Its engine forgets it: see rw_transfer_queue. */
 void rw_transfer_hop_ended(transfer *t)
 {
     double hop_time = 0;
@@ -195,6 +191,8 @@ void rw_transfer_fail(transfer *t, CURLMcode mc)
     rw_transfer_finish(t, CURLE_ABORTED_BY_CALLBACK, ABORT_MULTI_FAILED);
 }
 
+/* Takes a running transfer off the multi handle, keeping what libcurl knows
+ * about its outcome. Its engine forgets it: see rw_transfer_queue. */
 void rw_transfer_finish(transfer *t, CURLcode code, enum transfer_abort aborted)
 {
     engine *e = t->engine;
