@@ -667,7 +667,7 @@ static int engine_l_close(lua_State *L)
 {
     engine *e = (engine *)luaL_checkudata(L, 1, ENGINE_MT);
     if (!e->multi) return 0;
-    while (rw_transfer_news_pop(e)) continue;
+    while (e->news) rw_transfer_news_pop(e);
     while (e->running.head) rw_transfer_finish(e->running.head, CURLE_ABORTED_BY_CALLBACK, ABORT_ENGINE_CLOSED);
     while (e->finished.head) rw_transfer_unqueue(e->finished.head);
     while (e->npool > 0) rw_transfer_destroy(e->pool[--e->npool]);

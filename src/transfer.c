@@ -42,7 +42,8 @@ void rw_transfer_why(transfer *t, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    (void)vsnprintf(t->errbuf, sizeof t->errbuf, fmt, ap);
+    /* the analyzer does not see va_start set ap up (a false positive) */
+    (void)vsnprintf(t->errbuf, sizeof t->errbuf, fmt, ap); /* NOLINT(clang-analyzer-valist.Uninitialized) */
     va_end(ap);
 }
 
