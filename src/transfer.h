@@ -94,7 +94,7 @@ typedef struct transfer {
     int bounded;        /* stream: its timeout applies after the headers too (transfer:bound) */
 
     /* request.c writes these: the request's options as the handle has them. */
-    unsigned dirty;        /* DIRTY_* options the request set */
+    unsigned dirty; /* DIRTY_* options the request set */
     /* The request's header lines: those without secrets first, then the
      * secret ones (from secret_headers on), so that cutting the list after
      * public_tail leaves the lines another origin may see. public_tail is
@@ -173,7 +173,7 @@ typedef struct transfer {
     double last_byte; /* monotonic: when body bytes last came (idle_timeout) */
 
     /* redirect.c writes these: the hops followed. */
-    char *origin;                /* the first URL's origin, from the first redirect on */
+    char *origin; /* the first URL's origin, from the first redirect on */
     long redirects;
     char *effective_url;
 
