@@ -232,8 +232,10 @@ bench-openresty: deps $(CORE) luajit-core
 bench-hosts: deps $(CORE) luajit-core
 	@ulimit -n 20000 2>/dev/null; $(LUA_ENV) $(SPEC_ENV) $(LUA) bench/hosts.lua
 
-# luacheck (config .luacheckrc), then clang-tidy (checks and the reasons for
-# each exclusion in .clang-tidy) and cppcheck on src/; any finding fails.
+# luacheck (config .luacheckrc), the one writer of each field of struct
+# transfer (spec/support/writers.lua: the file src/transfer.h names), then
+# clang-tidy (checks and the reasons for each exclusion in .clang-tidy) and
+# cppcheck on src/; any finding fails.
 # cppcheck gets no -I for Lua (its many configurations make cppcheck give
 # up, "toomanyconfigs"); --library teaches it Lua's, libcurl's and POSIX's
 # functions instead, so the project's own headers are all it must find.
@@ -248,6 +250,7 @@ CPPCHECK_FLAGS := --std=c99 -D_POSIX_C_SOURCE=200809L --library=posix,lua,libcur
 LUAS := lua5.1:build-lua5.1:luac5.1 lua5.3:build-lua5.3:luac5.3 lua5.4:build:luac5.4 luajit:build-luajit:/usr/bin/luajit
 lint: deps deps-check
 	luacheck --no-color lua spec bench examples bin types
+	$(LUA) spec/support/writers.lua src
 	@# Under every Lua: lua/ parses, the C core builds (-Werror) and ratewise runs (spec/support/smoke.lua).
 	@for entry in $(LUAS); do \
 	  lua=$${entry%%:*}; rest=$${entry#*:}; dir=$${rest%%:*}; parse=$${rest#*:}; \

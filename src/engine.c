@@ -126,8 +126,7 @@ static void engine_fail_all(engine *e, CURLMcode mc)
     e->renew = 1;
     while (e->running.head) {
         transfer *t = e->running.head;
-        t->multi_code = mc;
-        rw_transfer_finish(t, CURLE_ABORTED_BY_CALLBACK, ABORT_MULTI_FAILED);
+        rw_transfer_fail(t, mc);
         rw_transfer_queue(e, t);
     }
 }
@@ -163,19 +162,15 @@ static void engine_expire(engine *e)
         }
         rw_transfer_finish(t, CURLE_OPERATION_TIMEDOUT, ABORT_NONE);
         if (kind == EXPIRY_FIRST_BYTE)
-            (void)snprintf(t->errbuf, sizeof t->errbuf,
-                           "no response headers within %.0f milliseconds (first_byte_timeout)",
-                           t->first_byte_timeout * 1000);
+            rw_transfer_why(t, "no response headers within %.0f milliseconds (first_byte_timeout)",
+                            t->first_byte_timeout * 1000);
         else if (kind == EXPIRY_IDLE)
-            (void)snprintf(t->errbuf, sizeof t->errbuf,
-                           "no body bytes for %.0f milliseconds (idle_timeout)", t->idle_timeout * 1000);
+            rw_transfer_why(t, "no body bytes for %.0f milliseconds (idle_timeout)", t->idle_timeout * 1000);
         else if (t->request_size == 0)
-            (void)snprintf(t->errbuf, sizeof t->errbuf,
-                           "Operation timed out after %.0f milliseconds waiting for a connection "
-                           "(all %ld in use: max_connections)", (now - t->started) * 1000, e->max_connections);
+            rw_transfer_why(t, "Operation timed out after %.0f milliseconds waiting for a connection "
+                               "(all %ld in use: max_connections)", (now - t->started) * 1000, e->max_connections);
         else
-            (void)snprintf(t->errbuf, sizeof t->errbuf, "Operation timed out after %.0f milliseconds",
-                           (now - t->started) * 1000);
+            rw_transfer_why(t, "Operation timed out after %.0f milliseconds", (now - t->started) * 1000);
         rw_transfer_queue(e, t);
     }
     e->next_expiry = next;
@@ -255,8 +250,8 @@ static void engine_drive(engine *e, double seconds, double budget)
     /* Multiplexed connections (HTTP/2: two transfers a socket or more, on
      * a few sockets): an event on a socket makes libcurl 7.88 run every
      * transfer on it, drive after drive, each after the first polling the
-     * socket again (more than twice the plain multi's polls for a 64 KiB
-     * response: bench/http2.lua h2_64k). Then libcurl is given every socket
+     * socket again (far more polls than the plain multi's: bench/http2.lua
+     * h2_64k). Then libcurl is given every socket
      * at once, one pass over the transfers as curl_multi_perform makes,
      * which is what the plain contender does (engine_drive_all).
      * Not with many sockets (a pass would poll each connection that has
@@ -435,7 +430,6 @@ static int engine_l_start(lua_State *L)
     transfer_box *box;
     transfer *t;
     CURLMcode mc;
-    long recv_buffer;
     int fresh, tidx, keys, owned;
     luaL_checktype(L, 2, LUA_TTABLE);
     owned = !lua_isnoneornil(L, 3); /* read before the names go on the stack */
@@ -473,25 +467,16 @@ static int engine_l_start(lua_State *L)
         return 2;
     }
     box->t = t; /* from here on __gc gives the record back, whatever happens */
-    t->state = TRANSFER_DONE;
     rw_request_configure(L, e, t, 2, keys, tidx, fresh); /* may raise */
-    recv_buffer = engine_buffer_size(e);
-    if (t->recv_buffer != recv_buffer) {
-        t->recv_buffer = recv_buffer;
-        curl_easy_setopt(t->easy, CURLOPT_BUFFERSIZE, recv_buffer);
-    }
+    rw_transfer_buffer_size(t, engine_buffer_size(e));
     /* The reference first: it is the one step that can raise (out of
      * memory), and a transfer on the multi handle must have one. */
     lua_getiuservalue(L, 1, 1);
     lua_pushvalue(L, tidx);
-    t->ref = luaL_ref(L, -2);
-    t->engine = e; /* for the gate's lists */
-    mc = rw_gate_hold(e, t) ? CURLM_OK : curl_multi_add_handle(e->multi, t->easy);
+    rw_transfer_ref(L, -2, t);
+    mc = rw_transfer_launch(e, t);
     if (mc != CURLM_OK) {
-        rw_gate_unprobe(e, t); /* no probe after all: the origin stays unknown */
-        t->engine = NULL;
-        luaL_unref(L, -1, t->ref);
-        t->ref = LUA_NOREF;
+        rw_transfer_unref(L, -1, t);
         box->t = NULL;
         rw_transfer_give(e, t);
         lua_settop(L, keys - 1);
@@ -501,12 +486,7 @@ static int engine_l_start(lua_State *L)
     }
     lua_pop(L, 1);
     lua_replace(L, keys); /* the box, in the names' place */
-    t->state = TRANSFER_RUNNING;
-    t->engine = e;
-    engine_list_add(&e->running, t);
     engine_size_cache(e);
-    t->started = rw_clock_monotonic();
-    if (t->timeout > 0) t->expires = t->started + t->timeout + ENGINE_EXPIRY_GRACE;
     engine_note_expiry(e, t);
     return 1;
 }
@@ -542,9 +522,7 @@ static int engine_report(lua_State *L, engine *e, int out, int owners)
             lua_rawseti(L, out, n + 1); /* may raise: out of memory */
             n++;
         }
-        e->news = t->news_next;
-        t->news_next = NULL;
-        t->in_news = 0;
+        rw_transfer_news_pop(e);
     }
     while (e->finished.head) {
         transfer *t = e->finished.head;
@@ -559,8 +537,7 @@ static int engine_report(lua_State *L, engine *e, int out, int owners)
         lua_rawseti(L, out, n + 1); /* may raise: out of memory */
         n++;
         rw_transfer_unqueue(t);
-        luaL_unref(L, -1, t->ref);
-        t->ref = LUA_NOREF;
+        rw_transfer_unref(L, -1, t);
     }
     lua_pop(L, 1);
     /* then the watched descriptors that are ready, as numbers */
@@ -690,12 +667,7 @@ static int engine_l_close(lua_State *L)
 {
     engine *e = (engine *)luaL_checkudata(L, 1, ENGINE_MT);
     if (!e->multi) return 0;
-    while (e->news) {
-        transfer *t = e->news;
-        e->news = t->news_next;
-        t->news_next = NULL;
-        t->in_news = 0;
-    }
+    while (e->news) rw_transfer_news_pop(e);
     while (e->running.head) rw_transfer_finish(e->running.head, CURLE_ABORTED_BY_CALLBACK, ABORT_ENGINE_CLOSED);
     while (e->finished.head) rw_transfer_unqueue(e->finished.head);
     while (e->npool > 0) rw_transfer_destroy(e->pool[--e->npool]);

@@ -256,6 +256,23 @@ void rw_transfer_trim(engine *e);
 /* transfer.c: a running transfer taken off the multi handle (code: how it
  * ended); onto its engine's finished list, for poll to report; off it. */
 void rw_transfer_finish(transfer *t, CURLcode code, enum transfer_abort aborted);
+/* transfer.c: running transfer t ends as the multi handle failed (mc). */
+void rw_transfer_fail(transfer *t, CURLMcode mc);
+/* transfer.c: a hop of t ended (the last, or a redirect followed): its
+ * time and the request bytes it sent count in the transfer's. */
+void rw_transfer_hop_ended(transfer *t);
+/* transfer.c: t, set up by rw_request_configure, starts on engine e (or is
+ * held by its gate); what the multi handle said when it refused it. */
+CURLMcode rw_transfer_launch(engine *e, transfer *t);
+/* transfer.c: t's reference in the engine's table at index refs: taken for
+ * the box on top of the stack (popped), let go of. */
+void rw_transfer_ref(lua_State *L, int refs, transfer *t);
+void rw_transfer_unref(lua_State *L, int refs, transfer *t);
+/* transfer.c: the first of e's transfers with news, off that list (NULL:
+ * none). */
+transfer *rw_transfer_news_pop(engine *e);
+/* transfer.c: t's handle gets a receive buffer of size bytes. */
+void rw_transfer_buffer_size(transfer *t, long size);
 void rw_transfer_queue(engine *e, transfer *t);
 void rw_transfer_unqueue(transfer *t);
 /* transfer.c: ratewise.Transfer's metatable. */
@@ -274,12 +291,17 @@ void rw_gates_release(engine *e);
 void rw_gate_leave(engine *e, transfer *t);
 void rw_gate_unprobe(engine *e, transfer *t);
 void rw_gates_forget(engine *e);
+/* gate.c: t in no gate, its record going back to the pool. */
+void rw_gate_clear(transfer *t);
 void rw_gate_socket_gone(engine *e, int fd);
 
 /* redirect.c: a completed transfer that is a redirect to follow goes back
  * on the multi handle for the next URL (1); 0 when its response is the
  * final one, or the redirect cannot be followed (*code says why). */
 int rw_redirect_follow(engine *e, transfer *t, CURLcode *code);
+/* redirect.c: the hops t followed forgotten, its record going back to the
+ * pool (or freed). */
+void rw_redirect_clear(transfer *t);
 
 /* watch.c: table (*n entries of `size` bytes, by descriptor) grown to
  * reach descriptor s; libcurl's socket and close-socket callbacks; whether

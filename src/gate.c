@@ -85,6 +85,12 @@ static int gate_stale(engine *e, engine_gate *g)
     return g->state == GATE_FREE;
 }
 
+void rw_gate_clear(transfer *t)
+{
+    t->gate_slot = t->gate_probe = t->held = 0;
+    t->held_next = NULL;
+}
+
 /* Whether t is to wait for its origin's first answer. The first transfer
  * to an https origin the engine knows nothing of is its probe and goes on;
  * those that come while it has not answered are held (not yet on the multi
@@ -95,8 +101,7 @@ int rw_gate_hold(engine *e, transfer *t)
 {
     int i, free_slot = -1;
     engine_gate *g;
-    t->gate_slot = t->gate_probe = t->held = 0;
-    t->held_next = NULL;
+    rw_gate_clear(t);
     if (!t->gate_key) return 0;
     g = gate_find(e, t->gate_key);
     if (g && g->state == GATE_KNOWN && !gate_stale(e, g)) return 0;
@@ -146,8 +151,7 @@ void rw_gate_go(engine *e, transfer *t)
     mc = curl_multi_add_handle(e->multi, t->easy);
     if (mc != CURLM_OK) {
         rw_transfer_finish(t, CURLE_OUT_OF_MEMORY, ABORT_NONE);
-        (void)snprintf(t->errbuf, sizeof t->errbuf, "libcurl could not start the transfer (%s)",
-                       curl_multi_strerror(mc));
+        rw_transfer_why(t, "libcurl could not start the transfer (%s)", curl_multi_strerror(mc));
         rw_transfer_queue(e, t);
     }
 }

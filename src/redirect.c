@@ -56,7 +56,7 @@ int rw_redirect_follow(engine *e, transfer *t, CURLcode *code)
 {
     long status = 0;
     char *location = NULL, *next_url, *next_origin;
-    double hop_time = 0, left = 0;
+    double left = 0;
     int same_origin;
     CURLMcode mc;
     curl_easy_getinfo(t->easy, CURLINFO_RESPONSE_CODE, &status);
@@ -64,22 +64,21 @@ int rw_redirect_follow(engine *e, transfer *t, CURLcode *code)
     if (curl_easy_getinfo(t->easy, CURLINFO_REDIRECT_URL, &location) != CURLE_OK || !location) return 0;
     if (t->redirects >= ENGINE_MAX_REDIRECTS) {
         *code = CURLE_TOO_MANY_REDIRECTS;
-        (void)snprintf(t->errbuf, sizeof t->errbuf, "Maximum (%ld) redirects followed", ENGINE_MAX_REDIRECTS);
+        rw_transfer_why(t, "Maximum (%ld) redirects followed", ENGINE_MAX_REDIRECTS);
         return 0;
     }
     if (strncasecmp(location, "http://", 7) != 0 && strncasecmp(location, "https://", 8) != 0) {
         size_t scheme = strspn(location, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+-.");
         *code = CURLE_UNSUPPORTED_PROTOCOL;
-        (void)snprintf(t->errbuf, sizeof t->errbuf, "a redirect to a \"%.*s\" URL was refused (only http "
-                       "and https are followed)", (int)(scheme < 32 ? scheme : 32), location);
+        rw_transfer_why(t, "a redirect to a \"%.*s\" URL was refused (only http and https are followed)",
+                        (int)(scheme < 32 ? scheme : 32), location);
         return 0;
     }
     if (t->timeout > 0) {
         left = t->timeout - (rw_clock_monotonic() - t->started);
         if (left <= 0) {
             *code = CURLE_OPERATION_TIMEDOUT;
-            (void)snprintf(t->errbuf, sizeof t->errbuf, "Operation timed out after %.0f milliseconds",
-                           t->timeout * 1000);
+            rw_transfer_why(t, "Operation timed out after %.0f milliseconds", t->timeout * 1000);
             return 0;
         }
     }
@@ -94,11 +93,10 @@ int rw_redirect_follow(engine *e, transfer *t, CURLcode *code)
     next_url = redirect_strdup(location); /* location is the handle's, gone once it is removed */
     if (!next_url) {
         *code = CURLE_OUT_OF_MEMORY;
-        t->out_of_memory = 1;
+        rw_response_no_memory(t);
         return 0;
     }
-    if (curl_easy_getinfo(t->easy, CURLINFO_TOTAL_TIME, &hop_time) == CURLE_OK) t->total_time += hop_time;
-    t->request_size += engine_sent(t);
+    rw_transfer_hop_ended(t);
     curl_multi_remove_handle(e->multi, t->easy); /* a completed transfer: its connection is kept */
     rw_request_next_hop(t, next_url,
                         (status == 303 && t->method != METHOD_HEAD)
@@ -106,14 +104,21 @@ int rw_redirect_follow(engine *e, transfer *t, CURLcode *code)
                         same_origin, left);
     free(t->effective_url);
     t->effective_url = next_url;
-    t->body.len = 0; /* the redirect's own body is not the answer */
+    rw_response_drop_body(t); /* the redirect's own body is not the answer */
     t->redirects++;
     mc = curl_multi_add_handle(e->multi, t->easy);
     if (mc != CURLM_OK) {
         *code = CURLE_OUT_OF_MEMORY;
-        (void)snprintf(t->errbuf, sizeof t->errbuf, "libcurl could not follow the redirect (%s)",
-                       curl_multi_strerror(mc));
+        rw_transfer_why(t, "libcurl could not follow the redirect (%s)", curl_multi_strerror(mc));
         return 0;
     }
     return 1;
+}
+
+void rw_redirect_clear(transfer *t)
+{
+    free(t->effective_url);
+    free(t->origin);
+    t->effective_url = t->origin = NULL;
+    t->redirects = 0;
 }

@@ -90,7 +90,7 @@ static size_t request_on_read(char *ptr, size_t size, size_t nmemb, void *ud)
 
 /* Frees the request's header lines, whether their two parts are joined,
  * cut apart by a redirect, or never joined (a request that raised). */
-void rw_request_free_headers(transfer *t)
+static void request_free_headers(transfer *t)
 {
     if (t->public_tail) t->public_tail->next = NULL;
     if (t->headers != t->secret_headers) curl_slist_free_all(t->headers);
@@ -101,6 +101,32 @@ void rw_request_free_headers(transfer *t)
     t->lists_set = 0;
     t->lines.len = 0;
     t->nlines = 0;
+}
+
+void rw_request_free(transfer *t)
+{
+    curl_url_cleanup(t->uh); /* the handle used it until now */
+    t->uh = NULL;
+    request_free_headers(t);
+    rw_buf_free(&t->lines);
+    rw_buf_free(&t->url);
+    rw_buf_free(&t->reset_sig);
+    rw_buf_free(&t->reset_next);
+}
+
+void rw_request_clear(transfer *t)
+{
+    t->timeout = 0;
+    t->stream = 0;
+    t->gate_key = 0;
+    t->no_replay = t->replay_refused = t->prereq_asked = 0;
+    t->first_byte_timeout = t->idle_timeout = 0;
+}
+
+void rw_request_read_whole(transfer *t)
+{
+    t->stream = 0;
+    if (t->max_body == (size_t)-1) t->max_body = (size_t)ENGINE_DEFAULT_MAX_BODY;
 }
 
 /* What goes into a request's header lists besides the caller's lines. */
@@ -525,8 +551,8 @@ static int request_handle(const request_src *src, struct engine *e, transfer *t,
         curl_easy_setopt(easy, CURLOPT_HEADEROPT, CURLHEADER_SEPARATE);
         curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, rw_response_on_body);
         curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, rw_response_on_header);
-        /* The record and its handle stay together for good. */
-        curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, t->errbuf);
+        /* The record and its handle stay together for good (the error
+         * buffer too: transfer_handle_init). */
         curl_easy_setopt(easy, CURLOPT_WRITEDATA, t);
         curl_easy_setopt(easy, CURLOPT_HEADERDATA, t);
         curl_easy_setopt(easy, CURLOPT_PRIVATE, t);
@@ -711,7 +737,7 @@ static void request_headers(const request_src *src, transfer *t, unsigned long l
         lua_Integer i;
         int keep = !extra_secrets, given_encoding = 0;
         size_t header_bytes = 0;
-        rw_request_free_headers(t);
+        request_free_headers(t);
         for (i = 1; i <= nlines; i++) {
             struct curl_slist **list, *next;
             const char *line;

@@ -25,6 +25,13 @@ int rw_buf_grow(engine_buf *b, size_t need)
     return 1;
 }
 
+void rw_buf_free(engine_buf *b)
+{
+    free(b->data);
+    b->data = NULL;
+    b->len = b->cap = 0;
+}
+
 static int response_buf_append(engine_buf *b, const char *p, size_t n)
 {
     if (n > (size_t)-1 - b->len - 1) return 0;
@@ -152,7 +159,7 @@ static size_t response_decode(transfer *t, const char *ptr, size_t n)
 CURLcode rw_response_end(transfer *t, CURLcode code)
 {
     if (t->decode_failed) {
-        (void)snprintf(t->errbuf, sizeof t->errbuf, "%s", rwd_why(t->decoder));
+        rw_transfer_why(t, "%s", rwd_why(t->decoder));
         return CURLE_BAD_CONTENT_ENCODING;
     }
     if (code == CURLE_OK && t->decoding == DECODING_ON && !rwd_finish(t->decoder)) {
@@ -160,10 +167,51 @@ CURLcode rw_response_end(transfer *t, CURLcode code)
          * came, which are the compressed ones: only the decoder can tell
          * that they stop short. A body cut short, as libcurl says of one
          * shorter than its Content-Length (retried when replay-safe). */
-        (void)snprintf(t->errbuf, sizeof t->errbuf, "%s", rwd_why(t->decoder));
+        rw_transfer_why(t, "%s", rwd_why(t->decoder));
         return CURLE_PARTIAL_FILE;
     }
     return code;
+}
+
+void rw_response_drop_body(transfer *t) { t->body.len = 0; }
+
+void rw_response_no_memory(transfer *t) { t->out_of_memory = 1; }
+
+int rw_response_read(lua_State *L, transfer *t, int running)
+{
+    lua_pushlstring(L, t->body.data, t->body.len);
+    t->delivered += t->body.len;
+    t->body.len = 0;
+    if (!t->paused || !running) return 0;
+    t->paused = 0;
+    t->last_byte = rw_clock_monotonic(); /* the server was not idle: the reader was behind */
+    return 1;
+}
+
+void rw_response_clear(transfer *t, size_t keep_head)
+{
+    if (t->head.cap > keep_head) rw_buf_free(&t->head);
+    t->body.len = t->head.len = t->head_end = 0;
+    t->headers_done = t->body_too_large = t->headers_too_large = t->out_of_memory = 0;
+    t->head_ready = t->paused = 0;
+    t->delivered = t->skipped = 0;
+    t->encoded = t->decoding = t->decode_failed = 0;
+    t->decode_taken = 0;
+    if (t->decoder) rwd_reset(t->decoder); /* what a coding holds (a window of MiBs) is not kept */
+    t->last_byte = 0;
+}
+
+void rw_response_keep_body(transfer *t, size_t keep)
+{
+    if (t->body.cap > keep) rw_buf_free(&t->body);
+}
+
+void rw_response_free(transfer *t)
+{
+    rw_buf_free(&t->body);
+    rw_buf_free(&t->head);
+    rwd_free(t->decoder);
+    t->decoder = NULL;
 }
 
 size_t rw_response_on_body(char *ptr, size_t size, size_t nmemb, void *ud)
@@ -272,13 +320,8 @@ size_t rw_response_on_header(char *ptr, size_t size, size_t nmemb, void *ud)
             if (!t->head_ready && response_is_final(t, status)) {
                 int streamed = t->stream;
                 t->head_ready = 1;
-                if (t->stream && (status < 200 || status > 299)) {
-                    /* Only a 2xx is streamed: any other answer is read
-                     * whole, as without stream, and so bounded as a whole
-                     * read is (max_body, the request's timeout). */
-                    t->stream = 0;
-                    if (t->max_body == (size_t)-1) t->max_body = (size_t)ENGINE_DEFAULT_MAX_BODY;
-                }
+                /* Only a 2xx is streamed. */
+                if (t->stream && (status < 200 || status > 299)) rw_request_read_whole(t);
                 if (t->idle_timeout > 0) t->last_byte = rw_clock_monotonic();
                 if (streamed || t->idle_timeout > 0) rw_engine_progress(t);
             }

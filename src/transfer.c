@@ -12,18 +12,12 @@
  * cycle (with glibc that means page faults, which cost more here than the
  * rest of a request).
  */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine.h"
-
-static void transfer_buf_free(engine_buf *b)
-{
-    free(b->data);
-    b->data = NULL;
-    b->len = b->cap = 0;
-}
 
 /* What a handle of engine e has before any request's options, new or
  * reset: libcurl's receive buffer, and the engine's own callback on closed
@@ -34,10 +28,28 @@ static void transfer_handle_init(engine *e, transfer *t)
     t->recv_buffer = ENGINE_RECV_MAX; /* libcurl's default */
     curl_easy_setopt(t->easy, CURLOPT_CLOSESOCKETFUNCTION, rw_watch_on_close);
     curl_easy_setopt(t->easy, CURLOPT_CLOSESOCKETDATA, e);
+    curl_easy_setopt(t->easy, CURLOPT_ERRORBUFFER, t->errbuf);
+}
+
+void rw_transfer_buffer_size(transfer *t, long size)
+{
+    if (t->recv_buffer == size) return;
+    t->recv_buffer = size;
+    curl_easy_setopt(t->easy, CURLOPT_BUFFERSIZE, size);
+}
+
+void rw_transfer_why(transfer *t, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    /* the analyzer does not see va_start set ap up (a false positive) */
+    (void)vsnprintf(t->errbuf, sizeof t->errbuf, fmt, ap); /* NOLINT(clang-analyzer-valist.Uninitialized) */
+    va_end(ap);
 }
 
 /* A pooled record's handle keeps the options that every transfer sets
- * alike; *fresh says whether they still have to be set. NULL: out of memory. */
+ * alike; *fresh says whether they still have to be set. NULL: out of memory.
+ * The record is done (never started) until rw_transfer_launch. */
 transfer *rw_transfer_take(engine *e, int *fresh)
 {
     transfer *t;
@@ -45,6 +57,7 @@ transfer *rw_transfer_take(engine *e, int *fresh)
     if (e->npool > 0) {
         t = e->pool[--e->npool];
         e->kept -= t->body.cap;
+        t->state = TRANSFER_DONE;
         return t;
     }
     t = (transfer *)calloc(1, sizeof *t);
@@ -54,10 +67,35 @@ transfer *rw_transfer_take(engine *e, int *fresh)
         free(t);
         return NULL;
     }
-    t->state = TRANSFER_CLOSED;
+    t->state = TRANSFER_DONE;
     t->ref = LUA_NOREF;
     transfer_handle_init(e, t);
     return t;
+}
+
+CURLMcode rw_transfer_launch(engine *e, transfer *t)
+{
+    CURLMcode mc;
+    t->engine = e; /* for the gate's lists */
+    mc = rw_gate_hold(e, t) ? CURLM_OK : curl_multi_add_handle(e->multi, t->easy);
+    if (mc != CURLM_OK) {
+        rw_gate_unprobe(e, t); /* no probe after all: the origin stays unknown */
+        t->engine = NULL;
+        return mc;
+    }
+    t->state = TRANSFER_RUNNING;
+    engine_list_add(&e->running, t);
+    t->started = rw_clock_monotonic();
+    if (t->timeout > 0) t->expires = t->started + t->timeout + ENGINE_EXPIRY_GRACE;
+    return CURLM_OK;
+}
+
+void rw_transfer_ref(lua_State *L, int refs, transfer *t) { t->ref = luaL_ref(L, refs); }
+
+void rw_transfer_unref(lua_State *L, int refs, transfer *t)
+{
+    luaL_unref(L, refs, t->ref);
+    t->ref = LUA_NOREF;
 }
 
 /* Options libcurl cannot put back one by one (TLS files, a pin, a proxy)
@@ -74,15 +112,8 @@ void rw_engine_reset(engine *e, transfer *t)
 void rw_transfer_destroy(transfer *t)
 {
     curl_easy_cleanup(t->easy);
-    curl_url_cleanup(t->uh); /* the handle used it until now */
-    rw_request_free_headers(t);
-    transfer_buf_free(&t->lines);
-    transfer_buf_free(&t->url);
-    transfer_buf_free(&t->reset_sig);
-    transfer_buf_free(&t->reset_next);
-    transfer_buf_free(&t->body);
-    transfer_buf_free(&t->head);
-    rwd_free(t->decoder);
+    rw_request_free(t);
+    rw_response_free(t);
     free(t);
 }
 
@@ -100,46 +131,65 @@ static void transfer_news_drop(engine *e, transfer *t)
     t->news_next = NULL;
 }
 
+transfer *rw_transfer_news_pop(engine *e)
+{
+    transfer *t = e->news;
+    if (!t) return NULL;
+    e->news = t->news_next;
+    t->news_next = NULL;
+    t->in_news = 0;
+    return t;
+}
+
+/* The largest body buffer a record going back to the pool keeps: the
+ * pooled records keep ENGINE_KEEP_TOTAL bytes at most in all. */
+static size_t transfer_keep(const engine *e)
+{
+    size_t left = e->kept < (size_t)ENGINE_KEEP_TOTAL ? (size_t)ENGINE_KEEP_TOTAL - e->kept : 0;
+    return left < (size_t)ENGINE_KEEP_BUFFER ? left : (size_t)ENGINE_KEEP_BUFFER;
+}
+
 /* Back to the pool of engine e (NULL, or closed: freed instead), with what
  * the last request left behind let go of. */
 void rw_transfer_give(engine *e, transfer *t)
 {
     transfer_news_drop(e, t);
-    /* Its header lists stay with it, for a next request with the same
-     * lines (rw_request_configure). */
-    free(t->effective_url);
-    free(t->origin);
-    t->effective_url = t->origin = NULL;
+    rw_redirect_clear(t);
     if (!e || !e->multi || e->npool >= ENGINE_POOL_MAX) {
         rw_transfer_destroy(t);
         return;
     }
-    if (t->body.cap > ENGINE_KEEP_BUFFER || e->kept + t->body.cap > ENGINE_KEEP_TOTAL) transfer_buf_free(&t->body);
+    /* Each file forgets what it wrote of the last transfer. */
+    rw_response_keep_body(t, transfer_keep(e));
     e->kept += t->body.cap;
-    if (t->head.cap > ENGINE_KEEP_HEAD) transfer_buf_free(&t->head);
-    t->body.len = t->head.len = t->head_end = 0;
-    t->headers_done = t->body_too_large = t->headers_too_large = t->out_of_memory = 0;
+    rw_response_clear(t, ENGINE_KEEP_HEAD);
+    rw_request_clear(t); /* its header lists stay, for a next request with the same lines */
+    rw_gate_clear(t);
     t->aborted = ABORT_NONE;
     t->code = CURLE_OK;
     t->multi_code = CURLM_OK;
     t->errbuf[0] = '\0';
-    t->timeout = t->started = t->expires = 0;
-    t->head_ready = t->stream = t->paused = t->notify = 0;
-    t->gate_key = 0;
-    t->gate_slot = t->gate_probe = t->held = 0;
-    t->held_next = NULL;
-    t->delivered = t->skipped = 0;
+    t->started = t->expires = 0;
+    t->notify = 0;
     t->bounded = 0;
-    t->encoded = t->decoding = t->decode_failed = 0;
-    t->decode_taken = 0;
-    if (t->decoder) rwd_reset(t->decoder); /* what a coding holds (a window of MiBs) is not kept */
-    t->no_replay = t->replay_refused = t->prereq_asked = 0;
-    t->first_byte_timeout = t->idle_timeout = t->last_byte = 0;
-    t->status = t->request_size = t->redirects = t->http_version = 0;
+    t->status = t->request_size = t->http_version = 0;
     t->total_time = 0;
     t->state = TRANSFER_CLOSED;
     t->ref = LUA_NOREF;
     e->pool[e->npool++] = t;
+}
+
+void rw_transfer_hop_ended(transfer *t)
+{
+    double hop_time = 0;
+    if (curl_easy_getinfo(t->easy, CURLINFO_TOTAL_TIME, &hop_time) == CURLE_OK) t->total_time += hop_time;
+    t->request_size += engine_sent(t);
+}
+
+void rw_transfer_fail(transfer *t, CURLMcode mc)
+{
+    t->multi_code = mc;
+    rw_transfer_finish(t, CURLE_ABORTED_BY_CALLBACK, ABORT_MULTI_FAILED);
 }
 
 /* Takes a running transfer off the multi handle, keeping what libcurl knows
@@ -148,7 +198,6 @@ void rw_transfer_finish(transfer *t, CURLcode code, enum transfer_abort aborted)
 {
     engine *e = t->engine;
     CURL *easy = t->easy;
-    double hop_time = 0;
     int held;
     if (!e) return;
     held = t->held;
@@ -165,8 +214,7 @@ void rw_transfer_finish(transfer *t, CURLcode code, enum transfer_abort aborted)
     if (!held) {
         curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &t->status);
         curl_easy_getinfo(easy, CURLINFO_HTTP_VERSION, &t->http_version);
-        t->request_size += engine_sent(t);
-        if (curl_easy_getinfo(easy, CURLINFO_TOTAL_TIME, &hop_time) == CURLE_OK) t->total_time += hop_time;
+        rw_transfer_hop_ended(t);
         /* Removing a transfer that has not completed closes its
          * connection instead of returning it to the cache, which is what
          * an abort needs. */
@@ -214,10 +262,9 @@ void rw_transfer_trim(engine *e)
     int i;
     for (i = 0; i < e->npool; i++) {
         transfer *t = e->pool[i];
-        if (t->body.cap > ENGINE_KEEP_SMALL) {
-            e->kept -= t->body.cap;
-            transfer_buf_free(&t->body);
-        }
+        e->kept -= t->body.cap;
+        rw_response_keep_body(t, ENGINE_KEEP_SMALL);
+        e->kept += t->body.cap;
     }
 }
 
@@ -331,14 +378,9 @@ static int transfer_l_read(lua_State *L)
         return luaL_argerror(L, 1, "the transfer is not streamed (not started with stream = true, or its answer "
                                    "is not a 2xx: result() has its body)");
     if (t->body.len > 0 && (t->head_ready || t->state == TRANSFER_DONE)) {
-        lua_pushlstring(L, t->body.data, t->body.len);
-        t->delivered += t->body.len;
-        t->body.len = 0;
-        if (t->paused && t->state == TRANSFER_RUNNING) {
+        if (rw_response_read(L, t, t->state == TRANSFER_RUNNING)) {
             engine *e = t->engine;
             CURLcode rc;
-            t->paused = 0;
-            t->last_byte = rw_clock_monotonic(); /* the server was not idle: the reader was behind */
             /* libcurl hands the chunk it kept to the write callback (which
              * only buffers it) and asks its timer to run the transfer on. */
             rc = curl_easy_pause(t->easy, CURLPAUSE_CONT);

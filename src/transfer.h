@@ -63,13 +63,38 @@ enum transfer_abort { ABORT_NONE, ABORT_CANCELLED, ABORT_ENGINE_CLOSED, ABORT_MU
 
 struct engine;
 
-/* A transfer's record: malloc'd, and pooled by its engine once closed. */
+/* A transfer's record: malloc'd, and pooled by its engine once closed.
+ * Each group of fields has one writer, the file its comment names: another
+ * file that needs one changed calls a function of that file (`make lint`
+ * checks this, spec/support/writers.lua; docs/internals.md says who reads
+ * each group). */
 typedef struct transfer {
+    /* transfer.c writes these: the record's life (taken, started, finished,
+     * reported, given back) and how it ended. */
     struct engine *engine; /* set while running, and while finished but not yet reported by poll */
     CURL *easy;            /* the record's own, for its whole life */
-    unsigned dirty;        /* DIRTY_* options the request set */
     long recv_buffer;      /* CURLOPT_BUFFERSIZE of the handle */
     int ref;               /* its box in the engine's table, until poll reports it */
+    enum transfer_state state;
+    enum transfer_abort aborted;
+    CURLcode code;
+    CURLMcode multi_code; /* ABORT_MULTI_FAILED: what the multi handle reported */
+    char errbuf[CURL_ERROR_SIZE]; /* libcurl's error text, or the engine's (rw_transfer_why) */
+    /* monotonic: when it started; when the engine ends it if libcurl has
+     * not (0: no timeout), see ENGINE_EXPIRY_GRACE */
+    double started, expires;
+    /* gathered from the easy handle when the transfer ends (request_size,
+     * total_time: over every hop of a redirect, rw_transfer_hop_ended) */
+    long status, request_size;
+    long http_version; /* CURLINFO_HTTP_VERSION of the last response */
+    double total_time;
+    int notify;         /* stream: Lua waits for news of it (rw_engine_progress) */
+    int in_news;        /* on its engine's list of transfers with news */
+    struct transfer *news_next;
+    int bounded;        /* stream: its timeout applies after the headers too (transfer:bound) */
+
+    /* request.c writes these: the request's options as the handle has them. */
+    unsigned dirty; /* DIRTY_* options the request set */
     /* The request's header lines: those without secrets first, then the
      * secret ones (from secret_headers on), so that cutting the list after
      * public_tail leaves the lines another origin may see. public_tail is
@@ -106,64 +131,59 @@ typedef struct transfer {
     long prereq_sent;
     int follow;                  /* follow redirects (the engine does: rw_redirect_follow) */
     enum transfer_method method; /* as sent on the last hop */
-    char *origin;                /* the first URL's origin, from the first redirect on */
-    int headers_done; /* the blank line after the last response's headers came */
-    size_t head_end;  /* head[0..head_end) is that header block, trailers follow; 0 until it ends */
-    engine_buf body, head;
+    /* stream: the body is handed to Lua as it arrives (transfer:read); a
+     * final answer that is not a 2xx unsets it, to be read whole
+     * (rw_request_read_whole) */
+    int stream;
     size_t max_body;
-    int body_too_large, headers_too_large, out_of_memory;
-    enum transfer_state state;
-    enum transfer_abort aborted;
-    CURLcode code;
-    CURLMcode multi_code; /* ABORT_MULTI_FAILED: what the multi handle reported */
-    char errbuf[CURL_ERROR_SIZE];
-    /* monotonic: when it started; when the engine ends it if libcurl has
-     * not (0: no timeout), see ENGINE_EXPIRY_GRACE */
-    double timeout, started, expires;
+    double timeout; /* seconds, over every hop (0: none) */
     /* CURLOPT_TIMEOUT_MS and CURLOPT_CONNECTTIMEOUT_MS as the handle has
      * them (0: libcurl's default): a request with the same ones (most, as
      * fetch's budget is far from its end) sets neither again. */
     long timeout_ms, connect_timeout_ms;
-    /* gathered from the easy handle when the transfer ends (request_size:
-     * over every hop of a redirect) */
-    long status, request_size, redirects;
-    long http_version; /* CURLINFO_HTTP_VERSION of the last response */
-    double total_time;
-    char *effective_url;
-    /* The final response's headers are in (not a 1xx's, not a redirect's
-     * that is followed): what a streamed response waits for. */
-    int head_ready;
-    /* stream: the body is handed to Lua as it arrives (transfer:read); a
-     * final answer that is not a 2xx unsets it, to be read whole */
-    int stream, paused; /* paused: the write callback paused it, the buffer being full */
-    int notify;         /* stream: Lua waits for news of it (rw_engine_progress) */
-    int in_news;        /* on its engine's list of transfers with news */
-    size_t delivered;   /* stream: body bytes transfer:read() has handed over */
-    size_t skipped;     /* stream: body bytes of redirects, not kept (rw_response_on_body) */
-    int bounded;        /* stream: its timeout applies after the headers too (transfer:bound) */
-    /* Content-Encoding, undone by the engine (decode.c), not by libcurl:
-     * decompress is the request's option; encoded: a Content-Encoding line
-     * came in the header block being read; decoding: DECODING_* for its
-     * body; decode_taken: of the chunk libcurl hands over again after a
-     * pause, the bytes the decoder took already; decode_failed: the
-     * decoder refused the body (rwd_why says why). The decoder is the
-     * record's own, made when first needed. */
-    int decompress, encoded, decoding, decode_failed;
-    size_t decode_taken;
-    rwd_decoder *decoder;
+    /* 0: none. Until the final headers are in, from the start; between body
+     * bytes, while the reader keeps up. */
+    double first_byte_timeout, idle_timeout;
+    int decompress; /* undo the body's Content-Encoding (decode.c) */
     /* https: a hash of the URL's "host:port" (0: none), by which the engine
      * holds a burst to an origin it knows nothing of until the first
      * answer says whether it multiplexes (rw_gate_hold) */
     unsigned long long gate_key;
+
+    /* response.c writes these: what libcurl delivered of the response. */
+    int headers_done; /* the blank line after the last response's headers came */
+    size_t head_end;  /* head[0..head_end) is that header block, trailers follow; 0 until it ends */
+    engine_buf body, head;
+    int body_too_large, headers_too_large, out_of_memory;
+    /* The final response's headers are in (not a 1xx's, not a redirect's
+     * that is followed): what a streamed response waits for. */
+    int head_ready;
+    int paused;         /* the write callback paused it, the buffer being full */
+    size_t delivered;   /* stream: body bytes transfer:read() has handed over */
+    size_t skipped;     /* stream: body bytes of redirects, not kept (rw_response_on_body) */
+    /* Content-Encoding, undone by the engine (decode.c), not by libcurl:
+     * encoded: a Content-Encoding line came in the header block being
+     * read; decoding: DECODING_* for its body; decode_taken: of the chunk
+     * libcurl hands over again after a pause, the bytes the decoder took
+     * already; decode_failed: the decoder refused the body (rwd_why says
+     * why). The decoder is the record's own, made when first needed. */
+    int encoded, decoding, decode_failed;
+    size_t decode_taken;
+    rwd_decoder *decoder;
+    double last_byte; /* monotonic: when body bytes last came (idle_timeout) */
+
+    /* redirect.c writes these: the hops followed. */
+    char *origin; /* the first URL's origin, from the first redirect on */
+    long redirects;
+    char *effective_url;
+
+    /* gate.c writes these: its place in a gate (rw_gate_hold). */
     int gate_slot;  /* 1 + the engine's gate it probes for or is held by; 0: none */
     int gate_probe; /* it is that gate's probe */
     int held;       /* held by that gate: not on the multi handle yet */
     struct transfer *held_next;
-    struct transfer *news_next;
-    /* 0: none. Until the final headers are in, from the start; between body
-     * bytes, while the reader keeps up. */
-    double first_byte_timeout, idle_timeout;
-    double last_byte; /* monotonic: when body bytes last came (idle_timeout) */
+
+    /* engine.h writes these (engine_list_add, engine_list_remove). */
     struct transfer *prev, *next; /* in its engine's running or finished list */
 } transfer;
 
@@ -217,13 +237,26 @@ enum request_field {
 };
 void rw_request_push_keys(lua_State *L);
 void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, int keys, int tidx, int fresh);
-void rw_request_free_headers(transfer *t);
 /* request.c: the handle of t, a redirect followed, set up for its next hop
  * to url (copied): to_get, the method becomes a GET without a body; the
  * secret header lines go on only to the same origin; what is left (left
  * seconds) of the request's timeout is the next hop's. */
 void rw_request_next_hop(transfer *t, const char *url, int to_get, int same_origin, double left);
 void rw_request_register(lua_State *L);
+/* request.c: what the last request set on t forgotten, its record going
+ * back to the pool (the handle keeps its options: rw_request_configure
+ * compares against them). */
+void rw_request_clear(transfer *t);
+/* request.c: what t's request holds let go of, its record being freed. */
+void rw_request_free(transfer *t);
+/* request.c: a final answer that is not a 2xx is read whole, as without
+ * stream, and so bounded as a whole read is (max_body, the request's
+ * timeout). */
+void rw_request_read_whole(transfer *t);
+
+/* transfer.c: the text of why t ends, as libcurl's error buffer would say
+ * it (t->errbuf, which libcurl writes too). */
+void rw_transfer_why(transfer *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* engine.c: what response.c's callbacks tell the engine when a transfer's
  * final headers or body bytes arrive: a reader waiting on the transfer is
@@ -247,6 +280,8 @@ void rw_engine_socket_opened(transfer *t, int fd);
 /* response.c: makes room for `need` bytes in b, keeping what it holds (its
  * capacity doubles from 256); 0 when out of memory. */
 int rw_buf_grow(engine_buf *b, size_t need);
+/* response.c: b's memory freed, b empty. */
+void rw_buf_free(engine_buf *b);
 
 /* response.c: libcurl's write and header callbacks (C only, no Lua), and
  * transfer:result() */
@@ -263,6 +298,26 @@ void rw_response_register(lua_State *L);
 int rw_response_l_headers(lua_State *L);
 /* transfer:head(): a streamed response's status and headers */
 void rw_response_head(lua_State *L, transfer *t);
+/* transfer:read()'s share: pushes the body bytes buffered since the last
+ * read (some must be) as one string and empties the buffer. Answers 1
+ * when the write callback had paused t and it runs: it counts as resumed
+ * (the reader was behind, not the server idle), for the caller to tell
+ * libcurl. */
+int rw_response_read(lua_State *L, transfer *t, int running);
+/* response.c: a redirect's body dropped, not the answer (rw_redirect_follow). */
+void rw_response_drop_body(transfer *t);
+/* response.c: the transfer ends out of memory on the engine's side, not
+ * for a request too large for libcurl (rw_response_result tells them
+ * apart). */
+void rw_response_no_memory(transfer *t);
+/* response.c: the last response forgotten, t's record going back to the
+ * pool: its body buffer is kept (rw_response_keep_body decides), its
+ * header buffer when no larger than keep_head. */
+void rw_response_clear(transfer *t, size_t keep_head);
+/* response.c: t's body buffer freed when its capacity is over keep. */
+void rw_response_keep_body(transfer *t, size_t keep);
+/* response.c: t's buffers and decoder freed, its record being freed. */
+void rw_response_free(transfer *t);
 
 #pragma GCC visibility pop
 
