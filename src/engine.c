@@ -535,10 +535,10 @@ static void engine_name_owner(lua_State *L, int owners, int n)
 
 /* Puts the finished transfers in the table at index out, from out[1] on,
  * and returns how many; with owners (an index, or 0), owners[i] is the
- * owner engine:start or transfer:set_owner gave out[i], or false. Each leaves the finished list
- * (and the engine's table of references) only once it is in out: when a
- * Lua allocation fails halfway, the rest are still there for the next
- * poll. */
+ * owner engine:start or transfer:set_owner gave out[i], or false. Each
+ * leaves the finished list (and the engine's table of references) only
+ * once it is in out: when a Lua allocation fails halfway, the rest are
+ * still there for the next poll. */
 static int engine_report(lua_State *L, engine *e, int out, int owners)
 {
     RW_STACK_MARK(L, mark);
@@ -596,9 +596,9 @@ static int engine_report(lua_State *L, engine *e, int out, int owners)
  * fill, or a new one. Entries past n are left as they were. With owners (a
  * table), owners[i] is the owner engine:start (or transfer:set_owner) gave
  * out[i], or false (a streamed transfer's news, as its end, names its
- * owner, which the news then forgets): the caller finds whom to wake without a table keyed by
- * transfers (whose keys, new with each transfer, had LuaJIT rehash it at
- * nearly every insert). When libcurl's multi handle fails, every running
+ * owner, which the news then forgets): the caller finds whom to wake
+ * without a table keyed by transfers (whose keys, new with each transfer,
+ * had LuaJIT rehash it at nearly every insert). When libcurl's multi handle fails, every running
  * transfer ends with that error (error.multi), and is reported here like
  * any other. */
 static int engine_l_poll(lua_State *L)
