@@ -208,6 +208,56 @@ describe("ratewise.core engine", function()
       e:close()
     end)
 
+    it("names a stream's owner beside its news as beside its end, and forgets it once its news is reported",
+      function()
+      s:script("/news", { { action = "stream",
+        chunks = { { 0, "one " }, { 0.3, "two " }, { 0.3, "three" } } } })
+      local e = core.engine()
+      local t = assert(e:start { url = s:url("/news"), stream = true })
+      local reader = { name = "reader" }
+      local out, owners = {}, {}
+      -- the owner named beside the next report of t (its news, or its end)
+      local function next_report()
+        while true do
+          local _, n = e:poll(1, out, 0, owners)
+          local named
+          for i = 1, n do
+            if out[i] == t then named = owners[i] end
+            out[i], owners[i] = nil, nil
+          end
+          if named ~= nil then return named end
+        end
+      end
+      local body = {}
+      -- reads what has come; nil once a read finds nothing new, false at the end
+      local function read_all()
+        while true do
+          local chunk = t:read()
+          if not chunk then return chunk end
+          body[#body + 1] = chunk
+        end
+      end
+      assert.is_nil(t:head()) -- asks for news of the headers
+      t:set_owner(reader)
+      assert.equal(reader, next_report())
+      assert.equal(200, assert(t:head()).status)
+      -- asked for again without an owner: the last news took its owner along
+      assert.is_nil(read_all())
+      assert.is_false(next_report())
+      local last
+      repeat
+        last = read_all()
+        if last == nil then
+          t:set_owner(reader)
+          assert.equal(reader, next_report())
+        end
+      until last == false
+      assert.equal("one two three", table.concat(body))
+      assert.equal(200, assert(t:result()).status)
+      t:close()
+      e:close()
+    end)
+
     it("hands a transfer object its result recycled out again, holding nothing of its last request", function()
       local e = core.engine()
       local function finish(t)

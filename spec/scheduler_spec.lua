@@ -686,3 +686,34 @@ describe("rw.pcall", function()
     assert.same({ false, "x" }, { rw.pcall(error, "x", 0) })
   end)
 end)
+
+-- One owner per transfer (docs/internals.md, Invariants): who waits for a
+-- transfer is its owner in the engine, and the scheduler alone sets it;
+-- the behaviour is checked in engine_spec and stream_spec ("a stream's
+-- readers"), this keeps a second writer from creeping in.
+describe("a transfer's owner", function()
+  it("is set by the scheduler alone: no other module of the library names one", function()
+    local p = assert(io.popen("find lua/ratewise -name '*.lua' | sort"))
+    local files, writers = 0, {}
+    for path in p:lines() do
+      files = files + 1
+      local f = assert(io.open(path, "rb"))
+      local text = f:read("*a")
+      f:close()
+      local n = 0
+      for line in text:gmatch("[^\n]+") do
+        n = n + 1
+        local code = line:gsub("%-%-.*", "")
+        if code:find("set_owner", 1, true) or code:find("[Ee]ngine[%(%)%s]*:%s*start%s*%([^,%)]+,") then
+          writers[#writers + 1] = path .. ":" .. n
+        end
+      end
+    end
+    p:close()
+    assert.is_true(files > 20, files .. " files found")
+    for _, where in ipairs(writers) do
+      assert.matches("^lua/ratewise/scheduler%.lua:", where)
+    end
+    assert.is_true(#writers >= 3, "the scheduler's own writers were not found: " .. table.concat(writers, ", "))
+  end)
+end)

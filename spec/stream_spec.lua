@@ -515,3 +515,100 @@ describe("a stream's bounds", function()
     assert.equal(#body / 9, n)
   end)
 end)
+
+-- Who waits for a stream's news is the transfer's owner in the engine, set
+-- for each wait of a reader in a task and forgotten when its news comes:
+-- a task whose wait has ended is never woken by the stream again
+-- (docs/internals.md, Invariants: "one owner per transfer").
+describe("a stream's readers", function()
+  local scheduler = require "ratewise.scheduler"
+  local s
+
+  setup(function() s = server.start() end)
+  teardown(function() s:stop() end)
+  before_each(function() s:reset() end)
+
+  -- reads res until it has `want` (nil: to its end); answers what it read
+  local function read_until(res, want)
+    local got = ""
+    while got ~= want do
+      local chunk, err = res:read()
+      assert.is_nil(err)
+      if not chunk then break end
+      got = got .. chunk
+    end
+    return got
+  end
+
+  it("wakes each task that reads a stream, one after another, for its own reads", function()
+    s:script("/s", { { action = "stream", chunks = { { 0.1, "a" }, { 0.2, "b" }, { 0.2, "c" }, { 0.2, "d" } } } })
+    local first_got, second_got, slept
+    rw.run(function()
+      local res = assert(rw.fetch(s:url("/s"), opts()))
+      local first = rw.spawn(function()
+        first_got = read_until(res, "ab")
+        local t0 = rw.now()
+        rw.sleep(0.8) -- the stream goes on without it: not woken by its news or its end
+        slept = rw.now() - t0
+        return true
+      end)
+      local second = rw.spawn(function()
+        while first_got == nil do rw.sleep(0.01) end
+        second_got = read_until(res)
+        return true
+      end)
+      assert(second:join())
+      assert(first:join())
+    end)
+    assert.equal("ab", first_got)
+    assert.equal("cd", second_got)
+    assert.is_true(slept >= 0.8, ("the first reader's sleep ended after %.3f s"):format(slept))
+  end)
+
+  it("does not wake a task that read a stream when code outside any task reads on", function()
+    s:script("/s", { { action = "stream", chunks = { { 0.1, "a" }, { 0.2, "b" }, { 0.2, "c" } } } })
+    local res, slept
+    local reader = rw.spawn(function()
+      local mine = assert(rw.fetch(s:url("/s"), opts()))
+      assert.equal("a", read_until(mine, "a"))
+      res = mine
+      local t0 = rw.now()
+      rw.sleep(0.8)
+      slept = rw.now() - t0
+      return true
+    end)
+    while res == nil do rw.step(0.01) end
+    assert.equal("bc", read_until(res))
+    assert(reader:join())
+    assert.is_true(slept >= 0.8, ("the task's sleep ended after %.3f s"):format(slept))
+  end)
+
+  it("leaves nothing to wake when a task waiting for a stream's news is cancelled", function()
+    s:script("/s", { { action = "stream", chunks = { { 0.05, "a" }, { 0.3, "b" }, { 0.1, "c" } } } })
+    local waiting, slept = false, nil
+    local reader = rw.spawn(function()
+      local res = assert(rw.fetch(s:url("/s"), opts()))
+      assert.equal("a", read_until(res, "a"))
+      waiting = true
+      res:read() -- waits for "b": cancelled meanwhile
+      error("not reached: the task was cancelled while it waited")
+    end)
+    local sleeper = rw.spawn(function()
+      local t0 = rw.now()
+      rw.sleep(0.7)
+      slept = rw.now() - t0
+      return true
+    end)
+    while not waiting do rw.step(0.01) end
+    rw.step(0.05)
+    assert.equal("waiting", reader:status())
+    reader:cancel()
+    rw.step(0.01)
+    assert.equal("done", reader:status())
+    assert.same({ nil, "cancelled" }, { reader:join() })
+    assert.equal(0, scheduler.engine():running()) -- the stream was aborted with the wait
+    rw.step(math.huge) -- past when "b" and "c" would have come
+    assert(sleeper:join())
+    assert.is_true(slept >= 0.7, ("the other task's sleep ended after %.3f s"):format(slept))
+  end)
+end)

@@ -423,7 +423,8 @@ static int engine_l_configure(lua_State *L)
 /* engine:start(request [, owner]) -> transfer. Misuse raises; a transfer
  * that cannot be started gives nil, err. owner (any value but nil: the task
  * waiting for the transfer) is kept with the transfer, and the poll that
- * reports it finished names it in its owners table (transfer:set_owner). */
+ * reports it (finished, or a stream's news) names it in its owners table
+ * (transfer:set_owner). */
 static int engine_l_start(lua_State *L)
 {
     engine *e = rw_engine_check(L);
@@ -492,7 +493,7 @@ static int engine_l_start(lua_State *L)
 }
 
 /* owners[n] (when the caller gave that table): false, for an entry of out
- * that has no owner (news of a stream, a descriptor). */
+ * that has no owner (a descriptor). */
 static void engine_no_owner(lua_State *L, int owners, int n)
 {
     if (!owners) return;
@@ -500,26 +501,44 @@ static void engine_no_owner(lua_State *L, int owners, int n)
     lua_rawseti(L, owners, n); /* may raise: out of memory */
 }
 
+/* owners[n] (when the caller gave that table): the owner of the transfer
+ * on top of the stack (transfer:set_owner), or false. */
+static void engine_name_owner(lua_State *L, int owners, int n)
+{
+    if (!owners) return;
+    if (lua_getiuservalue(L, -1, TRANSFER_UV_OWNER) == LUA_TNIL) {
+        lua_pop(L, 1);
+        lua_pushboolean(L, 0);
+    }
+    lua_rawseti(L, owners, n); /* may raise: out of memory */
+}
+
 /* Puts the finished transfers in the table at index out, from out[1] on,
  * and returns how many; with owners (an index, or 0), owners[i] is the
- * owner engine:start gave out[i], or false. Each leaves the finished list
- * (and the engine's table of references) only once it is in out: when a
- * Lua allocation fails halfway, the rest are still there for the next
- * poll. */
+ * owner engine:start or transfer:set_owner gave out[i], or false. Each
+ * leaves the finished list (and the engine's table of references) only
+ * once it is in out: when a Lua allocation fails halfway, the rest are
+ * still there for the next poll. */
 static int engine_report(lua_State *L, engine *e, int out, int owners)
 {
     RW_STACK_MARK(L, mark);
     int n = 0;
     lua_getiuservalue(L, 1, 1);
     /* Streamed transfers with news first: a finished one's reference goes
-     * below. They stay running (their references stay). Their news wakes
-     * whoever waits for it, not an owner. */
+     * below. They stay running (their references stay). Their news is
+     * named with its owner, the reader that waits for it, whom it then
+     * forgets: the owner of a reader's wait that has ended must not be
+     * woken by the stream's next news or its end. */
     while (e->news) {
         transfer *t = e->news;
         if (t->ref != LUA_NOREF) {
-            engine_no_owner(L, owners, n + 1);
             lua_rawgeti(L, -1, t->ref);
+            engine_name_owner(L, owners, n + 1);
+            lua_pushvalue(L, -1);
             lua_rawseti(L, out, n + 1); /* may raise: out of memory */
+            lua_pushnil(L);
+            lua_setiuservalue(L, -2, TRANSFER_UV_OWNER);
+            lua_pop(L, 1);
             n++;
         }
         rw_transfer_news_pop(e);
@@ -527,13 +546,7 @@ static int engine_report(lua_State *L, engine *e, int out, int owners)
     while (e->finished.head) {
         transfer *t = e->finished.head;
         lua_rawgeti(L, -1, t->ref);
-        if (owners) {
-            if (lua_getiuservalue(L, -1, TRANSFER_UV_OWNER) == LUA_TNIL) {
-                lua_pop(L, 1);
-                lua_pushboolean(L, 0);
-            }
-            lua_rawseti(L, owners, n + 1); /* may raise: out of memory */
-        }
+        engine_name_owner(L, owners, n + 1);
         lua_rawseti(L, out, n + 1); /* may raise: out of memory */
         n++;
         rw_transfer_unqueue(t);
@@ -559,9 +572,10 @@ static int engine_report(lua_State *L, engine *e, int out, int owners)
  * transfers that finished are out[1..n]: out is the caller's table to
  * fill, or a new one. Entries past n are left as they were. With owners (a
  * table), owners[i] is the owner engine:start (or transfer:set_owner) gave
- * out[i], or false: the caller finds whom to wake without a table keyed by
- * transfers (whose keys, new with each transfer, had LuaJIT rehash it at
- * nearly every insert). When libcurl's multi handle fails, every running
+ * out[i], or false (a streamed transfer's news, as its end, names its
+ * owner, which the news then forgets): the caller finds whom to wake
+ * without a table keyed by transfers (whose keys, new with each transfer,
+ * had LuaJIT rehash it at nearly every insert). When libcurl's multi handle fails, every running
  * transfer ends with that error (error.multi), and is reported here like
  * any other. */
 static int engine_l_poll(lua_State *L)

@@ -284,8 +284,11 @@ static int transfer_l_done(lua_State *L)
 }
 
 /* transfer:set_owner(owner): the owner the poll that reports this transfer
- * finished names with it (see engine:start); nil: none. For a transfer not
- * reported yet: set after that, it is never named. */
+ * names with it (see engine:start); nil: none. The poll that reports it
+ * finished names it, once; one that reports a stream's news (transfer:head
+ * or transfer:read answered nil) names it and forgets it, since the
+ * reader that waited has its news. Set once the transfer was reported
+ * finished, it is never named. */
 static int transfer_l_set_owner(lua_State *L)
 {
     transfer_check(L);

@@ -49,7 +49,7 @@ enum transfer_method { METHOD_GET, METHOD_HEAD, METHOD_POST, METHOD_OTHER };
 /* Transfer user values */
 #define TRANSFER_UV_ENGINE 1 /* keeps the engine alive while the transfer is */
 #define TRANSFER_UV_BODY 2   /* keeps the request body alive while curl reads it */
-#define TRANSFER_UV_OWNER 3  /* whom poll names with the transfer when it ends (engine:start) */
+#define TRANSFER_UV_OWNER 3  /* whom poll names with the transfer: its end, or a stream's news (engine:start) */
 #define TRANSFER_NUV 3
 
 typedef struct engine_buf {

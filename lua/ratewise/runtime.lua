@@ -35,6 +35,11 @@
 -- rules 0 and 2 to 6 by runtime.host. Outside a task, whatever waits also
 -- runs the scheduler between its waits, so that tasks and transfers of
 -- others go on meanwhile.
+-- One owner per transfer: who waits for a transfer's end or a stream's
+-- news is the transfer's owner, kept by the engine and named by its poll;
+-- only the scheduler sets it (run_transfer, await_transfer, and
+-- scheduler.own for a driven host's waiter). This module and the hosts
+-- keep no record of their own of which transfer a waiter waits for.
 local compat = require "ratewise.compat"
 local core = require "ratewise.core"
 local errors = require "ratewise.errors"
@@ -451,8 +456,9 @@ end
 -- asks its engine for news when it finds none (transfer:head() or
 -- transfer:read() answering nil), and that answers yes again when asked
 -- again (a host may look twice): the engine's poll then reports the
--- transfer, which wakes a task waiting on it. A wait that is interrupted
--- (a cancelled task, a host sleep that raised) aborts the transfer.
+-- transfer, naming the task waiting on it (its owner for that one wait:
+-- scheduler.await_transfer). A wait that is interrupted (a cancelled task,
+-- a host sleep that raised) aborts the transfer.
 function runtime.await_news(transfer, ready, per_call)
   if scheduler.current() then
     while not ready() do scheduler.await_transfer(transfer) end

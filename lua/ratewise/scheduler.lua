@@ -26,13 +26,18 @@ local engine                                    -- the libcurl multi handle, mad
 local ready, ready_value, ready_n = {}, {}, 0
 local spare, spare_value = {}, {}
 local heap_at, heap_task, heap_id, heap_n = {}, {}, {}, 0  -- timers: a binary min-heap
--- Whom the poll wakes for what it reports: a transfer's end names its
--- owner itself (engine:start's, or scheduler.own's: the engine keeps it
--- with the transfer); what the engine reports without one (a stream's
--- news, a watched descriptor) finds its task here. The scheduler is the
--- only writer of both: runtime and the hosts ask it (scheduler.own,
--- run_transfer, await_transfer, await_fd).
-local unowned_waiter = {}                       -- stream transfer or descriptor -> task
+-- Whom the poll wakes for what it reports. One owner per transfer: who
+-- waits for a transfer (its end, or a stream's news) is the transfer's
+-- owner, kept by the engine with it and named by the poll beside it; set
+-- here only (run_transfer's engine:start, await_transfer and scheduler.own:
+-- transfer:set_owner), and let go when the wait ends (the poll that
+-- reports a stream's news forgets its owner, a finished transfer is
+-- reported once, and a wait cut short closes its transfer), so that no
+-- task is ever woken by a transfer it no longer waits for. A watched
+-- descriptor, which has no owner, finds its task here; runtime and the
+-- hosts ask the scheduler (scheduler.own, run_transfer, await_transfer,
+-- await_fd) and keep no record of their own.
+local fd_waiter = {}                            -- descriptor -> task (scheduler.await_fd)
 local live = 0                                  -- tasks not finished
 local kick                                      -- see scheduler.set_kick
 local progress = 0                              -- see scheduler.progress
@@ -372,7 +377,7 @@ end
 
 -- The engine's poll fills these tables, so that a poll leaves no garbage:
 -- the transfers that ended (or streamed news, or a descriptor ready), and
--- for each, the owner it was started with (engine:start), or false.
+-- for each, its owner (engine:start's, or transfer:set_owner's), or false.
 local finished, owners = {}, {}
 -- Descriptors of scheduler.await_fd that the engine found ready.
 local fd_ready = {}
@@ -395,20 +400,22 @@ function scheduler.poll(timeout, budget)
     local transfer, owner = finished[i], owners[i]
     finished[i], owners[i] = nil, nil
     if owner then
-      -- The task the transfer was started for (runtime.transfer), or a
-      -- host's waiter with a wake function (hosts/driven.lua).
+      -- The task waiting for the transfer's end (runtime.transfer) or a
+      -- stream's news (await_transfer), or a host's waiter with a wake
+      -- function (hosts/driven.lua).
       if owner.state == "waiting" then
         make_ready(owner)
       else
         local wake_waiter = owner.wake
         if wake_waiter then wake_waiter(owner) end
       end
-    else
-      -- a number is a descriptor of engine:watch (scheduler.await_fd)
-      if type(transfer) == "number" then fd_ready[transfer] = true end
-      local task = unowned_waiter[transfer]
+    elseif type(transfer) == "number" then
+      -- a descriptor of engine:watch (scheduler.await_fd); a transfer
+      -- without an owner is one no task waits for
+      fd_ready[transfer] = true
+      local task = fd_waiter[transfer]
       if task then
-        unowned_waiter[transfer] = nil
+        fd_waiter[transfer] = nil
         if task.state == "waiting" then make_ready(task) end
       end
     end
@@ -641,9 +648,9 @@ end
 --- Waits for a transfer to finish, as scheduler.sleep does. A task that is
 -- cancelled meanwhile aborts the transfer and frees its connection.
 -- A task cancelled while its transfer runs: the transfer is aborted (its
--- connection closed) and released before the cancellation goes on.
+-- connection closed) and released before the cancellation goes on; closed,
+-- it is never reported again, so its owner can never be woken by it.
 local function abort_transfer(transfer, task)
-  unowned_waiter[transfer] = nil
   task.transfer = nil
   transfer:close()
 end
@@ -657,9 +664,10 @@ function scheduler.await_started(transfer)
   repeat turn(huge, nil, true) until transfer:done()
 end
 
--- Task `task` waits until the poll reports `transfer` (its own, or one it
--- is listed for in unowned_waiter); a cancellation aborts the transfer.
--- Returns the transfer.
+-- Task `task` waits until the poll reports `transfer`, whose owner it is;
+-- a cancellation aborts the transfer. task.transfer is what Task:cancel
+-- aborts at once (the wait's on_cancel, which closes it, runs only once
+-- the task runs again). Returns the transfer.
 local function await_in_task(task, transfer)
   task.wait_id = task.wait_id + 1
   task.transfer = transfer
@@ -669,18 +677,22 @@ local function await_in_task(task, transfer)
 end
 
 --- scheduler.own(transfer, waiter): the poll that reports transfer ended
--- wakes waiter: a task waiting is made ready, anything else has
--- waiter:wake() called (a driven host's waiter: hosts/driven.lua).
+-- (or a stream's news) wakes waiter: a task waiting is made ready,
+-- anything else has waiter:wake() called (a driven host's waiter:
+-- hosts/driven.lua).
 function scheduler.own(transfer, waiter)
   transfer:set_owner(waiter)
 end
 
 --- scheduler.await_transfer(transfer): waits for a transfer started
--- without an owner (a stream's, asking for news), inside a task or not.
+-- without an owner (a stream's, asking for news), inside a task or not. A
+-- task is its owner for this wait only: the poll that reports the news
+-- forgets it, and the stream's next reader (another task, or code outside
+-- any task) is not taken for it.
 function scheduler.await_transfer(transfer)
   local task = scheduler.current()
   if task then
-    unowned_waiter[transfer] = task
+    transfer:set_owner(task)
     await_in_task(task, transfer)
   elseif not transfer:done() then
     scheduler.await_started(transfer)
@@ -722,7 +734,7 @@ end
 
 -- A wait on a descriptor ends: it is watched no more.
 local function unwatch(fd, task)
-  if task then unowned_waiter[fd] = nil end
+  if task then fd_waiter[fd] = nil end
   fd_ready[fd] = nil
   if engine then engine:unwatch(fd) end
 end
@@ -739,11 +751,11 @@ function scheduler.await_fd(fd, mode, deadline, outside)
   fd_ready[fd] = nil
   local task = scheduler.current()
   if task then
-    unowned_waiter[fd] = task
+    fd_waiter[fd] = task
     task.wait_id = task.wait_id + 1
     heap_push(deadline, task, task.wait_id)
     wait_here(task, unwatch, fd, task)
-    unowned_waiter[fd] = nil
+    fd_waiter[fd] = nil
   else
     -- A host that cannot wait here raises (a phase of nginx that cannot
     -- yield): the descriptor is watched no more.

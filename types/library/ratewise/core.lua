@@ -175,7 +175,7 @@ function core.redis_connect(host, port) end
 ---@class ratewise.Engine
 local Engine = {}
 
----Starts a transfer; `owner` is named with it when a poll reports it finished.
+---Starts a transfer; `owner` is named with it when a poll reports it (finished, or a stream's news).
 ---@param request ratewise.core.Request
 ---@param owner? any
 ---@return ratewise.Transfer|nil transfer
@@ -232,6 +232,7 @@ local Transfer = {}
 ---@return boolean
 function Transfer:done() end
 
+---Whom the next polls name with this transfer: at its end, and at a stream's news, which then forgets it.
 ---@param owner any
 function Transfer:set_owner(owner) end
 
