@@ -323,9 +323,12 @@ static double engine_deadline(const engine *e)
     return left > 0 ? left : 0;
 }
 
+/* The engines' metatable in the registry, by this address (rw_check_udata). */
+static const char engine_mt_id = 0;
+
 engine *rw_engine_check(lua_State *L)
 {
-    engine *e = (engine *)luaL_checkudata(L, 1, ENGINE_MT);
+    engine *e = (engine *)rw_check_udata(L, 1, &engine_mt_id, ENGINE_MT);
     if (!e->multi) luaL_argerror(L, 1, "engine is closed");
     return e;
 }
@@ -739,6 +742,8 @@ void rw_engine_register(lua_State *L)
         { NULL, NULL }
     };
     luaL_newmetatable(L, ENGINE_MT);
+    lua_pushvalue(L, -1);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &engine_mt_id);
     luaL_setfuncs(L, engine_meta, 0);
     luaL_newlib(L, engine_methods);
     lua_setfield(L, -2, "__index");

@@ -233,6 +233,23 @@ typedef struct transfer_box {
     transfer *t;
 } transfer_box;
 
+/* luaL_checkudata(L, idx, tname) for a metatable the registry also holds
+ * under the address id (lua_rawsetp at registration): found by address, a
+ * pointer's hash, where luaL_checkudata looks tname up as a string on
+ * every call. A value of another type raises as luaL_checkudata does. */
+static inline void *rw_check_udata(lua_State *L, int idx, const void *id, const char *tname)
+{
+    void *p = lua_touserdata(L, idx);
+    if (p && lua_getmetatable(L, idx)) {
+        int same;
+        lua_rawgetp(L, LUA_REGISTRYINDEX, id);
+        same = lua_rawequal(L, -1, -2);
+        lua_pop(L, 2);
+        if (same) return p;
+    }
+    return luaL_checkudata(L, idx, tname);
+}
+
 
 /* The engine's next expiry comes no later than t's own (t started, or
  * something engine_expiry reads changed). */

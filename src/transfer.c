@@ -223,9 +223,17 @@ void rw_transfer_trim(engine *e)
 
 /* ---- Transfer methods ---- */
 
+/* The transfers' metatable in the registry, by this address (rw_check_udata). */
+static const char transfer_mt_id = 0;
+
+static transfer_box *transfer_check_box(lua_State *L)
+{
+    return (transfer_box *)rw_check_udata(L, 1, &transfer_mt_id, TRANSFER_MT);
+}
+
 static transfer *transfer_check(lua_State *L)
 {
-    transfer_box *box = (transfer_box *)luaL_checkudata(L, 1, TRANSFER_MT);
+    transfer_box *box = transfer_check_box(L);
     if (!box->t) luaL_argerror(L, 1, "transfer is closed");
     return box->t;
 }
@@ -296,7 +304,7 @@ static void transfer_release(lua_State *L, transfer_box *box)
 /* Idempotent; transfer:close(), __close and __gc. */
 static int transfer_l_close(lua_State *L)
 {
-    transfer_release(L, (transfer_box *)luaL_checkudata(L, 1, TRANSFER_MT));
+    transfer_release(L, transfer_check_box(L));
     return 0;
 }
 
@@ -408,7 +416,7 @@ static void transfer_recycle(lua_State *L)
  * of an error), which spares fetch a call of its own. */
 static int transfer_l_result(lua_State *L)
 {
-    transfer_box *box = (transfer_box *)luaL_checkudata(L, 1, TRANSFER_MT);
+    transfer_box *box = transfer_check_box(L);
     int n, close = lua_toboolean(L, 3), recycle = close && lua_toboolean(L, 4); /* read before the results go on the stack */
     int mt = !lua_isnoneornil(L, 5);
     if (mt) luaL_checktype(L, 5, LUA_TTABLE);
@@ -453,6 +461,8 @@ void rw_transfer_register(lua_State *L)
         { NULL, NULL }
     };
     luaL_newmetatable(L, TRANSFER_MT);
+    lua_pushvalue(L, -1);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &transfer_mt_id);
     luaL_setfuncs(L, transfer_meta, 0);
     luaL_newlib(L, transfer_methods);
     lua_setfield(L, -2, "__index");
