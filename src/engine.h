@@ -140,6 +140,11 @@ typedef struct engine {
     int nwanted;     /* descriptors libcurl waits on now (WATCH_WANTED; rw_watch_on_socket) */
     unsigned long delivered; /* callbacks that delivered a response's bytes (rw_engine_delivered) */
     int all_again;   /* the last pass over every socket delivered: pass again (engine_drive_all) */
+    /* The slots of the table of references (user value 1) that boxes
+     * left, for the next to take (rw_engine_ref); slots up to top_ref have
+     * been handed out. */
+    int *free_refs;
+    int nfree_refs, capfree_refs, top_ref;
 #ifdef RW_FAULTS
     CURLMcode fail_next; /* RW_FAULTS builds: the next drive fails with this */
 #endif
@@ -312,6 +317,12 @@ int rw_watch_l_unwatch(lua_State *L);
 
 /* engine.c: the engine at index 1 (misuse raises, as for a closed one). */
 engine *rw_engine_check(lua_State *L);
+
+/* engine.c: the value on top of the stack (popped) put into the table of
+ * references at index refs, at the slot returned (may raise: out of
+ * memory); that slot emptied, for another. */
+int rw_engine_ref(lua_State *L, engine *e, int refs);
+void rw_engine_unref(lua_State *L, engine *e, int refs, int ref);
 
 #pragma GCC visibility pop
 

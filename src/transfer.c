@@ -265,7 +265,7 @@ static engine *transfer_detach(lua_State *L, transfer *t)
     if (lua_getiuservalue(L, 1, TRANSFER_UV_ENGINE) == LUA_TUSERDATA) {
         e = (engine *)lua_touserdata(L, -1);
         if (t->ref != LUA_NOREF) {
-            if (lua_getiuservalue(L, -1, 1) == LUA_TTABLE) luaL_unref(L, -1, t->ref);
+            if (lua_getiuservalue(L, -1, 1) == LUA_TTABLE) rw_engine_unref(L, e, lua_gettop(L), t->ref);
             lua_pop(L, 1);
         }
     }
