@@ -240,10 +240,15 @@ typedef struct transfer_box {
 
 /* luaL_checkudata(L, idx, tname) for a metatable the registry also holds
  * under the address id (lua_rawsetp at registration): found by address, a
- * pointer's hash, where luaL_checkudata looks tname up as a string on
- * every call. A value of another type raises as luaL_checkudata does. */
+ * pointer's hash, where Lua 5.3 and 5.4 look tname up as a string on every
+ * call (LuaJIT's look-up by name costs less than the API calls this makes
+ * instead). A value of another type raises as luaL_checkudata does. */
 static inline void *rw_check_udata(lua_State *L, int idx, const void *id, const char *tname)
 {
+#if LUA_VERSION_NUM < 503
+    (void)id;
+    return luaL_checkudata(L, idx, tname);
+#else
     void *p = lua_touserdata(L, idx);
     if (p && lua_getmetatable(L, idx)) {
         int same;
@@ -253,6 +258,7 @@ static inline void *rw_check_udata(lua_State *L, int idx, const void *id, const 
         if (same) return p;
     }
     return luaL_checkudata(L, idx, tname);
+#endif
 }
 
 
