@@ -22,13 +22,15 @@ local type, tostring, pcall, pairs, ipairs, next, getmetatable, rawget, error =
 local call_hook, fetch_error = report.call_hook, report.fetch_error
 
 -- n, k1, v1, k2, v2, k3, v3 = few_fields(t): the fields of table t and how
--- many, when it has no metatable and three at most; else false. One call
--- of C (core.few_fields) where getmetatable and next made three or four;
--- under LuaJIT, whose compiler makes those few instructions of a trace and
--- cannot follow a call of C, the same answer from them.
+-- many, when it has no metatable and three at most; else false; nil for a
+-- value that is not a table. One call of C (core.few_fields) where type,
+-- getmetatable and next made four or five; under LuaJIT, whose compiler
+-- makes those few instructions of a trace and cannot follow a call of C,
+-- the same answer from them.
 local few_fields = core.few_fields
 if rawget(_G, "jit") ~= nil then
   few_fields = function(t)
+    if type(t) ~= "table" then return nil end
     if getmetatable(t) ~= nil then return false end
     local k1, v1 = next(t)
     if k1 == nil then return 0 end
@@ -280,6 +282,15 @@ local function url_facts(url, extra)
 end
 plan.url_facts = url_facts
 
+--- plan.bad_options_type(url, opts, level): raises fetch's error for
+-- options that are not a table, after url's own if it has one; `level` is
+-- error's, seen from here.
+local function bad_options_type(url, opts, level)
+  url_facts(url, level - 2)
+  error(format("fetch: options must be a table (got %s)", type(opts)), level)
+end
+plan.bad_options_type = bad_options_type
+
 local no_names = headers.no_names
 local user_agent_line = "User-Agent: ratewise/" .. core.version
 -- The header lines of a call that gives no headers of its own: shared,
@@ -425,8 +436,9 @@ local contents_checked = { secret_headers = true, limiter = true, circuit = true
 -- __index that is a function cannot be, and the options behind it go
 -- unchecked), and whether all are common ones (is_common_option: true),
 -- or common ones and a method, body or json ("body"), or not (false).
--- `depth` is check_option's.
-local function check_options(opts, depth)
+-- `depth` is check_option's. Raises for opts that is not a table (after
+-- any error of url, fetch's order).
+local function check_options(opts, depth, url)
   -- A table of one to three options (most calls' own), without a
   -- metatable, is checked without a loop: a loop of one turn keeps LuaJIT
   -- from compiling the calls around it ("inner loop in root trace"), and
@@ -475,6 +487,7 @@ local function check_options(opts, depth)
     end
     return transport, true, common
   end
+  if n == nil then bad_options_type(url, opts, depth + 3) end
   local transport, common = false, true
   local t = opts
   for _ = 1, 16 do -- a loop of __index tables ends here too
@@ -573,9 +586,7 @@ end
 function plan.check(url, opts, depth, kept)
   depth = depth or 0
   url_facts(url)
-  if type(opts) ~= "table" then
-    error(format("fetch: options must be a table (got %s)", type(opts)), 3 + depth)
-  end
+  if type(opts) ~= "table" then bad_options_type(url, opts, 4 + depth) end
   local transport, listed, common = check_options(opts, depth + 2)
   request_method(opts, 4 + depth)
   if opts.query ~= nil then headers.with_query(url, opts.query, "fetch", 3 + depth) end
@@ -626,7 +637,7 @@ function plan.make(url, opts, counters)
     if found > 0 then checked[opts] = nil else found = -found end
     transport, listed, common = marked(found)
   else
-    transport, listed, common = check_options(opts, 2)
+    transport, listed, common = check_options(opts, 2, url)
   end
   local query, json_value
   if common == "body" then
