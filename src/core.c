@@ -174,19 +174,20 @@ static int core_l_isatty(lua_State *L)
  * or five calls. */
 static int core_l_few_fields(lua_State *L)
 {
-    int n = 0;
+    int n = 0, base = lua_gettop(L);
     if (!lua_istable(L, 1)) {
         lua_pushnil(L);
         return 1;
     }
     if (lua_getmetatable(L, 1)) {
+        lua_pop(L, 1);
         lua_pushboolean(L, 0);
         return 1;
     }
     lua_pushnil(L);
-    while (lua_next(L, 1)) { /* t, k1, v1, ..., k, v */
+    while (lua_next(L, 1)) { /* (arguments), k1, v1, ..., k, v */
         if (n == 3) {
-            lua_settop(L, 1);
+            lua_settop(L, base);
             lua_pushboolean(L, 0);
             return 1;
         }
@@ -194,7 +195,7 @@ static int core_l_few_fields(lua_State *L)
         lua_pushvalue(L, -2); /* the key, for the next call of lua_next */
     }
     lua_pushinteger(L, n);
-    lua_insert(L, 2);
+    lua_insert(L, base + 1);
     return 1 + 2 * n;
 }
 
