@@ -166,6 +166,39 @@ static int core_l_isatty(lua_State *L)
     return 1;
 }
 
+/* core.few_fields(t) -> n, k1, v1, k2, v2, k3, v3: the fields of table t
+ * in the order next() gives them, and how many (0 to 3), when it has no
+ * metatable and three fields at most; false otherwise; nil when t is not a
+ * table. What fetch asks of every options table (most hold one to three
+ * options) in one call of C, where type, getmetatable and next took four
+ * or five calls. */
+static int core_l_few_fields(lua_State *L)
+{
+    int n = 0, base = lua_gettop(L);
+    if (!lua_istable(L, 1)) {
+        lua_pushnil(L);
+        return 1;
+    }
+    if (lua_getmetatable(L, 1)) {
+        lua_pop(L, 1);
+        lua_pushboolean(L, 0);
+        return 1;
+    }
+    lua_pushnil(L);
+    while (lua_next(L, 1)) { /* (arguments), k1, v1, ..., k, v */
+        if (n == 3) {
+            lua_settop(L, base);
+            lua_pushboolean(L, 0);
+            return 1;
+        }
+        n++;
+        lua_pushvalue(L, -2); /* the key, for the next call of lua_next */
+    }
+    lua_pushinteger(L, n);
+    lua_insert(L, base + 1);
+    return 1 + 2 * n;
+}
+
 #ifdef RW_STACK_CHECK
 /* The stack checks of RW_STACK_CHECK builds (see ratewise.h). */
 #include <stdio.h>
@@ -259,6 +292,7 @@ int luaopen_ratewise_core(lua_State *L)
         { "random_bytes", core_l_random_bytes },
         { "random", core_l_random },
         { "isatty", core_l_isatty },
+        { "few_fields", core_l_few_fields },
         { NULL, NULL }
     };
     luaL_checkversion(L);

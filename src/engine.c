@@ -318,9 +318,37 @@ static double engine_deadline(const engine *e)
     return left > 0 ? left : 0;
 }
 
+/* luaL_ref and luaL_unref, the free slots kept here rather than as a list
+ * threaded through the table itself, which luaL_ref reads and rewrites at
+ * every call. */
+int rw_engine_ref(lua_State *L, engine *e, int refs)
+{
+    int ref = e->nfree_refs > 0 ? e->free_refs[--e->nfree_refs] : ++e->top_ref;
+    lua_rawseti(L, refs, ref); /* may raise: out of memory (the slot is then not used again) */
+    return ref;
+}
+
+void rw_engine_unref(lua_State *L, engine *e, int refs, int ref)
+{
+    lua_pushnil(L);
+    lua_rawseti(L, refs, ref);
+    if (!e->multi) return; /* closed: nothing is started again */
+    if (e->nfree_refs == e->capfree_refs) {
+        int cap = e->capfree_refs ? e->capfree_refs * 2 : ENGINE_POOL_MAX;
+        int *grown = (int *)realloc(e->free_refs, (size_t)cap * sizeof *grown);
+        if (!grown) return; /* the slot is not used again */
+        e->free_refs = grown;
+        e->capfree_refs = cap;
+    }
+    e->free_refs[e->nfree_refs++] = ref;
+}
+
+/* The engines' metatable in the registry, by this address (rw_check_udata). */
+static const char engine_mt_id = 0;
+
 engine *rw_engine_check(lua_State *L)
 {
-    engine *e = (engine *)luaL_checkudata(L, 1, ENGINE_MT);
+    engine *e = (engine *)rw_check_udata(L, 1, &engine_mt_id, ENGINE_MT);
     if (!e->multi) luaL_argerror(L, 1, "engine is closed");
     return e;
 }
@@ -375,8 +403,8 @@ static int engine_l_new(lua_State *L)
     e->max_connections = conns;
     e->max_idle = idle;
     luaL_setmetatable(L, ENGINE_MT);
-    /* The boxes of transfers until poll reports them (luaL_ref), which also
-     * keeps them alive. */
+    /* The boxes of transfers until poll reports them (rw_engine_ref), which
+     * also keeps them alive. */
     lua_createtable(L, ENGINE_POOL_MAX, 0);
     lua_setiuservalue(L, -2, 1);
     rw_request_push_keys(L); /* the request fields' names, made once */
@@ -474,10 +502,10 @@ static int engine_l_start(lua_State *L)
      * memory), and a transfer on the multi handle must have one. */
     lua_getiuservalue(L, 1, 1);
     lua_pushvalue(L, tidx);
-    rw_transfer_ref(L, -2, t);
+    rw_transfer_ref(L, e, lua_gettop(L) - 1, t);
     mc = rw_transfer_launch(e, t);
     if (mc != CURLM_OK) {
-        rw_transfer_unref(L, -1, t);
+        rw_transfer_unref(L, e, lua_gettop(L), t);
         box->t = NULL;
         rw_transfer_give(e, t);
         lua_settop(L, keys - 1);
@@ -550,7 +578,7 @@ static int engine_report(lua_State *L, engine *e, int out, int owners)
         lua_rawseti(L, out, n + 1); /* may raise: out of memory */
         n++;
         rw_transfer_unqueue(t);
-        rw_transfer_unref(L, -1, t);
+        rw_transfer_unref(L, e, lua_gettop(L), t);
     }
     lua_pop(L, 1);
     /* then the watched descriptors that are ready, as numbers */
@@ -697,6 +725,9 @@ static int engine_l_close(lua_State *L)
     free(e->fired);
     e->fired = NULL;
     e->nfired = e->capfired = e->nwatching = 0;
+    free(e->free_refs);
+    e->free_refs = NULL;
+    e->nfree_refs = e->capfree_refs = 0;
     return 0;
 }
 
@@ -725,6 +756,8 @@ void rw_engine_register(lua_State *L)
         { NULL, NULL }
     };
     luaL_newmetatable(L, ENGINE_MT);
+    lua_pushvalue(L, -1);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &engine_mt_id);
     luaL_setfuncs(L, engine_meta, 0);
     luaL_newlib(L, engine_methods);
     lua_setfield(L, -2, "__index");

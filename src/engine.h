@@ -140,6 +140,11 @@ typedef struct engine {
     int nwanted;     /* descriptors libcurl waits on now (WATCH_WANTED; rw_watch_on_socket) */
     unsigned long delivered; /* callbacks that delivered a response's bytes (rw_engine_delivered) */
     int all_again;   /* the last pass over every socket delivered: pass again (engine_drive_all) */
+    /* The slots of the table of references (user value 1) that boxes
+     * left, for the next to take (rw_engine_ref); slots up to top_ref have
+     * been handed out. */
+    int *free_refs;
+    int nfree_refs, capfree_refs, top_ref;
 #ifdef RW_FAULTS
     CURLMcode fail_next; /* RW_FAULTS builds: the next drive fails with this */
 #endif
@@ -233,6 +238,29 @@ typedef struct transfer_box {
     transfer *t;
 } transfer_box;
 
+/* luaL_checkudata(L, idx, tname) for a metatable the registry also holds
+ * under the address id (lua_rawsetp at registration): found by address, a
+ * pointer's hash, where Lua 5.3 and 5.4 look tname up as a string on every
+ * call (LuaJIT's look-up by name costs less than the API calls this makes
+ * instead). A value of another type raises as luaL_checkudata does. */
+static inline void *rw_check_udata(lua_State *L, int idx, const void *id, const char *tname)
+{
+#if LUA_VERSION_NUM < 503
+    (void)id;
+    return luaL_checkudata(L, idx, tname);
+#else
+    void *p = lua_touserdata(L, idx);
+    if (p && lua_getmetatable(L, idx)) {
+        int same;
+        lua_rawgetp(L, LUA_REGISTRYINDEX, id);
+        same = lua_rawequal(L, -1, -2);
+        lua_pop(L, 2);
+        if (same) return p;
+    }
+    return luaL_checkudata(L, idx, tname);
+#endif
+}
+
 
 /* The engine's next expiry comes no later than t's own (t started, or
  * something engine_expiry reads changed). */
@@ -264,10 +292,10 @@ void rw_transfer_hop_ended(transfer *t);
 /* transfer.c: t, set up by rw_request_configure, starts on engine e (or is
  * held by its gate); what the multi handle said when it refused it. */
 CURLMcode rw_transfer_launch(engine *e, transfer *t);
-/* transfer.c: t's reference in the engine's table at index refs: taken for
+/* transfer.c: t's reference in the engine's table at absolute index refs: taken for
  * the box on top of the stack (popped), let go of. */
-void rw_transfer_ref(lua_State *L, int refs, transfer *t);
-void rw_transfer_unref(lua_State *L, int refs, transfer *t);
+void rw_transfer_ref(lua_State *L, engine *e, int refs, transfer *t);
+void rw_transfer_unref(lua_State *L, engine *e, int refs, transfer *t);
 /* transfer.c: the first of e's transfers with news, off that list (NULL:
  * none). */
 transfer *rw_transfer_news_pop(engine *e);
@@ -317,6 +345,12 @@ int rw_watch_l_unwatch(lua_State *L);
 
 /* engine.c: the engine at index 1 (misuse raises, as for a closed one). */
 engine *rw_engine_check(lua_State *L);
+
+/* engine.c: the value on top of the stack (popped) put into the table of
+ * references at index refs, at the slot returned (may raise: out of
+ * memory); that slot emptied, for another. */
+int rw_engine_ref(lua_State *L, engine *e, int refs);
+void rw_engine_unref(lua_State *L, engine *e, int refs, int ref);
 
 #pragma GCC visibility pop
 

@@ -90,11 +90,11 @@ CURLMcode rw_transfer_launch(engine *e, transfer *t)
     return CURLM_OK;
 }
 
-void rw_transfer_ref(lua_State *L, int refs, transfer *t) { t->ref = luaL_ref(L, refs); }
+void rw_transfer_ref(lua_State *L, engine *e, int refs, transfer *t) { t->ref = rw_engine_ref(L, e, refs); }
 
-void rw_transfer_unref(lua_State *L, int refs, transfer *t)
+void rw_transfer_unref(lua_State *L, engine *e, int refs, transfer *t)
 {
-    luaL_unref(L, refs, t->ref);
+    rw_engine_unref(L, e, refs, t->ref);
     t->ref = LUA_NOREF;
 }
 
@@ -270,9 +270,17 @@ void rw_transfer_trim(engine *e)
 
 /* ---- Transfer methods ---- */
 
+/* The transfers' metatable in the registry, by this address (rw_check_udata). */
+static const char transfer_mt_id = 0;
+
+static transfer_box *transfer_check_box(lua_State *L)
+{
+    return (transfer_box *)rw_check_udata(L, 1, &transfer_mt_id, TRANSFER_MT);
+}
+
 static transfer *transfer_check(lua_State *L)
 {
-    transfer_box *box = (transfer_box *)luaL_checkudata(L, 1, TRANSFER_MT);
+    transfer_box *box = transfer_check_box(L);
     if (!box->t) luaL_argerror(L, 1, "transfer is closed");
     return box->t;
 }
@@ -307,7 +315,7 @@ static engine *transfer_detach(lua_State *L, transfer *t)
     if (lua_getiuservalue(L, 1, TRANSFER_UV_ENGINE) == LUA_TUSERDATA) {
         e = (engine *)lua_touserdata(L, -1);
         if (t->ref != LUA_NOREF) {
-            if (lua_getiuservalue(L, -1, 1) == LUA_TTABLE) luaL_unref(L, -1, t->ref);
+            if (lua_getiuservalue(L, -1, 1) == LUA_TTABLE) rw_engine_unref(L, e, lua_gettop(L), t->ref);
             lua_pop(L, 1);
         }
     }
@@ -346,7 +354,7 @@ static void transfer_release(lua_State *L, transfer_box *box)
 /* Idempotent; transfer:close(), __close and __gc. */
 static int transfer_l_close(lua_State *L)
 {
-    transfer_release(L, (transfer_box *)luaL_checkudata(L, 1, TRANSFER_MT));
+    transfer_release(L, transfer_check_box(L));
     return 0;
 }
 
@@ -453,7 +461,7 @@ static void transfer_recycle(lua_State *L)
  * of an error), which spares fetch a call of its own. */
 static int transfer_l_result(lua_State *L)
 {
-    transfer_box *box = (transfer_box *)luaL_checkudata(L, 1, TRANSFER_MT);
+    transfer_box *box = transfer_check_box(L);
     int n, close = lua_toboolean(L, 3), recycle = close && lua_toboolean(L, 4); /* read before the results go on the stack */
     int mt = !lua_isnoneornil(L, 5);
     if (mt) luaL_checktype(L, 5, LUA_TTABLE);
@@ -498,6 +506,8 @@ void rw_transfer_register(lua_State *L)
         { NULL, NULL }
     };
     luaL_newmetatable(L, TRANSFER_MT);
+    lua_pushvalue(L, -1);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &transfer_mt_id);
     luaL_setfuncs(L, transfer_meta, 0);
     luaL_newlib(L, transfer_methods);
     lua_setfield(L, -2, "__index");

@@ -11,9 +11,8 @@ local decision = require "ratewise.fetch.decision"
 local report = require "ratewise.fetch.report"
 
 local now = core.now
-local format = string.format
 local type, rawget = type, rawget
-local make_plan, plan_state, url_facts = plan.make, plan.state, plan.url_facts
+local make_plan, plan_state, bad_options_type = plan.make, plan.state, plan.bad_options_type
 local admit, send, after = attempt.admit, attempt.send, decision.after
 local guarded, call_hook, budget_error = report.guarded, report.call_hook, report.budget_error
 local counting = report.counting
@@ -44,13 +43,13 @@ local NO_OPTIONS = {}
 --- res | nil, err = fetch.fetch(url [, opts [, counters]])
 -- counters: fetch.counters' (rw.client's), or nil.
 function fetch.fetch(url, opts, counters)
-  if opts == nil then
-    opts = NO_OPTIONS
-  elseif type(opts) ~= "table" then
-    url_facts(url)
-    error(format("fetch: options must be a table (got %s)", type(opts)), 2)
+  if opts == nil then opts = NO_OPTIONS end
+  if counters ~= nil then
+    -- (options that are not a table are plan.make's to refuse; here, only
+    -- so that they are refused before the counters)
+    if type(opts) ~= "table" then bad_options_type(url, opts, 3) end
+    check_counters(counters)
   end
-  if counters ~= nil then check_counters(counters) end
   local method, body, lines, header_secrets, shown_url, url_secrets, transport, rare, safe, state
   url, method, body, lines, header_secrets, shown_url, url_secrets, transport, rare, safe, state =
     make_plan(url, opts, counters)

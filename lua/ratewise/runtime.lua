@@ -52,7 +52,7 @@ local log = require "ratewise.log"
 local now = core.now
 local bad_seconds = scheduler.bad_seconds
 local run_transfer = scheduler.run_transfer
-local running, isyieldable, pcall = compat.running, compat.isyieldable, compat.pcall
+local isyieldable, pcall = compat.isyieldable, compat.pcall
 local yield = coroutine.yield
 local format, min = string.format, math.min
 local type, error, tostring, pairs, rawget = type, error, tostring, pairs, rawget
@@ -186,7 +186,7 @@ function runtime.host(per_call)
   if frame_guard then frame_guard() end
   if loaded.cqueues ~= nil and cqueues.active() then return cqueues.host() end
   if task_resuming() then error(NESTED_IN_TASK, 0) end
-  if running() ~= nil and isyieldable() then return coroutine_host end
+  if isyieldable() then return coroutine_host end -- (never the main thread)
   return main_host
 end
 
@@ -400,15 +400,17 @@ local function await_done(host, transfer)
   return host.await(function() return transfer:done() end)
 end
 
--- wait(a, b), a host's wait for transfer: one that is interrupted (a
--- cancellation, a host sleep that raised) aborts the transfer before the
--- error goes on.
+-- A host's wait for transfer that was interrupted (a cancellation, a host
+-- sleep that raised, err) aborts the transfer before the error goes on.
+local function interrupted(transfer, err)
+  transfer:close()
+  error(err, 0)
+end
+
+-- wait(a, b), a host's wait for transfer, protected as above.
 local function host_wait(transfer, wait, a, b)
   local ok, err = pcall(wait, a, b)
-  if not ok then
-    transfer:close()
-    error(err, 0)
-  end
+  if not ok then interrupted(transfer, err) end
 end
 
 -- The transport error of a transfer the engine would not start.
@@ -439,12 +441,15 @@ function runtime.transfer(request, per_call, mt)
     local host = runtime.host(per_call)
     transfer, err = scheduler.engine():start(request)
     if not transfer then return not_started(err) end
-    if host.await_transfer then
-      host_wait(transfer, host.await_transfer, transfer)
+    -- (host_wait's protected call, made here: a call less a request)
+    local wait, ok = host.await_transfer
+    if wait then
+      ok, err = pcall(wait, transfer)
     else
       recycle = false
-      host_wait(transfer, await_done, host, transfer)
+      ok, err = pcall(await_done, host, transfer)
     end
+    if not ok then interrupted(transfer, err) end
   end
   -- lazy: the header tables are made when first read (response.lua); the
   -- transfer is closed as the result is made

@@ -21,6 +21,28 @@ local type, tostring, pcall, pairs, ipairs, next, getmetatable, rawget, error =
   type, tostring, pcall, pairs, ipairs, next, getmetatable, rawget, error
 local call_hook, fetch_error = report.call_hook, report.fetch_error
 
+-- n, k1, v1, k2, v2, k3, v3 = few_fields(t): the fields of table t and how
+-- many, when it has no metatable and three at most; else false; nil for a
+-- value that is not a table. One call of C (core.few_fields) where type,
+-- getmetatable and next made four or five; under LuaJIT, whose compiler
+-- makes those few instructions of a trace and cannot follow a call of C,
+-- the same answer from them.
+local few_fields = core.few_fields
+if rawget(_G, "jit") ~= nil then
+  few_fields = function(t)
+    if type(t) ~= "table" then return nil end
+    if getmetatable(t) ~= nil then return false end
+    local k1, v1 = next(t)
+    if k1 == nil then return 0 end
+    local k2, v2 = next(t, k1)
+    if k2 == nil then return 1, k1, v1 end
+    local k3, v3 = next(t, k2)
+    if k3 == nil then return 2, k1, v1, k2, v2 end
+    if next(t, k3) ~= nil then return false end
+    return 3, k1, v1, k2, v2, k3, v3
+  end
+end
+
 local plan = {}
 
 -- Methods that may be sent again without asking (RFC 9110 9.2.2 idempotent
@@ -260,6 +282,15 @@ local function url_facts(url, extra)
 end
 plan.url_facts = url_facts
 
+--- plan.bad_options_type(url, opts, level): raises fetch's error for
+-- options that are not a table, after url's own if it has one; `level` is
+-- error's, seen from here.
+local function bad_options_type(url, opts, level)
+  url_facts(url, level - 2)
+  error(format("fetch: options must be a table (got %s)", type(opts)), level)
+end
+plan.bad_options_type = bad_options_type
+
 local no_names = headers.no_names
 local user_agent_line = "User-Agent: ratewise/" .. core.version
 -- The header lines of a call that gives no headers of its own: shared,
@@ -289,12 +320,12 @@ local SEEN_ONCE, NEVER = {}, {}
 -- the order pairs gives them (the same for a table left as it was).
 local function same_headers(t, made)
   local names, values, i = made.names, made.values, 0
-  if made.n == 1 and getmetatable(t) == nil then
+  if made.n == 1 then
     -- The commonest table, one header (a credential), without a loop: a
     -- loop of one turn here kept LuaJIT from compiling the calls around it
     -- ("inner loop in root trace"), and a client's calls ran interpreted.
-    local name, value = next(t)
-    return name == names[1] and value == values[1] and next(t, name) == nil
+    local n, name, value = few_fields(t)
+    if n then return n == 1 and name == names[1] and value == values[1] end
   end
   for name, value in pairs(t) do
     i = i + 1
@@ -405,60 +436,58 @@ local contents_checked = { secret_headers = true, limiter = true, circuit = true
 -- __index that is a function cannot be, and the options behind it go
 -- unchecked), and whether all are common ones (is_common_option: true),
 -- or common ones and a method, body or json ("body"), or not (false).
--- `depth` is check_option's.
-local function check_options(opts, depth)
-  if getmetatable(opts) == nil then
-    -- A table of one to three options (most calls' own) is checked without
-    -- a loop: a loop of one turn keeps LuaJIT from compiling the calls
-    -- around it ("inner loop in root trace"), and fetch ran interpreted.
-    local k1, v1 = next(opts)
-    if k1 == nil then return false, true, true end
-    local k2, v2 = next(opts, k1)
-    local k3, v3
-    if k2 ~= nil then k3, v3 = next(opts, k2) end
-    if k3 == nil or next(opts, k3) == nil then
-      -- The table of the call before, with the same names and values (one
-      -- options table made once and passed to every call): what its check
-      -- found then.
-      if opts == last_opts and k1 == last_k1 and v1 == last_v1 and k2 == last_k2 and v2 == last_v2
-        and k3 == last_k3 and v3 == last_v3 then
-        return last_transport, true, last_common
-      end
-      check_option(k1, v1, depth)
-      local common1 = is_common_option[k1]
-      common1 = common1 == true or common1 == v1 or is_body_option[k1] and "body"
-      if k2 == nil then
-        local transport = is_transport_option[k1] == true
-        common1 = common1 or false
-        if opts ~= last_seen then
-          last_seen = opts
-        elseif not contents_checked[k1] then
-          last_opts, last_k1, last_v1, last_k2, last_v2, last_k3, last_v3 = opts, k1, v1, nil, nil, nil, nil
-          last_transport, last_common = transport, common1
-        end
-        return transport, true, common1
-      end
-      check_option(k2, v2, depth)
-      local common2 = is_common_option[k2]
-      common2 = common2 == true or common2 == v2 or is_body_option[k2] and "body"
-      local transport = is_transport_option[k1] == true or is_transport_option[k2] == true
-      local common = common1 == true and common2 or common1 and common2 and "body" or false
-      if k3 ~= nil then -- three (a POST of JSON: its method, its json and a hook or a timeout)
-        check_option(k3, v3, depth)
-        local common3 = is_common_option[k3]
-        common3 = common3 == true or common3 == v3 or is_body_option[k3] and "body"
-        transport = transport or is_transport_option[k3] == true
-        common = common == true and common3 or common and common3 and "body" or false
-      end
+-- `depth` is check_option's. Raises for opts that is not a table (after
+-- any error of url, fetch's order).
+local function check_options(opts, depth, url)
+  -- A table of one to three options (most calls' own), without a
+  -- metatable, is checked without a loop: a loop of one turn keeps LuaJIT
+  -- from compiling the calls around it ("inner loop in root trace"), and
+  -- fetch ran interpreted.
+  local n, k1, v1, k2, v2, k3, v3 = few_fields(opts)
+  if n then
+    if n == 0 then return false, true, true end
+    -- The table of the call before, with the same names and values (one
+    -- options table made once and passed to every call): what its check
+    -- found then.
+    if opts == last_opts and k1 == last_k1 and v1 == last_v1 and k2 == last_k2 and v2 == last_v2
+      and k3 == last_k3 and v3 == last_v3 then
+      return last_transport, true, last_common
+    end
+    check_option(k1, v1, depth)
+    local common1 = is_common_option[k1]
+    common1 = common1 == true or common1 == v1 or is_body_option[k1] and "body"
+    if k2 == nil then
+      local transport = is_transport_option[k1] == true
+      common1 = common1 or false
       if opts ~= last_seen then
         last_seen = opts
-      elseif not (contents_checked[k1] or contents_checked[k2] or contents_checked[k3]) then
-        last_opts, last_k1, last_v1, last_k2, last_v2, last_k3, last_v3 = opts, k1, v1, k2, v2, k3, v3
-        last_transport, last_common = transport, common
+      elseif not contents_checked[k1] then
+        last_opts, last_k1, last_v1, last_k2, last_v2, last_k3, last_v3 = opts, k1, v1, nil, nil, nil, nil
+        last_transport, last_common = transport, common1
       end
-      return transport, true, common
+      return transport, true, common1
     end
+    check_option(k2, v2, depth)
+    local common2 = is_common_option[k2]
+    common2 = common2 == true or common2 == v2 or is_body_option[k2] and "body"
+    local transport = is_transport_option[k1] == true or is_transport_option[k2] == true
+    local common = common1 == true and common2 or common1 and common2 and "body" or false
+    if k3 ~= nil then -- three (a POST of JSON: its method, its json and a hook or a timeout)
+      check_option(k3, v3, depth)
+      local common3 = is_common_option[k3]
+      common3 = common3 == true or common3 == v3 or is_body_option[k3] and "body"
+      transport = transport or is_transport_option[k3] == true
+      common = common == true and common3 or common and common3 and "body" or false
+    end
+    if opts ~= last_seen then
+      last_seen = opts
+    elseif not (contents_checked[k1] or contents_checked[k2] or contents_checked[k3]) then
+      last_opts, last_k1, last_v1, last_k2, last_v2, last_k3, last_v3 = opts, k1, v1, k2, v2, k3, v3
+      last_transport, last_common = transport, common
+    end
+    return transport, true, common
   end
+  if n == nil then bad_options_type(url, opts, depth + 3) end
   local transport, common = false, true
   local t = opts
   for _ = 1, 16 do -- a loop of __index tables ends here too
@@ -557,9 +586,7 @@ end
 function plan.check(url, opts, depth, kept)
   depth = depth or 0
   url_facts(url)
-  if type(opts) ~= "table" then
-    error(format("fetch: options must be a table (got %s)", type(opts)), 3 + depth)
-  end
+  if type(opts) ~= "table" then bad_options_type(url, opts, 4 + depth) end
   local transport, listed, common = check_options(opts, depth + 2)
   request_method(opts, 4 + depth)
   if opts.query ~= nil then headers.with_query(url, opts.query, "fetch", 3 + depth) end
@@ -610,7 +637,7 @@ function plan.make(url, opts, counters)
     if found > 0 then checked[opts] = nil else found = -found end
     transport, listed, common = marked(found)
   else
-    transport, listed, common = check_options(opts, 2)
+    transport, listed, common = check_options(opts, 2, url)
   end
   local query, json_value
   if common == "body" then

@@ -38,6 +38,17 @@ function core.random_bytes(n) end
 ---@return string? err
 function core.random() end
 
+---The fields of table `t` in the order `next` gives them, and how many: when it has no metatable and three fields at most; else false; nil when `t` is not a table (fetch's look at its options).
+---@param t any
+---@return integer|false|nil n
+---@return any k1
+---@return any v1
+---@return any k2
+---@return any v2
+---@return any k3
+---@return any v3
+function core.few_fields(t) end
+
 ---The SIGINT action `core.trap_sigint` replaced (src/term.c).
 ---@class ratewise.term_saved_sigint
 
