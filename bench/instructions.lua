@@ -28,8 +28,15 @@
 -- loop and the driver's waits count too. The plain side is the same
 -- multi_curl64 run as for the shape of the same name.
 --
+-- One request's count moves between runs even on an idle machine: under
+-- callgrind the client is slow, and whether the server's answer is already
+-- there when libcurl first reads decides whether a request takes one pass
+-- of libcurl or two, for either contender. BENCH_INSTR_RUNS measures each
+-- contender that many times, alternating, and keeps the median of each.
+--
 -- Knobs: BENCH_INSTR_K (default 1280; the 64 KiB shape takes a quarter,
--- the 1 MiB one a thirty-second), BENCH_CONCURRENCY (default 64), and
+-- the 1 MiB one a thirty-second), BENCH_INSTR_RUNS (default 1),
+-- BENCH_CONCURRENCY (default 64), and
 -- BENCH_ONLY (shapes by key, comma-separated). Runs under Lua 5.4 and
 -- LuaJIT (`make bench-instructions LUA=luajit`; the OpenResty shapes are
 -- LuaJIT's whatever runs this script). About 8 minutes.
@@ -42,6 +49,7 @@ local format = string.format
 local env_int, sh_quote, run_cmd, capture = common.env_int, common.sh_quote, common.run_cmd, common.capture
 
 local K = env_int("BENCH_INSTR_K", 1280)
+local RUNS = env_int("BENCH_INSTR_RUNS", 1)
 local CONC = env_int("BENCH_CONCURRENCY", 64)
 -- How many of K requests each shape runs: a large body's cost is counted
 -- on fewer. Each body's copy into a Lua string is memcpy's `rep movsb`,
@@ -89,6 +97,27 @@ local function per_request(command_for, k)
   return (high - low) / (2 * k)
 end
 
+local function median(sorted)
+  local mid = math.floor((#sorted + 1) / 2)
+  if #sorted % 2 == 1 then return sorted[mid] end
+  return (sorted[mid] + sorted[mid + 1]) / 2
+end
+
+-- The median of RUNS measures of each contender, taken in turns so that a
+-- busy minute weighs on both: plain, ours, spread = measured(plain_fn,
+-- ours_fn), spread naming each one's range when RUNS > 1.
+local function measured(plain_fn, ours_fn)
+  local plains, ours = {}, {}
+  for i = 1, RUNS do
+    plains[i], ours[i] = plain_fn(), ours_fn()
+  end
+  table.sort(plains)
+  table.sort(ours)
+  local spread = RUNS > 1 and format("  (plain %.1fk - %.1fk, ratewise %.1fk - %.1fk)", plains[1] / 1000,
+    plains[RUNS] / 1000, ours[1] / 1000, ours[RUNS] / 1000) or ""
+  return median(plains), median(ours), spread
+end
+
 local wanted = common.only()
 local rows = {}
 
@@ -132,24 +161,26 @@ end
 
 local function bench(base)
   local jit = rawget(_G, "jit")
-  io.write(format("nginx at %s; ratewise %s on %s; %s; %d in flight; callgrind, (Ir(3K) - Ir(K)) / 2K, K = %d\n",
+  io.write(format("nginx at %s; ratewise %s on %s; %s; %d in flight; callgrind, (Ir(3K) - Ir(K)) / 2K, K = %d%s\n",
     base, require("ratewise")._VERSION, jit and jit.version or _VERSION,
-    require("ratewise.core").curl_version or "libcurl", CONC, K))
+    require("ratewise.core").curl_version or "libcurl", CONC, K,
+    RUNS > 1 and format(", the median of %d runs", RUNS) or ""))
   io.flush()
   local ours_cmd = format("%s %s --run", sh_quote(common.lua), sh_quote(common.here .. "/instructions.lua"))
   for _, shape in ipairs(shapes.list) do
     if wanted(shape.key) then
       local k = math.max(1, math.floor(K / (SHARE[shape.key] or 1)))
       local url = base .. shape.path
-      local plain = per_request(function(n) return plain_command(shape, url, n) end, k)
-      local ours = per_request(function(n)
-        return format("%s %s %s %d", ours_cmd, shape.key, sh_quote(base), n)
-      end, k)
+      local plain, ours, spread = measured(function()
+        return per_request(function(n) return plain_command(shape, url, n) end, k)
+      end, function()
+        return per_request(function(n) return format("%s %s %s %d", ours_cmd, shape.key, sh_quote(base), n) end, k)
+      end)
       local row = { shape = { key = shape.key, target = shapes.target(shape, jit ~= nil), size = shape.size },
         plain = plain, ours = ours, ratio = plain / ours, k = k }
       rows[#rows + 1] = row
-      io.write(format("  %-20s K = %-5d plain %8.1fk  ratewise %8.1fk  ratio %.2f\n", shape.key, k, plain / 1000,
-        ours / 1000, row.ratio))
+      io.write(format("  %-20s K = %-5d plain %8.1fk  ratewise %8.1fk  ratio %.2f%s\n", shape.key, k, plain / 1000,
+        ours / 1000, row.ratio, spread))
       io.flush()
     end
   end
@@ -158,14 +189,17 @@ local function bench(base)
       local shape = shapes.find(o.plain)
       local k = math.max(1, math.floor(K / (SHARE[o.plain] or 1)))
       local url = base .. shape.path
-      local plain = per_request(function(n) return plain_command(shape, url, n) end, k)
-      local ours = (openresty_instructions(o.kind, url, 3 * k, o.size) - openresty_instructions(o.kind, url, k, o.size))
-        / (2 * k)
+      local plain, ours, spread = measured(function()
+        return per_request(function(n) return plain_command(shape, url, n) end, k)
+      end, function()
+        return (openresty_instructions(o.kind, url, 3 * k, o.size) - openresty_instructions(o.kind, url, k, o.size))
+          / (2 * k)
+      end)
       local row = { shape = { key = o.key, target = shapes.target(shape, true), size = o.size }, plain = plain,
         ours = ours, ratio = plain / ours, k = k }
       rows[#rows + 1] = row
-      io.write(format("  %-20s K = %-5d plain %8.1fk  ratewise %8.1fk  ratio %.2f\n", o.key, k, plain / 1000,
-        ours / 1000, row.ratio))
+      io.write(format("  %-20s K = %-5d plain %8.1fk  ratewise %8.1fk  ratio %.2f%s\n", o.key, k, plain / 1000,
+        ours / 1000, row.ratio, spread))
       io.flush()
     end
   end
