@@ -167,40 +167,34 @@ local function bench(base)
     RUNS > 1 and format(", the median of %d runs", RUNS) or ""))
   io.flush()
   local ours_cmd = format("%s %s --run", sh_quote(common.lua), sh_quote(common.here .. "/instructions.lua"))
+  -- One row: the plain contender of shape against ours_of(k), ratewise's
+  -- instructions a request for k (and 3k) requests.
+  local function row_of(key, shape, target, ours_of)
+    local k = math.max(1, math.floor(K / (SHARE[shape.key] or 1)))
+    local url = base .. shape.path
+    local plain, ours, spread = measured(function()
+      return per_request(function(n) return plain_command(shape, url, n) end, k)
+    end, function() return ours_of(url, k) end)
+    local row = { shape = { key = key, target = target }, plain = plain, ours = ours, ratio = plain / ours }
+    rows[#rows + 1] = row
+    io.write(format("  %-20s K = %-5d plain %8.1fk  ratewise %8.1fk  ratio %.2f%s\n", key, k, plain / 1000,
+      ours / 1000, row.ratio, spread))
+    io.flush()
+  end
   for _, shape in ipairs(shapes.list) do
     if wanted(shape.key) then
-      local k = math.max(1, math.floor(K / (SHARE[shape.key] or 1)))
-      local url = base .. shape.path
-      local plain, ours, spread = measured(function()
-        return per_request(function(n) return plain_command(shape, url, n) end, k)
-      end, function()
+      row_of(shape.key, shape, shapes.target(shape, jit ~= nil), function(_, k)
         return per_request(function(n) return format("%s %s %s %d", ours_cmd, shape.key, sh_quote(base), n) end, k)
       end)
-      local row = { shape = { key = shape.key, target = shapes.target(shape, jit ~= nil), size = shape.size },
-        plain = plain, ours = ours, ratio = plain / ours, k = k }
-      rows[#rows + 1] = row
-      io.write(format("  %-20s K = %-5d plain %8.1fk  ratewise %8.1fk  ratio %.2f%s\n", shape.key, k, plain / 1000,
-        ours / 1000, row.ratio, spread))
-      io.flush()
     end
   end
   for _, o in ipairs(OPENRESTY) do
     if wanted(o.key) then
       local shape = shapes.find(o.plain)
-      local k = math.max(1, math.floor(K / (SHARE[o.plain] or 1)))
-      local url = base .. shape.path
-      local plain, ours, spread = measured(function()
-        return per_request(function(n) return plain_command(shape, url, n) end, k)
-      end, function()
+      row_of(o.key, shape, shapes.target(shape, true), function(url, k)
         return (openresty_instructions(o.kind, url, 3 * k, o.size) - openresty_instructions(o.kind, url, k, o.size))
           / (2 * k)
       end)
-      local row = { shape = { key = o.key, target = shapes.target(shape, true), size = o.size }, plain = plain,
-        ours = ours, ratio = plain / ours, k = k }
-      rows[#rows + 1] = row
-      io.write(format("  %-20s K = %-5d plain %8.1fk  ratewise %8.1fk  ratio %.2f%s\n", o.key, k, plain / 1000,
-        ours / 1000, row.ratio, spread))
-      io.flush()
     end
   end
   io.write("\n")
