@@ -86,6 +86,7 @@ function driven.new(p)
       local ok, err = pcall(scheduler.step, 0)
       if not ok then log.write("ratewise: the driver's step failed: " .. tostring(err), "error") end
       local progress = scheduler.progress()
+      local moved = fresh or progress ~= seen -- kicked, or a step did something: not idle since
       if progress ~= seen then -- with a thousand waiters, most steps change nothing
         seen, nap = progress, NAP_FIRST
         for w in pairs(waiters) do
@@ -107,12 +108,10 @@ function driven.new(p)
         -- (linger) stays that long for the next wait, which a handler
         -- calling rw.fetch in a loop makes at once, and then ends.
         local at = now()
-        idle_since = idle_since or at
+        if moved or not idle_since then idle_since = at end
         local left = p.linger and idle_since + p.linger - at
         if not left or left <= 0 then break end
         t = left
-      else
-        idle_since = nil
       end
       if in_flight and not p.watches_fd and (not t or t > nap) then t = nap end
       if not t and not p.watches_fd then t = IDLE end
