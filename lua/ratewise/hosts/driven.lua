@@ -107,10 +107,11 @@ function driven.new(p)
         -- Idle: a driver whose start costs a light thread of its own
         -- (linger) stays that long for the next wait, which a handler
         -- calling rw.fetch in a loop makes at once, and then ends.
+        if not p.linger then break end
         local at = now()
         if moved or not idle_since then idle_since = at end
-        local left = p.linger and idle_since + p.linger - at
-        if not left or left <= 0 then break end
+        local left = idle_since + p.linger - at
+        if left <= 0 then break end
         t = left
       end
       if in_flight and not p.watches_fd and (not t or t > nap) then t = nap end
