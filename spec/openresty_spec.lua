@@ -124,6 +124,25 @@ local SERVER = [[
         ngx.say(#statuses, " ", counts[200] or 0, " ", made)
       }
     }
+    location = /one_driver {
+      content_by_lua_block {
+        -- ten fetches one after another: how many light threads the host
+        -- started for them, then whether its driver is still running once
+        -- the worker has been idle a while
+        local rw = require "ratewise"
+        local url = ngx.unescape_uri(ngx.var.arg_url)
+        ngx.sleep(0.3) -- a driver left from an earlier request ends first
+        local started, at = 0, ngx.timer.at
+        ngx.timer.at = function(...) started = started + 1 return at(...) end
+        local ok, err = pcall(function()
+          for _ = 1, 10 do assert(rw.fetch(url, { on_retry = false })) end
+        end)
+        ngx.timer.at = at
+        assert(ok, err)
+        ngx.sleep(0.3)
+        ngx.say(started, " ", ngx.timer.running_count())
+      }
+    }
     location = /result {
       content_by_lua_block { ngx.print(ngx.shared.results:get(ngx.var.arg_key) or "") }
     }
@@ -273,6 +292,14 @@ describe("ratewise in OpenResty", function()
     -- 16 waiting at once at most: a waiter more now and then, never one a request
     assert.is_true(tonumber(made) <= 16, made .. " semaphores made for 400 requests")
     assert.equal(800, #s:log("/many"))
+  end)
+
+  it("keeps one driver for a handler's fetches one after another, and ends it once idle", function()
+    s:script("/seq", { { status = 200, body = "ok" } })
+    local started, running = get("/one_driver?url=" .. escape(s:url("/seq"))):match("^(%d+) (%d+)")
+    assert.equal("1", started) -- not a light thread a fetch
+    assert.equal("0", running)
+    assert.equal(10, #s:log("/seq"))
   end)
 
   it("fetches from an ngx.timer.at callback", function()

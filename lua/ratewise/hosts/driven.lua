@@ -33,6 +33,9 @@ local NAP_FIRST, NAP_MAX, IDLE = 0.001, 0.016, 0.05
 --                            posted, the seconds passed, or (watches_fd)
 --                            the scheduler's descriptor is readable
 --   watches_fd               whether block sees the descriptor
+--   linger                   seconds an idle driver stays before it ends
+--                            (nil: it ends at once), where starting one
+--                            costs more than waiting (OpenResty's timer)
 --   tasks_stay               the driver runs while a task has not finished,
 --                            even one that waits for another party (a
 --                            semaphore, a join): the tasks' coroutines
@@ -78,11 +81,12 @@ function driven.new(p)
   end
 
   local function driver(premature)
-    local seen, nap = nil, NAP_FIRST
+    local seen, nap, idle_since = nil, NAP_FIRST, nil
     while not premature do
       local ok, err = pcall(scheduler.step, 0)
       if not ok then log.write("ratewise: the driver's step failed: " .. tostring(err), "error") end
       local progress = scheduler.progress()
+      local moved = fresh or progress ~= seen -- kicked, or a step did something: not idle since
       if progress ~= seen then -- with a thousand waiters, most steps change nothing
         seen, nap = progress, NAP_FIRST
         for w in pairs(waiters) do
@@ -99,7 +103,17 @@ function driven.new(p)
       fresh = false
       local pending = next(waiters) ~= nil or next(transfer_waiters) ~= nil
       local in_flight, t = scheduler.transfers_running(), scheduler.timeout()
-      if not pending and not in_flight and not t and not (p.tasks_stay and scheduler.live() > 0) then break end
+      if not pending and not in_flight and not t and not (p.tasks_stay and scheduler.live() > 0) then
+        -- Idle: a driver whose start costs a light thread of its own
+        -- (linger) stays that long for the next wait, which a handler
+        -- calling rw.fetch in a loop makes at once, and then ends.
+        if not p.linger then break end
+        local at = now()
+        if moved or not idle_since then idle_since = at end
+        local left = idle_since + p.linger - at
+        if left <= 0 then break end
+        t = left
+      end
       if in_flight and not p.watches_fd and (not t or t > nap) then t = nap end
       if not t and not p.watches_fd then t = IDLE end
       p.block(kicked, t)

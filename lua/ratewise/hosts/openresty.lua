@@ -9,7 +9,7 @@
 --   happens (one loop per worker, not one per request), and at once when
 --   a request starts waiting (its transfer is sent then); with none, it
 --   sleeps until the scheduler's next timer or a kick; with nothing
---   pending, it ends;
+--   pending, it stays a moment for the next wait, then ends;
 --   ratewise's tasks (rw.run, rw.spawn, rw.map, a client's shared calls):
 --   the driver runs them all, in its own light thread: a coroutine made in
 --   one request (or timer) and resumed from another crashes the worker;
@@ -22,6 +22,12 @@ local driven = require "ratewise.hosts.driven"
 local format, rawget, tostring, type, error = string.format, rawget, tostring, type, error
 
 local openresty = {}
+
+-- How long the driver stays once nothing is pending: a handler that calls
+-- rw.fetch in a loop starts its next wait at once, and a driver that
+-- ended would cost it a new ngx.timer.at light thread (a fake request and
+-- a coroutine) each time; a driver that stays costs one kick.
+local LINGER = 0.05
 
 -- The phases whose code may yield (ngx.sleep works there).
 local yielding = { rewrite = true, server_rewrite = true, access = true, content = true, timer = true,
@@ -60,6 +66,7 @@ local function make_host()
     block = function(kick, seconds) kick:wait(seconds) end,
     watches_fd = false,
     tasks_stay = true,
+    linger = LINGER,
   }
   made.sleep = function(seconds) ngx.sleep(seconds) end
   return made
