@@ -10,8 +10,8 @@ local math_type, tointeger = compat.math_type, compat.tointeger -- nil before Lu
 
 local json = {}
 
--- cjson: what encodes (raising on what cannot be encoded); cjson_safe:
--- what decodes (nil, err for what is not JSON).
+-- cjson: lua-cjson's module (raising on what cannot be encoded or is not
+-- JSON); cjson_safe: what encodes and decodes (nil, err instead of raising).
 local cjson, cjson_safe, missing
 local fallback -- json.set_fallback
 
@@ -45,10 +45,15 @@ end
 -- what cannot be encoded; decode(text) answers the value and raises on what
 -- is not JSON.
 function json.set_fallback(codec)
-  local decode = codec.decode
+  local encode, decode = codec.encode, codec.decode
   fallback = {
-    encoder = { encode = codec.encode },
+    encoder = { encode = encode },
     decoder = {
+      encode = function(value)
+        local ok, text = pcall(encode, value)
+        if ok then return text end
+        return nil, text
+      end,
       decode = function(text)
         local ok, value = pcall(decode, text)
         if ok then return value end
@@ -62,17 +67,21 @@ end
 -- example "fetch: option 'json'"), when lua-cjson is missing or the value
 -- cannot be written as JSON (a function, a sparse array, a cycle).
 function json.encode(value, who, level)
-  local encoder = cjson -- loaded: most calls ask no more
+  local encoder = cjson_safe -- loaded: most calls ask no more
   if not encoder then
     local _, why
-    encoder, _, why = modules()
+    _, encoder, why = modules()
     if not encoder then
       error(format("%s needs lua-cjson, which cannot be loaded %s", who, why), (level or 1) + 1)
     end
   end
-  local ok, text = pcall(encoder.encode, value)
-  if not ok then
-    error(format("%s cannot be encoded as JSON: %s", who, tostring(text):gsub("^.-:%d+: ", "")), (level or 1) + 1)
+  -- The safe module's encode answers nil, err where cjson's raises: a
+  -- pcall around a C function ends LuaJIT's trace there, and the rest of
+  -- the caller (fetch's whole plan of a call with a JSON body) then ran
+  -- interpreted.
+  local text, err = encoder.encode(value)
+  if text == nil then
+    error(format("%s cannot be encoded as JSON: %s", who, tostring(err):gsub("^.-:%d+: ", "")), (level or 1) + 1)
   end
   return text
 end
