@@ -193,4 +193,60 @@ describe("json and query options", function()
         "option 'cross_origin' must be a boolean")
     end)
   end)
+
+  describe("json.encode", function()
+    local json = require "ratewise.json"
+
+    -- Runs check(json) on a fresh copy of ratewise.json that cannot load
+    -- lua-cjson, as on a host without it (Neovim plugs in vim.json there).
+    local function without_cjson(check)
+      local saved = { package.loaded["ratewise.json"], package.loaded.cjson, package.loaded["cjson.safe"],
+        package.preload.cjson }
+      package.loaded["ratewise.json"], package.loaded.cjson, package.loaded["cjson.safe"] = nil, nil, nil
+      package.preload.cjson = function() error("module 'cjson' not found:\n\thidden by the spec", 0) end
+      local ok, err = pcall(function() check(require "ratewise.json") end)
+      package.loaded["ratewise.json"], package.loaded.cjson, package.loaded["cjson.safe"], package.preload.cjson =
+        saved[1], saved[2], saved[3], saved[4]
+      assert(ok, err)
+    end
+
+    it("names who asked and what lua-cjson found wrong, and nothing else", function()
+      local ok, err = pcall(json.encode, { f = print }, "fetch: option 'json'")
+      assert.is_false(ok)
+      assert.equal("fetch: option 'json' cannot be encoded as JSON: Cannot serialise function: type not supported",
+        err:gsub("^.-:%d+: ", ""))
+      ok, err = pcall(json.encode, { 0 / 0 }, "client:request: option 'json'")
+      assert.is_false(ok)
+      assert.equal("client:request: option 'json' cannot be encoded as JSON: Cannot serialise number: must not be "
+        .. "NaN or Inf", err:gsub("^.-:%d+: ", ""))
+      assert.equal('{"a":[1,2]}', json.encode({ a = { 1, 2 } }, "x"))
+    end)
+
+    it("encodes with a plugged-in codec, its errors told as lua-cjson's are", function()
+      without_cjson(function(fresh)
+        fresh.set_fallback {
+          encode = function(v)
+            if type(v.bad) == "function" then error("cannot encode a function", 1) end
+            return "encoded"
+          end,
+          decode = function() return {} end,
+        }
+        assert.equal("encoded", fresh.encode({ a = 1 }, "x"))
+        local ok, err = pcall(fresh.encode, { bad = print }, "fetch: option 'json'")
+        assert.is_false(ok)
+        assert.equal("fetch: option 'json' cannot be encoded as JSON: cannot encode a function",
+          err:gsub("^.-:%d+: ", ""))
+      end)
+    end)
+
+    it("says how to install lua-cjson when it is missing and no codec is plugged in", function()
+      without_cjson(function(fresh)
+        local ok, err = pcall(fresh.encode, {}, "fetch: option 'json'")
+        assert.is_false(ok)
+        assert.equal("fetch: option 'json' needs lua-cjson, which cannot be loaded (module 'cjson' not found): "
+          .. "install the Debian package lua-cjson (apt-get install lua-cjson) or the rock lua-cjson "
+          .. "(luarocks install lua-cjson)", err:gsub("^.-:%d+: ", ""))
+      end)
+    end)
+  end)
 end)

@@ -10,22 +10,22 @@ local math_type, tointeger = compat.math_type, compat.tointeger -- nil before Lu
 
 local json = {}
 
--- cjson: what encodes (raising on what cannot be encoded); cjson_safe:
--- what decodes (nil, err for what is not JSON).
-local cjson, cjson_safe, missing
+-- The codec: what encodes and decodes, answering nil, err rather than
+-- raising (lua-cjson's cjson.safe, or the stand-in of a plugged-in codec).
+local codec, missing
 local fallback -- json.set_fallback
 
---- cjson, cjson_safe | nil, nil, why: the modules (or the fallback's
--- stand-ins), or why they cannot be loaded and how to install them.
-local function modules()
-  if cjson then return cjson, cjson_safe end
+--- codec | nil, why: the codec, or why lua-cjson cannot be loaded and how
+-- to install it.
+local function load_codec()
+  if codec then return codec end
   if not missing then
     local ok, m = pcall(require, "cjson")
     local ok_safe, m_safe = false, nil
     if ok then ok_safe, m_safe = pcall(require, "cjson.safe") end
     if ok and ok_safe then
-      cjson, cjson_safe = m, m_safe
-      return cjson, cjson_safe
+      codec = m_safe
+      return codec
     end
     -- The first line of require's message ("module 'cjson' not found:"),
     -- not the list of every path it tried.
@@ -34,27 +34,29 @@ local function modules()
       .. "(apt-get install lua-cjson) or the rock lua-cjson (luarocks install lua-cjson)", why)
   end
   if fallback then
-    cjson, cjson_safe = fallback.encoder, fallback.decoder
-    return cjson, cjson_safe
+    codec = fallback
+    return codec
   end
-  return nil, nil, missing
+  return nil, missing
 end
 
 --- json.set_fallback{encode = fn, decode = fn}: the codec used where
 -- lua-cjson cannot be loaded. encode(value) answers the text and raises on
 -- what cannot be encoded; decode(text) answers the value and raises on what
 -- is not JSON.
-function json.set_fallback(codec)
-  local decode = codec.decode
+function json.set_fallback(given)
+  local encode, decode = given.encode, given.decode
   fallback = {
-    encoder = { encode = codec.encode },
-    decoder = {
-      decode = function(text)
-        local ok, value = pcall(decode, text)
-        if ok then return value end
-        return nil, (tostring(value):gsub("^.-:%d+: ", ""))
-      end,
-    },
+    encode = function(value)
+      local ok, text = pcall(encode, value)
+      if ok then return text end
+      return nil, text
+    end,
+    decode = function(text)
+      local ok, value = pcall(decode, text)
+      if ok then return value end
+      return nil, (tostring(value):gsub("^.-:%d+: ", ""))
+    end,
   }
 end
 
@@ -62,17 +64,21 @@ end
 -- example "fetch: option 'json'"), when lua-cjson is missing or the value
 -- cannot be written as JSON (a function, a sparse array, a cycle).
 function json.encode(value, who, level)
-  local encoder = cjson -- loaded: most calls ask no more
+  local encoder = codec -- loaded: most calls ask no more
   if not encoder then
-    local _, why
-    encoder, _, why = modules()
+    local why
+    encoder, why = load_codec()
     if not encoder then
       error(format("%s needs lua-cjson, which cannot be loaded %s", who, why), (level or 1) + 1)
     end
   end
-  local ok, text = pcall(encoder.encode, value)
-  if not ok then
-    error(format("%s cannot be encoded as JSON: %s", who, tostring(text):gsub("^.-:%d+: ", "")), (level or 1) + 1)
+  -- nil, err rather than a raise to catch: a pcall around lua-cjson's
+  -- encode (a C function) ends LuaJIT's trace there, and the rest of
+  -- the caller (fetch's whole plan of a call with a JSON body) then ran
+  -- interpreted.
+  local text, err = encoder.encode(value)
+  if text == nil then
+    error(format("%s cannot be encoded as JSON: %s", who, tostring(err):gsub("^.-:%d+: ", "")), (level or 1) + 1)
   end
   return text
 end
@@ -99,7 +105,7 @@ end
 --- value | nil, err = json.decode(text): a body that is not JSON is a
 -- runtime failure (the server's doing), answered, not raised.
 function json.decode(text)
-  local _, decoder, why = modules()
+  local decoder, why = load_codec()
   if not decoder then return nil, "not decoded: lua-cjson cannot be loaded " .. why end
   local value, err = decoder.decode(text)
   if value == nil then return nil, "not valid JSON: " .. tostring(err) end
