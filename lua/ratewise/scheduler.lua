@@ -719,12 +719,12 @@ function scheduler.await_transfer(transfer)
   end
 end
 
---- transfer | nil, err | false, engine = scheduler.run_transfer(request): inside a
--- task, starts request on the engine with the task for its owner and waits
--- until it ends (as await_transfer does; a cancellation aborts it); nil
--- and the engine's word when it would not start. false outside any task,
--- where nothing was started, and the engine to start it on. One call where a fetch made three (current,
--- engine, await_transfer).
+--- transfer | nil, err | false, engine = scheduler.run_transfer(request):
+-- inside a task, starts request on the engine with the task for its owner
+-- and waits until it ends (as await_transfer does; a cancellation aborts
+-- it); nil and the engine's word when it would not start. Outside any
+-- task, false (nothing was started) and the engine to start it on. One
+-- call where a fetch made three (current, engine, await_transfer).
 function scheduler.run_transfer(request)
   local task = current
   -- (scheduler.current's test, without its call)
