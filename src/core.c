@@ -211,21 +211,21 @@ void rw_stack_fail(const char *where, int line, int want, int got)
     abort();
 }
 
-/* Runs the C function in upvalue 1 (its name in upvalue 2) and checks the
+/* Runs the C function in upvalue 2 (its name in upvalue 3) and checks the
  * promise every entry point keeps: its arguments left where they were, its
  * results pushed above them, nothing else. The function runs in this
- * closure's frame, so it must not use upvalues of its own (none does:
- * every table is registered with luaL_setfuncs(..., 0)). */
+ * closure's frame, and finds its own first upvalue (its type's metatable:
+ * rw_check_udata; no function has more) as this closure's first. */
 static int core_stack_wrapper(lua_State *L)
 {
-    lua_CFunction f = lua_tocfunction(L, lua_upvalueindex(1));
+    lua_CFunction f = lua_tocfunction(L, lua_upvalueindex(2));
     int nargs = lua_gettop(L);
     int n = f(L);
     int top = lua_gettop(L);
     if (n < 0 || top != nargs + n) {
         (void)fprintf(stderr, "ratewise: Lua stack check failed in %s: called with %d arguments, it returned %d "
                       "results and left the stack %d high (expected %d)\n",
-                      lua_tostring(L, lua_upvalueindex(2)), nargs, n, top, nargs + n);
+                      lua_tostring(L, lua_upvalueindex(3)), nargs, n, top, nargs + n);
         abort();
     }
     return n;
@@ -244,9 +244,10 @@ static void core_stack_wrap(lua_State *L, int idx, int checked, const char *pref
         lua_CFunction f = lua_tocfunction(L, -1);
         if (f && f != core_stack_wrapper && lua_type(L, -2) == LUA_TSTRING) {
             lua_pushvalue(L, -2);
-            lua_pushvalue(L, -2);
-            lua_pushfstring(L, "%s%s", prefix, lua_tostring(L, -2));
-            lua_pushcclosure(L, core_stack_wrapper, 2);
+            if (!lua_getupvalue(L, -2, 1)) lua_pushnil(L); /* its first upvalue, if it has one */
+            lua_pushvalue(L, -3);
+            lua_pushfstring(L, "%s%s", prefix, lua_tostring(L, -3));
+            lua_pushcclosure(L, core_stack_wrapper, 3);
             lua_pushvalue(L, -1);
             lua_pushfstring(L, "%s%s", prefix, lua_tostring(L, -3));
             lua_rawset(L, checked);

@@ -758,8 +758,11 @@ void rw_engine_register(lua_State *L)
     luaL_newmetatable(L, ENGINE_MT);
     lua_pushvalue(L, -1);
     lua_rawsetp(L, LUA_REGISTRYINDEX, &engine_mt_id);
-    luaL_setfuncs(L, engine_meta, 0);
-    luaL_newlib(L, engine_methods);
+    lua_pushvalue(L, -1); /* each method's first upvalue: the metatable (rw_check_udata) */
+    luaL_setfuncs(L, engine_meta, 1);
+    lua_createtable(L, 0, (int)(sizeof engine_methods / sizeof *engine_methods) - 1);
+    lua_pushvalue(L, -2);
+    luaL_setfuncs(L, engine_methods, 1);
     lua_setfield(L, -2, "__index");
     lua_pop(L, 1);
     rw_transfer_register(L);

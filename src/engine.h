@@ -238,11 +238,14 @@ typedef struct transfer_box {
     transfer *t;
 } transfer_box;
 
-/* luaL_checkudata(L, idx, tname) for a metatable the registry also holds
- * under the address id (lua_rawsetp at registration): found by address, a
- * pointer's hash, where Lua 5.3 and 5.4 look tname up as a string on every
- * call (LuaJIT's look-up by name costs less than the API calls this makes
- * instead). A value of another type raises as luaL_checkudata does. */
+/* luaL_checkudata(L, idx, tname) for a metatable that the type's methods
+ * and metamethods hold as their first upvalue (registered with it: no
+ * look-up at all), and that the registry also holds under the address id
+ * (lua_rawsetp at registration) for a C function without that upvalue:
+ * found by address, a pointer's hash, where Lua 5.3 and 5.4 look tname up
+ * as a string on every call (LuaJIT's look-up by name costs less than the
+ * API calls this makes instead). A value of another type raises as
+ * luaL_checkudata does. */
 static inline void *rw_check_udata(lua_State *L, int idx, const void *id, const char *tname)
 {
 #if LUA_VERSION_NUM < 503
@@ -251,10 +254,14 @@ static inline void *rw_check_udata(lua_State *L, int idx, const void *id, const 
 #else
     void *p = lua_touserdata(L, idx);
     if (p && lua_getmetatable(L, idx)) {
-        int same;
-        lua_rawgetp(L, LUA_REGISTRYINDEX, id);
-        same = lua_rawequal(L, -1, -2);
-        lua_pop(L, 2);
+        /* (an upvalue the function does not have is no value: not equal) */
+        int same = lua_rawequal(L, -1, lua_upvalueindex(1));
+        if (!same) {
+            lua_rawgetp(L, LUA_REGISTRYINDEX, id);
+            same = lua_rawequal(L, -1, -2);
+            lua_pop(L, 1);
+        }
+        lua_pop(L, 1);
         if (same) return p;
     }
     return luaL_checkudata(L, idx, tname);

@@ -508,8 +508,11 @@ void rw_transfer_register(lua_State *L)
     luaL_newmetatable(L, TRANSFER_MT);
     lua_pushvalue(L, -1);
     lua_rawsetp(L, LUA_REGISTRYINDEX, &transfer_mt_id);
-    luaL_setfuncs(L, transfer_meta, 0);
-    luaL_newlib(L, transfer_methods);
+    lua_pushvalue(L, -1); /* each method's first upvalue: the metatable (rw_check_udata) */
+    luaL_setfuncs(L, transfer_meta, 1);
+    lua_createtable(L, 0, (int)(sizeof transfer_methods / sizeof *transfer_methods) - 1);
+    lua_pushvalue(L, -2);
+    luaL_setfuncs(L, transfer_methods, 1);
     lua_setfield(L, -2, "__index");
     lua_pop(L, 1);
 }

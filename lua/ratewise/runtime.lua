@@ -438,8 +438,8 @@ function runtime.transfer(request, per_call, mt)
     -- The host first: where no wait is possible (a phase of nginx that
     -- cannot yield) it raises, and nothing may have been started that the
     -- next turn of the engine would send.
-    local host = runtime.host(per_call)
-    transfer, err = scheduler.engine():start(request)
+    local host, engine = runtime.host(per_call), err -- (run_transfer's false comes with the engine)
+    transfer, err = engine:start(request)
     if not transfer then return not_started(err) end
     -- (host_wait's protected call, made here: a call less a request)
     local wait, ok = host.await_transfer

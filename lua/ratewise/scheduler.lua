@@ -379,6 +379,10 @@ end
 -- the transfers that ended (or streamed news, or a descriptor ready), and
 -- for each, its owner (engine:start's, or transfer:set_owner's), or false.
 local finished, owners = {}, {}
+-- The transfer a wait outside any task is for (scheduler.await_started),
+-- and whether a poll has reported it since: the poll tells the waiter, who
+-- need not ask the transfer after every turn.
+local awaited, awaited_reported = nil, false
 -- Descriptors of scheduler.await_fd that the engine found ready.
 local fd_ready = {}
 
@@ -404,11 +408,17 @@ function scheduler.poll(timeout, budget)
       -- stream's news (await_transfer), or a host's waiter with a wake
       -- function (hosts/driven.lua).
       if owner.state == "waiting" then
-        make_ready(owner)
+        -- make_ready's work, here rather than in a call: one a request
+        owner.state = "ready"
+        local k = ready_n + 1
+        ready_n = k
+        ready[k], ready_value[k] = owner, nil
       else
         local wake_waiter = owner.wake
         if wake_waiter then wake_waiter(owner) end
       end
+    elseif transfer == awaited then
+      awaited_reported = true
     elseif type(transfer) == "number" then
       -- a descriptor of engine:watch (scheduler.await_fd); a transfer
       -- without an owner is one no task waits for
@@ -656,12 +666,22 @@ local function abort_transfer(transfer, task)
 end
 
 --- scheduler.await_started(transfer): outside any task, waits for a
--- transfer that is not done yet (one just started: engine:start, and no
--- turn since), asking it once a turn, not once more before the first; the
--- turns need not ask the engine whether anything runs (it does). A
--- sequential fetch's wait.
+-- transfer without an owner that is not done yet (one just started:
+-- engine:start, and no turn since) until a poll reports it (its end, or a
+-- stream's news); the turns need not ask the engine whether anything runs
+-- (it does). A sequential fetch's wait.
 function scheduler.await_started(transfer)
-  repeat turn(huge, nil, true) until transfer:done()
+  -- A wait begun by code a turn ran (a wake's hook) keeps the one it
+  -- interrupts, which then asks its transfer whether that ended meanwhile;
+  -- one left by a wait that raised is closed, and waited for by no one.
+  local outer = awaited
+  awaited, awaited_reported = transfer, false
+  repeat turn(huge, nil, true) until awaited_reported
+  awaited = outer
+  if outer then
+    local ok, done = pcall(outer.done, outer)
+    if ok then awaited_reported = done else awaited = nil end
+  end
 end
 
 -- Task `task` waits until the poll reports `transfer`, whose owner it is;
@@ -699,15 +719,16 @@ function scheduler.await_transfer(transfer)
   end
 end
 
---- transfer | nil, err | false = scheduler.run_transfer(request): inside a
--- task, starts request on the engine with the task for its owner and waits
--- until it ends (as await_transfer does; a cancellation aborts it); nil
--- and the engine's word when it would not start. false outside any task,
--- where nothing was started. One call where a fetch made three (current,
--- engine, await_transfer).
+--- transfer | nil, err | false, engine = scheduler.run_transfer(request):
+-- inside a task, starts request on the engine with the task for its owner
+-- and waits until it ends (as await_transfer does; a cancellation aborts
+-- it); nil and the engine's word when it would not start. Outside any
+-- task, false (nothing was started) and the engine to start it on. One
+-- call where a fetch made three (current, engine, await_transfer).
 function scheduler.run_transfer(request)
   local task = current
-  if not task or task.co ~= running() then return false end -- scheduler.current's test, without its call
+  -- (scheduler.current's test, without its call)
+  if not task or task.co ~= running() then return false, engine or scheduler.engine() end
   local transfer, err = (engine or scheduler.engine()):start(request, task)
   if not transfer then return nil, err end
   return await_in_task(task, transfer)
