@@ -408,11 +408,7 @@ function scheduler.poll(timeout, budget)
       -- stream's news (await_transfer), or a host's waiter with a wake
       -- function (hosts/driven.lua).
       if owner.state == "waiting" then
-        -- make_ready's work, here rather than in a call: one a request
-        owner.state = "ready"
-        local k = ready_n + 1
-        ready_n = k
-        ready[k], ready_value[k] = owner, nil
+        make_ready(owner)
       else
         local wake_waiter = owner.wake
         if wake_waiter then wake_waiter(owner) end
