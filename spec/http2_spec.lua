@@ -118,7 +118,8 @@ describe("HTTP/2", function()
   -- driver's): the letters that came back wrong, the connections, and
   -- whether one of them served its last request (KEEPALIVE_REQUESTS).
   local function letters_burst(by_steps)
-    local letters, seen, bad, replaced = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_", {}, {}, false
+    local letters, seen, bad = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_", {}, {}
+    local replaced = false
     local function spawn_all()
       for t = 1, 64 do
         local c = letters:sub(t, t)
