@@ -4,7 +4,12 @@
 local rw = require "ratewise"
 local nginx = require "spec.support.nginx"
 
+-- nginx's own limit (its default, said here): a connection that has served
+-- this many requests is closed with a GOAWAY after the last.
+local KEEPALIVE_REQUESTS = 1000
+
 local SERVER = [[
+    keepalive_requests 1000;
     location = /who { return 200 "$connection $server_protocol"; }
     location = /read {
       content_by_lua_block {
@@ -15,7 +20,7 @@ local SERVER = [[
     }
     location = /big {
       content_by_lua_block {
-        ngx.print(ngx.var.connection, " ", string.rep(ngx.var.arg_c, 65536))
+        ngx.print(ngx.var.connection, " ", ngx.var.connection_requests, " ", string.rep(ngx.var.arg_c, 65536))
       }
     }
     location = /slow {
@@ -110,18 +115,21 @@ describe("HTTP/2", function()
 
   -- 64 tasks, 4 requests each, of a 64 KiB body of the task's own letter,
   -- run by rw.run or by budgeted steps (a frame loop's, OpenResty's
-  -- driver's): the letters that came back wrong, and the connections.
+  -- driver's): the letters that came back wrong, the connections, and
+  -- whether one of them served its last request (KEEPALIVE_REQUESTS).
   local function letters_burst(by_steps)
     local letters, seen, bad = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_", {}, {}
+    local replaced = false
     local function spawn_all()
       for t = 1, 64 do
         local c = letters:sub(t, t)
         rw.spawn(function()
           for _ = 1, 4 do
             local res = assert(rw.fetch(h2:url("/big?c=" .. c), { ca_file = dir .. "/cert.pem", on_retry = false }))
-            local conn, body = res.body:match("^(%d+) (.*)$")
+            local conn, served, body = res.body:match("^(%d+) (%d+) (.*)$")
             if body ~= string.rep(c, 65536) or res.http_version ~= "2" then bad[#bad + 1] = c end
             seen[conn] = true
+            if tonumber(served) == KEEPALIVE_REQUESTS then replaced = true end
           end
         end)
       end
@@ -134,21 +142,29 @@ describe("HTTP/2", function()
     end
     local n = 0
     for _ in pairs(seen) do n = n + 1 end
-    return bad, n
+    return bad, n, replaced
   end
 
+  -- A burst shares one connection, whatever the size of its answers, unless
+  -- nginx closes it in the middle: the burst that takes the connection past
+  -- its KEEPALIVE_REQUESTS (in this file's order, the first one below: 768
+  -- requests came before it) gets a GOAWAY, and every request that looks for
+  -- a connection before the next one has finished its TLS handshake opens
+  -- its own. libcurl 7.88's ConnectionExists skips a connection not yet
+  -- connected and, without CURLOPT_PIPEWAIT (docs/http.md), opens another:
+  -- about one for each request then in flight.
   it("hands each of 64 streams multiplexed on shared connections its own whole 64 KiB body", function()
-    -- (libcurl 7.88 opens a few connections for such a burst, ~25, where
-    -- small answers share one: the streams still share them.)
-    local bad, connections = letters_burst(false)
+    local bad, connections, replaced = letters_burst(false)
     assert.same({}, bad)
     assert.is_true(connections < 64, connections .. " connections for 64 streams")
+    if not replaced then assert.equal(1, connections) end
   end)
 
   it("hands each stream its own body when budgeted steps drive them", function()
-    local bad, connections = letters_burst(true)
+    local bad, connections, replaced = letters_burst(true)
     assert.same({}, bad)
     assert.is_true(connections < 64, connections .. " connections for 64 streams")
+    if not replaced then assert.equal(1, connections) end
   end)
 
   it("sends POSTs, which are not replay-safe, over kept HTTP/1.1 connections, past the server's GOAWAY", function()
