@@ -23,6 +23,9 @@ local SERVER = [[
         ngx.print(ngx.var.connection, " ", ngx.var.connection_requests, " ", string.rep(ngx.var.arg_c, 65536))
       }
     }
+    location = /sized {
+      content_by_lua_block { ngx.print(string.rep("x", tonumber(ngx.var.arg_n))) }
+    }
     location = /slow {
       content_by_lua_block {
         ngx.sleep(0.2)
@@ -235,5 +238,33 @@ describe("HTTP/2", function()
       got[#got + 1] = ev.data
     end
     assert.same({ "1", "2", "3" }, got)
+  end)
+
+  -- Answers a little over 1 KiB, where the engine's receive buffer for
+  -- HTTP/1 shrinks below the answer (engine_buffer_size): libcurl 7.88 then
+  -- at times left a stream whose bytes had all come unfinished, and the
+  -- last of a burst waited for its timeout. A short timeout and no retry
+  -- make such an answer an error.
+  it("answers every request of bursts of small answers on one connection, none left to its timeout", function()
+    local lost, answered = {}, 0
+    for _ = 1, 8 do
+      rw.run(function()
+        for _ = 1, 8 do
+          rw.spawn(function()
+            for _ = 1, 4 do
+              local res, err = rw.fetch(h2:url("/sized?n=1030"),
+                { ca_file = dir .. "/cert.pem", on_retry = false, max_retries = 0, timeout = 1 })
+              if res and res.status == 200 and #res.body == 1030 and res.http_version == "2" then
+                answered = answered + 1
+              else
+                lost[#lost + 1] = tostring(err or res.status)
+              end
+            end
+          end)
+        end
+      end)
+    end
+    assert.same({}, lost)
+    assert.equal(256, answered)
   end)
 end)

@@ -38,9 +38,10 @@
  * response keeps the recv calls per response at two or three and the heap
  * still: the size follows a moving average of the responses seen, from
  * libcurl's minimum (1 KiB) up to its default, never above. */
-static long engine_buffer_size(const engine *e)
+static long engine_buffer_size(const engine *e, const transfer *t)
 {
     long size = ENGINE_RECV_MIN;
+    if (t->gate_key) return ENGINE_RECV_MAX; /* may be HTTP/2: see ENGINE_RECV_MAX */
     while (size < ENGINE_RECV_MAX && (double)size * 2 < e->response_bytes) size *= 2;
     return size;
 }
@@ -497,7 +498,7 @@ static int engine_l_start(lua_State *L)
     }
     box->t = t; /* from here on __gc gives the record back, whatever happens */
     rw_request_configure(L, e, t, 2, keys, tidx, fresh); /* may raise */
-    rw_transfer_buffer_size(t, engine_buffer_size(e));
+    rw_transfer_buffer_size(t, engine_buffer_size(e, t));
     /* The reference first: it is the one step that can raise (out of
      * memory), and a transfer on the multi handle must have one. */
     lua_getiuservalue(L, 1, 1);

@@ -58,7 +58,12 @@
 
 /* libcurl's receive buffer: its own default (CURL_MAX_WRITE_SIZE) at most,
  * and down to its minimum when the responses are small; see
- * engine_buffer_size. */
+ * engine_buffer_size. Only over HTTP/1: an HTTPS transfer, which may be
+ * multiplexed on HTTP/2, keeps libcurl's default. With the small buffer
+ * sized to small answers, libcurl 7.88 at times delivered an HTTP/2
+ * stream's last bytes and then left the transfer unfinished, with no timer
+ * set and nothing left to read on the socket: it waited for its timeout
+ * whenever no other stream on that connection brought another event. */
 #define ENGINE_RECV_MAX 16384L
 #define ENGINE_RECV_MIN 1024L
 /* At most this many sockets for libcurl to be given them all at once when
