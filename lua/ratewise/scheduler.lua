@@ -379,10 +379,6 @@ end
 -- the transfers that ended (or streamed news, or a descriptor ready), and
 -- for each, its owner (engine:start's, or transfer:set_owner's), or false.
 local finished, owners = {}, {}
--- The transfer a wait outside any task is for (scheduler.await_started),
--- and whether a poll has reported it since: the poll tells the waiter, who
--- need not ask the transfer after every turn.
-local awaited, awaited_reported = nil, false
 -- Descriptors of scheduler.await_fd that the engine found ready.
 local fd_ready = {}
 
@@ -413,8 +409,6 @@ function scheduler.poll(timeout, budget)
         local wake_waiter = owner.wake
         if wake_waiter then wake_waiter(owner) end
       end
-    elseif transfer == awaited then
-      awaited_reported = true
     elseif type(transfer) == "number" then
       -- a descriptor of engine:watch (scheduler.await_fd); a transfer
       -- without an owner is one no task waits for
@@ -662,22 +656,15 @@ local function abort_transfer(transfer, task)
 end
 
 --- scheduler.await_started(transfer): outside any task, waits for a
--- transfer without an owner that is not done yet (one just started:
--- engine:start, and no turn since) until a poll reports it (its end, or a
--- stream's news); the turns need not ask the engine whether anything runs
--- (it does). A sequential fetch's wait.
+-- transfer that is not done yet (one just started: engine:start, and no
+-- turn since), asking it once a turn, not once more before the first; the
+-- turns need not ask the engine whether anything runs (it does). A
+-- sequential fetch's wait. (Asking the transfer, rather than keeping which
+-- one is awaited for the poll to mark: the wait ends however the transfer
+-- ends, a closed engine's abort included, and asking a transfer closed
+-- meanwhile raises instead of waiting for a report that never comes.)
 function scheduler.await_started(transfer)
-  -- A wait begun by code a turn ran (a wake's hook) keeps the one it
-  -- interrupts, which then asks its transfer whether that ended meanwhile;
-  -- one left by a wait that raised is closed, and waited for by no one.
-  local outer = awaited
-  awaited, awaited_reported = transfer, false
-  repeat turn(huge, nil, true) until awaited_reported
-  awaited = outer
-  if outer then
-    local ok, done = pcall(outer.done, outer)
-    if ok then awaited_reported = done else awaited = nil end
-  end
+  repeat turn(huge, nil, true) until transfer:done()
 end
 
 -- Task `task` waits until the poll reports `transfer`, whose owner it is;
