@@ -143,6 +143,59 @@ local SERVER = [[
         ngx.say(started, " ", ngx.timer.running_count())
       }
     }
+    location = /tasks_one_driver {
+      content_by_lua_block {
+        -- ten rw.run calls one after another, each a task fetching: how
+        -- many light threads the host started for them, then whether its
+        -- driver is still running once the worker has been idle a while
+        local rw = require "ratewise"
+        local url = ngx.unescape_uri(ngx.var.arg_url)
+        ngx.sleep(0.3) -- a driver left from an earlier request ends first
+        local started, at = 0, ngx.timer.at
+        ngx.timer.at = function(...) started = started + 1 return at(...) end
+        local ok, err = pcall(function()
+          for _ = 1, 10 do
+            assert(rw.run(function() return assert(rw.fetch(url, { on_retry = false })).status end) == 200)
+          end
+        end)
+        ngx.timer.at = at
+        assert(ok, err)
+        ngx.sleep(0.3)
+        ngx.say(started, " ", ngx.timer.running_count())
+      }
+    }
+    location = /lone_then_other {
+      content_by_lua_block {
+        -- a light thread's lone fetch of a slow answer (its waiter drives
+        -- it), then, while it waits, what the arg `then` names: another
+        -- fetch ("fetch"), a task ("task"), or killing the first ("kill")
+        -- and fetching
+        local rw = require "ratewise"
+        local slow, quick = ngx.unescape_uri(ngx.var.arg_slow), ngx.unescape_uri(ngx.var.arg_quick)
+        ngx.sleep(0.3) -- a driver left from an earlier request ends first
+        local started, at = 0, ngx.timer.at
+        ngx.timer.at = function(...) started = started + 1 return at(...) end
+        local first = ngx.thread.spawn(function() return rw.fetch(slow, { on_retry = false }) end)
+        ngx.sleep(0.05)
+        local other
+        if ngx.var.arg_then == "task" then
+          local task = rw.spawn(function() rw.sleep(0.01) return "task ran" end)
+          ngx.sleep(0.05) -- the first waiter looks again meanwhile, a task now there
+          other = task:join()
+        else
+          if ngx.var.arg_then == "kill" then ngx.thread.kill(first) end
+          local res, err = rw.fetch(quick, { on_retry = false })
+          other = res and res.status or tostring(err)
+        end
+        local first_status = "killed"
+        if ngx.var.arg_then ~= "kill" then
+          local _, res, err = ngx.thread.wait(first)
+          first_status = res and res.status or tostring(err)
+        end
+        ngx.timer.at = at
+        ngx.say(first_status, " ", other, " ", started)
+      }
+    }
     location = /result {
       content_by_lua_block { ngx.print(ngx.shared.results:get(ngx.var.arg_key) or "") }
     }
@@ -294,12 +347,54 @@ describe("ratewise in OpenResty", function()
     assert.equal(800, #s:log("/many"))
   end)
 
-  it("keeps one driver for a handler's fetches one after another, and ends it once idle", function()
+  it("lets a handler's fetches one after another drive themselves: no driver, no light thread", function()
     s:script("/seq", { { status = 200, body = "ok" } })
     local started, running = get("/one_driver?url=" .. escape(s:url("/seq"))):match("^(%d+) (%d+)")
-    assert.equal("1", started) -- not a light thread a fetch
+    assert.equal("0", started)
     assert.equal("0", running)
     assert.equal(10, #s:log("/seq"))
+  end)
+
+  it("keeps one driver for a handler's tasks one after another, and ends it once idle", function()
+    s:script("/seq", { { status = 200, body = "ok" } })
+    local started, running = get("/tasks_one_driver?url=" .. escape(s:url("/seq"))):match("^(%d+) (%d+)")
+    assert.equal("1", started) -- not a light thread a task
+    assert.equal("0", running)
+    assert.equal(10, #s:log("/seq"))
+  end)
+
+  describe("a waiter driving its lone transfer", function()
+    local function lone_then(what)
+      s:script("/lone", { { status = 200, delay = 0.3 } })
+      s:script("/other", { { status = 200 } })
+      return get(string.format("/lone_then_other?then=%s&slow=%s&quick=%s", what, escape(s:url("/lone")),
+        escape(s:url("/other"))))
+    end
+
+    it("hands over to the driver when another request's fetch starts meanwhile", function()
+      -- the second fetch starts the driver, which both waits then go through
+      assert.equal("200 200 1\n", lone_then("fetch"))
+      assert.equal(1, #s:log("/lone"))
+      assert.equal(1, #s:log("/other"))
+    end)
+
+    it("leaves a task started meanwhile to the driver", function()
+      -- a task's coroutine must be made and resumed by the driver: run by
+      -- the waiter's light thread, its resumption from the driver's fails
+      assert.equal("200 task ran 1\n", lone_then("task"))
+      assert.not_matches("%[alert%]", n:error_log())
+      assert.not_matches("coroutine", n:error_log())
+    end)
+
+    it("leaves nothing stuck when its light thread is killed", function()
+      assert.equal("killed 200 1\n", lone_then("kill"))
+      -- and the worker's next lone fetch drives itself again once the
+      -- killed one's transfer has ended
+      s:script("/seq", { { status = 200, body = "ok" } })
+      local started = get("/one_driver?url=" .. escape(s:url("/seq"))):match("^(%d+) ")
+      assert.equal("0", started)
+      assert.equal(10, #s:log("/seq"))
+    end)
   end)
 
   it("fetches from an ngx.timer.at callback", function()

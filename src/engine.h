@@ -247,16 +247,11 @@ typedef struct transfer_box {
  * and metamethods hold as their first upvalue (registered with it: no
  * look-up at all), and that the registry also holds under the address id
  * (lua_rawsetp at registration) for a C function without that upvalue:
- * found by address, a pointer's hash, where Lua 5.3 and 5.4 look tname up
- * as a string on every call (LuaJIT's look-up by name costs less than the
- * API calls this makes instead). A value of another type raises as
- * luaL_checkudata does. */
+ * found by address, a pointer's hash, where luaL_checkudata looks tname up
+ * as a string on every call (and LuaJIT makes that string again each
+ * time). A value of another type raises as luaL_checkudata does. */
 static inline void *rw_check_udata(lua_State *L, int idx, const void *id, const char *tname)
 {
-#if LUA_VERSION_NUM < 503
-    (void)id;
-    return luaL_checkudata(L, idx, tname);
-#else
     void *p = lua_touserdata(L, idx);
     if (p && lua_getmetatable(L, idx)) {
         /* (an upvalue the function does not have is no value: not equal) */
@@ -270,7 +265,6 @@ static inline void *rw_check_udata(lua_State *L, int idx, const void *id, const 
         if (same) return p;
     }
     return luaL_checkudata(L, idx, tname);
-#endif
 }
 
 

@@ -6,6 +6,11 @@
 -- Only it waits on the scheduler's descriptor: a thousand waiters would
 -- otherwise all wake for every socket that becomes ready (and cqueues, for
 -- one, does not wake two coroutines polling the same descriptor).
+-- A host whose driver cannot wait on the descriptor either, and so naps
+-- between looks (OpenResty's), lets a waiter whose transfer is alone in
+-- flight, with no driver and no task, take those naps and looks itself:
+-- a handler fetching one URL after another then costs no driver, no
+-- semaphore and no switch between light threads.
 local core = require "ratewise.core"
 local scheduler = require "ratewise.scheduler"
 local log = require "ratewise.log"
@@ -36,6 +41,8 @@ local NAP_FIRST, NAP_MAX, IDLE = 0.001, 0.016, 0.05
 --   linger                   seconds an idle driver stays before it ends
 --                            (nil: it ends at once), where starting one
 --                            costs more than waiting (OpenResty's timer)
+--   nap(seconds)             (optional) the waiting code's own sleep, for a
+--                            waiter that drives its transfer alone
 --   tasks_stay               the driver runs while a task has not finished,
 --                            even one that waits for another party (a
 --                            semaphore, a join): the tasks' coroutines
@@ -80,11 +87,16 @@ function driven.new(p)
     spare[spare_n] = w
   end
 
+  -- One look: a step that raises is logged, and the driving goes on.
+  local function step()
+    local ok, err = pcall(scheduler.step, 0)
+    if not ok then log.write("ratewise: the driver's step failed: " .. tostring(err), "error") end
+  end
+
   local function driver(premature)
     local seen, nap, idle_since = nil, NAP_FIRST, nil
     while not premature do
-      local ok, err = pcall(scheduler.step, 0)
-      if not ok then log.write("ratewise: the driver's step failed: " .. tostring(err), "error") end
+      step()
       local progress = scheduler.progress()
       local moved = fresh or progress ~= seen -- kicked, or a step did something: not idle since
       if progress ~= seen then -- with a thousand waiters, most steps change nothing
@@ -178,10 +190,34 @@ function driven.new(p)
     end
   end
 
+  -- Whether a waiter may drive its transfer alone: no driver runs, no
+  -- task lives (their coroutines are the driver's to resume), and no other
+  -- transfer is in flight (its waiter, if any, would need the driver).
+  local function alone()
+    return not driving and scheduler.live() == 0 and scheduler.engine():running() == 1
+  end
+
+  -- Steps the scheduler and naps (p.nap), as the driver would, until
+  -- transfer is done or a driver or a task appears (another request's
+  -- doing): then the driver takes over. Answers whether it is done.
+  local function drive_alone(transfer)
+    local nap = NAP_FIRST
+    repeat
+      step()
+      if transfer:done() then return true end
+      local t = scheduler.timeout()
+      if not t or t > nap then t = nap end
+      p.nap(t)
+      nap = min(nap * 2, NAP_MAX)
+    until driving or scheduler.live() > 0
+    return transfer:done()
+  end
+
   --- host.await_transfer(transfer): waits until a transfer that has not
   -- been reported finished yet (one just started) is done; the poll that
-  -- reports it wakes the waiter, its owner.
+  -- reports it wakes the waiter, its owner. Alone, the waiter drives it.
   function host.await_transfer(transfer)
+    if p.nap and alone() and drive_alone(transfer) then return end
     local w = take_waiter()
     scheduler.own(transfer, w)
     transfer_waiters[w] = true -- the driver goes on while it waits, and tells it if the host goes away

@@ -9,7 +9,9 @@
 --   happens (one loop per worker, not one per request), and at once when
 --   a request starts waiting (its transfer is sent then); with none, it
 --   sleeps until the scheduler's next timer or a kick; with nothing
---   pending, it stays a moment for the next wait, then ends;
+--   pending, it stays a moment for the next wait, then ends; a request
+--   whose transfer is alone in flight, with no driver and no task, looks
+--   itself between ngx.sleep naps instead (one light thread, no semaphore);
 --   ratewise's tasks (rw.run, rw.spawn, rw.map, a client's shared calls):
 --   the driver runs them all, in its own light thread: a coroutine made in
 --   one request (or timer) and resumed from another crashes the worker;
@@ -58,6 +60,7 @@ local host -- made at the first wait: ngx.semaphore is not there in every phase
 local function make_host()
   local ngx = ngx_api()
   local semaphore = require "ngx.semaphore"
+  local function sleep(seconds) ngx.sleep(seconds) end
   local made = driven.new {
     spawn = function(fn) return ngx.timer.at(0, fn) end,
     signal = function() return semaphore.new(0) end,
@@ -67,8 +70,9 @@ local function make_host()
     watches_fd = false,
     tasks_stay = true,
     linger = LINGER,
+    nap = sleep,
   }
-  made.sleep = function(seconds) ngx.sleep(seconds) end
+  made.sleep = sleep
   return made
 end
 
