@@ -126,37 +126,18 @@ local SERVER = [[
     }
     location = /one_driver {
       content_by_lua_block {
-        -- ten fetches one after another: how many light threads the host
-        -- started for them, then whether its driver is still running once
-        -- the worker has been idle a while
+        -- ten fetches one after another (each in a task of its own, rw.run,
+        -- with the arg `tasks`): how many light threads the host started
+        -- for them, then whether its driver is still running once the
+        -- worker has been idle a while
         local rw = require "ratewise"
         local url = ngx.unescape_uri(ngx.var.arg_url)
+        local function fetch() return assert(rw.fetch(url, { on_retry = false })).status end
         ngx.sleep(0.3) -- a driver left from an earlier request ends first
         local started, at = 0, ngx.timer.at
         ngx.timer.at = function(...) started = started + 1 return at(...) end
         local ok, err = pcall(function()
-          for _ = 1, 10 do assert(rw.fetch(url, { on_retry = false })) end
-        end)
-        ngx.timer.at = at
-        assert(ok, err)
-        ngx.sleep(0.3)
-        ngx.say(started, " ", ngx.timer.running_count())
-      }
-    }
-    location = /tasks_one_driver {
-      content_by_lua_block {
-        -- ten rw.run calls one after another, each a task fetching: how
-        -- many light threads the host started for them, then whether its
-        -- driver is still running once the worker has been idle a while
-        local rw = require "ratewise"
-        local url = ngx.unescape_uri(ngx.var.arg_url)
-        ngx.sleep(0.3) -- a driver left from an earlier request ends first
-        local started, at = 0, ngx.timer.at
-        ngx.timer.at = function(...) started = started + 1 return at(...) end
-        local ok, err = pcall(function()
-          for _ = 1, 10 do
-            assert(rw.run(function() return assert(rw.fetch(url, { on_retry = false })).status end) == 200)
-          end
+          for _ = 1, 10 do assert((ngx.var.arg_tasks and rw.run(fetch) or fetch()) == 200) end
         end)
         ngx.timer.at = at
         assert(ok, err)
@@ -357,7 +338,7 @@ describe("ratewise in OpenResty", function()
 
   it("keeps one driver for a handler's tasks one after another, and ends it once idle", function()
     s:script("/seq", { { status = 200, body = "ok" } })
-    local started, running = get("/tasks_one_driver?url=" .. escape(s:url("/seq"))):match("^(%d+) (%d+)")
+    local started, running = get("/one_driver?tasks=1&url=" .. escape(s:url("/seq"))):match("^(%d+) (%d+)")
     assert.equal("1", started) -- not a light thread a task
     assert.equal("0", running)
     assert.equal(10, #s:log("/seq"))
