@@ -651,8 +651,12 @@ static void response_key(lua_State *L, int keys, enum response_key key)
 
 /* transfer:result([lazy]) -> response table | nil, error table. lazy: the
  * header block is kept raw (res._head, res._head_end) for
- * core.response_headers to make into tables when they are first read. */
-int rw_response_result(lua_State *L, transfer *t, int lazy)
+ * core.response_headers to make into tables when they are first read.
+ * url_idx (0: none): the index of the value res.url gets when no redirect
+ * was followed (fetch's URL as it shows it), set here rather than by a
+ * look of the caller's at the table (raw, as its metatable answers for
+ * what it lacks: a call) and a field added after. */
+int rw_response_result(lua_State *L, transfer *t, int lazy, int url_idx)
 {
     int line_too_long, request_too_large;
     if (t->state != TRANSFER_DONE) return luaL_argerror(L, 1, "transfer is still running");
@@ -696,6 +700,10 @@ int rw_response_result(lua_State *L, transfer *t, int lazy)
         if (t->effective_url) {
             response_key(L, keys, RK_URL);
             lua_pushstring(L, t->effective_url);
+            lua_rawset(L, -3);
+        } else if (url_idx) {
+            response_key(L, keys, RK_URL);
+            lua_pushvalue(L, url_idx);
             lua_rawset(L, -3);
         }
         if (!lazy || t->redirects) {

@@ -291,7 +291,7 @@ size_t rw_response_on_header(char *ptr, size_t size, size_t nmemb, void *ud);
  * ends with, once its decoded body is checked (a coding that did not come
  * to its end is a body cut short), t->errbuf saying why. */
 CURLcode rw_response_end(transfer *t, CURLcode code);
-int rw_response_result(lua_State *L, transfer *t, int lazy);
+int rw_response_result(lua_State *L, transfer *t, int lazy, int url_idx);
 /* Keeps in the registry the names of a response's fields, for
  * rw_response_result (engine.c's registration calls it once). */
 void rw_response_register(lua_State *L);

@@ -418,11 +418,12 @@ local function not_started(err)
   return nil, { message = err, retryable = false, sent = false }
 end
 
---- res | nil, transport_err = runtime.transfer(request [, per_call_sleep [, mt]])
+--- res | nil, transport_err = runtime.transfer(request [, per_call_sleep [, mt [, url]]])
 -- Runs one request to completion. A wait that is interrupted (a cancelled
 -- task, a host sleep that raised) aborts the transfer before the error goes on.
--- mt: the metatable the response gets (fetch's response.mt).
-function runtime.transfer(request, per_call, mt)
+-- mt: the metatable the response gets (fetch's response.mt); url: its url
+-- when no redirect was followed (fetch's, as it shows it).
+function runtime.transfer(request, per_call, mt, url)
   -- In a task, rule 1 whatever sleep the call gave: the scheduler starts
   -- the transfer with the task for its owner (the poll that sees it end
   -- names it) and wakes the task then; a cancellation closes the transfer
@@ -453,7 +454,7 @@ function runtime.transfer(request, per_call, mt)
   end
   -- lazy: the header tables are made when first read (response.lua); the
   -- transfer is closed as the result is made
-  return transfer:result(true, true, recycle, mt)
+  return transfer:result(true, true, recycle, mt, url)
 end
 
 --- true = runtime.await_news(transfer, ready [, per_call_sleep]): waits
