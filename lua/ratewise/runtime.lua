@@ -172,9 +172,10 @@ local function per_call_host(sleep)
   return host
 end
 
---- host = runtime.host([per_call_sleep]): the host of the code running
--- now, outside a task (rules 0 and 2 to 6).
-function runtime.host(per_call)
+-- The host of the code running now, outside a task (rules 0 and 2 to 6).
+-- in_task: whether a task is being run (scheduler.in_task), asked by the
+-- caller, which may know it already.
+local function host_outside_task(per_call, in_task)
   if per_call then return per_call_host(per_call) end
   -- Each host is asked only where it can be (nginx's `ngx` global, cqueues
   -- loaded): a sequential fetch in a plain script asks at every call, and
@@ -185,9 +186,15 @@ function runtime.host(per_call)
   if configured then return configured end
   if frame_guard then frame_guard() end
   if loaded.cqueues ~= nil and cqueues.active() then return cqueues.host() end
-  if task_resuming() then error(NESTED_IN_TASK, 0) end
+  if in_task then error(NESTED_IN_TASK, 0) end
   if isyieldable() then return coroutine_host end -- (never the main thread)
   return main_host
+end
+
+--- host = runtime.host([per_call_sleep]): the host of the code running
+-- now, outside a task (rules 0 and 2 to 6).
+function runtime.host(per_call)
+  return host_outside_task(per_call, task_resuming())
 end
 
 --- runtime.set_frame_guard(fn | nil): fn() raises where a wait outside a
@@ -428,7 +435,7 @@ function runtime.transfer(request, per_call, mt, url)
   -- the transfer with the task for its owner (the poll that sees it end
   -- names it) and wakes the task then; a cancellation closes the transfer
   -- from inside the scheduler, with no pcall frame per request.
-  local transfer, err = run_transfer(request)
+  local transfer, err, in_task = run_transfer(request)
   if transfer == nil then return not_started(err) end
   -- recycle: the transfer's object goes back to the engine for the next,
   -- where nothing else holds it once the wait is over (the scheduler and
@@ -439,7 +446,8 @@ function runtime.transfer(request, per_call, mt, url)
     -- The host first: where no wait is possible (a phase of nginx that
     -- cannot yield) it raises, and nothing may have been started that the
     -- next turn of the engine would send.
-    local host, engine = runtime.host(per_call), err -- (run_transfer's false comes with the engine)
+    -- (run_transfer's false comes with the engine, and whether a task is being run)
+    local host, engine = host_outside_task(per_call, in_task), err
     transfer, err = engine:start(request)
     if not transfer then return not_started(err) end
     -- (host_wait's protected call, made here: a call less a request)
