@@ -388,44 +388,6 @@ local fd_ready = {}
 -- to end by, from when the work began; nil otherwise.
 local work_until
 
---- scheduler.poll(timeout [, budget]): lets libcurl work, waiting at most
--- timeout seconds for a socket or one of its timers, and wakes the tasks
--- whose transfers finished. With a step's budget, libcurl acts on sockets
--- for no longer than what is left of it (all of it, counted from the end
--- of the wait, when the step's work has not begun).
-local function poll(timeout, budget)
-  local left = budget and (work_until and max(work_until - now(), 1e-6) or budget) or nil
-  local _, n = (engine or scheduler.engine()):poll(timeout, finished, left, owners)
-  if budget and not work_until then work_until = now() + budget end
-  if n > 0 then progress = progress + 1 end
-  for i = 1, n do
-    local transfer, owner = finished[i], owners[i]
-    finished[i], owners[i] = nil, nil
-    if owner then
-      -- The task waiting for the transfer's end (runtime.transfer) or a
-      -- stream's news (await_transfer), or a host's waiter with a wake
-      -- function (hosts/driven.lua).
-      if owner.state == "waiting" then
-        make_ready(owner)
-      else
-        local wake_waiter = owner.wake
-        if wake_waiter then wake_waiter(owner) end
-      end
-    elseif fd_ready[transfer] == false then
-      -- a descriptor of engine:watch that scheduler.await_fd waits for; a
-      -- transfer without an owner is one no task waits for
-      fd_ready[transfer] = true
-      local task = fd_waiter[transfer]
-      if task then
-        fd_waiter[transfer] = nil
-        if task.state == "waiting" then make_ready(task) end
-      end
-    end
-  end
-end
-
-scheduler.poll = poll
-
 -- Resumes the tasks that are ready now; tasks made ready meanwhile wait for
 -- the next pass, so one busy task cannot starve a poll. A step's budget
 -- spent, the pass stops: the tasks it did not reach go first next time,
@@ -494,17 +456,54 @@ end
 -- due sooner) until a socket is ready or the time is up. Running tasks and
 -- blocking are never in the same turn, so that the caller can look at what
 -- the tasks did before waiting again.
+-- The poll: libcurl works, waiting at most max_wait seconds for a socket
+-- or one of its timers, and the tasks whose transfers finished are woken.
+-- With a step's budget, libcurl acts on sockets for no longer than what is
+-- left of it (all of it, counted from the end of the wait, when the step's
+-- work has not begun). Here rather than in a function of its own: every
+-- wait outside a task turns once or twice a request, and a call less each.
 local function turn(max_wait, budget, in_flight)
   if heap_n > 0 then fire_timers() end -- most turns have no timer: no call
   if ready_n > 0 then
     if budget and not work_until then work_until = now() + budget end
     run_ready(budget and work_until)
-    if transfers_running() then poll(0, budget) end
+    if not transfers_running() then
+      if heap_n > 0 then fire_timers() end
+      return
+    end
+    max_wait = 0
   else
     if heap_n > 0 then max_wait = min(max_wait, max(0, heap_at[1] - now())) end
     -- nothing could happen (in_flight: the caller knows a transfer is)
     if max_wait == huge and not in_flight and not transfers_running() then return end
-    poll(max_wait, budget)
+  end
+  local left = budget and (work_until and max(work_until - now(), 1e-6) or budget) or nil
+  local _, n = (engine or scheduler.engine()):poll(max_wait, finished, left, owners)
+  if budget and not work_until then work_until = now() + budget end
+  if n > 0 then progress = progress + 1 end
+  for i = 1, n do
+    local transfer, owner = finished[i], owners[i]
+    finished[i], owners[i] = nil, nil
+    if owner then
+      -- The task waiting for the transfer's end (runtime.transfer) or a
+      -- stream's news (await_transfer), or a host's waiter with a wake
+      -- function (hosts/driven.lua).
+      if owner.state == "waiting" then
+        make_ready(owner)
+      else
+        local wake_waiter = owner.wake
+        if wake_waiter then wake_waiter(owner) end
+      end
+    elseif fd_ready[transfer] == false then
+      -- a descriptor of engine:watch that scheduler.await_fd waits for; a
+      -- transfer without an owner is one no task waits for
+      fd_ready[transfer] = true
+      local task = fd_waiter[transfer]
+      if task then
+        fd_waiter[transfer] = nil
+        if task.state == "waiting" then make_ready(task) end
+      end
+    end
   end
   if heap_n > 0 then fire_timers() end
 end
