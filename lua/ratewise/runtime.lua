@@ -55,7 +55,7 @@ local run_transfer = scheduler.run_transfer
 local isyieldable, pcall = compat.isyieldable, compat.pcall
 local yield = coroutine.yield
 local format, min = string.format, math.min
-local type, error, tostring, pairs, rawget = type, error, tostring, pairs, rawget
+local type, error, tostring, pairs = type, error, tostring, pairs
 local loaded = package.loaded
 
 local runtime = {}
@@ -177,10 +177,13 @@ end
 -- caller, which may know it already.
 local function host_outside_task(per_call, in_task)
   if per_call then return per_call_host(per_call) end
-  -- Each host is asked only where it can be (nginx's `ngx` global, cqueues
-  -- loaded): a sequential fetch in a plain script asks at every call, and
-  -- asking both each time showed in its instructions (bench/HISTORY.md).
-  if rawget(_G, "ngx") ~= nil and openresty.active() then
+  -- Each host is asked only where it can be (nginx's `ngx` module, which
+  -- OpenResty puts in package.loaded beside its global as it starts;
+  -- cqueues loaded): a sequential fetch in a plain script asks at every
+  -- call, and asking both each time showed in its instructions
+  -- (bench/HISTORY.md). Looked up in package.loaded, not with
+  -- rawget(_G, "ngx"): a field, not a call.
+  if loaded.ngx ~= nil and openresty.active() then
     return openresty.host() -- raises in a phase that cannot yield
   end
   if configured then return configured end
