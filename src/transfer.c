@@ -511,6 +511,8 @@ void rw_transfer_register(lua_State *L)
     luaL_newmetatable(L, TRANSFER_MT);
     lua_pushvalue(L, -1);
     lua_rawsetp(L, LUA_REGISTRYINDEX, &transfer_mt_id);
+    rw_response_push_keys(L);
+    lua_rawseti(L, -2, TRANSFER_MT_RESPONSE_KEYS);
     lua_pushvalue(L, -1); /* each method's first upvalue: the metatable (rw_check_udata) */
     luaL_setfuncs(L, transfer_meta, 1);
     lua_createtable(L, 0, (int)(sizeof transfer_methods / sizeof *transfer_methods) - 1);
