@@ -177,6 +177,29 @@ describe("ratewise.core engine", function()
       e:close()
     end)
 
+    it("gives a response the url result(lazy, close, recycle, mt, url) names, unless a redirect was followed",
+      function()
+      local e = core.engine()
+      s:script("/hop", { { action = "redirect", location = "/landing" } })
+      local function result(path, ...)
+        local t = assert(e:start { url = s:url(path) })
+        while not t:done() do e:poll(1) end
+        return t:result(true, true, false, nil, ...)
+      end
+      assert.equal("as shown", assert(result("/echo", "as shown")).url)
+      assert.equal(s:url("/landing"), assert(result("/hop", "as shown")).url)
+      assert.is_nil(rawget(assert(result("/echo")), "url"))
+      assert.error_matches(function() result("/echo", 1) end, "string expected", 1, true)
+      local nothing, err = (function()
+        local t = assert(e:start { url = "http://127.0.0.1:9/" }) -- refused
+        while not t:done() do e:poll(1) end
+        return t:result(true, true, false, nil, "as shown")
+      end)()
+      assert.is_nil(nothing)
+      assert.is_nil(err.url)
+      e:close()
+    end)
+
     it("names each finished transfer's owner beside it in poll's owners, false where there is none", function()
       local e = core.engine()
       local a_owner, c_owner = { name = "a" }, { name = "c" }

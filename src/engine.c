@@ -771,6 +771,5 @@ void rw_engine_register(lua_State *L)
     lua_setfield(L, -2, "engine");
     lua_pushcfunction(L, rw_response_l_headers);
     lua_setfield(L, -2, "response_headers");
-    rw_response_register(L);
     rw_request_register(L);
 }

@@ -616,8 +616,12 @@ static void request_url(const request_src *src, transfer *t)
         luaL_error(L, "request option 'url' is required");
         return; /* not reached; lauxlib.h does not tell the analyzer so */
     }
-    if (request_has_ctl(url, len)) luaL_error(L, "request url contains a space or a control character");
-    if (!(t->url_ok && t->url.len == len && memcmp(t->url.data, url, len) == 0)) request_set_url(t, url, len);
+    /* The URL the handle holds passed the check as it was set (url_ok):
+     * only another is scanned. */
+    if (!(t->url_ok && t->url.len == len && memcmp(t->url.data, url, len) == 0)) {
+        if (request_has_ctl(url, len)) luaL_error(L, "request url contains a space or a control character");
+        request_set_url(t, url, len);
+    }
     t->gate_key = 0;
     if (len > 8 && strncasecmp(url, "https://", 8) == 0) {
         /* FNV-1a of the authority, lower-cased: the gate's key */

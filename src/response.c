@@ -602,7 +602,7 @@ void rw_response_head(lua_State *L, transfer *t)
 }
 
 /* The fields of a successful transfer's response table. Their names are
- * made Lua strings once (rw_response_register) and set with them:
+ * made Lua strings once (rw_response_push_keys) and set with them:
  * lua_setfield would make each string again from its C name (under LuaJIT,
  * a hash and a look-up in the string table for each of a response's four
  * to seven fields). */
@@ -623,10 +623,10 @@ enum response_key {
     RK_COUNT
 };
 
-/* The registry's key of the array of names: this variable's address. */
-static const char response_keys_id = 0;
-
-void rw_response_register(lua_State *L)
+/* Pushes the array of the names (transfer.c keeps it in the transfers'
+ * metatable, at TRANSFER_MT_RESPONSE_KEYS: rw_response_result, a method of
+ * theirs, finds it in its first upvalue, with no look-up in the registry). */
+void rw_response_push_keys(lua_State *L)
 {
     static const char *const names[] = {
 #define RESPONSE_FIELD(id, name) name,
@@ -639,7 +639,6 @@ void rw_response_register(lua_State *L)
         lua_pushstring(L, names[i]);
         lua_rawseti(L, -2, i + 1);
     }
-    lua_rawsetp(L, LUA_REGISTRYINDEX, &response_keys_id);
 }
 
 /* Pushes the name of field `key` (keys: the index of the array of names),
@@ -651,8 +650,12 @@ static void response_key(lua_State *L, int keys, enum response_key key)
 
 /* transfer:result([lazy]) -> response table | nil, error table. lazy: the
  * header block is kept raw (res._head, res._head_end) for
- * core.response_headers to make into tables when they are first read. */
-int rw_response_result(lua_State *L, transfer *t, int lazy)
+ * core.response_headers to make into tables when they are first read.
+ * url_idx (0: none): the index of the value res.url gets when no redirect
+ * was followed (fetch's URL as it shows it), set here rather than by a
+ * look of the caller's at the table (raw, as its metatable answers for
+ * what it lacks: a call) and a field added after. */
+int rw_response_result(lua_State *L, transfer *t, int lazy, int url_idx)
 {
     int line_too_long, request_too_large;
     if (t->state != TRANSFER_DONE) return luaL_argerror(L, 1, "transfer is still running");
@@ -672,7 +675,7 @@ int rw_response_result(lua_State *L, transfer *t, int lazy)
         int plain_version = t->http_version != CURL_HTTP_VERSION_2_0 && t->http_version != CURL_HTTP_VERSION_1_0
                             && t->http_version != 30;
         int keys;
-        lua_rawgetp(L, LUA_REGISTRYINDEX, &response_keys_id);
+        lua_rawgeti(L, lua_upvalueindex(1), TRANSFER_MT_RESPONSE_KEYS);
         keys = lua_gettop(L);
         lua_createtable(L, 0, lazy ? 8 : 10);
         response_key(L, keys, RK_STATUS);
@@ -697,6 +700,10 @@ int rw_response_result(lua_State *L, transfer *t, int lazy)
             response_key(L, keys, RK_URL);
             lua_pushstring(L, t->effective_url);
             lua_rawset(L, -3);
+        } else if (url_idx) {
+            response_key(L, keys, RK_URL);
+            lua_pushvalue(L, url_idx);
+            lua_rawset(L, -3);
         }
         if (!lazy || t->redirects) {
             response_key(L, keys, RK_REDIRECTS);
@@ -711,7 +718,7 @@ int rw_response_result(lua_State *L, transfer *t, int lazy)
         response_key(L, keys, RK_TIME);
         lua_pushnumber(L, t->total_time);
         lua_rawset(L, -3);
-        lua_remove(L, keys);
+        lua_replace(L, keys);
         return 1;
     }
     lua_pushnil(L);

@@ -451,22 +451,25 @@ static void transfer_recycle(lua_State *L)
     RW_STACK_EXPECT(L, mark, 0);
 }
 
-/* transfer:result([lazy [, close [, recycle [, mt]]]]) -> response table |
- * nil, error table (response.c). close: the transfer is closed once its
- * result is made, as transfer:close() would (one call less for a caller
+/* transfer:result([lazy [, close [, recycle [, mt [, url]]]]]) -> response
+ * table | nil, error table (response.c). close: the transfer is closed once
+ * its result is made, as transfer:close() would (one call less for a caller
  * that is done with it). recycle (with close): the caller holds no other
  * reference to this transfer object and drops its own, so that
  * engine:start may hand the object out again for another transfer
  * (runtime.transfer's). mt: a table made the metatable of a response (not
- * of an error), which spares fetch a call of its own. */
+ * of an error), which spares fetch a call of its own. url: a string, the
+ * response's url when no redirect was followed (which sets the URL the
+ * redirects led to). */
 static int transfer_l_result(lua_State *L)
 {
     transfer_box *box = transfer_check_box(L);
     int n, close = lua_toboolean(L, 3), recycle = close && lua_toboolean(L, 4); /* read before the results go on the stack */
-    int mt = !lua_isnoneornil(L, 5);
+    int mt = !lua_isnoneornil(L, 5), url = !lua_isnoneornil(L, 6);
     if (mt) luaL_checktype(L, 5, LUA_TTABLE);
+    if (url) luaL_checktype(L, 6, LUA_TSTRING);
     if (!box->t) return luaL_argerror(L, 1, "transfer is closed");
-    n = rw_response_result(L, box->t, lua_toboolean(L, 2));
+    n = rw_response_result(L, box->t, lua_toboolean(L, 2), url ? 6 : 0);
     if (mt && n == 1) {
         lua_pushvalue(L, 5);
         lua_setmetatable(L, -2);
@@ -508,6 +511,8 @@ void rw_transfer_register(lua_State *L)
     luaL_newmetatable(L, TRANSFER_MT);
     lua_pushvalue(L, -1);
     lua_rawsetp(L, LUA_REGISTRYINDEX, &transfer_mt_id);
+    rw_response_push_keys(L);
+    lua_rawseti(L, -2, TRANSFER_MT_RESPONSE_KEYS);
     lua_pushvalue(L, -1); /* each method's first upvalue: the metatable (rw_check_udata) */
     luaL_setfuncs(L, transfer_meta, 1);
     lua_createtable(L, 0, (int)(sizeof transfer_methods / sizeof *transfer_methods) - 1);

@@ -52,6 +52,10 @@ enum transfer_method { METHOD_GET, METHOD_HEAD, METHOD_POST, METHOD_OTHER };
 #define TRANSFER_UV_OWNER 3  /* whom poll names with the transfer: its end, or a stream's news (engine:start) */
 #define TRANSFER_NUV 3
 
+/* The transfers' metatable's slot for the names of a response's fields
+ * (rw_response_push_keys). */
+#define TRANSFER_MT_RESPONSE_KEYS 1
+
 typedef struct engine_buf {
     char *data;
     size_t len, cap;
@@ -291,10 +295,13 @@ size_t rw_response_on_header(char *ptr, size_t size, size_t nmemb, void *ud);
  * ends with, once its decoded body is checked (a coding that did not come
  * to its end is a body cut short), t->errbuf saying why. */
 CURLcode rw_response_end(transfer *t, CURLcode code);
-int rw_response_result(lua_State *L, transfer *t, int lazy);
-/* Keeps in the registry the names of a response's fields, for
- * rw_response_result (engine.c's registration calls it once). */
-void rw_response_register(lua_State *L);
+/* Called from a method of the transfers (its first upvalue: their
+ * metatable, which holds the names of a response's fields). */
+int rw_response_result(lua_State *L, transfer *t, int lazy, int url_idx);
+/* Pushes an array of the names of a response's fields, for
+ * rw_response_result (rw_transfer_register keeps it in the transfers'
+ * metatable, at TRANSFER_MT_RESPONSE_KEYS). */
+void rw_response_push_keys(lua_State *L);
 int rw_response_l_headers(lua_State *L);
 /* transfer:head(): a streamed response's status and headers */
 void rw_response_head(lua_State *L, transfer *t);

@@ -11,7 +11,7 @@ local decision = require "ratewise.fetch.decision"
 local report = require "ratewise.fetch.report"
 
 local now = core.now
-local type, rawget = type, rawget
+local type = type
 local make_plan, plan_state, bad_options_type = plan.make, plan.state, plan.bad_options_type
 local admit, send, after = attempt.admit, attempt.send, decision.after
 local guarded, call_hook, budget_error = report.guarded, report.call_hook, report.budget_error
@@ -50,10 +50,10 @@ function fetch.fetch(url, opts, counters)
     if type(opts) ~= "table" then bad_options_type(url, opts, 3) end
     check_counters(counters)
   end
-  local method, body, lines, header_secrets, shown_url, url_secrets, transport, rare, safe, state
-  url, method, body, lines, header_secrets, shown_url, url_secrets, transport, rare, safe, state =
+  -- (new locals, which the plan's values land in as they are returned)
+  local request_url, method, body, lines, header_secrets, shown_url, url_secrets, transport, rare, safe, state =
     make_plan(url, opts, counters)
-  if url == nil then return nil, method end -- no idempotency key could be made
+  if request_url == nil then return nil, method end -- no idempotency key could be made
   local timeout = opts.timeout or DEFAULT_TIMEOUT
   local started = now()
   local deadline = started + (opts.max_elapsed or DEFAULT_MAX_ELAPSED)
@@ -81,12 +81,20 @@ function fetch.fetch(url, opts, counters)
     if left <= 0 then
       return budget_error(state, "no time left for another attempt", state.last_response)
     end
-    local res, terr, streaming = send(state, url, method, lines, body, opts, transport, rare, safe, timeout, left)
+    local res, terr, streaming = send(state, request_url, method, lines, body, opts, transport, rare, safe, timeout,
+      left, shown_url)
     attempts = attempts + 1
     if res then
-      -- set when a redirect was followed (raw: the response's __index answers nil for it, at the cost of a call)
-      local final_url = rawget(res, "url")
-      if final_url == nil or final_url == url then res.url = shown_url else res.url = redact_url(final_url) end
+      -- shown_url, unless a redirect was followed (or the response is a
+      -- stream's, which has no url then)
+      local final_url = res.url
+      if final_url ~= shown_url then
+        if final_url == nil or final_url == request_url then
+          res.url = shown_url
+        else
+          res.url = redact_url(final_url)
+        end
+      end
       res.attempts = attempts
       res.elapsed = now() - started
       local status = res.status

@@ -55,7 +55,7 @@ local run_transfer = scheduler.run_transfer
 local isyieldable, pcall = compat.isyieldable, compat.pcall
 local yield = coroutine.yield
 local format, min = string.format, math.min
-local type, error, tostring, pairs, rawget = type, error, tostring, pairs, rawget
+local type, error, tostring, pairs = type, error, tostring, pairs
 local loaded = package.loaded
 
 local runtime = {}
@@ -172,22 +172,32 @@ local function per_call_host(sleep)
   return host
 end
 
---- host = runtime.host([per_call_sleep]): the host of the code running
--- now, outside a task (rules 0 and 2 to 6).
-function runtime.host(per_call)
+-- The host of the code running now, outside a task (rules 0 and 2 to 6).
+-- in_task: whether a task is being run (scheduler.in_task), asked by the
+-- caller, which may know it already.
+local function host_outside_task(per_call, in_task)
   if per_call then return per_call_host(per_call) end
-  -- Each host is asked only where it can be (nginx's `ngx` global, cqueues
-  -- loaded): a sequential fetch in a plain script asks at every call, and
-  -- asking both each time showed in its instructions (bench/HISTORY.md).
-  if rawget(_G, "ngx") ~= nil and openresty.active() then
+  -- Each host is asked only where it can be (nginx's `ngx` module, which
+  -- OpenResty puts in package.loaded beside its global as it starts;
+  -- cqueues loaded): a sequential fetch in a plain script asks at every
+  -- call, and asking both each time showed in its instructions
+  -- (bench/HISTORY.md). Looked up in package.loaded, not with
+  -- rawget(_G, "ngx"): a field, not a call.
+  if loaded.ngx ~= nil and openresty.active() then
     return openresty.host() -- raises in a phase that cannot yield
   end
   if configured then return configured end
   if frame_guard then frame_guard() end
   if loaded.cqueues ~= nil and cqueues.active() then return cqueues.host() end
-  if task_resuming() then error(NESTED_IN_TASK, 0) end
+  if in_task then error(NESTED_IN_TASK, 0) end
   if isyieldable() then return coroutine_host end -- (never the main thread)
   return main_host
+end
+
+--- host = runtime.host([per_call_sleep]): the host of the code running
+-- now, outside a task (rules 0 and 2 to 6).
+function runtime.host(per_call)
+  return host_outside_task(per_call, task_resuming())
 end
 
 --- runtime.set_frame_guard(fn | nil): fn() raises where a wait outside a
@@ -418,16 +428,17 @@ local function not_started(err)
   return nil, { message = err, retryable = false, sent = false }
 end
 
---- res | nil, transport_err = runtime.transfer(request [, per_call_sleep [, mt]])
+--- res | nil, transport_err = runtime.transfer(request [, per_call_sleep [, mt [, url]]])
 -- Runs one request to completion. A wait that is interrupted (a cancelled
 -- task, a host sleep that raised) aborts the transfer before the error goes on.
--- mt: the metatable the response gets (fetch's response.mt).
-function runtime.transfer(request, per_call, mt)
+-- mt: the metatable the response gets (fetch's response.mt); url: its url
+-- when no redirect was followed (fetch's, as it shows it).
+function runtime.transfer(request, per_call, mt, url)
   -- In a task, rule 1 whatever sleep the call gave: the scheduler starts
   -- the transfer with the task for its owner (the poll that sees it end
   -- names it) and wakes the task then; a cancellation closes the transfer
   -- from inside the scheduler, with no pcall frame per request.
-  local transfer, err = run_transfer(request)
+  local transfer, err, in_task = run_transfer(request)
   if transfer == nil then return not_started(err) end
   -- recycle: the transfer's object goes back to the engine for the next,
   -- where nothing else holds it once the wait is over (the scheduler and
@@ -438,7 +449,8 @@ function runtime.transfer(request, per_call, mt)
     -- The host first: where no wait is possible (a phase of nginx that
     -- cannot yield) it raises, and nothing may have been started that the
     -- next turn of the engine would send.
-    local host, engine = runtime.host(per_call), err -- (run_transfer's false comes with the engine)
+    -- (run_transfer's false comes with the engine, and whether a task is being run)
+    local host, engine = host_outside_task(per_call, in_task), err
     transfer, err = engine:start(request)
     if not transfer then return not_started(err) end
     -- (host_wait's protected call, made here: a call less a request)
@@ -453,7 +465,7 @@ function runtime.transfer(request, per_call, mt)
   end
   -- lazy: the header tables are made when first read (response.lua); the
   -- transfer is closed as the result is made
-  return transfer:result(true, true, recycle, mt)
+  return transfer:result(true, true, recycle, mt, url)
 end
 
 --- true = runtime.await_news(transfer, ready [, per_call_sleep]): waits

@@ -379,48 +379,14 @@ end
 -- the transfers that ended (or streamed news, or a descriptor ready), and
 -- for each, its owner (engine:start's, or transfer:set_owner's), or false.
 local finished, owners = {}, {}
--- Descriptors of scheduler.await_fd that the engine found ready.
+-- The descriptors scheduler.await_fd waits for: false until the engine
+-- finds one ready, true then. A descriptor the poll reports is one of them
+-- (a transfer never is): telling the two apart needs no call of type().
 local fd_ready = {}
 
 -- A step with a budget (scheduler.step): the monotonic time its work is
 -- to end by, from when the work began; nil otherwise.
 local work_until
-
---- scheduler.poll(timeout [, budget]): lets libcurl work, waiting at most
--- timeout seconds for a socket or one of its timers, and wakes the tasks
--- whose transfers finished. With a step's budget, libcurl acts on sockets
--- for no longer than what is left of it (all of it, counted from the end
--- of the wait, when the step's work has not begun).
-function scheduler.poll(timeout, budget)
-  local left = budget and (work_until and max(work_until - now(), 1e-6) or budget) or nil
-  local _, n = (engine or scheduler.engine()):poll(timeout, finished, left, owners)
-  if budget and not work_until then work_until = now() + budget end
-  if n > 0 then progress = progress + 1 end
-  for i = 1, n do
-    local transfer, owner = finished[i], owners[i]
-    finished[i], owners[i] = nil, nil
-    if owner then
-      -- The task waiting for the transfer's end (runtime.transfer) or a
-      -- stream's news (await_transfer), or a host's waiter with a wake
-      -- function (hosts/driven.lua).
-      if owner.state == "waiting" then
-        make_ready(owner)
-      else
-        local wake_waiter = owner.wake
-        if wake_waiter then wake_waiter(owner) end
-      end
-    elseif type(transfer) == "number" then
-      -- a descriptor of engine:watch (scheduler.await_fd); a transfer
-      -- without an owner is one no task waits for
-      fd_ready[transfer] = true
-      local task = fd_waiter[transfer]
-      if task then
-        fd_waiter[transfer] = nil
-        if task.state == "waiting" then make_ready(task) end
-      end
-    end
-  end
-end
 
 -- Resumes the tasks that are ready now; tasks made ready meanwhile wait for
 -- the next pass, so one busy task cannot starve a poll. A step's budget
@@ -490,17 +456,54 @@ end
 -- due sooner) until a socket is ready or the time is up. Running tasks and
 -- blocking are never in the same turn, so that the caller can look at what
 -- the tasks did before waiting again.
+-- The poll: libcurl works, waiting at most max_wait seconds for a socket
+-- or one of its timers, and the tasks whose transfers finished are woken.
+-- With a step's budget, libcurl acts on sockets for no longer than what is
+-- left of it (all of it, counted from the end of the wait, when the step's
+-- work has not begun). Here rather than in a function of its own: every
+-- wait outside a task turns once or twice a request, and a call less each.
 local function turn(max_wait, budget, in_flight)
   if heap_n > 0 then fire_timers() end -- most turns have no timer: no call
   if ready_n > 0 then
     if budget and not work_until then work_until = now() + budget end
     run_ready(budget and work_until)
-    if transfers_running() then scheduler.poll(0, budget) end
+    if not transfers_running() then
+      if heap_n > 0 then fire_timers() end
+      return
+    end
+    max_wait = 0
   else
     if heap_n > 0 then max_wait = min(max_wait, max(0, heap_at[1] - now())) end
     -- nothing could happen (in_flight: the caller knows a transfer is)
     if max_wait == huge and not in_flight and not transfers_running() then return end
-    scheduler.poll(max_wait, budget)
+  end
+  local left = budget and (work_until and max(work_until - now(), 1e-6) or budget) or nil
+  local _, n = (engine or scheduler.engine()):poll(max_wait, finished, left, owners)
+  if budget and not work_until then work_until = now() + budget end
+  if n > 0 then progress = progress + 1 end
+  for i = 1, n do
+    local transfer, owner = finished[i], owners[i]
+    finished[i], owners[i] = nil, nil
+    if owner then
+      -- The task waiting for the transfer's end (runtime.transfer) or a
+      -- stream's news (await_transfer), or a host's waiter with a wake
+      -- function (hosts/driven.lua).
+      if owner.state == "waiting" then
+        make_ready(owner)
+      else
+        local wake_waiter = owner.wake
+        if wake_waiter then wake_waiter(owner) end
+      end
+    elseif fd_ready[transfer] == false then
+      -- a descriptor of engine:watch that scheduler.await_fd waits for; a
+      -- transfer without an owner is one no task waits for
+      fd_ready[transfer] = true
+      local task = fd_waiter[transfer]
+      if task then
+        fd_waiter[transfer] = nil
+        if task.state == "waiting" then make_ready(task) end
+      end
+    end
   end
   if heap_n > 0 then fire_timers() end
 end
@@ -702,16 +705,18 @@ function scheduler.await_transfer(transfer)
   end
 end
 
---- transfer | nil, err | false, engine = scheduler.run_transfer(request):
+--- transfer | nil, err | false, engine, in_task = scheduler.run_transfer(request):
 -- inside a task, starts request on the engine with the task for its owner
 -- and waits until it ends (as await_transfer does; a cancellation aborts
 -- it); nil and the engine's word when it would not start. Outside any
--- task, false (nothing was started) and the engine to start it on. One
--- call where a fetch made three (current, engine, await_transfer).
+-- task, false (nothing was started), the engine to start it on, and
+-- whether a task is being run all the same (scheduler.in_task: by a
+-- coroutine that task resumed). One call where a fetch made four
+-- (current, engine, await_transfer, in_task).
 function scheduler.run_transfer(request)
   local task = current
   -- (scheduler.current's test, without its call)
-  if not task or task.co ~= running() then return false, engine or scheduler.engine() end
+  if not task or task.co ~= running() then return false, engine or scheduler.engine(), task ~= nil end
   local transfer, err = (engine or scheduler.engine()):start(request, task)
   if not transfer then return nil, err end
   return await_in_task(task, transfer)
@@ -752,7 +757,7 @@ end
 function scheduler.await_fd(fd, mode, deadline, outside)
   local ok, err = scheduler.engine():watch(fd, mode)
   if not ok then return nil, err end
-  fd_ready[fd] = nil
+  fd_ready[fd] = false
   local task = scheduler.current()
   if task then
     fd_waiter[fd] = task

@@ -137,12 +137,14 @@ function attempt.admit(state)
 end
 
 --- res, terr, streaming = attempt.send(state, url, method, lines, body, opts, transport, rare, safe, timeout,
--- left): one transfer of the request plan.make made (state: the call's, or
--- nil for a common call's first attempt), within the `left` seconds of its
--- time budget. res: the response (a stream's reader in streaming), or
--- terr: the transport error. A stream's state.budget_cut: whether the time
--- budget cut its timeouts ("after_headers": only its time read whole).
-function attempt.send(state, url, method, lines, body, opts, transport, rare, safe, timeout, left)
+-- left, shown_url): one transfer of the request plan.make made (state: the
+-- call's, or nil for a common call's first attempt), within the `left`
+-- seconds of its time budget. res: the response (a stream's reader in
+-- streaming), whose url is shown_url unless a redirect was followed (but
+-- a stream's), or terr: the transport error. A stream's state.budget_cut:
+-- whether the time budget cut its timeouts ("after_headers": only its time
+-- read whole).
+function attempt.send(state, url, method, lines, body, opts, transport, rare, safe, timeout, left, shown_url)
   local attempt_timeout = timeout
   if left < timeout then attempt_timeout = left end -- min(), without a call
   -- The engine copies what it needs from the request as it starts the
@@ -198,9 +200,9 @@ function attempt.send(state, url, method, lines, body, opts, transport, rare, sa
     if res then response.new(res) end
     if streaming then response.stream(res, streaming, sleep, method .. " " .. state.shown_url, state.max_body) end
   elseif sleep then
-    res, terr = guarded("sleep", "a wait for the transfer", runtime.transfer, request, sleep, response_mt)
+    res, terr = guarded("sleep", "a wait for the transfer", runtime.transfer, request, sleep, response_mt, shown_url)
   else
-    res, terr = runtime.transfer(request, nil, response_mt)
+    res, terr = runtime.transfer(request, nil, response_mt, shown_url)
   end
   if body ~= nil then request.body = nil end -- not kept alive by the next call's table
   return res, terr, streaming

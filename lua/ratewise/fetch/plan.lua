@@ -436,23 +436,17 @@ local contents_checked = { secret_headers = true, limiter = true, circuit = true
 -- __index that is a function cannot be, and the options behind it go
 -- unchecked), and whether all are common ones (is_common_option: true),
 -- or common ones and a method, body or json ("body"), or not (false).
--- `depth` is check_option's. Raises for opts that is not a table (after
--- any error of url, fetch's order).
-local function check_options(opts, depth, url)
+-- `depth` is check_option's. n, k1, v1, k2, v2, k3, v3: few_fields(opts),
+-- which the caller has asked (plan.make, which looks first for the table
+-- of the call before). Raises for opts that is not a table
+-- (after any error of url, fetch's order).
+local function check_options(opts, depth, url, n, k1, v1, k2, v2, k3, v3)
   -- A table of one to three options (most calls' own), without a
   -- metatable, is checked without a loop: a loop of one turn keeps LuaJIT
   -- from compiling the calls around it ("inner loop in root trace"), and
   -- fetch ran interpreted.
-  local n, k1, v1, k2, v2, k3, v3 = few_fields(opts)
   if n then
     if n == 0 then return false, true, true end
-    -- The table of the call before, with the same names and values (one
-    -- options table made once and passed to every call): what its check
-    -- found then.
-    if opts == last_opts and k1 == last_k1 and v1 == last_v1 and k2 == last_k2 and v2 == last_v2
-      and k3 == last_k3 and v3 == last_v3 then
-      return last_transport, true, last_common
-    end
     check_option(k1, v1, depth)
     local common1 = is_common_option[k1]
     common1 = common1 == true or common1 == v1 or is_body_option[k1] and "body"
@@ -587,7 +581,7 @@ function plan.check(url, opts, depth, kept)
   depth = depth or 0
   url_facts(url)
   if type(opts) ~= "table" then bad_options_type(url, opts, 4 + depth) end
-  local transport, listed, common = check_options(opts, depth + 2)
+  local transport, listed, common = check_options(opts, depth + 2, nil, few_fields(opts))
   request_method(opts, 4 + depth)
   if opts.query ~= nil then headers.with_query(url, opts.query, "fetch", 3 + depth) end
   local mark = common == true and (transport and OPTIONS_COMMON_TRANSPORT or OPTIONS_COMMON)
@@ -637,7 +631,16 @@ function plan.make(url, opts, counters)
     if found > 0 then checked[opts] = nil else found = -found end
     transport, listed, common = marked(found)
   else
-    transport, listed, common = check_options(opts, 2, url)
+    local n, k1, v1, k2, v2, k3, v3 = few_fields(opts)
+    -- The table of the call before, with the same names and values (one
+    -- options table made once and passed to every call): what its check
+    -- found then. (Asked here, not in check_options: a call less.)
+    if n and opts == last_opts and k1 == last_k1 and v1 == last_v1 and k2 == last_k2 and v2 == last_v2
+      and k3 == last_k3 and v3 == last_v3 then
+      transport, listed, common = last_transport, true, last_common
+    else
+      transport, listed, common = check_options(opts, 2, url, n, k1, v1, k2, v2, k3, v3)
+    end
   end
   local query, json_value
   if common == "body" then

@@ -252,9 +252,10 @@ function Transfer:set_owner(owner) end
 ---@param close? boolean
 ---@param recycle? boolean
 ---@param mt? table
+---@param url? string the response's url when no redirect was followed
 ---@return ratewise.Response|nil res
 ---@return ratewise.TransportError|nil err
-function Transfer:result(lazy, close, recycle, mt) end
+function Transfer:result(lazy, close, recycle, mt, url) end
 
 ---A streamed transfer's timeout (the request's) applies to its body too: for a reader that reads the whole body within a call's time.
 function Transfer:bound() end
