@@ -56,7 +56,7 @@ function driven.new(p)
   local waiters = {}
   -- waiter -> true: { signal = s } of host.await_transfer, woken by the
   -- poll that reports its transfer (the waiter is the transfer's owner:
-  -- scheduler.poll), so that the driver need not ask them after every step.
+  -- the scheduler's turn), so that the driver need not ask them after every step.
   -- The waiters are reused, so their keys do not churn. Weak: a waiter
   -- whose light thread was killed goes with its transfer.
   local transfer_waiters = setmetatable({}, { __mode = "k" })
