@@ -43,6 +43,33 @@ static inline void *compat_newuserdatauv(lua_State *L, size_t size, int nuv)
     return p;
 }
 
+#if LUA_VERSION_NUM < 503
+/* Lua 5.1 and LuaJIT: a userdata's environment is always a table, which
+ * holds lua_newuserdatauv's values (ours are the only userdata these are
+ * called on). The raw lua_rawgeti, in parentheses: compat-5.3's asks
+ * lua_type after every push, as lua_getuservalue's does. */
+
+/* Pushes user value n of the userdata at idx and returns its type. */
+static inline int compat_getiuservalue(lua_State *L, int idx, int n)
+{
+    lua_getfenv(L, idx);
+    (lua_rawgeti)(L, -1, n);
+    lua_remove(L, -2);
+    return lua_type(L, -1);
+}
+
+/* Pops a value into user value n of the userdata at idx; 1. */
+static inline int compat_setiuservalue(lua_State *L, int idx, int n)
+{
+    idx = lua_absindex(L, idx);
+    lua_getfenv(L, idx);
+    lua_insert(L, -2);
+    lua_rawseti(L, -2, n);
+    lua_pop(L, 1);
+    return 1;
+}
+
+#else
 /* Pushes user value n of the userdata at idx and returns its type; pushes
  * nil and returns LUA_TNONE when there is no such value. */
 static inline int compat_getiuservalue(lua_State *L, int idx, int n)
@@ -74,6 +101,8 @@ static inline int compat_setiuservalue(lua_State *L, int idx, int n)
     lua_pop(L, 1);
     return 1;
 }
+
+#endif
 
 #define lua_newuserdatauv compat_newuserdatauv
 #define lua_getiuservalue compat_getiuservalue
