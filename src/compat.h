@@ -110,4 +110,13 @@ static inline int compat_setiuservalue(lua_State *L, int idx, int n)
 
 #endif
 
+/* lua_rawgeti for a push whose type nobody asks. Under lua-compat-5.3 it is
+ * the raw call, in parentheses: the compat macro calls lua_type after each
+ * push. */
+#if LUA_VERSION_NUM < 503
+#define rw_rawgeti(L, idx, n) (lua_rawgeti)((L), (idx), (n))
+#else
+#define rw_rawgeti(L, idx, n) ((void)lua_rawgeti((L), (idx), (n)))
+#endif
+
 #endif

@@ -470,7 +470,7 @@ static int engine_l_start(lua_State *L)
         /* a box transfer:result recycled: its metatable and engine are
          * set, its body and owner cleared */
         lua_getiuservalue(L, 1, ENGINE_UV_SPARE);
-        lua_rawgeti(L, -1, e->nspare);
+        rw_rawgeti(L, -1, e->nspare);
         lua_pushnil(L);
         lua_rawseti(L, -3, e->nspare);
         e->nspare--;
@@ -479,7 +479,7 @@ static int engine_l_start(lua_State *L)
     } else {
         box = (transfer_box *)lua_newuserdatauv(L, sizeof(transfer_box), TRANSFER_NUV);
         box->t = NULL;
-        lua_rawgeti(L, keys, KEYS_TRANSFER_MT);
+        rw_rawgeti(L, keys, KEYS_TRANSFER_MT);
         lua_setmetatable(L, tidx);
         lua_pushvalue(L, 1);
         lua_setiuservalue(L, tidx, TRANSFER_UV_ENGINE);
@@ -561,7 +561,7 @@ static int engine_report(lua_State *L, engine *e, int out, int owners)
     while (e->news) {
         transfer *t = e->news;
         if (t->ref != LUA_NOREF) {
-            lua_rawgeti(L, -1, t->ref);
+            rw_rawgeti(L, -1, t->ref);
             engine_name_owner(L, owners, n + 1);
             lua_pushvalue(L, -1);
             lua_rawseti(L, out, n + 1); /* may raise: out of memory */
@@ -574,7 +574,7 @@ static int engine_report(lua_State *L, engine *e, int out, int owners)
     }
     while (e->finished.head) {
         transfer *t = e->finished.head;
-        lua_rawgeti(L, -1, t->ref);
+        rw_rawgeti(L, -1, t->ref);
         engine_name_owner(L, owners, n + 1);
         lua_rawseti(L, out, n + 1); /* may raise: out of memory */
         n++;

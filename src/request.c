@@ -221,7 +221,7 @@ typedef struct request_src {
 /* Pushes request field `field` and returns its type. */
 static int request_get(const request_src *src, enum request_field field)
 {
-    lua_rawgeti(src->L, src->keys, (lua_Integer)field + 1);
+    rw_rawgeti(src->L, src->keys, (lua_Integer)field + 1);
     return src->raw ? lua_rawget(src->L, src->req) : lua_gettable(src->L, src->req);
 }
 
@@ -282,7 +282,7 @@ static int request_in_names(lua_State *L, int idx, const char *name, size_t n)
     for (i = 1; i <= count; i++) {
         size_t len;
         const char *s;
-        lua_rawgeti(L, idx, i);
+        rw_rawgeti(L, idx, i);
         s = lua_tolstring(L, -1, &len);
         lua_pop(L, 1);
         if (len == n && strncasecmp(s, name, n) == 0) return 1;

@@ -442,7 +442,7 @@ static void response_push_fields(lua_State *L, const char *block, size_t len, si
             luaL_buffinit(L, &b);
             for (i = 1; i <= n; i++) {
                 if (i > 1) luaL_addlstring(&b, ", ", 2);
-                lua_rawgeti(L, list, i);
+                rw_rawgeti(L, list, i);
                 luaL_addvalue(&b);
             }
             luaL_pushresult(&b);
@@ -645,7 +645,7 @@ void rw_response_push_keys(lua_State *L)
  * for lua_rawset(L, -3) to set once its value is pushed. */
 static void response_key(lua_State *L, int keys, enum response_key key)
 {
-    lua_rawgeti(L, keys, (lua_Integer)key + 1);
+    rw_rawgeti(L, keys, (lua_Integer)key + 1);
 }
 
 /* transfer:result([lazy]) -> response table | nil, error table. lazy: the
@@ -675,7 +675,7 @@ int rw_response_result(lua_State *L, transfer *t, int lazy, int url_idx)
         int plain_version = t->http_version != CURL_HTTP_VERSION_2_0 && t->http_version != CURL_HTTP_VERSION_1_0
                             && t->http_version != 30;
         int keys;
-        lua_rawgeti(L, lua_upvalueindex(1), TRANSFER_MT_RESPONSE_KEYS);
+        rw_rawgeti(L, lua_upvalueindex(1), TRANSFER_MT_RESPONSE_KEYS);
         keys = lua_gettop(L);
         lua_createtable(L, 0, lazy ? 8 : 10);
         response_key(L, keys, RK_STATUS);
