@@ -20,7 +20,7 @@ else ifeq ($(LUA),lua5.1)
   DEB_LUA := lua5.1 liblua5.1-0-dev lua-compat53-dev
   BUILD   ?= build-lua5.1$(VARIANT)
 else ifeq ($(LUA),luajit)
-  LUA_PKG := luajit
+  LUA_PKG := luajit # the pkg-config name, from libluajit2-5.1-dev
   # lua-compat-5.3's header lives with Lua 5.1's, searched after LuaJIT's own.
   LUA_EXTRA_INC := -I/usr/include/lua5.1
   DEB_LUA := luajit2 libluajit2-5.1-dev lua-compat53-dev
