@@ -721,6 +721,69 @@ describe("ratewise.core engine", function()
     end)
   end)
 
+  -- A build with -DRW_FAULTS, whose engine has the specs' hooks
+  -- (engine:fail_next(), engine:all_drives()), in a directory of its own
+  -- for package.cpath; the caller removes it.
+  local function faults_build()
+    local dir = tmpdir()
+    assert(os.execute("mkdir -p " .. dir .. "/ratewise"))
+    local built_out, built = sh("cc " .. CFLAGS .. " -DRW_FAULTS -fPIC -shared -o " .. dir
+      .. "/ratewise/core.so src/*.c " .. LIBS)
+    assert(built, "the build failed: " .. built_out)
+    return dir
+  end
+
+  describe("its drive", function()
+    -- Giving libcurl every socket at once (curl_multi_socket_all) is for
+    -- a few sockets that each carry several HTTP/2 streams. It counted
+    -- every running transfer as one that shares a socket: when a wave of
+    -- new HTTP/1.1 transfers (no socket yet) started while a few others
+    -- waited on theirs, the next event made a pass over all of them,
+    -- polling each socket in turn.
+    it("hands libcurl HTTP/1.1 sockets one by one, even beside a wave of new transfers", function()
+      s:script("/later", { { delay = 0.4, body = "later" } })
+      local dir = faults_build()
+      local out, ok = run_lua([[
+        package.cpath = arg[3] .. "/?.so;" .. package.cpath -- the RW_FAULTS build
+        local core = require "ratewise.core"
+        local e = core.engine()
+        local slow, fast = arg[1], arg[2]
+        local started, finished, out = 0, 0, {}
+        local function start(url, n)
+          for _ = 1, n do
+            assert(e:start { url = url, timeout = 10 })
+            started = started + 1
+          end
+        end
+        local function poll(timeout)
+          local _, n = e:poll(timeout, out)
+          for i = 1, n do
+            assert(out[i]:result().status == 200)
+            out[i]:close()
+            out[i] = nil
+          end
+          finished = finished + n
+        end
+        start(slow, 8)
+        start(fast, 40)
+        local deadline = core.now() + 5
+        while finished < 40 and core.now() < deadline do poll(0.05) end
+        assert(finished == 40, "the first wave did not finish")
+        start(fast, 40)
+        -- the slow answers come in before the engine is polled again: its
+        -- next drive sees their 8 sockets ready, beside 40 transfers that
+        -- have none yet
+        os.execute("sleep 0.5")
+        deadline = core.now() + 10
+        while finished < started and core.now() < deadline do poll(0.5) end
+        print(finished, started, e:all_drives())
+      ]], s:url("/later") .. " " .. s:url("/now") .. " " .. dir, "ASAN_OPTIONS=detect_leaks=0 ", 30)
+      os.execute("rm -rf " .. dir)
+      assert.is_true(ok, out)
+      assert.equal("88\t88\t0\n", out)
+    end)
+  end)
+
   describe("when things fail inside it", function()
     -- A multi handle that fails (out of memory, an epoll that breaks) is
     -- rare and cannot be caused from outside: a build with -DRW_FAULTS has
@@ -729,11 +792,7 @@ describe("ratewise.core engine", function()
     -- and whoever waited for them waited forever.
     it("ends every running transfer with libcurl's multi error, reports each, and works on", function()
       s:script("/hang", { { action = "hang", delay = 5 } })
-      local dir = tmpdir()
-      assert(os.execute("mkdir -p " .. dir .. "/ratewise"))
-      local built_out, built = sh("cc " .. CFLAGS .. " -DRW_FAULTS -fPIC -shared -o " .. dir
-        .. "/ratewise/core.so src/*.c " .. LIBS)
-      assert(built, "the build failed: " .. built_out)
+      local dir = faults_build()
       local out, ok = run_lua([[
         package.cpath = arg[3] .. "/?.so;" .. package.cpath -- the RW_FAULTS build
         local core = require "ratewise.core"

@@ -38,10 +38,9 @@
  * response keeps the recv calls per response at two or three and the heap
  * still: the size follows a moving average of the responses seen, from
  * libcurl's minimum (1 KiB) up to its default, never above. */
-static long engine_buffer_size(const engine *e, const transfer *t)
+static long engine_buffer_size(const engine *e)
 {
     long size = ENGINE_RECV_MIN;
-    if (t->gate_key) return ENGINE_RECV_MAX; /* may be HTTP/2: see ENGINE_RECV_MAX */
     while (size < ENGINE_RECV_MAX && (double)size * 2 < e->response_bytes) size *= 2;
     return size;
 }
@@ -216,6 +215,9 @@ static CURLMcode engine_drive_all(engine *e, double until, int *running)
     CURLMcode mc;
     int passes = 0;
     unsigned long before;
+#ifdef RW_FAULTS
+    e->all_drives++;
+#endif
     do {
         before = e->delivered;
         /* curl_multi_socket_all: deprecated for curl_multi_socket_action,
@@ -259,9 +261,12 @@ static void engine_drive(engine *e, double seconds, double budget)
      * nothing to read), and with a budget (a frame's step, OpenResty's
      * driver) only on one socket, where a pass is no longer than that
      * socket's own turn: socket by socket there, so that a step can stop
-     * between them. */
+     * between them. Transfers that cannot share a connection (HTTP/1.1)
+     * do not count: just started, they have no socket yet, and as many of
+     * them as had just finished made a pass over every transfer look
+     * worth it where only a few sockets had anything to read. */
     int all = e->nwanted > 0 && e->nwanted <= (budget > 0 ? 1 : ENGINE_ALL_SOCKETS)
-              && e->running.n >= 2 * e->nwanted,
+              && e->nmultiplex >= 2 * e->nwanted,
         any = 0;
     double until;
     n = poller_wait(&e->poller, ev, ENGINE_EVENTS, seconds);
@@ -498,7 +503,9 @@ static int engine_l_start(lua_State *L)
     }
     box->t = t; /* from here on __gc gives the record back, whatever happens */
     rw_request_configure(L, e, t, 2, keys, tidx, fresh); /* may raise */
-    rw_transfer_buffer_size(t, engine_buffer_size(e, t));
+    /* (one that may be HTTP/2 gets libcurl's full buffer as it starts:
+     * rw_transfer_may_multiplex) */
+    if (!t->gate_key) rw_transfer_buffer_size(t, engine_buffer_size(e));
     /* The reference first: it is the one step that can raise (out of
      * memory), and a transfer on the multi handle must have one. */
     lua_getiuservalue(L, 1, 1);
@@ -680,6 +687,14 @@ static int engine_l_fail_next(lua_State *L)
     return 0;
 }
 
+/* engine:all_drives(): how many drives handed libcurl every socket at once
+ * (engine_drive_all), for specs that say when that may happen. */
+static int engine_l_all_drives(lua_State *L)
+{
+    lua_pushinteger(L, (lua_Integer)rw_engine_check(L)->all_drives);
+    return 1;
+}
+
 #endif
 
 /* engine:trim(): once nothing runs, closes the connections kept from a
@@ -747,6 +762,7 @@ void rw_engine_register(lua_State *L)
         { "timeout", engine_l_timeout },
 #ifdef RW_FAULTS
         { "fail_next", engine_l_fail_next },
+        { "all_drives", engine_l_all_drives },
 #endif
         { "close", engine_l_close },
         { NULL, NULL }

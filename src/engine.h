@@ -143,6 +143,7 @@ typedef struct engine {
     int nfired, capfired;
     int nwatching;   /* descriptors of engine:watch armed and not yet ready */
     int nwanted;     /* descriptors libcurl waits on now (WATCH_WANTED; rw_watch_on_socket) */
+    int nmultiplex;  /* running transfers that may share a connection (rw_transfer_may_multiplex) */
     unsigned long delivered; /* callbacks that delivered a response's bytes (rw_engine_delivered) */
     int all_again;   /* the last pass over every socket delivered: pass again (engine_drive_all) */
     /* The slots of the table of references (user value 1) that boxes
@@ -152,6 +153,7 @@ typedef struct engine {
     int nfree_refs, capfree_refs, top_ref;
 #ifdef RW_FAULTS
     CURLMcode fail_next; /* RW_FAULTS builds: the next drive fails with this */
+    unsigned long all_drives; /* RW_FAULTS builds: engine_drive_all's calls (engine:all_drives()) */
 #endif
 } engine;
 
@@ -307,6 +309,11 @@ void rw_transfer_unref(lua_State *L, engine *e, int refs, transfer *t);
 transfer *rw_transfer_news_pop(engine *e);
 /* transfer.c: t's handle gets a receive buffer of size bytes. */
 void rw_transfer_buffer_size(transfer *t, long size);
+/* transfer.c: running transfer t may share its connection with others:
+ * an HTTPS request, which libcurl sends over HTTP/2 where the server offers
+ * it, unless the request is held to HTTP/1.1 (request.c, request_replay).
+ * Asked as it starts (its gate key) and at a redirect to https. */
+void rw_transfer_may_multiplex(transfer *t);
 void rw_transfer_queue(engine *e, transfer *t);
 void rw_transfer_unqueue(transfer *t);
 /* transfer.c: ratewise.Transfer's metatable. */

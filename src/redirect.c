@@ -105,7 +105,7 @@ int rw_redirect_follow(engine *e, transfer *t, CURLcode *code)
     free(t->effective_url);
     t->effective_url = next_url;
     rw_response_drop_body(t); /* the redirect's own body is not the answer */
-    if (strncasecmp(next_url, "https://", 8) == 0) rw_transfer_buffer_size(t, ENGINE_RECV_MAX);
+    if (strncasecmp(next_url, "https://", 8) == 0 && !(t->dirty & DIRTY_HTTP1)) rw_transfer_may_multiplex(t);
     t->redirects++;
     mc = curl_multi_add_handle(e->multi, t->easy);
     if (mc != CURLM_OK) {

@@ -38,6 +38,16 @@ void rw_transfer_buffer_size(transfer *t, long size)
     curl_easy_setopt(t->easy, CURLOPT_BUFFERSIZE, size);
 }
 
+/* Such a transfer reads with libcurl's full buffer (see ENGINE_RECV_MAX),
+ * and counts for the all-at-once drive (engine.c, engine_drive). */
+void rw_transfer_may_multiplex(transfer *t)
+{
+    rw_transfer_buffer_size(t, ENGINE_RECV_MAX);
+    if (t->may_multiplex || !t->engine) return;
+    t->may_multiplex = 1;
+    t->engine->nmultiplex++;
+}
+
 void rw_transfer_why(transfer *t, const char *fmt, ...)
 {
     va_list ap;
@@ -85,6 +95,7 @@ CURLMcode rw_transfer_launch(engine *e, transfer *t)
     }
     t->state = TRANSFER_RUNNING;
     engine_list_add(&e->running, t);
+    if (t->gate_key) rw_transfer_may_multiplex(t);
     t->started = rw_clock_monotonic();
     if (t->timeout > 0) t->expires = t->started + t->timeout + ENGINE_EXPIRY_GRACE;
     return CURLM_OK;
@@ -221,6 +232,8 @@ void rw_transfer_finish(transfer *t, CURLcode code, enum transfer_abort aborted)
         curl_multi_remove_handle(e->multi, easy);
     }
     engine_list_remove(&e->running, t);
+    if (t->may_multiplex) e->nmultiplex--;
+    t->may_multiplex = 0;
     t->engine = NULL;
     t->state = TRANSFER_DONE;
 }

@@ -78,6 +78,7 @@ typedef struct transfer {
     struct engine *engine; /* set while running, and while finished but not yet reported by poll */
     CURL *easy;            /* the record's own, for its whole life */
     long recv_buffer;      /* CURLOPT_BUFFERSIZE of the handle */
+    int may_multiplex;     /* counted in its engine's nmultiplex (rw_transfer_may_multiplex) */
     int ref;               /* its box in the engine's table, until poll reports it */
     enum transfer_state state;
     enum transfer_abort aborted;
