@@ -309,10 +309,10 @@ void rw_transfer_unref(lua_State *L, engine *e, int refs, transfer *t);
 transfer *rw_transfer_news_pop(engine *e);
 /* transfer.c: t's handle gets a receive buffer of size bytes. */
 void rw_transfer_buffer_size(transfer *t, long size);
-/* transfer.c: running transfer t may share its connection with others:
- * an HTTPS request, which libcurl sends over HTTP/2 where the server offers
- * it, unless the request is held to HTTP/1.1 (request.c, request_replay).
- * Asked as it starts (its gate key) and at a redirect to https. */
+/* transfer.c: t may share its connection with others: an HTTPS request,
+ * which libcurl sends over HTTP/2 where the server offers it, unless the
+ * request is held to HTTP/1.1 (request.c, request_replay). Said as it is
+ * launched (its gate key) and as it is redirected to https. */
 void rw_transfer_may_multiplex(transfer *t);
 void rw_transfer_queue(engine *e, transfer *t);
 void rw_transfer_unqueue(transfer *t);

@@ -39,13 +39,21 @@ void rw_transfer_buffer_size(transfer *t, long size)
 }
 
 /* Such a transfer reads with libcurl's full buffer (see ENGINE_RECV_MAX),
- * and counts for the all-at-once drive (engine.c, engine_drive). */
+ * set before libcurl starts it, and counts for the all-at-once drive
+ * (engine.c, engine_drive) until it ends. */
 void rw_transfer_may_multiplex(transfer *t)
 {
     rw_transfer_buffer_size(t, ENGINE_RECV_MAX);
     if (t->may_multiplex || !t->engine) return;
     t->may_multiplex = 1;
     t->engine->nmultiplex++;
+}
+
+/* t, leaving its engine, no longer counts there. */
+static void transfer_multiplex_off(engine *e, transfer *t)
+{
+    if (t->may_multiplex) e->nmultiplex--;
+    t->may_multiplex = 0;
 }
 
 void rw_transfer_why(transfer *t, const char *fmt, ...)
@@ -87,15 +95,16 @@ CURLMcode rw_transfer_launch(engine *e, transfer *t)
 {
     CURLMcode mc;
     t->engine = e; /* for the gate's lists */
+    if (t->gate_key) rw_transfer_may_multiplex(t);
     mc = rw_gate_hold(e, t) ? CURLM_OK : curl_multi_add_handle(e->multi, t->easy);
     if (mc != CURLM_OK) {
         rw_gate_unprobe(e, t); /* no probe after all: the origin stays unknown */
+        transfer_multiplex_off(e, t);
         t->engine = NULL;
         return mc;
     }
     t->state = TRANSFER_RUNNING;
     engine_list_add(&e->running, t);
-    if (t->gate_key) rw_transfer_may_multiplex(t);
     t->started = rw_clock_monotonic();
     if (t->timeout > 0) t->expires = t->started + t->timeout + ENGINE_EXPIRY_GRACE;
     return CURLM_OK;
@@ -232,8 +241,7 @@ void rw_transfer_finish(transfer *t, CURLcode code, enum transfer_abort aborted)
         curl_multi_remove_handle(e->multi, easy);
     }
     engine_list_remove(&e->running, t);
-    if (t->may_multiplex) e->nmultiplex--;
-    t->may_multiplex = 0;
+    transfer_multiplex_off(e, t);
     t->engine = NULL;
     t->state = TRANSFER_DONE;
 }
