@@ -275,6 +275,39 @@ describe("the scheduler", function()
       assert.error_matches(function() rw.step(0, "1") end, "budget")
     end)
 
+    it("step's budget leaves the tasks it did not reach in place: a call's work does not grow with them", function()
+      -- A call that ran out of budget moved every task it had not reached
+      -- to the front of the queue: with 5,000 ready, 45,000 instructions of
+      -- the scheduler a call, against 280 with 10.
+      -- The Lua instructions run in scheduler.lua during fn(), counted
+      -- (LuaJIT: interpreted, as its compiled code calls no hook).
+      local function scheduler_instructions(fn)
+        local count, jit = 0, rawget(_G, "jit")
+        if jit then jit.flush(); jit.off() end
+        debug.sethook(function()
+          if debug.getinfo(2, "S").short_src:find("scheduler.lua", 1, true) then count = count + 1 end
+        end, "", 1)
+        fn()
+        debug.sethook()
+        if jit then jit.on() end
+        return count
+      end
+      -- One budgeted call's count with `tasks` tasks ready, its first done.
+      local function one_call(tasks)
+        local ran = 0
+        for _ = 1, tasks do rw.spawn(function() ran = ran + 1 end) end
+        rw.step(0, 1e-9)
+        local count = scheduler_instructions(function() rw.step(0, 1e-9) end)
+        assert.equal(2, ran) -- one task a call
+        rw.step(0, false)
+        assert.equal(tasks, ran)
+        return count
+      end
+      local few, many = one_call(10), one_call(5000)
+      assert(many < 2 * few, string.format("a call with 5,000 tasks ready ran %d instructions of the scheduler, "
+        .. "with 10 ready %d", many, few))
+    end)
+
     it("step(0) leaves a task made ready during the call for after those it did not reach", function()
       local order = {}
       local waker = rw.semaphore(1)

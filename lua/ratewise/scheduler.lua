@@ -19,11 +19,13 @@ local scheduler = {}
 -- State of this Lua state's scheduler
 
 local engine                                    -- the libcurl multi handle, made on first use
--- The tasks to resume, in order, and what to resume each with. run_ready
--- swaps in the spare pair and works through the old one, so the arrays are
--- reused and never grow past one pass's worth (a queue whose indices only
--- ever went up would turn into a growing hash under steady load).
-local ready, ready_value, ready_n = {}, {}, 0
+-- The tasks to resume, in order, and what to resume each with, from
+-- ready_head on (a pass that ran out of budget leaves the rest where they
+-- are). run_ready swaps in the spare pair and works through the old one, so
+-- the arrays are reused and never grow past about two passes' worth (a
+-- queue whose indices only ever went up would turn into a growing hash
+-- under steady load).
+local ready, ready_value, ready_n, ready_head = {}, {}, 0, 1
 local spare, spare_value = {}, {}
 local heap_at, heap_task, heap_id, heap_n = {}, {}, {}, 0  -- timers: a binary min-heap
 -- Whom the poll wakes for what it reports. One owner per transfer: who
@@ -393,11 +395,10 @@ local work_until
 -- spent, the pass stops: the tasks it did not reach go first next time,
 -- before those made ready meanwhile. until_t: the step's work_until, or nil.
 local function run_ready(until_t)
-  local tasks, values, n = ready, ready_value, ready_n
+  local tasks, values, n, i = ready, ready_value, ready_n, ready_head
   -- Nothing to do; or a pass is under way (its spare is in use as `ready`).
   if n == 0 or tasks == spare then return end
-  ready, ready_value, ready_n = spare, spare_value, 0
-  local i = 1
+  ready, ready_value, ready_n, ready_head = spare, spare_value, 0, 1
   while i <= n do
     local task, value = tasks[i], values[i]
     tasks[i], values[i] = nil, nil
@@ -417,17 +418,27 @@ local function run_ready(until_t)
     if until_t and i <= n and now() >= until_t then break end
   end
   if i <= n then
-    local k = 0
-    for j = i, n do
-      k = k + 1
-      tasks[k], values[k], tasks[j], values[j] = tasks[j], values[j], nil, nil
+    -- The budget is spent. The rest stay in place for the next pass, and
+    -- those made ready meanwhile go after them: moving the rest to the
+    -- front at every pass made each budgeted step cost in proportion to
+    -- the tasks not yet run (a frame loop starting 1,000 tasks runs a few
+    -- a step). They move only once more have run than are left, so that
+    -- each task is moved about once.
+    local head, k = i, n
+    if i - 1 > n - i then
+      k = 0
+      for j = i, n do
+        k = k + 1
+        tasks[k], values[k], tasks[j], values[j] = tasks[j], values[j], nil, nil
+      end
+      head = 1
     end
     local made, made_values = ready, ready_value
     for j = 1, ready_n do
       k = k + 1
       tasks[k], values[k], made[j], made_values[j] = made[j], made_values[j], nil, nil
     end
-    ready, ready_value, ready_n = tasks, values, k
+    ready, ready_value, ready_n, ready_head = tasks, values, k, head
     spare, spare_value = made, made_values
     return
   end
