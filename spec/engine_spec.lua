@@ -723,15 +723,22 @@ describe("ratewise.core engine", function()
 
   -- A build with -DRW_FAULTS, whose engine has the specs' hooks
   -- (engine:fail_next(), engine:all_drives()), in a directory of its own
-  -- for package.cpath; the caller removes it.
+  -- for package.cpath: built at the first spec that asks, removed at the end.
+  local faults_dir
   local function faults_build()
+    if faults_dir then return faults_dir end
     local dir = tmpdir()
     assert(os.execute("mkdir -p " .. dir .. "/ratewise"))
     local built_out, built = sh("cc " .. CFLAGS .. " -DRW_FAULTS -fPIC -shared -o " .. dir
       .. "/ratewise/core.so src/*.c " .. LIBS)
+    if not built then os.execute("rm -rf " .. dir) end
     assert(built, "the build failed: " .. built_out)
+    faults_dir = dir
     return dir
   end
+  teardown(function()
+    if faults_dir then os.execute("rm -rf " .. faults_dir) end
+  end)
 
   describe("its drive", function()
     -- Giving libcurl every socket at once (curl_multi_socket_all) is for
@@ -778,7 +785,6 @@ describe("ratewise.core engine", function()
         while finished < started and core.now() < deadline do poll(0.5) end
         print(finished, started, e:all_drives())
       ]], s:url("/later") .. " " .. s:url("/now") .. " " .. dir, "ASAN_OPTIONS=detect_leaks=0 ", 30)
-      os.execute("rm -rf " .. dir)
       assert.is_true(ok, out)
       assert.equal("88\t88\t0\n", out)
     end)
@@ -817,7 +823,6 @@ describe("ratewise.core engine", function()
         print(reported, e:running(), first and first.multi, first and first.message, first and first.retryable,
           first and first.cancelled, after:result().status)
       ]], s:url("/hang") .. " " .. s:url("/after") .. " " .. dir, "ASAN_OPTIONS=detect_leaks=0 ", 30)
-      os.execute("rm -rf " .. dir)
       assert.is_true(ok, out)
       local reported, running, multi, message, retryable, cancelled, status =
         out:match("^(%d+)\t(%d+)\t([^\t]+)\t([^\t]+)\t(%a+)\t(%a+)\t(%d+)\n$")

@@ -29,22 +29,6 @@
 
 #include "engine.h"
 
-/* libcurl mallocs its receive buffer when a transfer starts and frees it
- * when the transfer ends. At libcurl's 16 KiB, amid the Lua heap's own
- * churn, glibc seldom finds a free block that size: it grows the heap for
- * the buffer, and gives the memory back when the buffer is freed, so under
- * a steady load the heap's top grows and shrinks every few requests, each
- * time with fresh page faults. A buffer of about half the usual
- * response keeps the recv calls per response at two or three and the heap
- * still: the size follows a moving average of the responses seen, from
- * libcurl's minimum (1 KiB) up to its default, never above. */
-static long engine_buffer_size(const engine *e)
-{
-    long size = ENGINE_RECV_MIN;
-    while (size < ENGINE_RECV_MAX && (double)size * 2 < e->response_bytes) size *= 2;
-    return size;
-}
-
 /* libcurl's connection cache counts the connections in use with the idle
  * ones: whenever a transfer ends with more than CURLMOPT_MAXCONNECTS
  * connections open, it closes the oldest idle one, which is then most often
@@ -503,9 +487,6 @@ static int engine_l_start(lua_State *L)
     }
     box->t = t; /* from here on __gc gives the record back, whatever happens */
     rw_request_configure(L, e, t, 2, keys, tidx, fresh); /* may raise */
-    /* (one that may be HTTP/2 gets libcurl's full buffer as it starts:
-     * rw_transfer_may_multiplex) */
-    if (!t->gate_key) rw_transfer_buffer_size(t, engine_buffer_size(e));
     /* The reference first: it is the one step that can raise (out of
      * memory), and a transfer on the multi handle must have one. */
     lua_getiuservalue(L, 1, 1);

@@ -58,8 +58,8 @@
 
 /* libcurl's receive buffer: its own default (CURL_MAX_WRITE_SIZE) at most,
  * and down to its minimum when the responses are small; see
- * engine_buffer_size. Only over HTTP/1: an HTTPS transfer, which may be
- * multiplexed on HTTP/2, keeps libcurl's default. With the small buffer
+ * transfer_small_buffer (transfer.c). Only over HTTP/1: an HTTPS transfer,
+ * which may be multiplexed on HTTP/2, keeps libcurl's default. With the small buffer
  * sized to small answers, libcurl 7.88 at times delivered an HTTP/2
  * stream's last bytes and then left the transfer unfinished, with no timer
  * set and nothing left to read on the socket: it waited for its timeout
