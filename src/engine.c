@@ -761,6 +761,10 @@ void rw_engine_register(lua_State *L)
     lua_createtable(L, 0, (int)(sizeof engine_methods / sizeof *engine_methods) - 1);
     lua_pushvalue(L, -2);
     luaL_setfuncs(L, engine_methods, 1);
+    /* The Lua layer calls the hot ones as local functions: a method looked
+     * up through a userdata's metatable costs a look-up a call. */
+    lua_pushvalue(L, -1);
+    lua_setfield(L, -4, "engine_methods");
     lua_setfield(L, -2, "__index");
     lua_pop(L, 1);
     rw_transfer_register(L);

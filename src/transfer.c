@@ -556,6 +556,8 @@ void rw_transfer_register(lua_State *L)
     lua_createtable(L, 0, (int)(sizeof transfer_methods / sizeof *transfer_methods) - 1);
     lua_pushvalue(L, -2);
     luaL_setfuncs(L, transfer_methods, 1);
+    lua_pushvalue(L, -1); /* as engine_methods (engine.c) */
+    lua_setfield(L, -4, "transfer_methods");
     lua_setfield(L, -2, "__index");
     lua_pop(L, 1);
 }

@@ -50,6 +50,8 @@ local nvim = require "ratewise.hosts.nvim"
 local log = require "ratewise.log"
 
 local now = core.now
+-- (as in scheduler.lua: called once a request, as local functions)
+local engine_start, transfer_result = core.engine_methods.start, core.transfer_methods.result
 local bad_seconds = scheduler.bad_seconds
 local run_transfer = scheduler.run_transfer
 local isyieldable, pcall = compat.isyieldable, compat.pcall
@@ -451,7 +453,7 @@ function runtime.transfer(request, per_call, mt, url)
     -- next turn of the engine would send.
     -- (run_transfer's false comes with the engine, and whether a task is being run)
     local host, engine = host_outside_task(per_call, in_task), err
-    transfer, err = engine:start(request)
+    transfer, err = engine_start(engine, request)
     if not transfer then return not_started(err) end
     -- (host_wait's protected call, made here: a call less a request)
     local wait, ok = host.await_transfer
@@ -465,7 +467,7 @@ function runtime.transfer(request, per_call, mt, url)
   end
   -- lazy: the header tables are made when first read (response.lua); the
   -- transfer is closed as the result is made
-  return transfer:result(true, true, recycle, mt, url)
+  return transfer_result(transfer, true, true, recycle, mt, url)
 end
 
 --- true = runtime.await_news(transfer, ready [, per_call_sleep]): waits

@@ -7,6 +7,10 @@ local log = require "ratewise.log"
 local misuse = require "ratewise.errors" -- (map has errors of its own)
 
 local now = core.now
+-- (the engine's and its transfers' methods called once a request or more,
+-- as local functions: a method call on a userdata looks it up first)
+local engine_poll = core.engine_methods.poll
+local transfer_done = core.transfer_methods.done
 local create, resume, yield, status = coroutine.create, coroutine.resume, coroutine.yield, coroutine.status
 local running, unpack, pack = compat.coroutine_of_task, compat.unpack, compat.pack
 local format, find, huge, min, max = string.format, string.find, math.huge, math.min, math.max
@@ -339,8 +343,10 @@ function scheduler.spawn(fn, ...)
     error(format("spawn: expected a function (got %s)", type(fn)), 2)
   end
   local group = current and current.group
+  -- (cancel_requested false, not absent: every wait reads it, and a field
+  -- a task lacks is looked for in Task too)
   local task = setmetatable({ co = false, fn = fn, state = "ready", wait_id = 0,
-    group = group }, Task)
+    group = group, cancel_requested = false }, Task)
   if select("#", ...) > 0 then task.args = pack(...) end
   if group then
     group.members[task] = true
@@ -489,7 +495,7 @@ local function turn(max_wait, budget, in_flight)
     if max_wait == huge and not in_flight and not transfers_running() then return end
   end
   local left = budget and (work_until and max(work_until - now(), 1e-6) or budget) or nil
-  local _, n = (engine or scheduler.engine()):poll(max_wait, finished, left, owners)
+  local _, n = engine_poll(engine or scheduler.engine(), max_wait, finished, left, owners)
   if budget and not work_until then work_until = now() + budget end
   if n > 0 then progress = progress + 1 end
   for i = 1, n do
@@ -678,7 +684,7 @@ end
 -- ends, a closed engine's abort included, and asking a transfer closed
 -- meanwhile raises instead of waiting for a report that never comes.)
 function scheduler.await_started(transfer)
-  repeat turn(huge, nil, true) until transfer:done()
+  repeat turn(huge, nil, true) until transfer_done(transfer)
 end
 
 -- Task `task` waits until the poll reports `transfer`, whose owner it is;

@@ -13,6 +13,8 @@
 ---@field transport_header_names string[] the request headers libcurl owns (a caller's raise)
 ---@field max_request_header_bytes integer the most bytes of request headers in all
 ---@field bucket_methods table<string, function> the methods of every ratewise.Bucket (lua/ratewise/bucket.lua adds to them)
+---@field engine_methods table<string, function> the methods of every ratewise.Engine (the Lua layer calls the hot ones as local functions)
+---@field transfer_methods table<string, function> the methods of every ratewise.Transfer (as engine_methods)
 local core = {}
 
 ---The monotonic clock, seconds.
