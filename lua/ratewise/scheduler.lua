@@ -198,10 +198,8 @@ local function wait_here(task, on_cancel, a, b, c, d)
       task.wait_error = nil
       error(err, 0)
     end
-    if value ~= CANCELLED and not task.cancel_requested then
-      if task.resuming ~= nil then leave_park(task) end -- what its hook took is its own now
-      return true
-    end
+    -- (a parked wait's hook is let go by scheduler.park, its only setter)
+    if value ~= CANCELLED and not task.cancel_requested then return true end
   end
   local resumed = task.resuming == false
   if task.resuming ~= nil then leave_park(task) end
@@ -751,11 +749,12 @@ end
 function scheduler.park(seconds, resuming, on_cancel, a, b, c, d)
   local task = scheduler.current()
   task.wait_id = task.wait_id + 1
-  if resuming then
-    task.resuming, task.park_a, task.park_b, task.park_c, task.park_d = resuming, a, b, c, d
-  end
   if seconds then heap_push(now() + seconds, task, task.wait_id) end
-  return wait_here(task, on_cancel, a, b, c, d)
+  if not resuming then return wait_here(task, on_cancel, a, b, c, d) end
+  task.resuming, task.park_a, task.park_b, task.park_c, task.park_d = resuming, a, b, c, d
+  wait_here(task, on_cancel, a, b, c, d)
+  leave_park(task) -- what its hook took is the task's own now
+  return true
 end
 
 -- A wait on a descriptor ends: it is watched no more.
