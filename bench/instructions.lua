@@ -34,8 +34,17 @@
 -- of libcurl or two, for either contender. BENCH_INSTR_RUNS measures each
 -- contender that many times, alternating, and keeps the median of each.
 --
+-- BENCH_INSTR_LATENCY_MS=N makes nginx answer every request N ms late
+-- (bench/nginx.sh), as a real API does. The answer is then never there at
+-- the first read, so a request's count stops moving: at 5 ms both
+-- contenders' spread is under 0.5%, where at 0 it is 2-4% (bench/README.md,
+-- "Instructions"). Use it to compare two trees; a request's count rises
+-- for both contenders (more passes of the event loop while it waits), so
+-- the ratios are not those of the targets, which are measured at 0.
+--
 -- Knobs: BENCH_INSTR_K (default 1280; the 64 KiB shape takes a quarter,
 -- the 1 MiB one a thirty-second), BENCH_INSTR_RUNS (default 1),
+-- BENCH_INSTR_LATENCY_MS (default 0),
 -- BENCH_CONCURRENCY (default 64), and
 -- BENCH_ONLY (shapes by key, comma-separated). Runs under Lua 5.4 and
 -- LuaJIT (`make bench-instructions LUA=luajit`; the OpenResty shapes are
@@ -50,6 +59,7 @@ local env_int, sh_quote, run_cmd, capture = common.env_int, common.sh_quote, com
 
 local K = env_int("BENCH_INSTR_K", 1280)
 local RUNS = env_int("BENCH_INSTR_RUNS", 1)
+local LATENCY_MS = env_int("BENCH_INSTR_LATENCY_MS", 0)
 local CONC = env_int("BENCH_CONCURRENCY", 64)
 -- How many of K requests each shape runs: a large body's cost is counted
 -- on fewer. Each body's copy into a Lua string is memcpy's `rep movsb`,
@@ -161,8 +171,8 @@ end
 
 local function bench(base)
   local jit = rawget(_G, "jit")
-  io.write(format("nginx at %s; ratewise %s on %s; %s; %d in flight; callgrind, (Ir(3K) - Ir(K)) / 2K, K = %d%s\n",
-    base, require("ratewise")._VERSION, jit and jit.version or _VERSION,
+  io.write(format("nginx at %s%s; ratewise %s on %s; %s; %d in flight; callgrind, (Ir(3K) - Ir(K)) / 2K, K = %d%s\n",
+    base, LATENCY_MS > 0 and format(" (every answer %d ms late)", LATENCY_MS) or "", require("ratewise")._VERSION, jit and jit.version or _VERSION,
     require("ratewise.core").curl_version or "libcurl", CONC, K,
     RUNS > 1 and format(", the median of %d runs", RUNS) or ""))
   io.flush()
@@ -213,7 +223,8 @@ end
 assert(common.ensure_command("valgrind"))
 local dir = capture("mktemp -d -t ratewise-instr.XXXXXX")
 local ok, err = xpcall(function()
-  local port = tonumber(capture(format("bash %s start %s", sh_quote(common.here .. "/nginx.sh"), sh_quote(dir))))
+  local port = tonumber(capture(format("NGINX_LATENCY_MS=%d bash %s start %s", LATENCY_MS,
+    sh_quote(common.here .. "/nginx.sh"), sh_quote(dir))))
   if not port then error("nginx.sh start printed no port", 0) end
   bench(format("http://127.0.0.1:%d", port))
 end, debug.traceback)

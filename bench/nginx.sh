@@ -13,6 +13,12 @@
 # files, read from the page cache and sent with sendfile, with no gzip
 # (nothing here turns it on), so that nginx spends as little of its core
 # as it can on the large-body shapes of run.lua.
+#
+# With NGINX_LATENCY_MS=N (N > 0) in the environment, start makes every
+# answer wait N ms first, as a real API's does (ngx.sleep: Debian's
+# libnginx-mod-http-lua, which `make bench-instructions` installs anyway
+# for its OpenResty shapes). / then answers "ok" from Lua, with a
+# Content-Length as before, and /body/ waits in the access phase.
 #   bench/nginx.sh stop DIR         stops that nginx by the pid in DIR/nginx.pid
 set -euo pipefail
 
@@ -61,9 +67,31 @@ write_bodies() { # DIR
     chmod 644 "$dir/64k" "$dir/1m"
 }
 
+# The modules and the two locations of the configuration: plain, or with
+# every answer NGINX_LATENCY_MS late.
+latency_ms() {
+    local ms=${NGINX_LATENCY_MS:-0}
+    case "$ms" in
+        ''|*[!0-9]*) log "NGINX_LATENCY_MS must be a whole number of milliseconds (got '$ms')"; exit 2 ;;
+    esac
+    echo $((10#$ms))
+}
+
 write_conf() { # DIR PORT
-    local dir=$1 port=$2
+    local dir=$1 port=$2 ms modules="" root body
+    ms=$(latency_ms)
+    root='location / { return 200 "ok"; }'
+    body="location /body/ { root $dir; default_type application/octet-stream; }"
+    if [ "$ms" -gt 0 ]; then
+        modules="load_module /usr/lib/nginx/modules/ndk_http_module.so;
+load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;"
+        root="location / { default_type text/plain; content_by_lua_block {
+            ngx.sleep($ms / 1000); ngx.header[\"Content-Length\"] = 2; ngx.print(\"ok\") } }"
+        body="location /body/ { root $dir; default_type application/octet-stream;
+            access_by_lua_block { ngx.sleep($ms / 1000) } }"
+    fi
     cat > "$dir/nginx.conf" <<CONF
+$modules
 daemon on;
 master_process on;
 worker_processes 1;
@@ -86,8 +114,8 @@ http {
     open_file_cache max=16 inactive=600s;
     server {
         listen 127.0.0.1:$port;
-        location / { return 200 "ok"; }
-        location /body/ { root $dir; default_type application/octet-stream; }
+        $root
+        $body
     }
 }
 CONF
