@@ -172,7 +172,8 @@ end
 local function bench(base)
   local jit = rawget(_G, "jit")
   io.write(format("nginx at %s%s; ratewise %s on %s; %s; %d in flight; callgrind, (Ir(3K) - Ir(K)) / 2K, K = %d%s\n",
-    base, LATENCY_MS > 0 and format(" (every answer %d ms late)", LATENCY_MS) or "", require("ratewise")._VERSION, jit and jit.version or _VERSION,
+    base, LATENCY_MS > 0 and format(" (every answer %d ms late)", LATENCY_MS) or "", require("ratewise")._VERSION,
+    jit and jit.version or _VERSION,
     require("ratewise.core").curl_version or "libcurl", CONC, K,
     RUNS > 1 and format(", the median of %d runs", RUNS) or ""))
   io.flush()
