@@ -38,9 +38,10 @@
 -- (bench/nginx.sh), as a real API does. The answer is then never there at
 -- the first read, so a request's count stops moving: at 5 ms both
 -- contenders' spread is under 0.5%, where at 0 it is 2-4% (bench/README.md,
--- "Instructions"). Use it to compare two trees; a request's count rises
--- for both contenders (more passes of the event loop while it waits), so
--- the ratios are not those of the targets, which are measured at 0.
+-- "Instructions a request"). Use it to compare two trees. The counts are
+-- those of a request that waits (near the 0 ms runs' slower mode), so the
+-- ratios read close to the targets' but are not them: those are measured
+-- at 0, the default.
 --
 -- Knobs: BENCH_INSTR_K (default 1280; the 64 KiB shape takes a quarter,
 -- the 1 MiB one a thirty-second), BENCH_INSTR_RUNS (default 1),
