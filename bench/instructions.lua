@@ -37,7 +37,7 @@
 -- BENCH_INSTR_LATENCY_MS=N makes nginx answer every request N ms late
 -- (bench/nginx.sh), as a real API does. The answer is then never there at
 -- the first read, so a request's count stops moving: at 5 ms both
--- contenders' spread is under 0.5%, where at 0 it is 2-4% (bench/README.md,
+-- contenders' spread is under 0.5%, where at 0 it is up to 4% (bench/README.md,
 -- "Instructions a request"). Use it to compare two trees. The counts are
 -- those of a request that waits (near the 0 ms runs' slower mode), so the
 -- ratios read close to the targets' but are not them: those are measured
