@@ -277,18 +277,12 @@ describe("the waiting seam", function()
       collectgarbage()
       local t0 = rw.now()
       local deadline = t0 + 10
-      -- A step's own work is its CPU time (os.clock); its wall time also
-      -- counts any wait inside it, and the moments another process held
-      -- the core (23 ms once, on two cores with a suite and a callgrind run
-      -- beside this one). A step that waited would be slow in every frame.
-      local worst_cpu, slow_frames = 0, 0
       repeat
-        local started, cpu = rw.now(), os.clock()
+        local started = rw.now()
         local after = rw.step(0)
-        local took, took_cpu = rw.now() - started, os.clock() - cpu
+        local took = rw.now() - started
         if started - t0 > 0.2 and after == live and after == 100 then
-          worst_waiting, worst_cpu = math.max(worst_waiting, took), math.max(worst_cpu, took_cpu)
-          if took >= 0.02 then slow_frames = slow_frames + 1 end
+          worst_waiting = math.max(worst_waiting, took)
           waiting_frames = waiting_frames + 1
         end
         live = after
@@ -297,9 +291,7 @@ describe("the waiting seam", function()
       assert.equal(100, answered)
       -- bench/hosts.lua measures it (a millisecond or so at most); a shared
       -- machine, and ASan's build, get room here
-      assert.is_true(worst_cpu < 0.02, "the slowest step took " .. worst_cpu .. " s of CPU")
-      assert.is_true(slow_frames <= 1, slow_frames .. " of " .. waiting_frames .. " steps took 20 ms or more; the "
-        .. "slowest " .. worst_waiting .. " s")
+      assert.is_true(worst_waiting < 0.02, "the slowest step took " .. worst_waiting .. " s")
       assert.is_true(waiting_frames > 5, waiting_frames .. " frames")
     end)
   end)
