@@ -1,0 +1,84 @@
+-- The shape rules of the Lua layer, checked over lua/ratewise as text:
+-- a function takes a record, not a long list of positional values (at most
+-- 7 parameters), and a comment says why, never how many instructions or
+-- microseconds (measurements live in commit messages and bench/HISTORY.md).
+
+local MAX_PARAMETERS = 7
+
+local function lua_files()
+  local files = {}
+  local p = assert(io.popen("find lua/ratewise -name '*.lua' | sort"))
+  for path in p:lines() do files[#files + 1] = path end
+  p:close()
+  return files
+end
+
+local function lines_of(path)
+  local f = assert(io.open(path, "rb"))
+  local text = f:read("*a")
+  f:close()
+  local lines = {}
+  for line in (text .. "\n"):gmatch("(.-)\n") do lines[#lines + 1] = line end
+  return lines
+end
+
+-- The functions of a line with more than MAX_PARAMETERS parameters, as
+-- "path:line name(n)".
+local function long_signatures(path, number, line)
+  local found = {}
+  local code = line:gsub("%-%-.*$", "")
+  for name, params in code:gmatch("function%s*([%w_.:]*)%s*%(([^)]*)%)") do
+    local n = 0
+    for _ in params:gmatch("[^,%s][^,]*") do n = n + 1 end
+    if n > MAX_PARAMETERS then
+      found[#found + 1] = string.format("%s:%d %s(%d)", path, number, name ~= "" and name or "function", n)
+    end
+  end
+  return found
+end
+
+-- A comment that carries a measurement: an instruction count or a time in
+-- micro- or nanoseconds.
+local MEASUREMENTS = { "%d[%d,.]*k? instructions", "%d[%d.]* ?us%f[%W]", "%d[%d.]* ?ns%f[%W]", "%d ?µs",
+  "callgrind" }
+
+local function measured_comment(line)
+  local comment = line:match("%-%-(.*)$")
+  if not comment then return false end
+  for _, pattern in ipairs(MEASUREMENTS) do
+    if comment:find(pattern) then return true end
+  end
+  return false
+end
+
+describe("the Lua layer's shape", function()
+  it("has no function of more than " .. MAX_PARAMETERS .. " parameters", function()
+    local long = {}
+    for _, path in ipairs(lua_files()) do
+      for number, line in ipairs(lines_of(path)) do
+        for _, found in ipairs(long_signatures(path, number, line)) do long[#long + 1] = found end
+      end
+    end
+    assert.same({}, long)
+  end)
+
+  it("has no comment that carries a measurement", function()
+    local measured = {}
+    for _, path in ipairs(lua_files()) do
+      for number, line in ipairs(lines_of(path)) do
+        if measured_comment(line) then measured[#measured + 1] = path .. ":" .. number .. ": " .. line end
+      end
+    end
+    assert.same({}, measured)
+  end)
+
+  it("reads signatures and comments as they are written", function()
+    assert.same({ "x.lua:1 f(8)" }, long_signatures("x.lua", 1, "local function f(a, b, c, d, e, f, g, h)"))
+    assert.same({}, long_signatures("x.lua", 1, "function m.g(a, b, c, d, e, f, g) -- (a, b, c, d, e, f, g, h)"))
+    assert.same({}, long_signatures("x.lua", 1, "local f = function(...) end"))
+    assert.is_true(measured_comment("x = 1 -- saves 130 instructions a call"))
+    assert.is_true(measured_comment("-- 88.6 us CPU a step"))
+    assert.is_false(measured_comment("-- waits at most 5 seconds"))
+    assert.is_false(measured_comment("x = 1"))
+  end)
+end)
