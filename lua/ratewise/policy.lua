@@ -14,7 +14,7 @@
 local options = require "ratewise.options"
 
 local format = string.format
-local type, tostring, pairs, select, setmetatable, getmetatable = type, tostring, pairs, select,
+local type, pairs, select, setmetatable, getmetatable = type, pairs, select,
   setmetatable, getmetatable
 
 local policy = {}
