@@ -508,7 +508,7 @@ function Client:request(method, path, opts)
       counters.deduped = counters.deduped - 1
     elseif share and not shared then
       -- The first of identical calls makes the request itself, in its own
-      -- task (a task apiece cost a coroutine, a table and a join per call).
+      -- task: the client starts no task of its own that could outlive it.
       res, err = self:_send_shared(key, deadline, url, call)
       break
     else

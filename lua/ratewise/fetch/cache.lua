@@ -13,6 +13,9 @@
 --   locals of plan.lua (last_url, last_head, last_opts: an upvalue is read
 --   for less than a table's field on the path of every call), listed here.
 --
+-- Also (at the end) a client's responses and requests in flight, keyed by
+-- a request's identity: not a fast path, but what `cache` and `dedupe` are.
+--
 -- What each cache keeps and why it pays: docs/internals.md, "The fast-path
 -- caches". A value kept must be what the code would compute again from the
 -- key alone; where it also depends on what a table holds (a header table's
