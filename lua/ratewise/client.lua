@@ -1,11 +1,14 @@
 -- rw.client: one API's base URL, headers, provider policy, limits and
 -- resilience settings in one object, with JSON in and out.
+local circuit_mod = require "ratewise.circuit"
 local compat = require "ratewise.compat"
 local fetch = require "ratewise.fetch"
 local fast_paths = require "ratewise.fetch.cache"
 local headers_mod = require "ratewise.headers"
 local json = require "ratewise.json"
+local limiters_mod = require "ratewise.limiters"
 local policy_mod = require "ratewise.policy"
+local retry_budget_mod = require "ratewise.retry_budget"
 local scheduler = require "ratewise.scheduler"
 local core = require "ratewise.core"
 local errors = require "ratewise.errors"
@@ -149,7 +152,6 @@ function client.new(opts)
       errors.bad_option("client", name, "a boolean", opts[name], 2)
     end
   end
-  local rw = require "ratewise" -- the constructors of circuits and budgets
   local c = setmetatable({
     base_url = (base:gsub("/+$", "")),
     origin = headers_mod.origin(base),
@@ -159,8 +161,8 @@ function client.new(opts)
     limiter = opts.limiter,
     routes = compile_routes(opts.routes),
     semaphore = opts.concurrency and scheduler.semaphore(opts.concurrency) or nil,
-    circuit = resolve_object(opts.circuit, rw.circuit),
-    budget = resolve_object(opts.budget, rw.retry_budget),
+    circuit = resolve_object(opts.circuit, circuit_mod.new),
+    budget = resolve_object(opts.budget, retry_budget_mod.new),
     dedupe = opts.dedupe == nil and options.default("dedupe") or opts.dedupe,
     secret_headers = opts.secret_headers ~= nil and secret_list(opts.secret_headers) or nil,
     -- the responses kept (fetch.cache.responses), the requests in flight
@@ -260,8 +262,7 @@ function Client:_limiter_for(path, explicit)
   -- The route's counts requests (and hears what the server says of them);
   -- the client's takes the call's cost.
   if not route.both then
-    local rw = require "ratewise"
-    route.both = rw.limiters { route.limiter, cost = self.limiter }
+    route.both = limiters_mod.new { route.limiter, cost = self.limiter }
   end
   return route.both
 end
