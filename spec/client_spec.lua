@@ -113,7 +113,7 @@ describe("rw.client", function()
       assert.error_matches(function() rw.client { base_url = s.base, retries = 3 } end, "unknown option 'retries'")
       assert.error_matches(function() rw.client { base_url = s.base, provider = "nosuch" } end,
         "unknown provider 'nosuch'")
-      assert.error_matches(function() rw.client { base_url = s.base, cache = { ttl = 0 } } end, "'cache'")
+      assert.error_matches(function() rw.client { base_url = s.base, cache = { ttl = 0 } } end, "'cache.ttl'")
       local c = new()
       assert.error_matches(function() c:get("echo") end, "path must start with / or be an http:// or https:// URL")
       assert.error_matches(function() c:post("/echo", { json = { f = print } }) end, "'json' cannot be encoded")

@@ -6,6 +6,7 @@ local bucket = require "ratewise.bucket"
 local core = require "ratewise.core"
 local cubic = require "ratewise.cubic"
 local errors = require "ratewise.errors"
+local options = require "ratewise.options"
 
 local now = core.now
 local format, huge, floor = string.format, math.huge, math.floor
@@ -74,8 +75,7 @@ function adaptive.new(opts)
   end
   for k in pairs(opts) do
     if not known_options[k] then
-      error(format("adaptive: unknown option '%s' (expected rate, max_rate, min_rate, burst, beta, near)",
-        tostring(k)), 2)
+      options.unknown("adaptive", k, known_options, 2)
     end
   end
   local max_rate, min_rate = positive(opts, "max_rate"), positive(opts, "min_rate") or MIN_RATE

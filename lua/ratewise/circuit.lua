@@ -12,6 +12,7 @@
 local compat = require "ratewise.compat"
 local core = require "ratewise.core"
 local errors = require "ratewise.errors"
+local options = require "ratewise.options"
 
 local now = core.now
 local format = string.format
@@ -44,7 +45,7 @@ local function check_options(opts)
         errors.bad_option("circuit", "on_change", "a function", v, 3)
       end
     else
-      error(format("circuit: unknown option '%s' (expected failures, cooldown, on_change)", tostring(k)), 3)
+      options.unknown("circuit", k, { "failures", "cooldown", "on_change" }, 3)
     end
   end
 end

@@ -1,18 +1,22 @@
 -- rw.client: one API's base URL, headers, provider policy, limits and
 -- resilience settings in one object, with JSON in and out.
+local circuit_mod = require "ratewise.circuit"
 local compat = require "ratewise.compat"
 local fetch = require "ratewise.fetch"
 local fast_paths = require "ratewise.fetch.cache"
 local headers_mod = require "ratewise.headers"
 local json = require "ratewise.json"
+local limiters_mod = require "ratewise.limiters"
 local policy_mod = require "ratewise.policy"
+local retry_budget_mod = require "ratewise.retry_budget"
 local scheduler = require "ratewise.scheduler"
 local core = require "ratewise.core"
 local errors = require "ratewise.errors"
+local options = require "ratewise.options"
 
 local format, lower, upper, find, byte = string.format, string.lower, string.upper, string.find, string.byte
 local SLASH = byte("/")
-local concat, sort = table.concat, table.sort
+local sort = table.sort
 local type, tostring, pairs, ipairs, setmetatable, pcall = type, tostring, pairs, ipairs, setmetatable, pcall
 local now = core.now
 
@@ -21,21 +25,9 @@ local client = {}
 local Client = {}
 Client.__index = Client
 
--- fetch options a client may set as defaults for every call.
-local fetch_defaults = {
-  timeout = true, max_retries = true, max_elapsed = true, max_delay = true, base = true, jitter = true,
-  retry_non_idempotent = true, on_retry = true, delay = true, sleep = true, follow_redirects = true,
-  max_body = true, verify_tls = true, retry_after = true, retry_after_max = true, hint_jitter = true,
-  ca_file = true, ca_path = true, client_cert = true, client_key = true, client_key_password = true,
-  pinned_public_key = true, tls_min_version = true, proxy = true, proxy_ca_file = true, decompress = true,
-  connect_timeout = true, first_byte_timeout = true, idle_timeout = true,
-}
-local client_options = {
-  base_url = true, headers = true, provider = true, limiter = true, concurrency = true, circuit = true,
-  budget = true, routes = true, dedupe = true, cache = true, on_event = true, secret_headers = true,
-  cross_origin = true,
-}
-for k in pairs(fetch_defaults) do client_options[k] = true end
+-- The options of rw.client (its own, and the fetch options it takes as
+-- defaults for every call: options.client_defaults), from the schema.
+local client_options, fetch_defaults = options.client, options.client_defaults
 
 -- Per-call options that are the client's own, not fetch's.
 local call_only = { json = true, query = true, cost = true, cross_origin = true }
@@ -44,9 +36,6 @@ local call_only = { json = true, query = true, cost = true, cross_origin = true 
 -- response to a POST would swallow a side effect.
 local shareable = { GET = true, HEAD = true, OPTIONS = true }
 
--- Headers that do not change what the server answers, left out of the key
--- that tells identical requests apart.
-local not_in_key = { ["user-agent"] = true, ["x-request-id"] = true, traceparent = true, tracestate = true }
 
 ---------------------------------------------------------------------------
 -- Construction
@@ -121,13 +110,25 @@ local function secret_list(names)
   return list
 end
 
+-- The `cache` option: {ttl = seconds [, max_entries = n]} (options.cache_schema).
+local cache_fields = {}
+for _, entry in ipairs(options.cache_schema) do cache_fields["cache." .. entry.name] = entry end
+local function check_cache(cache)
+  if type(cache) ~= "table" or cache.ttl == nil then
+    error("client: option 'cache' must be {ttl = seconds [, max_entries = n]}", 3)
+  end
+  for k, v in pairs(cache) do
+    options.check("client", cache_fields, "cache." .. tostring(k), v, 3)
+  end
+end
+
 --- c = rw.client{base_url = ..., ...}
 function client.new(opts)
   if type(opts) ~= "table" then
     error(format("client: expected a table of options (got %s)", type(opts)), 2)
   end
   for k in pairs(opts) do
-    if not client_options[k] then error(format("client: unknown option '%s'", tostring(k)), 2) end
+    if not client_options[k] then options.unknown("client", k, client_options, 2) end
   end
   local base = opts.base_url
   if type(base) ~= "string" or not base:lower():find("^https?://") then
@@ -145,17 +146,12 @@ function client.new(opts)
     error("client: option 'on_event' must be a function", 2)
   end
   local cache = opts.cache
-  if cache ~= nil then
-    if type(cache) ~= "table" or type(cache.ttl) ~= "number" or cache.ttl ~= cache.ttl or cache.ttl <= 0 then
-      error("client: option 'cache' must be {ttl = seconds [, max_entries = n]}", 2)
-    end
-  end
+  if cache ~= nil then check_cache(cache) end
   for _, name in ipairs { "dedupe", "cross_origin" } do
     if opts[name] ~= nil and type(opts[name]) ~= "boolean" then
       errors.bad_option("client", name, "a boolean", opts[name], 2)
     end
   end
-  local rw = require "ratewise" -- the constructors of circuits and budgets
   local c = setmetatable({
     base_url = (base:gsub("/+$", "")),
     origin = headers_mod.origin(base),
@@ -165,12 +161,16 @@ function client.new(opts)
     limiter = opts.limiter,
     routes = compile_routes(opts.routes),
     semaphore = opts.concurrency and scheduler.semaphore(opts.concurrency) or nil,
-    circuit = resolve_object(opts.circuit, rw.circuit),
-    budget = resolve_object(opts.budget, rw.retry_budget),
-    dedupe = opts.dedupe ~= false,
+    circuit = resolve_object(opts.circuit, circuit_mod.new),
+    budget = resolve_object(opts.budget, retry_budget_mod.new),
+    dedupe = opts.dedupe == nil and options.default("dedupe") or opts.dedupe,
     secret_headers = opts.secret_headers ~= nil and secret_list(opts.secret_headers) or nil,
-    cache_ttl = cache and cache.ttl, cache_max = cache and cache.max_entries or 1000,
-    cached = {}, cache_order = {}, in_flight = {},
+    -- the responses kept (fetch.cache.responses), the requests in flight
+    -- that identical ones join, both by the request's identity
+    -- (fetch.cache.request_key, with the client's random salt)
+    responses = cache
+      and fast_paths.responses(cache.ttl, cache.max_entries or cache_fields["cache.max_entries"].default),
+    in_flight = {}, salt = false,
     on_event = opts.on_event,
     defaults = {},
     -- fetch counts the attempts, retries and waits into them (fetch.counters)
@@ -188,7 +188,11 @@ function client.new(opts)
     -- (bounded: fetch.cache.PLAIN_PATHS_KEPT a method)
     plain_paths = {},
   }, Client)
-  for k in pairs(fetch_defaults) do c.defaults[k] = opts[k] end
+  for _, k in ipairs(fetch_defaults) do c.defaults[k] = opts[k] end
+  -- the object options a call must share with the client to be shared or
+  -- cached (options.identity's "object": its policy)
+  c.own = { policy = c.policy }
+  if c.dedupe or c.responses then c.salt = fast_paths.salt() end
   -- The defaults and objects are checked now, where they were given, not at the first request.
   local checked = {}
   for k, v in pairs(c.defaults) do checked[k] = v end
@@ -258,121 +262,9 @@ function Client:_limiter_for(path, explicit)
   -- The route's counts requests (and hears what the server says of them);
   -- the client's takes the call's cost.
   if not route.both then
-    local rw = require "ratewise"
-    route.both = rw.limiters { route.limiter, cost = self.limiter }
+    route.both = limiters_mod.new { route.limiter, cost = self.limiter }
   end
   return route.both
-end
-
--- made once, not at each call: a closure made in request_key would keep
--- LuaJIT from compiling it, and the calls around it (NYI: UCLO)
-local function by_lower_name(a, b) return lower(a) < lower(b) end
-
-local function request_key(method, url, h, body)
-  local name, value = next(h)
-  if name == nil or next(h, name) == nil then
-    -- no header, or one (a credential): the same key, without a sort
-    local key = method .. "\n" .. url .. "\n" .. (body or "")
-    if name == nil then return key end
-    local lower_name = lower(name)
-    if not_in_key[lower_name] then return key end
-    return key .. "\n" .. lower_name .. ":" .. tostring(value)
-  end
-  local names = {}
-  for k in pairs(h) do
-    if not not_in_key[lower(k)] then names[#names + 1] = k end
-  end
-  sort(names, by_lower_name)
-  local parts = { method, url, body or "" }
-  for _, k in ipairs(names) do parts[#parts + 1] = lower(k) .. ":" .. tostring(h[k]) end
-  return concat(parts, "\n")
-end
-
--- The key of a call without options (made: what its path made, Client:
--- _keep_plain; it has no body), kept with it while the client's headers
--- hold the same one name and value, or none: a new key is a new string of
--- a hundred bytes or so to build and hash at every call.
-local function plain_key(made, method, url, h)
-  local name, value = next(h)
-  local single = name == nil or next(h, name) == nil
-  if single and made[3] and made[4] == name and made[5] == value then return made[3] end
-  local key = request_key(method, url, h, nil)
-  if single then made[3], made[4], made[5] = key, name, value else made[3] = nil end
-  return key
-end
-
--- The cache's entries in the order they were stored, oldest first:
--- self.cache_order is a queue of keys, order[head..tail], and each entry
--- knows its slot. An entry that expires, or is stored again, leaves its old
--- slot behind; eviction skips such a slot, so an expired copy can never take
--- a fresh entry with it, and nothing is shifted (a table.remove from the
--- front moved every key). `live` counts the entries; the queue is compacted
--- once stale slots, or the indices below head, outnumber them.
-local function cache_queue(self)
-  local order = self.cache_order
-  if not order.head then order.head, order.tail, order.live = 1, 0, 0 end
-  return order
-end
-
-local function cache_compact(order, cached)
-  local keys, n = {}, 0
-  for i = order.head, order.tail do
-    local key = order[i]
-    order[i] = nil
-    local entry = cached[key]
-    if entry and entry.slot == i then
-      n = n + 1
-      keys[n] = key
-    end
-  end
-  for i = 1, n do
-    order[i] = keys[i]
-    cached[keys[i]].slot = i
-  end
-  order.head, order.tail = 1, n
-end
-
-function Client:_cache_get(key)
-  local entry = self.cached[key]
-  if entry and entry.expires > now() then return entry.res end
-  if entry then
-    self.cached[key] = nil
-    local order = cache_queue(self)
-    order.live = order.live - 1
-  end
-  return nil
-end
-
-function Client:_cache_put(key, res)
-  local cc = res.headers["cache-control"]
-  if cc and lower(cc):find("no%-store") then return end
-  local order, cached = cache_queue(self), self.cached
-  if not cached[key] then order.live = order.live + 1 end
-  local slot = order.tail + 1
-  order.tail = slot
-  order[slot] = key
-  cached[key] = { res = res, expires = now() + self.cache_ttl, slot = slot }
-  while order.live > self.cache_max do
-    local head = order.head
-    local oldest = order[head]
-    order[head] = nil
-    order.head = head + 1
-    local entry = cached[oldest]
-    if entry and entry.slot == head then
-      cached[oldest] = nil
-      order.live = order.live - 1
-    end
-  end
-  local margin = 2 * order.live + 32
-  if order.tail - order.head >= margin or order.head > margin then cache_compact(order, cached) end
-end
-
--- A copy for a second reader of a shared response, so that neither can
--- change what the other sees (the headers and json stay shared: read-only).
-local function copy_response(res)
-  local r = {}
-  for k, v in pairs(res) do r[k] = v end
-  return setmetatable(r, getmetatable(res))
 end
 
 --- res | nil, err = client:request(method, path [, opts])
@@ -569,22 +461,19 @@ function Client:request(method, path, opts)
   local counters = self.counters
   counters.requests = counters.requests + 1
   -- A stream has one reader: it is neither shared nor cached.
+  local responses = self.responses
   local share = self.dedupe and shareable[method] and not call.stream
-  local cacheable = self.cache_ttl and shareable[method] and not call.stream
+  local cacheable = responses and shareable[method] and not call.stream
+  -- The request's identity: nil for one that is like no other.
+  local key = (share or cacheable) and fast_paths.request_key(self.salt, method, url, call.body, h, call, self.own)
   -- Neither shared nor cached: nothing is left to do here once fetch has
   -- answered (a tail call: the task waiting in it keeps no frame of this one).
-  if not share and not cacheable then return self:_send(url, call) end
-  local key
-  if made then
-    key = plain_key(made, method, url, h)
-  else
-    key = request_key(method, url, h, call.body)
-  end
+  if not key then return self:_send(url, call) end
   if cacheable then
-    local hit = self:_cache_get(key)
+    local hit = fast_paths.response_get(responses, key, now())
     if hit then
       counters.cache_hits = counters.cache_hits + 1
-      return copy_response(hit)
+      return hit
     end
   end
 
@@ -609,8 +498,8 @@ function Client:request(method, path, opts)
       -- is raised here too, as it would be without sharing.
       if shared.raised ~= nil then error(shared.raised, 0) end
       if set and not shared.cancelled then
-        res, err = shared.res, shared.err
-        if res then res = copy_response(res) end
+        -- its own copy of what the call that made the request kept
+        res, err = fast_paths.copy(shared.res), fast_paths.copy(shared.err)
         break
       end
       -- The caller that made the request was cancelled, and its transfer
@@ -620,7 +509,7 @@ function Client:request(method, path, opts)
       counters.deduped = counters.deduped - 1
     elseif share and not shared then
       -- The first of identical calls makes the request itself, in its own
-      -- task (a task apiece cost a coroutine, a table and a join per call).
+      -- task: the client starts no task of its own that could outlive it.
       res, err = self:_send_shared(key, deadline, url, call)
       break
     else
@@ -629,7 +518,7 @@ function Client:request(method, path, opts)
     end
   end
   if res and cacheable and res.status >= 200 and res.status < 300 then
-    self:_cache_put(key, res)
+    fast_paths.response_put(responses, key, res, h, now())
   end
   return res, err
 end
@@ -688,7 +577,9 @@ function Client:_send_shared(key, deadline, url, call)
   local ok, res, err = compat.pcall(self._send, self, url, call)
   if in_flight[key] == entry then in_flight[key] = nil end
   if ok then
-    entry.res, entry.err = res, err
+    -- Those that joined copy what it ended with, as it was: its caller
+    -- may change its own table before they run.
+    if entry.done then entry.res, entry.err = fast_paths.copy(res), fast_paths.copy(err) end
   elseif res == scheduler.CANCELLED then
     entry.cancelled = true
   else

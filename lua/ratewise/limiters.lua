@@ -16,6 +16,7 @@
 -- in ahead of one asking for many.
 local runtime = require "ratewise.runtime"
 local errors = require "ratewise.errors"
+local options = require "ratewise.options"
 local bad_seconds = require("ratewise.scheduler").bad_seconds
 
 local format = string.format
@@ -84,7 +85,8 @@ function limiters.new(spec)
   local count = #spec
   for k in pairs(spec) do
     if k ~= "cost" and (type(k) ~= "number" or k % 1 ~= 0 or k < 1 or k > count) then
-      error(format("limiters: unknown option '%s' (expected limiters in an array, and cost)", tostring(k)), 2)
+      if type(k) == "string" then options.unknown("limiters", k, { "cost" }, 2) end
+      error(format("limiters: key %s is not part of the array of limiters (1 to %d)", tostring(k), count), 2)
     end
   end
   local each, by_cost, seen = {}, {}, {}

@@ -11,8 +11,10 @@
 --                             attempt of a request that is not replay-safe
 --                             was not acted on (a 429), so it may be sent
 --                             again (res is nil after a transport failure)
+local options = require "ratewise.options"
+
 local format = string.format
-local type, tostring, pairs, select, setmetatable, getmetatable = type, tostring, pairs, select,
+local type, pairs, select, setmetatable, getmetatable = type, pairs, select,
   setmetatable, getmetatable
 
 local policy = {}
@@ -22,6 +24,7 @@ Policy.__index = Policy
 Policy.__name = "ratewise.Policy"
 
 local hooks = { classify = true, delay = true, observe = true, prepare = true, replayable = true }
+local policy_fields = { "classify", "delay", "observe", "prepare", "replayable", "name" }
 
 local function is_policy(v)
   return getmetatable(v) == Policy
@@ -39,8 +42,7 @@ local function build(spec, level)
     if k == "name" then
       if type(v) ~= "string" then error("policy: 'name' must be a string", level) end
     elseif not hooks[k] then
-      error(format("policy: unknown field '%s' (expected classify, delay, observe, prepare, replayable, name)",
-        tostring(k)), level)
+      options.unknown("policy", k, policy_fields, level, "field")
     elseif type(v) ~= "function" then
       error(format("policy: hook '%s' must be a function (got %s)", k, type(v)), level)
     end

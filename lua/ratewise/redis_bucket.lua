@@ -8,6 +8,7 @@
 local bucket = require "ratewise.bucket"
 local gcra = require "ratewise.gcra"
 local errors = require "ratewise.errors"
+local options = require "ratewise.options"
 local redis = require "ratewise.redis"
 local runtime = require "ratewise.runtime"
 
@@ -219,7 +220,6 @@ local known_options = {
   redis = true, key = true, capacity = true, rate = true, on_error = true, timeout = true,
   local_share = true, sync_horizon = true,
 }
-local OPTION_LIST = "redis, key, capacity, rate, on_error, timeout, local_share, sync_horizon"
 
 --- b = rw.redis_bucket{redis = url | client, key = name, capacity = C, rate = R
 --   [, on_error = "closed" | "local"] [, timeout = s] [, local_share = f] [, sync_horizon = s]}
@@ -229,7 +229,7 @@ function redis_bucket.new(opts)
   end
   for k in pairs(opts) do
     if not known_options[k] then
-      error(format("redis_bucket: unknown option '%s' (expected %s)", tostring(k), OPTION_LIST), 2)
+      options.unknown("redis_bucket", k, known_options, 2)
     end
   end
   local key = opts.key

@@ -14,11 +14,12 @@
 -- at most the ring's size), whatever the traffic.
 local core = require "ratewise.core"
 local errors = require "ratewise.errors"
+local options = require "ratewise.options"
 
 local now = core.now
 local format = string.format
 local floor, ceil, max, min, huge = math.floor, math.ceil, math.max, math.min, math.huge
-local type, tostring, pairs, error, setmetatable = type, tostring, pairs, error, setmetatable
+local type, pairs, error, setmetatable = type, pairs, error, setmetatable
 
 local retry_budget = {}
 
@@ -51,8 +52,7 @@ local function check_options(opts)
     elseif k == "window" then
       check_number(k, v, function(x) return x > 0 end, "a positive number of seconds")
     else
-      error(format("retry_budget: unknown option '%s' (expected ratio, min_per_second, window)",
-        tostring(k)), 3)
+      options.unknown("retry_budget", k, { "ratio", "min_per_second", "window" }, 3)
     end
   end
   if opts.ratio == 0 and opts.min_per_second == 0 then

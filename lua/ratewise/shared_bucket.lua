@@ -5,6 +5,7 @@
 local core = require "ratewise.core"
 local gcra = require "ratewise.gcra"
 local runtime = require "ratewise.runtime"
+local options = require "ratewise.options"
 
 local step, count = gcra.step, gcra.count
 local now = core.now
@@ -107,8 +108,7 @@ function shared_bucket.new(opts)
   end
   for k in pairs(opts) do
     if not known_options[k] then
-      error(format("shared_bucket: unknown option '%s' (expected dict, key, capacity, rate, sync_horizon)",
-        tostring(k)), 2)
+      options.unknown("shared_bucket", k, known_options, 2)
     end
   end
   local ngx = rawget(_G, "ngx")

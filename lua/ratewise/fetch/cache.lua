@@ -13,11 +13,21 @@
 --   locals of plan.lua (last_url, last_head, last_opts: an upvalue is read
 --   for less than a table's field on the path of every call), listed here.
 --
+-- Also (at the end) a client's responses and requests in flight, keyed by
+-- a request's identity: not a fast path, but what `cache` and `dedupe` are.
+--
 -- What each cache keeps and why it pays: docs/internals.md, "The fast-path
 -- caches". A value kept must be what the code would compute again from the
 -- key alone; where it also depends on what a table holds (a header table's
 -- names and values), the entry keeps those and is compared at every use.
-local setmetatable, next = setmetatable, next
+local core = require "ratewise.core"
+local options = require "ratewise.options"
+
+local setmetatable, getmetatable, next, type, tostring = setmetatable, getmetatable, next, type, tostring
+local format, lower, byte, gmatch, match = string.format, string.lower, string.byte, string.gmatch, string.match
+local concat, sort = table.concat, table.sort
+local random_bytes = core.random_bytes
+local identity = options.identity
 
 local cache = {}
 
@@ -90,5 +100,216 @@ cache.limiter_methods = cache.weak()
 -- How many paths' calls an rw.client keeps for each method (client.lua,
 -- Client:_keep_plain).
 cache.PLAIN_PATHS_KEPT = 256
+
+---------------------------------------------------------------------------
+-- A client's responses and requests in flight (rw.client's `cache` and
+-- `dedupe`), both keyed by a request's identity (cache.request_key).
+
+--- v = cache.copy(v): a deep copy of a response or an error (their
+-- metatables kept), so that no caller sees what another changes in its own.
+local function copy(v, seen)
+  if type(v) ~= "table" then return v end
+  local done = seen[v]
+  if done then return done end
+  local c = {}
+  seen[v] = c
+  for k, x in next, v do c[k] = copy(x, seen) end
+  return setmetatable(c, getmetatable(v))
+end
+function cache.copy(v)
+  return copy(v, {})
+end
+
+-- Primes below 2^26, so that h * base + byte stays below 2^53: exact in
+-- a double (Lua 5.1, LuaJIT) as in an integer.
+local P1, P2, P3 = 67108859, 67108837, 67108819
+
+--- salt = cache.salt(): the random bases of a client's request keys, or
+-- false when the kernel gives no randomness (its calls are then neither
+-- shared nor cached: a key anyone could compute ahead could be made to
+-- collide).
+function cache.salt()
+  local bytes = random_bytes(9)
+  if not bytes then return false end
+  local b = { byte(bytes, 1, 9) }
+  return { (b[1] * 65536 + b[2] * 256 + b[3]) % (P1 - 2) + 2, (b[4] * 65536 + b[5] * 256 + b[6]) % (P2 - 2) + 2,
+    (b[7] * 65536 + b[8] * 256 + b[9]) % (P3 - 2) + 2 }
+end
+
+-- Absorbs string s, its length first (so that no two sequences of strings
+-- read alike), into digest d: three polynomial hashes with the salt's
+-- random bases, modulo three primes.
+local function absorb(d, salt, s)
+  local b1, b2, b3 = salt[1], salt[2], salt[3]
+  local n = #s
+  local h1, h2, h3 = (d[1] * b1 + n) % P1, (d[2] * b2 + n) % P2, (d[3] * b3 + n) % P3
+  for i = 1, n do
+    local c = byte(s, i)
+    h1, h2, h3 = (h1 * b1 + c) % P1, (h2 * b2 + c) % P2, (h3 * b3 + c) % P3
+  end
+  d[1], d[2], d[3] = h1, h2, h3
+end
+
+-- The header fields that do not change what the server answers, left out
+-- of a request's identity (a response whose Vary names one is not kept).
+local not_in_key = { ["user-agent"] = true, ["x-request-id"] = true, traceparent = true, tracestate = true }
+cache.not_in_key = not_in_key
+
+local function by_lower_name(a, b) return lower(a) < lower(b) end
+
+-- An option's value as the key reads it.
+local function canonical(v)
+  local t = type(v)
+  if t == "string" then return v end
+  if t == "number" then return format("%.17g", v) end
+  if t == "table" then -- secret_headers: an array of names
+    local parts = {}
+    for i = 1, #v do parts[i] = lower(tostring(v[i])) end
+    return concat(parts, ",")
+  end
+  return tostring(v)
+end
+
+--- key | nil = cache.request_key(salt, method, url, body, h, call, own):
+-- the identity of a request (options.identity): its method, URL, body and
+-- header fields (h; names compared case-insensitively, not_in_key left
+-- out) and each option that changes what is sent or how the answer is read
+-- (call: the request's options). A digest, so that a secret (a header's
+-- credential, a URL's userinfo, a proxy's password) takes part in the
+-- comparison but is never kept nor printed. nil for a request that is
+-- like no other: a fresh idempotency key, an object option (a policy)
+-- other than its client's own (own), no salt.
+function cache.request_key(salt, method, url, body, h, call, own)
+  if not salt then return nil end
+  local d = { 0, 0, 0 }
+  absorb(d, salt, method)
+  absorb(d, salt, url)
+  absorb(d, salt, body or "")
+  local names, n = {}, 0
+  for k in next, h do
+    if not not_in_key[lower(k)] then
+      n = n + 1
+      names[n] = k
+    end
+  end
+  if n > 1 then sort(names, by_lower_name) end
+  for i = 1, n do
+    local k = names[i]
+    absorb(d, salt, lower(k))
+    absorb(d, salt, tostring(h[k]))
+  end
+  for i = 1, #identity do
+    local option = identity[i]
+    local name, how = option.name, option.how
+    local v = call[name]
+    if how == "object" then
+      if v ~= own[name] then return nil end
+    elseif v ~= nil then
+      if how == "fresh" and v == true then return nil end
+      absorb(d, salt, name)
+      absorb(d, salt, canonical(v))
+    end
+  end
+  return format("%d.%d.%d", d[1], d[2], d[3])
+end
+
+-- Whether a list of Cache-Control directives holds one of the names.
+local function has_directive(value, names)
+  if type(value) ~= "string" then return false end
+  for directive in gmatch(lower(value), "[^,]+") do
+    if names[match(directive, "^%s*([^=%s]+)")] then return true end
+  end
+  return false
+end
+
+-- What a private cache must not keep (RFC 9111 3, 5.2): a response or
+-- request with no-store, one to be revalidated before each use (no-cache:
+-- the cache cannot revalidate), and a response whose Vary names `*` or a
+-- field left out of the request's identity.
+local NOT_KEPT = { ["no-store"] = true, ["no-cache"] = true }
+local function storable(res, request_headers)
+  local h = res.headers
+  if has_directive(h["cache-control"], NOT_KEPT) or has_directive(h.pragma, NOT_KEPT) then return false end
+  for name, value in next, request_headers do
+    if lower(name) == "cache-control" and has_directive(value, NOT_KEPT) then return false end
+  end
+  local vary = h.vary
+  if vary then
+    for field in gmatch(lower(vary), "[^,%s]+") do
+      if field == "*" or not_in_key[field] then return false end
+    end
+  end
+  return true
+end
+cache.storable = storable
+
+--- store = cache.responses(ttl, max_entries): a client's successful
+-- responses, kept ttl seconds each, max_entries at most (the oldest stored
+-- goes first). Each entry is a copy, and each hit is a copy of it.
+function cache.responses(ttl, max_entries)
+  -- order: a queue of keys, order[head..tail], oldest first; each entry
+  -- knows its slot. An entry that expires, or is stored again, leaves its
+  -- old slot behind; eviction skips such a slot, so that an expired copy
+  -- never takes a fresh entry with it. live counts the entries.
+  return { ttl = ttl, max = max_entries, entries = {}, order = {}, head = 1, tail = 0, live = 0 }
+end
+
+--- res | nil = cache.response_get(store, key, t): a copy of the response
+-- kept for key and fresh at time t.
+function cache.response_get(store, key, t)
+  local entry = store.entries[key]
+  if not entry then return nil end
+  if entry.expires > t then return copy(entry.res, {}) end
+  store.entries[key] = nil
+  store.live = store.live - 1
+  return nil
+end
+
+-- Moves the live slots of the queue to its front, once stale slots (or
+-- the indices below head) outnumber the entries.
+local function compact(store)
+  local order, entries = store.order, store.entries
+  local keys, n = {}, 0
+  for i = store.head, store.tail do
+    local key = order[i]
+    order[i] = nil
+    local entry = entries[key]
+    if entry and entry.slot == i then
+      n = n + 1
+      keys[n] = key
+    end
+  end
+  for i = 1, n do
+    order[i] = keys[i]
+    entries[keys[i]].slot = i
+  end
+  store.head, store.tail = 1, n
+end
+
+--- cache.response_put(store, key, res, request_headers, t): keeps a copy
+-- of res (a 2xx) for key from time t, unless RFC 9111 forbids a private
+-- cache to (storable).
+function cache.response_put(store, key, res, request_headers, t)
+  if not storable(res, request_headers) then return end
+  local order, entries = store.order, store.entries
+  if not entries[key] then store.live = store.live + 1 end
+  local slot = store.tail + 1
+  store.tail = slot
+  order[slot] = key
+  entries[key] = { res = copy(res, {}), expires = t + store.ttl, slot = slot }
+  while store.live > store.max and store.head <= store.tail do
+    local head = store.head
+    local oldest = order[head]
+    order[head] = nil
+    store.head = head + 1
+    local entry = entries[oldest]
+    if entry and entry.slot == head then
+      entries[oldest] = nil
+      store.live = store.live - 1
+    end
+  end
+  local margin = 2 * store.live + 32
+  if store.tail - store.head >= margin or store.head > margin then compact(store) end
+end
 
 return cache

@@ -4,19 +4,17 @@
 -- of the attempts (a limiter, a circuit, a stream...). What is kept from
 -- one call for the next lives in fetch.cache.
 local core = require "ratewise.core"
-local errors = require "ratewise.errors"
 local headers = require "ratewise.headers"
 local json = require "ratewise.json"
 local log = require "ratewise.log"
 local runtime = require "ratewise.runtime"
-local policy_module = require "ratewise.policy"
 local cache = require "ratewise.fetch.cache"
 local report = require "ratewise.fetch.report"
+local options = require "ratewise.options"
 
 local now = core.now
 local format, lower, upper = string.format, string.lower, string.upper
 local find, match, sub, byte = string.find, string.match, string.sub, string.byte
-local huge = math.huge
 local type, tostring, pcall, pairs, ipairs, next, getmetatable, rawget, error =
   type, tostring, pcall, pairs, ipairs, next, getmetatable, rawget, error
 local call_hook, fetch_error = report.call_hook, report.fetch_error
@@ -71,42 +69,36 @@ end
 ---------------------------------------------------------------------------
 -- Options
 
-local option_checks = {
-  method = "string", headers = "table", body = "string", timeout = "positive",
-  max_retries = "count", max_elapsed = "positive", max_delay = "finite",
-  retry_non_idempotent = "boolean", idempotency_key = "key", limiter = "limiter",
-  on_retry = "callback_or_false", delay = "function", sleep = "function",
-  follow_redirects = "boolean", base = "positive", jitter = "jitter",
-  max_body = "nonnegative", verify_tls = "boolean", policy = "policy", circuit = "circuit",
-  budget = "budget", cost = "positive", on_event = "function", secret_headers = "names",
-  retry_after = "retry_after", retry_after_max = "positive", hint_jitter = "finite",
-  ca_file = "string", ca_path = "string", client_cert = "string", client_key = "string",
-  client_key_password = "string", pinned_public_key = "string", tls_min_version = "tls_version",
-  proxy = "string", proxy_ca_file = "string", decompress = "boolean", json = "table", query = "table",
-  stream = "boolean", connect_timeout = "positive", first_byte_timeout = "positive", idle_timeout = "positive",
-}
+-- Every option's kind, default and reader: ratewise.options, the one
+-- schema. `depth` counts the frames between fetch's caller and the
+-- function that checks (0 for fetch itself), so that the error names the
+-- caller's line.
+local fetch_options = options.fetch
+local check = options.check
+local function check_option(name, v, depth)
+  check("fetch", fetch_options, name, v, 3 + (depth or 0))
+end
 
 -- The transport options that go to the engine as they are (src/request.c).
-local transport_options = { "ca_file", "ca_path", "client_cert", "client_key", "client_key_password",
-  "pinned_public_key", "tls_min_version", "proxy", "proxy_ca_file", "decompress", "connect_timeout",
-  "first_byte_timeout", "idle_timeout", "stream" }
-local is_transport_option = {}
-for _, name in ipairs(transport_options) do is_transport_option[name] = true end
+local transport_options, is_transport_option = options.transport, options.is_transport
 plan.transport_options, plan.is_transport_option = transport_options, is_transport_option
 
 -- The options a call may have and still take fetch's common path: a GET
 -- whose other options are read where they matter (the timeouts, the
 -- headers), only at a retry, or by the engine alone (the transport options
 -- that are not a stream's: a CA file, a client certificate, a proxy, which
--- set_transport hands on). A call with no others reads none of the two
--- dozen a request may have (a look-up each, most of them misses). An
--- option whose entry is a value rather than true is common with that value
--- only: `method = "GET"`, as an rw.client's calls name it.
+-- set_transport hands on). An option whose entry is a value rather than
+-- true is common with that value only: `method = "GET"`, as an
+-- rw.client's calls name it.
 local is_common_option = { method = "GET" }
 for _, name in ipairs { "headers", "timeout", "max_elapsed", "max_retries", "on_retry", "delay", "base",
-  "max_delay", "jitter", "hint_jitter", "ca_file", "ca_path", "client_cert", "client_key", "client_key_password",
-  "pinned_public_key", "tls_min_version", "proxy", "proxy_ca_file", "decompress", "connect_timeout" } do
+  "max_delay", "jitter", "hint_jitter" } do
   is_common_option[name] = true
+end
+for _, name in ipairs(transport_options) do
+  if name ~= "stream" and name ~= "first_byte_timeout" and name ~= "idle_timeout" then
+    is_common_option[name] = true
+  end
 end
 -- The options a call with a body may add and still take a shorter path
 -- (fetch.fetch's "body" class): a POST of JSON with headers and timeouts
@@ -119,79 +111,7 @@ local is_body_option = { method = true, body = true, json = true }
 -- bytes (idle_timeout).
 local STREAM_IDLE_TIMEOUT = 60
 
--- What a call does with a wait the server asked for (docs/limits.md).
-local retry_after_modes = { honor = true, clamp = true, fail_fast = true, defer = true }
-
--- The methods an object option must have.
-local required_methods = {
-  limiter = { "acquire" }, circuit = { "allow", "record" }, budget = { "request", "allow_retry" },
-}
-
--- An idempotency key the server can tell apart: blank or empty ones are not.
-local function clean_key(v)
-  return type(v) == "string" and v:find("%S") ~= nil and not v:find("%c")
-end
-
--- `depth` counts the frames between fetch's caller and the function that
--- checks (0 for fetch itself), so that the error names the caller's line.
--- Shown by their type only: a string given for them may hold a credential
--- (a JSON document or query string already encoded, a header line).
-local secret_options = { client_key_password = true, proxy = true, headers = true, json = true, query = true,
-  secret_headers = true, body = true }
-local function bad_option(name, expected, v, depth)
-  errors.bad_option("fetch", name, expected, v, 4 + depth, secret_options[name])
-end
-
--- What each kind of option must be: a check of value v (of type t), and
--- the words for what it must be. A kind without one here is a Lua type.
-local checkers = {
-  positive = function(v, t) return t == "number" and v == v and v > 0 and v ~= huge, "a positive number" end,
-  nonnegative = function(v, t) return t == "number" and v == v and v >= 0, "a non-negative number" end,
-  finite = function(v, t) return t == "number" and v == v and v >= 0 and v ~= huge, "a finite non-negative number" end,
-  tls_version = function(v) return v == "1.2" or v == "1.3", '"1.2" or "1.3"' end,
-  retry_after = function(v) return retry_after_modes[v] ~= nil, "one of honor, clamp, fail_fast, defer" end,
-  jitter = function(v)
-    return v == "none" or v == "full" or v == "equal" or v == "decorrelated", "one of none, full, equal, decorrelated"
-  end,
-  count = function(v, t) return t == "number" and v >= 0 and v % 1 == 0, "a non-negative integer" end,
-  key = function(v) return v == true or clean_key(v), "true or a non-blank string without control characters" end,
-  names = function(v, t)
-    if t ~= "table" then return false, "an array of header names" end
-    for k, field in pairs(v) do
-      if type(k) ~= "number" or type(field) ~= "string" or not headers.is_token(field) then
-        return false, "an array of header names"
-      end
-    end
-    return true
-  end,
-  policy = function(v) return policy_module.is_policy(v), "a policy made by rw.policy" end,
-  callback_or_false = function(v, t) return v == false or t == "function", "a function or false" end,
-}
-for kind, methods in pairs(required_methods) do
-  local expected = "an object with the methods " .. table.concat(methods, ", ")
-  checkers[kind] = function(v)
-    for _, m in ipairs(methods) do
-      local ok, fn = pcall(function() return v[m] end)
-      if not ok or type(fn) ~= "function" then return false, expected end
-    end
-    return true
-  end
-end
-
-local function check_option(name, v, depth)
-  local check = option_checks[name]
-  if not check then
-    error(format("fetch: unknown option '%s'", tostring(name)), 3 + (depth or 0))
-  end
-  local t = type(v)
-  local checker = checkers[check]
-  if checker then
-    local ok, expected = checker(v, t)
-    if not ok then bad_option(name, expected, v, depth or 0) end
-  elseif t ~= check then
-    bad_option(name, "a " .. check, v, depth or 0)
-  end
-end
+local clean_key = options.clean_key
 
 -- `level` is error's for fetch's caller seen from check_url.
 local function check_url(url, level)

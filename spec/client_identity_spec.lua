@@ -1,0 +1,214 @@
+-- rw.client's de-duplication and cache keyed by a request's identity (the
+-- options that change what is sent or how the answer is read: the client
+-- certificate, verify_tls, decompress...), each caller with its own copy,
+-- and what RFC 9111 forbids a private cache to keep. Against real loopback
+-- servers (HTTP, and HTTPS with a CA of its own), asserting what they saw.
+local rw = require "ratewise"
+local server = require "spec.support.server"
+
+local function shell_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+
+-- A second client certificate signed by the TLS server's CA (CN given).
+local function another_client_cert(s, cn)
+  local dir = s.ca_dir
+  local run = "cd " .. shell_quote(dir) .. " && ( openssl req -newkey rsa:2048 -nodes -subj /CN=" .. cn
+    .. " -keyout " .. cn .. ".key -out " .. cn .. ".csr && openssl x509 -req -in " .. cn .. ".csr -CA ca.pem"
+    .. " -CAkey ca.key -CAcreateserial -days 2 -out " .. cn .. ".pem ) >/dev/null 2>&1"
+  local ok = os.execute(run)
+  assert(ok == true or ok == 0, "openssl failed")
+  return dir .. "/" .. cn .. ".pem", dir .. "/" .. cn .. ".key"
+end
+
+describe("rw.client's identity of a request", function()
+  describe("over TLS", function()
+    local tls
+
+    setup(function() tls = server.start_tls_ca() end)
+    teardown(function() tls:stop() end)
+    before_each(function() tls:reset() end)
+
+    -- (The server's control requests carry no certificate: this one does
+    -- not ask for any, and sees the two requests apart only by their count.)
+    it("does not share one transfer between GETs made with different client certificates", function()
+      local other_cert, other_key = another_client_cert(tls, "other-account")
+      tls:script("/me", { { status = 200, body = "first", delay = 0.2 }, { status = 200, body = "second" } })
+      local c = rw.client { base_url = tls.base, ca_file = tls.ca_file, on_retry = false }
+      local bodies = {}
+      rw.run(function()
+        rw.spawn(function()
+          bodies.one = assert(c:get("/me", { client_cert = tls.client_cert, client_key = tls.client_key })).body
+        end)
+        rw.spawn(function()
+          bodies.other = assert(c:get("/me", { client_cert = other_cert, client_key = other_key })).body
+        end)
+      end)
+      assert.equal(2, #tls:log("/me"))
+      assert.are_not.equal(bodies.one, bodies.other)
+      assert.equal(0, c:stats().deduped)
+    end)
+
+    it("does not serve an answer fetched without verifying TLS to a call that verifies", function()
+      local c = rw.client { base_url = tls.base, cache = { ttl = 10 }, on_retry = false, max_retries = 0 }
+      assert(c:get("/page", { verify_tls = false }))
+      assert(c:get("/page", { verify_tls = false })) -- the same request: cached
+      assert.equal(1, #tls:log("/page"))
+      -- verifying, without the server's CA: the certificate is refused
+      local res, err = c:get("/page")
+      assert.is_nil(res)
+      assert.is_not_nil(err)
+      -- verifying against its CA: a request of its own
+      assert(c:get("/page", { ca_file = tls.ca_file }))
+      assert.equal(2, #tls:log("/page"))
+      assert.equal(1, c:stats().cache_hits)
+    end)
+  end)
+
+  describe("over HTTP", function()
+    local s
+
+    setup(function() s = server.start() end)
+    teardown(function() s:stop() end)
+    before_each(function() s:reset() end)
+
+    local function new(extra)
+      local o = { base_url = s.base, on_retry = false }
+      for k, v in pairs(extra or {}) do o[k] = v end
+      return rw.client(o)
+    end
+
+    it("does not serve a body left compressed (decompress = false) to a call that decodes", function()
+      s:script("/gz", { { status = 200, body = "hello, decoded", encoding = "gzip" } })
+      local c = new { cache = { ttl = 10 } }
+      local raw = assert(c:get("/gz", { decompress = false }))
+      assert.are_not.equal("hello, decoded", raw.body)
+      assert.equal("gzip", raw.headers["content-encoding"])
+      local decoded = assert(c:get("/gz"))
+      assert.equal("hello, decoded", decoded.body)
+      assert.equal(2, #s:log("/gz"))
+      -- and each is kept under its own identity
+      assert.equal(raw.body, assert(c:get("/gz", { decompress = false })).body)
+      assert.equal("hello, decoded", assert(c:get("/gz")).body)
+      assert.equal(2, #s:log("/gz"))
+    end)
+
+    it("gives each cache hit its own copy: a caller's edits are not served to the next", function()
+      s:script("/doc", { { status = 200, body = "original", headers = { ["X-Version"] = "1" } } })
+      local c = new { cache = { ttl = 10 } }
+      local first = assert(c:get("/doc"))
+      first.body = "edited"
+      first.headers["x-version"] = "2"
+      first.extra = true
+      local second = assert(c:get("/doc"))
+      assert.equal("original", second.body)
+      assert.equal("1", second.headers["x-version"])
+      assert.is_nil(rawget(second, "extra"))
+      second.body = "edited again"
+      second.headers["x-version"] = "3"
+      local third = assert(c:get("/doc"))
+      assert.equal("original", third.body)
+      assert.equal("1", third.headers["x-version"])
+      assert.equal(1, #s:log("/doc"))
+    end)
+
+    it("gives each caller that joined a request its own copy, whatever the first caller changes", function()
+      s:script("/doc", { { status = 200, body = "original", delay = 0.15, headers = { ["X-Version"] = "1" } } })
+      local c = new()
+      local seen = {}
+      rw.run(function()
+        rw.spawn(function()
+          local res = assert(c:get("/doc"))
+          res.body = "edited"
+          res.headers["x-version"] = "2"
+        end)
+        for i = 1, 2 do
+          rw.spawn(function()
+            local res = assert(c:get("/doc"))
+            seen[i] = { res.body, res.headers["x-version"] }
+            res.body = "edited by " .. i
+          end)
+        end
+      end)
+      assert.equal(1, #s:log("/doc"))
+      assert.equal(2, c:stats().deduped)
+      assert.same({ "original", "1" }, seen[1])
+      assert.same({ "original", "1" }, seen[2])
+    end)
+
+    it("refuses a cache bound that is not a positive integer, naming it", function()
+      for _, bad in ipairs { -1, 0, 1.5, 0 / 0, math.huge, "10", true } do
+        local ok, err = pcall(rw.client, { base_url = s.base, cache = { ttl = 10, max_entries = bad } })
+        assert.is_false(ok, tostring(bad) .. " was taken")
+        assert.matches("option 'cache.max_entries' must be a positive integer", err, 1, true)
+      end
+      assert.error_matches(function() rw.client { base_url = s.base, cache = { ttl = 10, max_entry = 5 } } end,
+        "client: unknown option 'cache.max_entry' (did you mean 'cache.max_entries'?)", 1, true)
+      assert.error_matches(function() rw.client { base_url = s.base, cache = { max_entries = 5 } } end,
+        "option 'cache'", 1, true)
+    end)
+
+    it("keeps at most max_entries = 1 entry, and goes on answering", function()
+      local c = new { cache = { ttl = 10, max_entries = 1 } }
+      assert(c:get("/a"))
+      assert(c:get("/b"))
+      assert(c:get("/b"))
+      assert(c:get("/a"))
+      assert.equal(2, #s:log("/a"))
+      assert.equal(1, #s:log("/b"))
+    end)
+
+    it("keeps nothing RFC 9111 forbids a private cache: no-store, no-cache, Vary: * or on a field left out", function()
+      s:script("/nostore", { { status = 200, headers = { ["Cache-Control"] = "private, no-store" } } })
+      s:script("/nocache", { { status = 200, headers = { ["Cache-Control"] = "no-cache" } } })
+      s:script("/star", { { status = 200, headers = { Vary = "*" } } })
+      s:script("/ua", { { status = 200, headers = { Vary = "Accept, User-Agent" } } })
+      s:script("/accept", { { status = 200, headers = { Vary = "Accept" } } })
+      local c = new { cache = { ttl = 10 } }
+      for _, path in ipairs { "/nostore", "/nocache", "/star", "/ua" } do
+        assert(c:get(path))
+        assert(c:get(path))
+        assert.equal(2, #s:log(path), path)
+      end
+      -- a request that says no-store is not kept either
+      assert(c:get("/plain", { headers = { ["Cache-Control"] = "no-store" } }))
+      assert(c:get("/plain", { headers = { ["Cache-Control"] = "no-store" } }))
+      assert.equal(2, #s:log("/plain"))
+      -- Vary on a field the key holds: kept, one entry per value of it
+      assert(c:get("/accept", { headers = { Accept = "text/plain" } }))
+      assert(c:get("/accept", { headers = { Accept = "application/json" } }))
+      assert(c:get("/accept", { headers = { accept = "text/plain" } }))
+      assert.equal(2, #s:log("/accept"))
+    end)
+
+    it("never caches an error", function()
+      s:script("/flaky", { { status = 503 }, { status = 200, body = "fine" } })
+      local c = new { cache = { ttl = 10 }, max_retries = 0 }
+      local res, err = c:get("/flaky")
+      assert.is_nil(res)
+      assert.equal(503, err.status)
+      assert.equal("fine", assert(c:get("/flaky")).body)
+      assert.equal(2, #s:log("/flaky"))
+    end)
+
+    it("keeps no secret in the keys of its cache or of the requests in flight", function()
+      s:script("/slow", { { status = 200, delay = 0.1 } })
+      local token = "Bearer sk-very-secret-token"
+      local c = new { headers = { Authorization = token }, cache = { ttl = 10 },
+        proxy = "http://user:hunter2@127.0.0.1:" .. s.port }
+      local keys = {}
+      rw.run(function()
+        rw.spawn(function() assert(c:get("/slow")) end)
+        rw.spawn(function()
+          for k in pairs(c.in_flight) do keys[#keys + 1] = k end
+        end)
+      end)
+      for k in pairs(c.responses.entries) do keys[#keys + 1] = k end
+      assert.equal(2, #keys)
+      for _, k in ipairs(keys) do
+        assert.is_nil(k:find("secret", 1, true))
+        assert.is_nil(k:find("hunter2", 1, true))
+        assert.is_nil(k:find("/slow", 1, true))
+      end
+      assert.equal(token, s:log("/slow")[1].headers.authorization)
+    end)
+  end)
+end)
