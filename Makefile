@@ -65,7 +65,9 @@ REDIS_LIB := $(if $(filter 1,$(REDIS)),-lhiredis)
 # zlib, libbrotlidec and libzstd: the engine decodes Content-Encoding itself
 # (src/decode.c).
 DECODE_LIBS := -lz -lbrotlidec -lzstd
-LIBS      = $(PKG_CURL_LIBS) $(REDIS_LIB) $(DECODE_LIBS) -lm
+# libcrypto (OpenSSL): rw.client's request keys are HMAC-SHA256 digests (src/digest.c).
+CRYPTO_LIBS := -lcrypto
+LIBS      = $(PKG_CURL_LIBS) $(REDIS_LIB) $(DECODE_LIBS) $(CRYPTO_LIBS) -lm
 # A module is a bundle on macOS, whose symbols from Lua are found at load.
 SHARED    := $(if $(filter Darwin,$(UNAME)),-bundle -undefined dynamic_lookup,-shared)
 
@@ -80,7 +82,7 @@ LUA_ENV   = LUA_PATH="./lua/?.lua;./lua/?/init.lua;./?.lua;;" LUA_CPATH="./$(BUI
 
 # Debian packages each target needs; installed by `make deps` when missing.
 DEB_BUILD := gcc make pkg-config $(DEB_LUA) libcurl4-openssl-dev $(if $(filter 1,$(REDIS)),libhiredis-dev) \
-             zlib1g-dev libbrotli-dev libzstd-dev
+             zlib1g-dev libbrotli-dev libzstd-dev libssl-dev
 # The hosts the suite runs ratewise in: OpenResty (nginx with the Lua
 # module, whose LuaJIT is luajit2's), cqueues, luv, and LÖVE (on the same
 # LuaJIT) under a virtual X server.
@@ -130,7 +132,7 @@ deps-check:
 # this host in processes of their own, and how to build C against this Lua.
 SPEC_ENV = RATEWISE_LUA="$$(command -v $(LUA))" RATEWISE_CPATH="./$(BUILD)/?.so" RATEWISE_HOST="$(HOST)" \
            RATEWISE_LUA_CFLAGS="$(PKG_LUA)" RATEWISE_LUA_LIBS="$(PKG_LUA_LIBS)" \
-           RATEWISE_CORE_CFLAGS="$(POLLER_DEF) $(REDIS_DEF)" RATEWISE_CORE_LIBS="$(PKG_CURL_LIBS) $(REDIS_LIB) $(DECODE_LIBS) -lm" \
+           RATEWISE_CORE_CFLAGS="$(POLLER_DEF) $(REDIS_DEF)" RATEWISE_CORE_LIBS="$(PKG_CURL_LIBS) $(REDIS_LIB) $(DECODE_LIBS) $(CRYPTO_LIBS) -lm" \
            RATEWISE_LUAJIT_CPATH="./$(LUAJIT_BUILD)/?.so"
 # spec/openresty_spec.lua runs nginx's Lua module, and spec/love_spec.lua
 # LÖVE, both LuaJIT: they load the LuaJIT build of the core (of the same

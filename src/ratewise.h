@@ -156,6 +156,7 @@ void rw_bucket_register(struct lua_State *L);
 void rw_engine_register(struct lua_State *L);
 void rw_redis_register(struct lua_State *L); /* redis.c */
 void rw_term_register(struct lua_State *L);  /* term.c: the command-line tool's */
+void rw_digest_register(struct lua_State *L); /* digest.c */
 
 /* Clocks in seconds (core.c): monotonic for deadlines and buckets, the wall
  * clock only to compare with dates the server sent. */

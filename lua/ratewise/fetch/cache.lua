@@ -24,9 +24,9 @@ local core = require "ratewise.core"
 local options = require "ratewise.options"
 
 local setmetatable, getmetatable, next, type, tostring = setmetatable, getmetatable, next, type, tostring
-local format, lower, byte, gmatch, match = string.format, string.lower, string.byte, string.gmatch, string.match
+local format, lower, gmatch, match = string.format, string.lower, string.gmatch, string.match
 local concat, sort = table.concat, table.sort
-local random_bytes = core.random_bytes
+local random_bytes, digest = core.random_bytes, core.digest
 local identity = options.identity
 
 local cache = {}
@@ -120,34 +120,22 @@ function cache.copy(v)
   return copy(v, {})
 end
 
--- Primes below 2^26, so that h * base + byte stays below 2^53: exact in
--- a double (Lua 5.1, LuaJIT) as in an integer.
-local P1, P2, P3 = 67108859, 67108837, 67108819
+-- The bytes of a client's digest key.
+local SALT_BYTES = 32
 
---- salt = cache.salt(): the random bases of a client's request keys, or
+--- salt = cache.salt(): the random key of a client's request keys, or
 -- false when the kernel gives no randomness (its calls are then neither
 -- shared nor cached: a key anyone could compute ahead could be made to
 -- collide).
 function cache.salt()
-  local bytes = random_bytes(9)
-  if not bytes then return false end
-  local b = { byte(bytes, 1, 9) }
-  return { (b[1] * 65536 + b[2] * 256 + b[3]) % (P1 - 2) + 2, (b[4] * 65536 + b[5] * 256 + b[6]) % (P2 - 2) + 2,
-    (b[7] * 65536 + b[8] * 256 + b[9]) % (P3 - 2) + 2 }
+  return random_bytes(SALT_BYTES) or false
 end
 
--- Absorbs string s, its length first (so that no two sequences of strings
--- read alike), into digest d: three polynomial hashes with the salt's
--- random bases, modulo three primes.
-local function absorb(d, salt, s)
-  local b1, b2, b3 = salt[1], salt[2], salt[3]
-  local n = #s
-  local h1, h2, h3 = (d[1] * b1 + n) % P1, (d[2] * b2 + n) % P2, (d[3] * b3 + n) % P3
-  for i = 1, n do
-    local c = byte(s, i)
-    h1, h2, h3 = (h1 * b1 + c) % P1, (h2 * b2 + c) % P2, (h3 * b3 + c) % P3
-  end
-  d[1], d[2], d[3] = h1, h2, h3
+-- Appends string s to parts, its length first, so that no two sequences of
+-- strings read alike.
+local function absorb(parts, s)
+  local n = #parts
+  parts[n + 1], parts[n + 2] = #s .. ":", s
 end
 
 -- The header fields that do not change what the server answers, left out
@@ -174,17 +162,18 @@ end
 -- the identity of a request (options.identity): its method, URL, body and
 -- header fields (h; names compared case-insensitively, not_in_key left
 -- out) and each option that changes what is sent or how the answer is read
--- (call: the request's options). A digest, so that a secret (a header's
--- credential, a URL's userinfo, a proxy's password) takes part in the
--- comparison but is never kept nor printed. nil for a request that is
+-- (call: the request's options). An HMAC-SHA256 digest under the client's
+-- random key (core.digest), so that a secret (a header's credential, a
+-- URL's userinfo, a proxy's password) takes part in the comparison but is
+-- never kept nor printed, and no one can make two requests collide. nil for a request that is
 -- like no other: a fresh idempotency key, an object option (a policy)
 -- other than its client's own (own), no salt.
 function cache.request_key(salt, method, url, body, h, call, own)
   if not salt then return nil end
-  local d = { 0, 0, 0 }
-  absorb(d, salt, method)
-  absorb(d, salt, url)
-  absorb(d, salt, body or "")
+  local d = {}
+  absorb(d, method)
+  absorb(d, url)
+  absorb(d, body or "")
   local names, n = {}, 0
   for k in next, h do
     if not not_in_key[lower(k)] then
@@ -195,8 +184,8 @@ function cache.request_key(salt, method, url, body, h, call, own)
   if n > 1 then sort(names, by_lower_name) end
   for i = 1, n do
     local k = names[i]
-    absorb(d, salt, lower(k))
-    absorb(d, salt, tostring(h[k]))
+    absorb(d, lower(k))
+    absorb(d, tostring(h[k]))
   end
   for i = 1, #identity do
     local option = identity[i]
@@ -206,11 +195,11 @@ function cache.request_key(salt, method, url, body, h, call, own)
       if v ~= own[name] then return nil end
     elseif v ~= nil then
       if how == "fresh" and v == true then return nil end
-      absorb(d, salt, name)
-      absorb(d, salt, canonical(v))
+      absorb(d, name)
+      absorb(d, canonical(v))
     end
   end
-  return format("%d.%d.%d", d[1], d[2], d[3])
+  return digest(salt, concat(d))
 end
 
 -- Whether a list of Cache-Control directives holds one of the names.

@@ -35,6 +35,13 @@ function core.malloc_in_use() end
 ---@return string? err
 function core.random_bytes(n) end
 
+---HMAC-SHA256 of `data` under `key` (32 raw bytes), or nil, err.
+---@param key string 16 to 64 bytes
+---@param data string
+---@return string|nil digest
+---@return string? err
+function core.digest(key, data) end
+
 ---A number in [0, 1) from the kernel's generator, or nil, err.
 ---@return number|nil
 ---@return string? err
