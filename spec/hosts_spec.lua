@@ -296,7 +296,7 @@ describe("the waiting seam", function()
     end
 
     it("sends a fetch made in a foreign runner's coroutine, or says what to do; never hangs silently", function()
-      s:script("/foreign", { { status = 200, body = "sent" } })
+      s:script("/foreign", { { status = 200, body = "sent", delay = 0.1 } }) -- not answered within one step
       local co, ok, what = foreign_run(function()
         coroutine.yield("runner.wait")
         local res, err = rw.fetch(s:url("/foreign"), quiet)
