@@ -7,8 +7,6 @@ local log = require "ratewise.log"
 local misuse = require "ratewise.errors" -- (map has errors of its own)
 
 local now = core.now
--- (the engine's and its transfers' methods called once a request or more,
--- as local functions: a method call on a userdata looks it up first)
 local engine_poll = core.engine_methods.poll
 local transfer_done = core.transfer_methods.done
 local create, resume, yield, status = coroutine.create, coroutine.resume, coroutine.yield, coroutine.status
@@ -410,7 +408,7 @@ local function run_ready(until_t)
       if task.fn then
         first_step(task)
       else
-        -- every later run, here rather than in a function: a call less a resume
+        -- every later run
         task.state = "running"
         local previous = current
         current = task
@@ -475,10 +473,9 @@ end
 -- or one of its timers, and the tasks whose transfers finished are woken.
 -- With a step's budget, libcurl acts on sockets for no longer than what is
 -- left of it (all of it, counted from the end of the wait, when the step's
--- work has not begun). Here rather than in a function of its own: every
--- wait outside a task turns once or twice a request, and a call less each.
+-- work has not begun).
 local function turn(max_wait, budget, in_flight)
-  if heap_n > 0 then fire_timers() end -- most turns have no timer: no call
+  if heap_n > 0 then fire_timers() end
   if ready_n > 0 then
     if budget and not work_until then work_until = now() + budget end
     run_ready(budget and work_until)
@@ -815,11 +812,9 @@ end
 -- it); nil and the engine's word when it would not start. Outside any
 -- task, false (nothing was started), the engine to start it on, and
 -- whether a task is being run all the same (scheduler.in_task: by a
--- coroutine that task resumed). One call where a fetch made four
--- (current, engine, await_transfer, in_task).
+-- coroutine that task resumed).
 function scheduler.run_transfer(request)
   local task = current
-  -- (scheduler.current's test, without its call)
   if not task or task.co ~= running() then return false, engine or scheduler.engine(), task ~= nil end
   local transfer, err = (engine or scheduler.engine()):start(request, task)
   if not transfer then return nil, err end
