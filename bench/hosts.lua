@@ -39,11 +39,11 @@ elseif host == "cqueues" then
   cq:wrap(function() cqueues.sleep(1); sample(); cqueues.sleep(2); sample() end)
   assert(cq:loop())
 elseif host == "coroutines" then
-  -- plain coroutines, resumed by a loop that waits on the pollable they
+  -- coroutines marked as speaking the protocol, resumed by a loop that waits on the pollable they
   -- yield (luasocket's select)
   local socket = require "socket"
   local cos = {}
-  for i = 1, n do cos[i] = coroutine.create(fetch) end
+  for i = 1, n do cos[i] = rw.speaks_protocol(coroutine.create(fetch)) end
   local live = n
   while live > 0 do
     local pollable

@@ -248,8 +248,9 @@ describe("rw.client", function()
     it("makes the request itself when the call it joined never ends (its coroutine left suspended)", function()
       s:script("/same", { { status = 200, body = "first", delay = 0.2 }, { status = 200, body = "second" } })
       local c = new { max_elapsed = 0.5 }
-      -- a plain coroutine that starts the request, waits, and is never resumed
-      local abandoned = coroutine.create(function() return c:get("/same") end)
+      -- a coroutine (its runner speaks the yield protocol) that starts the
+      -- request, waits, and is never resumed
+      local abandoned = rw.speaks_protocol(coroutine.create(function() return c:get("/same") end))
       assert(coroutine.resume(abandoned))
       local t0 = rw.now()
       local res = assert(c:get("/same"))

@@ -131,6 +131,28 @@ describe("ratewise in Neovim", function()
     for i = 1, 8 do assert.equal(1, #s:log("/r" .. i)) end
   end)
 
+  -- issue 38: a bare rw.fetch blocked the editor without a word.
+  it("says once, through vim.notify, that a wait outside a task blocks the editor, and serves it", function()
+    s:script("/bare", { { status = 200, body = "bare" } })
+    local out, err, code = run(([[
+      local rw = require "ratewise"
+      for _ = 1, 2 do
+        local res, ferr = rw.fetch("%s/bare", { on_retry = false })
+        say("got", res and res.body or tostring(ferr))
+      end
+      for _, n in ipairs(notified) do
+        say("notify", n.level, (n.msg:match("^[^\n]*"):gsub("%%s", "_")))
+      end
+      finish()
+    ]]):format(s.base))
+    check_exit(out, err, code)
+    assert.same({ { "bare" }, { "bare" } }, said(out, "got"))
+    local notes = said(out, "notify")
+    assert.equal(1, #notes, out)
+    assert.equal(tostring(3), notes[1][1]) -- vim.log.levels.WARN
+    assert.matches("^ratewise:_a_wait_outside_a_task_blocks_Neovim.*rw%.spawn", notes[1][2])
+  end)
+
   it("a task writes a buffer; its retry lines and errors go to vim.notify, none to stderr", function()
     s:script("/busy", { { status = 503, headers = { ["Retry-After"] = "0" } }, { status = 200, body = "fresh" } })
     local out, err, code = run(([[

@@ -130,8 +130,8 @@ describe("the scheduler", function()
       assert.is_true(cpu < 0.05, ("%.3f s of CPU over %.3f s"):format(cpu, wall))
     end)
 
-    it("follows the yield protocol inside a plain coroutine", function()
-      local co = coroutine.create(function() rw.sleep(0.25); return "woke" end)
+    it("follows the yield protocol inside a coroutine whose runner speaks it", function()
+      local co = rw.speaks_protocol(coroutine.create(function() rw.sleep(0.25); return "woke" end))
       local ok, what, seconds = coroutine.resume(co)
       assert.is_true(ok)
       assert.equal("ratewise.sleep", what)
@@ -148,12 +148,30 @@ describe("the scheduler", function()
 
     -- A generic for calls its iterator with the last item: a wait that is
     -- resumed with its own "ratewise.sleep" was taken for an item.
-    it("says so when a for loop over coroutine.wrap takes a wait's yield for an item", function()
+    it("says so when a for loop takes a wait's yield for an item", function()
+      local co = rw.speaks_protocol(coroutine.create(function()
+        for i = 1, 2 do coroutine.yield(assert(rw.fetch(s:url("/item/" .. i), quiet)).body) end
+      end))
       local items = {}
-      local ok, err = pcall(iterate_fetches, s, items)
+      local ok, err = pcall(function()
+        -- as coroutine.wrap's function is called: with the loop's state and last item
+        for item in function(state, last) return select(2, assert(coroutine.resume(co, state, last))) end do
+          items[#items + 1] = item
+        end
+      end)
       assert.is_false(ok)
       assert.matches("ratewise: a wait's yield (\"ratewise.sleep\") was taken for an item", err, 1, true)
       assert.same({ "ratewise.sleep" }, items) -- one, not one per wait
+    end)
+
+    -- Its runner (a for loop) does not speak the protocol: the waits block
+    -- the thread, as the main thread's do, and the loop gets its items.
+    it("serves a for loop over coroutine.wrap outside any task by blocking", function()
+      s:script("/item/1", { { status = 200, body = "one" } })
+      s:script("/item/2", { { status = 200, body = "two" } })
+      local items = {}
+      iterate_fetches(s, items)
+      assert.same({ "one", "two" }, items)
     end)
 
     it("calls the host sleep set with rw.configure outside tasks", function()

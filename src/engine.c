@@ -629,8 +629,7 @@ static int engine_l_poll(lua_State *L)
 /* engine:pollfd() -> the descriptor that is readable when a socket of a
  * transfer is ready: a host waits on it (and on engine:timeout()), then
  * calls engine:poll(0). It stays the same for the engine's whole life.
- * nil with the poll(2) backend, which has none: engine:timeout() then
- * says when to look again while sockets may move. */
+ * nil with the poll(2) backend, which has none. */
 static int engine_l_pollfd(lua_State *L)
 {
     int fd = poller_fd(&rw_engine_check(L)->poller);
@@ -648,12 +647,11 @@ static int engine_l_events(lua_State *L)
 }
 
 /* engine:timeout() -> seconds until the engine must be polled even though
- * its descriptor stayed quiet (0: now), or nil when nothing is due. */
+ * its sockets stayed quiet (0: now), or nil when nothing is due. A host
+ * that cannot see them naps shorter meanwhile (the scheduler's policy). */
 static int engine_l_timeout(lua_State *L)
 {
-    engine *e = rw_engine_check(L);
-    double left = engine_deadline(e);
-    if (e->running.head || e->nwatching) left = poller_nap(&e->poller, left);
+    double left = engine_deadline(rw_engine_check(L));
     if (left < 0) lua_pushnil(L);
     else lua_pushnumber(L, left);
     return 1;

@@ -104,26 +104,11 @@ int poller_wait(poller *p, poller_event *out, int max, double seconds)
     return n;
 }
 
-/* The epoll descriptor is the host's to wait on: no naps. */
-double poller_nap(const poller *p, double left)
-{
-    (void)p;
-    return left;
-}
-
 #else /* RW_POLLER_POLL */
-
-/* A host without a descriptor looks again after POLLER_NAP_FIRST, and
- * less often, up to POLLER_NAP_MAX, while its looks find nothing ready: a
- * server that takes seconds to answer costs next to no CPU, one that
- * answers at once is seen within a millisecond. */
-#define POLLER_NAP_FIRST 0.001
-#define POLLER_NAP_MAX 0.016
 
 int poller_open(poller *p)
 {
     memset(p, 0, sizeof *p);
-    p->nap = POLLER_NAP_FIRST;
     return 0;
 }
 
@@ -216,11 +201,7 @@ int poller_wait(poller *p, poller_event *out, int max, double seconds)
     }
     n = poll(p->fds, (nfds_t)p->nfds, poller_ms(seconds));
     if (n < 0) return -1;
-    if (n == 0) {
-        if (seconds <= 0 && p->nap < POLLER_NAP_MAX) p->nap *= 2;
-        return 0;
-    }
-    p->nap = POLLER_NAP_FIRST;
+    if (n == 0) return 0;
     if (p->start >= p->nfds) p->start = 0;
     for (k = 0; k < p->nfds && got < max; k++) {
         struct pollfd *f;
@@ -241,12 +222,6 @@ int poller_wait(poller *p, poller_event *out, int max, double seconds)
         if (s >= 0 && p->oneshot[s]) poller_del(p, out[i].fd);
     }
     return got;
-}
-
-double poller_nap(const poller *p, double left)
-{
-    if (p->nfds == 0) return left;
-    return left < 0 || left > p->nap ? p->nap : left;
 }
 
 #endif

@@ -56,7 +56,6 @@ typedef struct poller {
     int start; /* where the next wait starts reporting, so that none starves */
     int *slot; /* by descriptor: its index in fds + 1 (0: not in the set) */
     size_t nslot;
-    double nap; /* see poller_nap */
 #endif
 } poller;
 
@@ -78,10 +77,6 @@ void poller_closing(poller *p, int fd);
  * ready, and reports at most max of them in ev: their number, or -1 with
  * errno set. */
 int poller_wait(poller *p, poller_event *ev, int max, double seconds);
-/* A host that has no descriptor to wait on (poller_fd: -1) looks again
- * after at most this many seconds while sockets may move: `left` (the
- * engine's own deadline; negative, none) or less. */
-double poller_nap(const poller *p, double left);
 
 #pragma GCC visibility pop
 

@@ -17,6 +17,10 @@ local retry = require "ratewise.retry"
 local policy = require "ratewise.policy"
 local runtime = require "ratewise.runtime"
 local scheduler = require "ratewise.scheduler"
+-- The hosts found without configuration register themselves with the seam.
+require "ratewise.hosts.openresty"
+require "ratewise.hosts.cqueues"
+require "ratewise.hosts.nvim"
 
 local ratewise = {
   _VERSION = core.version,
@@ -61,6 +65,9 @@ local ratewise = {
   features = { redis = core.redis == true, poller = core.poller, pollfd = core.poller ~= "poll" },
   --- results, errors = rw.map(list, fn [, {concurrency = n}])
   map = scheduler.map,
+  --- co = rw.speaks_protocol(co [, false]): co's runner resumes its waits' yields ("ratewise.sleep", seconds,
+  --- rw.pollable)
+  speaks_protocol = runtime.speaks_protocol,
   --- ok, ... = rw.pcall(fn, ...): pcall that a task may wait inside, on every Lua (PUC Lua 5.1's own pcall
   --- cannot be yielded through)
   pcall = compat.pcall,

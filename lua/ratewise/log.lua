@@ -2,9 +2,9 @@
 -- (a retry, a warning, the error of a task nobody joined) comes here, and
 -- goes to the first of
 --   1. the function given to rw.configure{log = fn} (false: nowhere);
---   2. the sink a host set (log.set_host);
---   3. nginx's error log inside OpenResty, vim.notify inside Neovim
---      (ratewise/hosts/nvim.lua);
+--   2. the sink a host set (log.set_host: Neovim's vim.notify, a LÖVE
+--      game's log);
+--   3. nginx's error log inside OpenResty;
 --   4. standard error.
 -- A line has one of three levels:
 --   "info"   the library did its job and says so (a retry);
@@ -39,10 +39,6 @@ end
 local function fallback(line, level)
   local ngx = ngx_api()
   if ngx then return ngx.log(ngx[LEVELS[level]], line) end
-  if rawget(_G, "vim") ~= nil then
-    local nvim = require "ratewise.hosts.nvim"
-    if nvim.active() then return nvim.notify(line, level) end
-  end
   io.stderr:write(line, "\n")
 end
 

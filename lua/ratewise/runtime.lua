@@ -1,11 +1,11 @@
--- How ratewise waits: the one module that knows which host it runs on.
--- Every wait of the library comes here: a sleep (backoff and hints), a
+-- How ratewise waits: the seam, which picks the host of the code running
+-- now. Every wait of the library comes here: a sleep (backoff and hints), a
 -- bucket's place (buckets and limiters: runtime.claim), a transfer in
 -- flight and a stream's news (runtime.transfer, runtime.await_news), a
 -- Redis reply (runtime.await_fd, on its connection's descriptor), and,
 -- from outside a task, a join, a semaphore, a group of tasks (the
 -- scheduler's outside wait, set below). Each is served by the first of
--- these that applies, one precedence for all:
+-- these that applies, one precedence for all (docs/hosts.md, "the seam"):
 --   0. a per-call `sleep` option, for a wait that is time alone (a sleep,
 --      a bucket's place): the caller said how to wait. Outside a task it
 --      serves the call's transfers too, checked on between naps; a task
@@ -14,27 +14,16 @@
 --   1. a ratewise task: it parks in ratewise's scheduler (scheduler.park,
 --      run_transfer, await_transfer, await_fd), with no frame of the wait's
 --      code on its stack;
---   2. OpenResty, in a phase that can yield: ngx.sleep, and one driver per
---      worker that runs the engine and wakes each waiting request through
---      an ngx.semaphore (hosts/openresty.lua); the phases that cannot
---      yield raise a clear error instead of blocking the worker;
---   3. a host given to rw.configure{sleep = fn [, wait = fn]};
---      past it, a host whose loop's thread must never wait (a LÖVE game's
---      frame, hosts/love.lua) raises there instead;
---   4. a coroutine of a cqueues controller: cqueues.sleep, and
---      cqueues.poll on the scheduler's descriptor (hosts/cqueues.lua);
---   5. any other coroutine: it yields ("ratewise.sleep", seconds, pollable),
---      and whoever resumes it does so once the seconds have passed or the
---      pollable's descriptor is readable (the one ratewise would wait on);
---      not one a task resumes, whose yield would go to the task's code;
---   6. the main thread: it runs the scheduler, blocking in the engine's
---      poll until a socket or a timer is due (in Neovim that holds up the
---      editor: its loop runs ratewise's tasks, hosts/nvim.lua, so a
---      plugin's waits belong in tasks).
--- Rules 0 and 1 are asked by each wait (per_call, scheduler.current());
--- rules 0 and 2 to 6 by runtime.host. Outside a task, whatever waits also
--- runs the scheduler between its waits, so that tasks and transfers of
--- others go on meanwhile.
+--   then the hosts registered with runtime.register_host, asked by rank
+--   (each says whether the code running now is its own): the host modules
+--   register themselves (hosts/openresty.lua 10, hosts/love.lua 30,
+--   hosts/cqueues.lua 40, hosts/nvim.lua 70), and this module registers
+--   its own: a host given to rw.configure (20), a coroutine whose runner
+--   speaks the yield protocol (50), a coroutine of the caller's inside a
+--   task (60, raises), any other coroutine (80, blocks: said once) and the
+--   main thread (100, blocks in the engine's poll).
+-- Outside a task, whatever waits also runs the scheduler between its
+-- waits, so that tasks and transfers of others go on meanwhile.
 -- One owner per transfer: who waits for a transfer's end or a stream's
 -- news is the transfer's owner, kept by the engine and named by its poll;
 -- only the scheduler sets it (run_transfer, await_transfer, and
@@ -44,60 +33,35 @@ local compat = require "ratewise.compat"
 local core = require "ratewise.core"
 local errors = require "ratewise.errors"
 local scheduler = require "ratewise.scheduler"
-local openresty = require "ratewise.hosts.openresty"
-local cqueues = require "ratewise.hosts.cqueues"
-local nvim = require "ratewise.hosts.nvim"
 local log = require "ratewise.log"
 
 local now = core.now
--- (as in scheduler.lua: called once a request, as local functions)
 local engine_start, transfer_result = core.engine_methods.start, core.transfer_methods.result
 local bad_seconds = scheduler.bad_seconds
 local run_transfer = scheduler.run_transfer
-local isyieldable, pcall = compat.isyieldable, compat.pcall
+local isyieldable, pcall, running = compat.isyieldable, compat.pcall, compat.running
 local yield = coroutine.yield
-local format, min = string.format, math.min
-local type, error, tostring, pairs = type, error, tostring, pairs
-local loaded = package.loaded
+local format, sort = string.format, table.sort
+local type, error, tostring, pairs, setmetatable = type, error, tostring, pairs, setmetatable
 
 local runtime = {}
 
--- A host that can only sleep cannot be woken by a socket: while transfers
--- are in flight it checks on them between naps growing from NAP_FIRST to
--- NAP_MAX. A host waiting for something another party of the host will do
--- (a semaphore another coroutine holds), with nothing due in ratewise,
--- looks again every EVENT_POLL seconds.
-local NAP_FIRST, NAP_MAX, EVENT_POLL = 0.001, 0.01, 0.05
-
--- Waits for done() by running the scheduler between calls of block(t),
--- which waits at most t seconds, or until the scheduler's descriptor is
--- readable if it can. sleep_only: block cannot see the descriptor, so
--- transfers in flight are checked on between naps. Answers whether done()
--- came true before the deadline.
-local function await_with(block, sleep_only, done, deadline)
-  local nap = NAP_FIRST
-  while true do
-    scheduler.step(0, false) -- all that is ready: done() is looked at next
-    if done() then return true end
-    local left = deadline and deadline - now()
-    if left and left <= 0 then return false end
-    local t = scheduler.timeout()
-    if sleep_only and scheduler.transfers_running() then
-      if not t or t > nap then t = nap end
-      nap = min(nap * 2, NAP_MAX)
-    else
-      nap = NAP_FIRST
-    end
-    if not t then t = EVENT_POLL end
-    if left and left < t then t = left end
-    block(t)
-  end
-end
+-- A host waiting for something another party of the host will do (a
+-- semaphore another coroutine holds), with nothing due in ratewise and a
+-- wait that cannot be kicked, looks again every IDLE_LOOK seconds.
+local IDLE_LOOK = 0.05
 
 ---------------------------------------------------------------------------
--- The hosts: sleep(seconds), await(done, deadline) -> done() came true
+-- The hosts: sleep(seconds), await(done, deadline) -> done() came true,
+-- and optionally await_transfer(transfer)
 
+local function call(fn) return fn() end
+
+-- The main thread: it runs the scheduler, blocking in the engine's poll.
 local main_host = {
+  name = "main",
+  rank = 100,
+  claims = function() return true end,
   sleep = function(seconds) scheduler.sleep(seconds) end,
   await = scheduler.drive_until,
   -- a wait for the transfer runtime.transfer has just started, without a
@@ -105,12 +69,12 @@ local main_host = {
   await_transfer = scheduler.await_started,
 }
 
--- Rule 5. The seconds are the scheduler's own next deadline (libcurl's
--- timer, a task's wake-up), not naps: the resumer waits until
--- pollable:pollfd() is readable or the seconds have passed. A resumer that
--- can only count time resumes the coroutine on each of its turns (a
--- frame): resumed early, a wait looks at what it waits for and yields
--- again with what is left.
+-- A coroutine whose runner speaks the yield protocol: a wait yields
+-- ("ratewise.sleep", seconds, pollable), and the runner resumes it once the
+-- seconds have passed or pollable:pollfd() is readable. The seconds are the
+-- longest a runner without the descriptor may sleep: a nap while anything
+-- is in flight, the deadline otherwise. Resumed early, a wait looks at what
+-- it waits for and yields again with what is left.
 --
 -- A generic for calls its iterator with the last item it got: a wait
 -- resumed with its own "ratewise.sleep" was taken for an item by a `for
@@ -128,41 +92,126 @@ local function yield_for(seconds)
   resumed(yield("ratewise.sleep", seconds, scheduler.pollable))
 end
 
--- A sleep resumed early asks again for what is left, so the wait is never
--- shorter than asked.
-local coroutine_host = {
+local PROTOCOL_WAY = { block = yield_for, sees_fd = false, idle = IDLE_LOOK }
+
+local protocol_host = {
+  name = "protocol",
+  rank = 50,
+  -- the coroutines whose runner said it speaks the protocol (weak: a
+  -- coroutine that is dropped goes)
+  speakers = setmetatable({}, { __mode = "k" }),
   sleep = function(seconds)
     local deadline = now() + seconds
     repeat
-      resumed(yield("ratewise.sleep", deadline - now()))
+      resumed(yield("ratewise.sleep", deadline - now(), scheduler.pollable))
     until now() >= deadline
   end,
-  await = function(done, deadline) return await_with(yield_for, false, done, deadline) end,
+  await = function(done, deadline) return scheduler.drive(PROTOCOL_WAY, call, done, deadline) end,
 }
+function protocol_host.claims()
+  local co = running()
+  return co ~= nil and protocol_host.speakers[co] ~= nil
+end
 
 -- A host made of a sleep function (and a wait(pollable, seconds), if it
 -- can wait on a descriptor).
 local function host_of(sleep, wait)
-  local block = wait and function(t) wait(scheduler.pollable, t) end or sleep
+  local way = {
+    block = wait and function(t) wait(scheduler.pollable, t) end or sleep,
+    sees_fd = wait ~= nil,
+    idle = IDLE_LOOK,
+  }
   return {
     sleep = sleep,
-    await = function(done, deadline) return await_with(block, not wait, done, deadline) end,
+    await = function(done, deadline) return scheduler.drive(way, call, done, deadline) end,
   }
 end
+
+local configured -- rw.configure{sleep = fn [, wait = fn]}
+
+local configured_host = {
+  name = "configured",
+  rank = 20,
+  claims = function() return configured end,
+}
 
 -- A coroutine of the caller's own that a task resumes (its code, or one
 -- that code resumed) cannot reach the scheduler: its yield goes to the
 -- task's code (as items of a `for ... in coroutine.wrap(fn)` loop), and
 -- the thread cannot block in the scheduler's poll while a task runs.
-local NESTED_IN_TASK = "ratewise: a coroutine of your own inside a task (coroutine.wrap, say) called ratewise, "
-  .. "which would have to wait: its yield would go to the task's code, not to the scheduler. Call ratewise "
-  .. "from the task itself, or make each item a task of its own (rw.spawn, rw.map) and collect the results"
-local task_resuming = scheduler.in_task
+local nested_host = {
+  name = "nested in a task",
+  rank = 60,
+  claims = function(in_task) return in_task end,
+  blocking = "raise",
+  says = "ratewise: a coroutine of your own inside a task (coroutine.wrap, say) called ratewise, "
+    .. "which would have to wait: its yield would go to the task's code, not to the scheduler. Call ratewise "
+    .. "from the task itself, or make each item a task of its own (rw.spawn, rw.map) and collect the results",
+}
 
-local configured -- rw.configure{sleep = fn [, wait = fn]}
--- A host whose loop runs on a thread that must never wait (a game's frame,
--- hosts/love.lua): it raises there, before anything is started.
-local frame_guard = nil
+-- Any other coroutine: its runner is not known to resume the protocol's
+-- yields (HAProxy's and Prosody's runners resume only their own, and
+-- would never resume the wait), so the wait blocks the thread as the main
+-- thread's does, and says so once.
+local foreign_host = {
+  name = "coroutine",
+  rank = 80,
+  claims = function() return isyieldable() end,
+  blocking = "warn",
+  says = "ratewise: a wait in a coroutine that is not a ratewise task blocks the whole thread until it ends: "
+    .. "its runner has not said that it resumes ratewise's yields. A runner that does marks the coroutine "
+    .. "with rw.speaks_protocol(co); otherwise run the work as ratewise tasks (rw.spawn) and step them "
+    .. "from the host's loop (docs/hosts.md)",
+}
+
+-- The registered hosts, by rank.
+local hosts, hosts_n = {}, 0
+
+--- runtime.register_host(host): host is
+--   name, rank             what it is, and where it is asked (lower first)
+--   claims(in_task)        whether the code running now is this host's:
+--                          nil or false (not), true (host itself), or the
+--                          host object to use (a host per controller,
+--                          say); may raise where no wait is possible
+--   sleep(seconds), await(done, deadline) [, await_transfer(transfer)]
+--                          how it waits; or, for a host whose loop must not
+--                          block, instead of those:
+--   blocking, says         "raise": a wait there raises says; "warn":
+--                          says is logged once, and the next host down the
+--                          ranks serves the wait (the main thread's block)
+-- A host registered again (a module loaded anew) replaces the one of its name.
+function runtime.register_host(host)
+  if type(host) ~= "table" or type(host.name) ~= "string" or type(host.rank) ~= "number"
+      or type(host.claims) ~= "function" then
+    error("register_host: expected a host {name = string, rank = number, claims = function, ...}", 2)
+  end
+  for i = 1, hosts_n do
+    if hosts[i].name == host.name then
+      hosts[i] = host
+      sort(hosts, function(a, b) return a.rank < b.rank end)
+      return
+    end
+  end
+  hosts_n = hosts_n + 1
+  hosts[hosts_n] = host
+  sort(hosts, function(a, b) return a.rank < b.rank end)
+end
+
+for _, host in pairs({ main_host, protocol_host, configured_host, nested_host, foreign_host }) do
+  runtime.register_host(host)
+end
+
+--- co = runtime.speaks_protocol(co [, yes]): the runner of coroutine co
+-- says it resumes its waits' yields ("ratewise.sleep", seconds, pollable);
+-- yes = false takes that back.
+function runtime.speaks_protocol(co, yes)
+  if type(co) ~= "thread" then
+    error(format("speaks_protocol: expected a coroutine (got %s)", type(co)), 2)
+  end
+  protocol_host.speakers[co] = (yes ~= false) or nil
+  return co
+end
+
 local per_call_hosts = setmetatable({}, { __mode = "k" })
 
 local function per_call_host(sleep)
@@ -174,51 +223,39 @@ local function per_call_host(sleep)
   return host
 end
 
--- The host of the code running now, outside a task (rules 0 and 2 to 6).
--- in_task: whether a task is being run (scheduler.in_task), asked by the
--- caller, which may know it already.
+-- The host of the code running now, outside a task: the one place that
+-- picks. in_task: whether a task is being run (scheduler.in_task), asked
+-- by the caller, which may know it already.
 local function host_outside_task(per_call, in_task)
   if per_call then return per_call_host(per_call) end
-  -- Each host is asked only where it can be (nginx's `ngx` module, which
-  -- OpenResty puts in package.loaded beside its global as it starts;
-  -- cqueues loaded): a sequential fetch in a plain script asks at every
-  -- call, and asking both each time showed in its instructions
-  -- (bench/HISTORY.md). Looked up in package.loaded, not with
-  -- rawget(_G, "ngx"): a field, not a call.
-  if loaded.ngx ~= nil and openresty.active() then
-    return openresty.host() -- raises in a phase that cannot yield
+  for i = 1, hosts_n do
+    local host = hosts[i]
+    local claimed = host.claims(in_task)
+    if claimed then
+      local blocking = host.blocking
+      if not blocking then
+        if claimed == true then return host end
+        return claimed
+      end
+      if blocking == "raise" then error(host.says, 0) end
+      if not host.warned then
+        host.warned = true
+        log.write(host.says, "warn")
+      end
+    end
   end
-  if configured then return configured end
-  if frame_guard then frame_guard() end
-  if loaded.cqueues ~= nil and cqueues.active() then return cqueues.host() end
-  if in_task then error(NESTED_IN_TASK, 0) end
-  if isyieldable() then return coroutine_host end -- (never the main thread)
   return main_host
 end
 
 --- host = runtime.host([per_call_sleep]): the host of the code running
--- now, outside a task (rules 0 and 2 to 6).
+-- now, outside a task.
 function runtime.host(per_call)
-  return host_outside_task(per_call, task_resuming())
-end
-
---- runtime.set_frame_guard(fn | nil): fn() raises where a wait outside a
--- task would hold up the host's loop; asked before rules 4 to 6.
-function runtime.set_frame_guard(fn)
-  frame_guard = fn
+  return host_outside_task(per_call, scheduler.in_task())
 end
 
 scheduler.set_outside_wait(function(done, deadline)
   return runtime.host().await(done, deadline)
 end)
-scheduler.set_kick(function()
-  openresty.kick()
-  cqueues.kick()
-end)
-
--- Inside Neovim the editor's loop runs ratewise's tasks (hosts/nvim.lua):
--- a task spawned by any plugin runs with nothing more to set up.
-if nvim.active() then nvim.start() end
 
 ---------------------------------------------------------------------------
 -- rw.configure
@@ -405,9 +442,8 @@ function runtime.await(done, deadline, per_call)
   return runtime.host(per_call).await(done, deadline)
 end
 
--- A host's wait for a transfer, apart from runtime.transfer: a closure
--- inside it would cost LuaJIT's compiler every return of it (closing
--- upvalues is not compiled).
+-- A host's wait for a transfer, apart from runtime.transfer, which makes
+-- no closure itself.
 local function await_done(host, transfer)
   return host.await(function() return transfer:done() end)
 end
@@ -451,11 +487,9 @@ function runtime.transfer(request, per_call, mt, url)
     -- The host first: where no wait is possible (a phase of nginx that
     -- cannot yield) it raises, and nothing may have been started that the
     -- next turn of the engine would send.
-    -- (run_transfer's false comes with the engine, and whether a task is being run)
     local host, engine = host_outside_task(per_call, in_task), err
     transfer, err = engine_start(engine, request)
     if not transfer then return not_started(err) end
-    -- (host_wait's protected call, made here: a call less a request)
     local wait, ok = host.await_transfer
     if wait then
       ok, err = pcall(wait, transfer)

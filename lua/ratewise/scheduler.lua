@@ -7,8 +7,6 @@ local log = require "ratewise.log"
 local misuse = require "ratewise.errors" -- (map has errors of its own)
 
 local now = core.now
--- (the engine's and its transfers' methods called once a request or more,
--- as local functions: a method call on a userdata looks it up first)
 local engine_poll = core.engine_methods.poll
 local transfer_done = core.transfer_methods.done
 local create, resume, yield, status = coroutine.create, coroutine.resume, coroutine.yield, coroutine.status
@@ -45,7 +43,7 @@ local heap_at, heap_task, heap_id, heap_n = {}, {}, {}, 0  -- timers: a binary m
 -- await_fd) and keep no record of their own.
 local fd_waiter = {}                            -- descriptor -> task (scheduler.await_fd)
 local live = 0                                  -- tasks not finished
-local kick                                      -- see scheduler.set_kick
+local kicks, kicks_n = {}, 0                    -- see scheduler.add_kick
 local progress = 0                              -- see scheduler.progress
 local current                                   -- the task running now, or nil
 
@@ -243,7 +241,7 @@ local function finish(task, ok, ...)
   end
   task.state = "done"
   progress = progress + 1
-  if kick then kick() end
+  for i = 1, kicks_n do kicks[i]() end
   if ok then
     task.results = pack(...)
   else
@@ -410,7 +408,7 @@ local function run_ready(until_t)
       if task.fn then
         first_step(task)
       else
-        -- every later run, here rather than in a function: a call less a resume
+        -- every later run
         task.state = "running"
         local previous = current
         current = task
@@ -475,10 +473,9 @@ end
 -- or one of its timers, and the tasks whose transfers finished are woken.
 -- With a step's budget, libcurl acts on sockets for no longer than what is
 -- left of it (all of it, counted from the end of the wait, when the step's
--- work has not begun). Here rather than in a function of its own: every
--- wait outside a task turns once or twice a request, and a call less each.
+-- work has not begun).
 local function turn(max_wait, budget, in_flight)
-  if heap_n > 0 then fire_timers() end -- most turns have no timer: no call
+  if heap_n > 0 then fire_timers() end
   if ready_n > 0 then
     if budget and not work_until then work_until = now() + budget end
     run_ready(budget and work_until)
@@ -588,37 +585,129 @@ function scheduler.timeout()
   return left
 end
 
+---------------------------------------------------------------------------
+-- Driving the engine from outside any task: one loop, one nap policy
+
+-- A host that cannot see the engine's descriptor (a sleep, a frame, a
+-- poll(2) build, whose engine has none) looks again after NAP_FIRST while
+-- anything is in flight, and less often, doubling up to NAP_MAX, while
+-- nothing moves: a server that takes seconds to answer costs next to no
+-- CPU, one that answers at once is seen within a millisecond.
+local NAP_FIRST, NAP_MAX = 0.001, 0.016
+scheduler.NAP_FIRST, scheduler.NAP_MAX = NAP_FIRST, NAP_MAX
+
+local function next_nap(nap, moved)
+  if moved then return NAP_FIRST end
+  nap = nap * 2
+  if nap > NAP_MAX then return NAP_MAX end
+  return nap
+end
+
+-- Whether the engine has a descriptor to wait on (an epoll build's).
+local function engine_has_fd()
+  return scheduler.engine():pollfd() ~= nil
+end
+
+-- seconds | nil: how long a host may leave the scheduler alone. Its
+-- timeout (the next timer, libcurl's deadline), capped by the nap while
+-- anything is in flight, unless the host wakes for the descriptor: libcurl's
+-- deadline is when a transfer times out, not when its answer comes.
+local function wait_for(nap, sees_fd)
+  local t = scheduler.timeout()
+  if (not sees_fd or not engine_has_fd()) and (not t or t > nap) and transfers_running() then t = nap end
+  return t
+end
+
+local DEADLOCK = "ratewise: deadlock: the remaining tasks all wait for each other"
+
+local function step_all()
+  scheduler.step(0, false)
+end
+
+--- came = scheduler.drive(way, done, arg, deadline): drives the scheduler
+-- from outside any task until done(arg) is true (true), or until the
+-- deadline (monotonic seconds) passes (false). The one loop of every host
+-- that waits outside a task; way says how the waiting code waits:
+--   turns    block is a turn of the scheduler itself, blocking in the
+--            engine's poll (the main thread): no step, no nap; with no
+--            deadline, a wait that nothing could end raises (a deadlock)
+--   busy     (with turns) the caller knows a transfer is in flight
+--   block(seconds | nil, arg)  waits at most that long (nil: until the
+--            descriptor is readable, or a kick)
+--   sees_fd  block wakes when the engine's descriptor is readable
+--   idle     seconds to wait when nothing is due (nil: block(nil))
+--   step(arg)  (optional) one look, instead of scheduler.step(0, false);
+--            true when something new may be due soon (a kick)
+function scheduler.drive(way, done, arg, deadline)
+  if way.turns then
+    local busy = way.busy
+    while not done(arg) do
+      local left = deadline and deadline - now()
+      if left then
+        if left <= 0 then return false end
+      elseif not busy and not has_work() then
+        error(DEADLOCK, 0)
+      end
+      turn(left or huge, nil, busy)
+    end
+    return true
+  end
+  local step, block, sees_fd, idle = way.step or step_all, way.block, way.sees_fd, way.idle
+  local nap, seen = NAP_FIRST, progress
+  while true do
+    local fresh = step(arg)
+    if done(arg) then return true end
+    local left = deadline and deadline - now()
+    if left and left <= 0 then return false end
+    nap = next_nap(nap, fresh or progress ~= seen)
+    seen = progress
+    local t = wait_for(nap, sees_fd)
+    if not t then t = idle end
+    if left and (not t or left < t) then t = left end
+    block(t, arg)
+  end
+end
+
+-- The main thread's way: it blocks in the engine's poll.
+local MAIN = { turns = true }
+local MAIN_BUSY = { turns = true, busy = true }
+local function call(fn) return fn() end
+local function never() return false end
+
+local function drive_until(done, deadline)
+  return scheduler.drive(MAIN, call, done, deadline)
+end
+scheduler.drive_until = drive_until
+
+-- The pollable's own nap: how often a host that only counts time is told
+-- to look while anything is in flight (see wait_for).
+local pollable_nap, pollable_seen = NAP_FIRST, progress
+
 --- The scheduler as a pollable (the shape cqueues.poll takes, and
 -- luasocket's select): a host waits until its descriptor is readable or its
--- timeout passes, then calls rw.step(0).
+-- timeout passes, then calls rw.step(0). The timeout is what a host that
+-- cannot see the descriptor needs: a nap while anything is in flight.
 scheduler.pollable = {
   pollfd = function() return scheduler.engine():pollfd() end,
   getfd = function() return scheduler.engine():pollfd() end,
   dirty = function() return false end,
   events = function() return "r" end,
-  timeout = function() return scheduler.timeout() end,
+  timeout = function()
+    pollable_nap = next_nap(pollable_nap, progress ~= pollable_seen)
+    pollable_seen = progress
+    return wait_for(pollable_nap, false)
+  end,
 }
 
--- Drives the scheduler from outside any task until done() says so. Raises
--- if nothing could ever change: every remaining task waits on another.
--- With a deadline, gives up when it comes (done() still false), waiting it
--- out even when nothing could change meanwhile, as a timeout promises.
--- Answers whether done() came true.
-local function drive_until(done, deadline)
-  while not done() do
-    if deadline then
-      local left = deadline - now()
-      if left <= 0 then return false end
-      turn(left)
-    elseif not has_work() then
-      error("ratewise: deadlock: the remaining tasks all wait for each other", 0)
-    else
-      turn(huge)
-    end
-  end
-  return true
-end
-scheduler.drive_until = drive_until
+--- The engine's descriptor alone, without a timeout, for a host's driver
+-- that waits on it and gives its own seconds (cqueues.poll).
+scheduler.descriptor = {
+  pollfd = scheduler.pollable.pollfd,
+  getfd = scheduler.pollable.getfd,
+  dirty = scheduler.pollable.dirty,
+  events = scheduler.pollable.events,
+  timeout = function() return nil end,
+}
 
 -- How code outside any task waits for done() (a join, a semaphore, a
 -- group): the waiting seam (runtime.lua) sets it for the host at hand;
@@ -638,11 +727,13 @@ function scheduler.progress()
   return progress
 end
 
---- scheduler.set_kick(fn): fn is called when something happens that code
--- outside the tasks may be waiting for (a permit released, a task
--- finished), for a host whose waiters a driver of its own wakes (OpenResty's).
-function scheduler.set_kick(fn)
-  kick = fn
+--- scheduler.add_kick(fn): fn() is called whenever something happens
+-- that code outside the tasks may be waiting for (a permit released, a
+-- task finished): a host whose waiters a driver of its own wakes
+-- (hosts/driven.lua) registers its kick here.
+function scheduler.add_kick(fn)
+  kicks_n = kicks_n + 1
+  kicks[kicks_n] = fn
 end
 
 --- Waits `seconds`: as a task, by yielding; elsewhere, by driving the
@@ -655,12 +746,7 @@ function scheduler.sleep(seconds, on_cancel, a, b)
   end
   -- a tail call: one frame less on a waiting task
   if scheduler.current() then return scheduler.park(seconds, nil, on_cancel, a, b) end
-  local deadline = now() + seconds
-  while true do
-    local left = deadline - now()
-    if left <= 0 then return end
-    turn(left)
-  end
+  scheduler.drive(MAIN, never, nil, now() + seconds)
 end
 
 --- Waits for a transfer to finish, as scheduler.sleep does. A task that is
@@ -674,15 +760,15 @@ local function abort_transfer(transfer, task)
 end
 
 --- scheduler.await_started(transfer): outside any task, waits for a
--- transfer that is not done yet (one just started: engine:start, and no
--- turn since), asking it once a turn, not once more before the first; the
--- turns need not ask the engine whether anything runs (it does). A
--- sequential fetch's wait. (Asking the transfer, rather than keeping which
--- one is awaited for the poll to mark: the wait ends however the transfer
--- ends, a closed engine's abort included, and asking a transfer closed
--- meanwhile raises instead of waiting for a report that never comes.)
+-- transfer that is not done yet (one just started: engine:start), asking
+-- it once a turn; the turns need not ask the engine whether anything runs
+-- (it does). A sequential fetch's wait. (Asking the transfer, rather than
+-- keeping which one is awaited for the poll to mark: the wait ends however
+-- the transfer ends, a closed engine's abort included, and asking a
+-- transfer closed meanwhile raises instead of waiting for a report that
+-- never comes.)
 function scheduler.await_started(transfer)
-  repeat turn(huge, nil, true) until transfer_done(transfer)
+  scheduler.drive(MAIN_BUSY, transfer_done, transfer)
 end
 
 -- Task `task` waits until the poll reports `transfer`, whose owner it is;
@@ -726,11 +812,9 @@ end
 -- it); nil and the engine's word when it would not start. Outside any
 -- task, false (nothing was started), the engine to start it on, and
 -- whether a task is being run all the same (scheduler.in_task: by a
--- coroutine that task resumed). One call where a fetch made four
--- (current, engine, await_transfer, in_task).
+-- coroutine that task resumed).
 function scheduler.run_transfer(request)
   local task = current
-  -- (scheduler.current's test, without its call)
   if not task or task.co ~= running() then return false, engine or scheduler.engine(), task ~= nil end
   local transfer, err = (engine or scheduler.engine()):start(request, task)
   if not transfer then return nil, err end
@@ -920,7 +1004,7 @@ function Semaphore:release()
   self.head, self.tail = 1, 0
   self.available = math.min(self.available + 1, self.size)
   progress = progress + 1
-  if kick then kick() end
+  for i = 1, kicks_n do kicks[i]() end
 end
 
 function Semaphore:__tostring()
@@ -976,7 +1060,7 @@ function Event:set()
     for i = 1, #waiters, 2 do wake(waiters[i], waiters[i + 1]) end
   end
   progress = progress + 1
-  if kick then kick() end
+  for i = 1, kicks_n do kicks[i]() end
 end
 
 function Event:__tostring()

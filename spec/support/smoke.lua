@@ -24,8 +24,8 @@ end, { concurrency = 2 })
 assert(results[1] == "A" and results[2] == "B" and results[3] == "C", "rw.map lost its order")
 assert(#order == 3)
 
--- A plain coroutine waits through the ("ratewise.sleep", seconds) protocol.
-local co = coroutine.create(function() rw.sleep(0.002) return "slept" end)
+-- A coroutine whose runner speaks the ("ratewise.sleep", seconds) protocol waits through it.
+local co = rw.speaks_protocol(coroutine.create(function() rw.sleep(0.002) return "slept" end))
 local _, what, seconds = coroutine.resume(co)
 assert(what == "ratewise.sleep" and seconds > 0 and seconds <= 0.002)
 

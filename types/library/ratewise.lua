@@ -107,6 +107,13 @@ function ratewise.semaphore(n) end
 ---@param seconds number
 function ratewise.sleep(seconds) end
 
+---Marks a coroutine whose runner resumes its waits' yields (`"ratewise.sleep", seconds, rw.pollable`);
+---`false` takes the mark back. Returns `co`.
+---@param co thread
+---@param yes? boolean
+---@return thread co
+function ratewise.speaks_protocol(co, yes) end
+
 ---`pcall` that a task may wait inside, on every Lua (PUC Lua 5.1's own cannot be yielded through).
 ---@param fn function
 ---@param ... any

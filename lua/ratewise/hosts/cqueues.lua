@@ -1,13 +1,15 @@
--- The cqueues host (ratewise/runtime.lua, rule 4): code running under a
+-- The cqueues host, registered with the seam (ratewise/runtime.lua) at
+-- rank 40: code running under a
 -- cqueues controller sleeps with cqueues.sleep, and waits for the rest on a
 -- condition variable of its own, signalled by one driver coroutine per
 -- controller that waits with cqueues.poll on the scheduler's descriptor
 -- (ratewise/hosts/driven.lua). The controller's other coroutines go on
 -- meanwhile.
 local driven = require "ratewise.hosts.driven"
+local runtime = require "ratewise.runtime"
 local scheduler = require "ratewise.scheduler"
 
-local package, type, setmetatable = package, type, setmetatable
+local package, type, setmetatable, pairs = package, type, setmetatable, pairs
 
 local cqueues_host = {}
 
@@ -43,7 +45,8 @@ function cqueues_host.host()
     wait = function(s, seconds) s:wait(seconds) end,
     post = function(s) s:signal() end,
     block = function(kick, seconds)
-      if seconds then m.poll(scheduler.pollable, kick, seconds) else m.poll(scheduler.pollable, kick) end
+      -- the descriptor alone: the seconds are the driver's own
+      if seconds then m.poll(scheduler.descriptor, kick, seconds) else m.poll(scheduler.descriptor, kick) end
     end,
     watches_fd = true,
   }
@@ -56,5 +59,15 @@ end
 function cqueues_host.kick()
   for _, host in pairs(per_controller) do host.kick() end
 end
+
+runtime.register_host {
+  name = "cqueues",
+  rank = 40,
+  claims = function()
+    if package.loaded.cqueues ~= nil and cqueues_host.active() then return cqueues_host.host() end
+    return nil
+  end,
+}
+scheduler.add_kick(cqueues_host.kick)
 
 return cqueues_host

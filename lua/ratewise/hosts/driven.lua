@@ -16,18 +16,16 @@ local scheduler = require "ratewise.scheduler"
 local log = require "ratewise.log"
 
 local now = core.now
-local min, next, pairs, ipairs, pcall, tostring, error, setmetatable = math.min, next, pairs, ipairs, pcall,
+local next, pairs, ipairs, pcall, tostring, error, setmetatable = next, pairs, ipairs, pcall,
   tostring, error, setmetatable
 
 local driven = {}
 
--- While transfers are in flight, a driver that cannot wait on the
--- descriptor (OpenResty's) steps the engine every NAP_FIRST seconds, and
--- less often, up to NAP_MAX, while steps find nothing done: a server that
--- takes seconds to answer costs next to no CPU, one that answers at once
--- is seen within a millisecond. A driver with waiters for another party's
--- doing and nothing due looks every IDLE seconds, unless kicked first.
-local NAP_FIRST, NAP_MAX, IDLE = 0.001, 0.016, 0.05
+-- A driver with waiters for another party's doing, nothing due and no
+-- descriptor to wake it looks every IDLE seconds, unless kicked first.
+-- Its naps while transfers are in flight are the scheduler's
+-- (scheduler.drive).
+local IDLE = 0.05
 
 --- host = driven.new(primitives): primitives are
 --   spawn(fn) -> ok, err     runs fn(premature) apart from the caller
@@ -93,42 +91,62 @@ function driven.new(p)
     if not ok then log.write("ratewise: the driver's step failed: " .. tostring(err), "error") end
   end
 
-  local function driver(premature)
-    local seen, nap, idle_since = nil, NAP_FIRST, nil
-    while not premature do
-      step()
-      local progress = scheduler.progress()
-      local moved = fresh or progress ~= seen -- kicked, or a step did something: not idle since
-      if progress ~= seen then -- with a thousand waiters, most steps change nothing
-        seen, nap = progress, NAP_FIRST
-        for w in pairs(waiters) do
-          if w.done() then
-            waiters[w] = nil
-            p.post(w.signal)
-          end
+  -- The driver's look: a step, then the waiters whose condition came
+  -- true are woken (only when the step changed anything: with a thousand
+  -- waiters, most steps change nothing). True when kicked since the last
+  -- look: something new (a transfer started) may answer at once.
+  local seen, moved, idle_since, linger_left = nil, false, nil, nil
+  local function look()
+    step()
+    local progress = scheduler.progress()
+    moved = fresh or progress ~= seen
+    if progress ~= seen then
+      seen = progress
+      for w in pairs(waiters) do
+        if w.done() then
+          waiters[w] = nil
+          p.post(w.signal)
         end
-      elseif fresh then -- something new (a transfer started): its answer may come at once
-        nap = NAP_FIRST
-      else
-        nap = min(nap * 2, NAP_MAX)
       end
-      fresh = false
-      local pending = next(waiters) ~= nil or next(transfer_waiters) ~= nil
-      local in_flight, t = scheduler.transfers_running(), scheduler.timeout()
-      if not pending and not in_flight and not t and not (p.tasks_stay and scheduler.live() > 0) then
-        -- Idle: a driver whose start costs a light thread of its own
-        -- (linger) stays that long for the next wait, which a handler
-        -- calling rw.fetch in a loop makes at once, and then ends.
-        if not p.linger then break end
-        local at = now()
-        if moved or not idle_since then idle_since = at end
-        local left = idle_since + p.linger - at
-        if left <= 0 then break end
-        t = left
-      end
-      if in_flight and not p.watches_fd and (not t or t > nap) then t = nap end
-      if not t and not p.watches_fd then t = IDLE end
+    end
+    local kicked_since = fresh
+    fresh = false
+    return kicked_since
+  end
+
+  -- Whether the driver ends: nothing pending, in flight or due. A driver
+  -- whose start costs a light thread of its own (linger) stays that long
+  -- for the next wait, which a handler calling rw.fetch in a loop makes at
+  -- once, and then ends.
+  local function idle_over()
+    linger_left = nil
+    local pending = next(waiters) ~= nil or next(transfer_waiters) ~= nil
+    if pending or scheduler.transfers_running() or scheduler.timeout()
+        or (p.tasks_stay and scheduler.live() > 0) then
+      idle_since = nil
+      return false
+    end
+    if not p.linger then return true end
+    local at = now()
+    if moved or not idle_since then idle_since = at end
+    linger_left = idle_since + p.linger - at
+    return linger_left <= 0
+  end
+
+  local way = {
+    step = look,
+    sees_fd = p.watches_fd,
+    idle = not p.watches_fd and IDLE or nil,
+    block = function(t)
+      if linger_left and (not t or t > linger_left) then t = linger_left end
       p.block(kicked, t)
+    end,
+  }
+
+  local function driver(premature)
+    if not premature then
+      seen, idle_since = nil, nil
+      scheduler.drive(way, idle_over)
     end
     driving = false
     if premature then -- the host is going away (an nginx worker exiting): nothing will be driven
@@ -197,19 +215,15 @@ function driven.new(p)
     return not driving and scheduler.live() == 0 and scheduler.engine():running() == 1
   end
 
-  -- Steps the scheduler and naps (p.nap), as the driver would, until
-  -- transfer is done or a driver or a task appears (another request's
-  -- doing): then the driver takes over. Answers whether it is done.
+  -- A waiter alone steps the scheduler and naps (p.nap), as the driver
+  -- would, until its transfer is done or a driver or a task appears
+  -- (another request's doing): then the driver takes over.
+  local alone_way = { step = step, block = p.nap, sees_fd = false, idle = IDLE }
+  local function alone_over(transfer)
+    return transfer:done() or driving or scheduler.live() > 0
+  end
   local function drive_alone(transfer)
-    local nap = NAP_FIRST
-    repeat
-      step()
-      if transfer:done() then return true end
-      local t = scheduler.timeout()
-      if not t or t > nap then t = nap end
-      p.nap(t)
-      nap = min(nap * 2, NAP_MAX)
-    until driving or scheduler.live() > 0
+    scheduler.drive(alone_way, alone_over, transfer)
     return transfer:done()
   end
 

@@ -186,13 +186,18 @@ local hook_mt = {
   end,
 }
 
-local function refuse_frame_waits()
-  if guarding and compat.running() == frame_thread then
-    error("ratewise: a wait outside a task (a bare rw.fetch, rw.sleep, rw.run, task:join()) would freeze LÖVE's "
-      .. "frame for all of its time: call rw.spawn(function() ... end) from love.update instead "
-      .. "(ratewise.hosts.love steps the tasks every frame)", 0)
-  end
-end
+-- Registered with the seam (ratewise/runtime.lua) at rank 30: a wait
+-- outside a task on the thread of LÖVE's callbacks, while installed,
+-- raises before anything is sent.
+runtime.register_host {
+  name = "love",
+  rank = 30,
+  claims = function() return guarding and compat.running() == frame_thread end,
+  blocking = "raise",
+  says = "ratewise: a wait outside a task (a bare rw.fetch, rw.sleep, rw.run, task:join()) would freeze LÖVE's "
+    .. "frame for all of its time: call rw.spawn(function() ... end) from love.update instead "
+    .. "(ratewise.hosts.love steps the tasks every frame)",
+}
 
 local OPTIONS = { budget = true, log = true, on_error = true }
 
@@ -236,7 +241,6 @@ function love_host.install(opts)
   end
   log.set_host(sink)
   frame_thread, guarding = compat.running(), true
-  runtime.set_frame_guard(refuse_frame_waits)
   return rw
 end
 
@@ -250,7 +254,6 @@ function love_host.uninstall()
     installed_on, game_update = nil, nil
   end
   guarding = false
-  runtime.set_frame_guard(nil)
   log.set_host(nil)
 end
 

@@ -1,6 +1,8 @@
 -- The Neovim host: ratewise inside Neovim's Lua (LuaJIT), one Lua state that
--- every plugin shares, found with no configuration (ratewise/runtime.lua
--- starts it when the `vim` global is Neovim's).
+-- every plugin shares, found with no configuration: loaded (by
+-- require "ratewise") where the `vim` global is Neovim's, it starts its
+-- driver and registers with the seam (ratewise/runtime.lua, rank 70) as a
+-- host whose loop a wait outside a task blocks: said once in the log.
 --   One driver per Lua state runs the scheduler from vim.loop (libuv): a
 --   poll handle on the scheduler's descriptor, a timer for its next
 --   deadline, and a prepare handle, run before each wait of the loop, that
@@ -12,11 +14,12 @@
 --   driver is kept in the Lua registry, where every plugin finds it, and so
 --   does a copy of this module loaded again (a plugin reloader).
 --   ratewise's lines (retries, errors of tasks nobody joined) go to
---   vim.notify (ratewise/log.lua); JSON is vim.json's where lua-cjson cannot
+--   vim.notify (the host's sink, ratewise/log.lua); JSON is vim.json's where lua-cjson cannot
 --   be loaded (ratewise/json.lua).
 local scheduler = require "ratewise.scheduler"
 local json = require "ratewise.json"
 local log = require "ratewise.log"
+local runtime = require "ratewise.runtime"
 
 local rawget, type, pcall, tostring, error, ceil = rawget, type, pcall, tostring, error, math.ceil
 
@@ -95,7 +98,9 @@ local function new_driver(vim)
 
   local function arm()
     if scheduled then return end
-    local t = scheduler.timeout()
+    -- without a descriptor to watch, the pollable's timeout: naps while
+    -- anything is in flight
+    local t = poll and scheduler.timeout() or scheduler.pollable.timeout()
     timer:stop()
     -- 0 (ready tasks, or a step whose budget ran out) is the next turn of
     -- the loop, after it has read the keyboard: the editor stays responsive
@@ -143,6 +148,22 @@ end
 do
   local vim = vim_api()
   if vim and type(vim.json) == "table" then json.set_fallback(vim.json) end
+end
+
+runtime.register_host {
+  name = "nvim",
+  rank = 70,
+  claims = nvim.active,
+  blocking = "warn",
+  says = "ratewise: a wait outside a task blocks Neovim (its keys, its screen) until it ends: call ratewise "
+    .. "from rw.spawn(function() ... end), whose tasks the editor's loop runs (docs/hosts.md#neovim)",
+}
+
+-- Inside Neovim the editor's loop runs ratewise's tasks: a task spawned by
+-- any plugin runs with nothing more to set up.
+if nvim.active() then
+  log.set_host(nvim.notify)
+  nvim.start()
 end
 
 return nvim

@@ -1,5 +1,6 @@
--- The OpenResty host (ratewise/runtime.lua, rule 2), found with no
--- configuration: the `ngx` API is there and the phase lets code yield.
+-- The OpenResty host, registered with the seam (ratewise/runtime.lua) at
+-- rank 10: it claims the code running now when the `ngx` API is there and
+-- the phase lets code yield.
 --   sleep: ngx.sleep, which lets the worker serve other requests meanwhile;
 --   waiting for a transfer (or a join, a semaphore, a group of tasks): the
 --   request waits on an ngx.semaphore of its own, posted by one driver per
@@ -20,8 +21,11 @@
 --   worker;
 --   ratewise's lines go to nginx's error log (ratewise/log.lua).
 local driven = require "ratewise.hosts.driven"
+local runtime = require "ratewise.runtime"
+local scheduler = require "ratewise.scheduler"
 
 local format, rawget, tostring, type, error = string.format, rawget, tostring, type, error
+local loaded = package.loaded
 
 local openresty = {}
 
@@ -54,9 +58,6 @@ end
 
 local host -- made at the first wait: ngx.semaphore is not there in every phase
 
--- Apart from openresty.host: a function that makes closures has upvalues
--- to close at each return, which LuaJIT does not compile, and every fetch
--- in a handler asks openresty.host() for the host.
 local function make_host()
   local ngx = ngx_api()
   local semaphore = require "ngx.semaphore"
@@ -86,5 +87,17 @@ end
 function openresty.kick()
   if host then host.kick() end
 end
+
+-- Asked first: `ngx` is looked for in package.loaded (OpenResty puts it
+-- there as it starts) before the phase is asked.
+runtime.register_host {
+  name = "openresty",
+  rank = 10,
+  claims = function()
+    if loaded.ngx ~= nil and openresty.active() then return openresty.host() end
+    return nil
+  end,
+}
+scheduler.add_kick(openresty.kick)
 
 return openresty
