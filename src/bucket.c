@@ -69,7 +69,7 @@ typedef struct place {
 
 static void bucket_refill(bucket *b)
 {
-    double now = rw_clock_monotonic();
+    double now = rw_core_monotonic();
     if (now > b->updated) {
         b->tokens += (now - b->updated) * b->rate;
         if (b->tokens > b->capacity) b->tokens = b->capacity;
@@ -244,7 +244,7 @@ static int bucket_l_new(lua_State *L)
     b->capacity = capacity;
     b->rate = rate;
     b->tokens = capacity; /* a new bucket starts full */
-    b->updated = rw_clock_monotonic();
+    b->updated = rw_core_monotonic();
     b->queued = b->served = 0.0;
     b->horizon = horizon;
     b->slow_down = slow_down;

@@ -37,7 +37,7 @@ static const char *const request_transport_names[] = {
 static int request_on_socket(void *ud, curl_socket_t fd, curlsocktype purpose)
 {
     (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
-    if (purpose == CURLSOCKTYPE_IPCXN && ud) rw_engine_socket_opened((transfer *)ud, fd);
+    if (purpose == CURLSOCKTYPE_IPCXN && ud) rw_gate_socket_opened((transfer *)ud, fd);
     return CURL_SOCKOPT_OK;
 }
 
@@ -509,7 +509,7 @@ static void request_set_url(transfer *t, const char *url, size_t len)
 }
 
 /* The handle, phase 1: options the request shares with the handle's last
- * (same signature) stay; others start from a reset handle (rw_engine_reset);
+ * (same signature) stay; others start from a reset handle (rw_transfer_reset);
  * a fresh handle gets what every transfer sets alike; a reused one gets
  * back the defaults the last request changed. Answers whether the options
  * of the reset signature are the handle's already. */
@@ -528,7 +528,7 @@ static int request_handle(const request_src *src, struct engine *e, transfer *t,
     }
     same_reset = request_reset_sig(src, t, transport);
     if (!same_reset && !(t->reset_ok && t->reset_sig.len == 0)) {
-        rw_engine_reset(e, t); /* it has others, which cannot be unset one by one */
+        rw_transfer_reset(e, t); /* it has others, which cannot be unset one by one */
         t->dirty = 0;
         t->timeout_ms = t->connect_timeout_ms = 0;
         t->url_ok = t->lists_set = 0; /* the handle has neither any more */

@@ -122,7 +122,7 @@ CURLMcode rw_transfer_launch(engine *e, transfer *t)
     }
     t->state = TRANSFER_RUNNING;
     engine_list_add(&e->running, t);
-    t->started = rw_clock_monotonic();
+    t->started = rw_core_monotonic();
     if (t->timeout > 0) t->expires = t->started + t->timeout + ENGINE_EXPIRY_GRACE;
     return CURLM_OK;
 }
@@ -140,7 +140,7 @@ void rw_transfer_unref(lua_State *L, engine *e, int refs, transfer *t)
  * every option is forgotten, and the handle is set up as new, the engine's
  * own callback on closed sockets included (request.c forgets what it knew
  * of the handle's options). */
-void rw_engine_reset(engine *e, transfer *t)
+void rw_transfer_reset(engine *e, transfer *t)
 {
     curl_easy_reset(t->easy);
     transfer_handle_init(e, t);
@@ -280,7 +280,7 @@ void rw_transfer_unqueue(transfer *t)
     t->engine = NULL;
 }
 
-void rw_engine_progress(transfer *t)
+void rw_transfer_progress(transfer *t)
 {
     engine *e = t->engine;
     if (!e || t->state != TRANSFER_RUNNING) return;
