@@ -14,8 +14,8 @@
  * pushes the ones after it back, exactly as the server's own bucket sees
  * the requests. (Reserving tokens ahead of time, as Go's rate.Limiter does,
  * lets a late waiter and an on-time one after it send two requests less
- * than a token apart: against a server whose bucket holds one token, that
- * was a third of all requests answered 429.)
+ * than a token apart: a server whose bucket holds one token answers the
+ * second 429.)
  * The core only answers "how long"; the Lua layer does the waiting.
  *
  * Every wait it reports is finite: a rate so small that one token would

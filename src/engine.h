@@ -39,8 +39,8 @@
  * flight fits in a process's descriptors (the usual limit is 1,024). While
  * transfers run, each keeps its connection for the next; once they are
  * done, at most max_idle_connections stay open for reuse (none after more
- * ran at once: see engine_shed). 64 idle: the throughput benchmark's 64
- * transfers to one host keep their connections. */
+ * ran at once: see engine_shed). 64 idle: a program whose few dozen tasks
+ * call one host keeps a connection for each. */
 #define ENGINE_DEFAULT_MAX_CONNECTIONS 256L
 #define ENGINE_DEFAULT_MAX_IDLE 64L
 #define ENGINE_MAX_LIMIT 1000000L
@@ -180,11 +180,11 @@ static inline void engine_list_remove(engine_list *l, transfer *t)
 /* What the poller's set holds for a descriptor (engine.watch[fd]). libcurl
  * stops watching a connection each time a transfer on it ends and watches
  * it again for the next one, which reuses it: taking it out of the set and
- * putting it back would cost two or three system calls a request. So a connection libcurl
- * no longer wants stays in the set, marked unwanted, until it reports an
- * event (then it leaves: an idle connection the server closes would stay
- * readable for ever) or is closed (rw_watch_on_close; closing takes it out of
- * the set). */
+ * putting it back would be system calls on every request, for nothing. So
+ * a connection libcurl no longer wants stays in the set, marked unwanted,
+ * until it reports an event (then it leaves: an idle connection the server
+ * closes would stay readable for ever) or is closed (rw_watch_on_close;
+ * closing takes it out of the set). */
 #define WATCH_IN 1u
 #define WATCH_OUT 2u
 #define WATCH_IN_SET 4u

@@ -9,8 +9,7 @@
  * leaves almost nothing for the Lua collector: the Lua object is a box
  * holding a pointer. Under a steady load that matters twice: less work for
  * the collector, and a heap that does not grow and shrink at its top every
- * cycle (with glibc that means page faults, which cost more here than the
- * rest of a request).
+ * cycle (with glibc that means page faults on every cycle).
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -97,8 +96,7 @@ transfer *rw_transfer_take(engine *e, int *fresh)
  * the buffer, and gives the memory back when the buffer is freed, so under
  * a steady load the heap's top grows and shrinks every few requests, each
  * time with fresh page faults. A buffer of about half the usual
- * response keeps the recv calls per response at two or three and the heap
- * still: the size follows a moving average of the responses seen, from
+ * response keeps the recv calls per response few and the heap still: the size follows a moving average of the responses seen, from
  * libcurl's minimum (1 KiB) up to its default, never above. */
 static long transfer_small_buffer(const engine *e)
 {
