@@ -3,9 +3,7 @@
 -- request.c sets libcurl's options only after the request table is read.
 local function slurp(path)
   local f = assert(io.open(path, "rb"))
-  local text = f:read("*a")
-  f:close()
-  return text
+  return (f:read("*a")), f:close()
 end
 
 -- Comments and string literals blanked, every offset kept.
