@@ -402,6 +402,49 @@ describe("the ratewise command", function()
       os.remove(file)
     end)
 
+    it("writes every result whole when descriptors run out, the JSON codec loaded before", function()
+      -- More requests in flight than the process has descriptors: those
+      -- without one fail at once, while the others hold every descriptor,
+      -- so that nothing (lua-cjson's file neither) can be opened then.
+      s:script("/hold", { { status = 200, delay = 1, body = "held" } })
+      local urls = {}
+      for i = 1, 40 do urls[i] = s:url("/hold") end
+      local file = write_file(table.concat(urls, "\n"))
+      local out, err, code = ratewise("batch --no-progress --retries 0 --concurrency 40 " .. file,
+        { shell = "ulimit -n 24; " })
+      os.remove(file)
+      local rows = json_lines(out)
+      assert.equal(40, #rows, err)
+      local ok, starved = 0, 0
+      for i, row in ipairs(rows) do
+        assert.equal(i, row.line)
+        assert.is_nil(out:find('"internal"'), out)
+        if row.ok then
+          ok = ok + 1
+          assert.equal(200, row.status)
+          assert.equal("held", row.body)
+        else
+          starved = starved + 1
+          assert.equal("exhausted", row.error.kind)
+        end
+      end
+      assert.is_true(ok > 0 and starved > 0, "some requests held the descriptors, the others had none: " .. err)
+      assert.equal(1, code, err)
+    end)
+
+    it("exits 23 without sending anything when lua-cjson cannot be loaded", function()
+      local file = write_file(s:url("/a") .. "\n" .. s:url("/b") .. "\n")
+      -- the core found, lua-cjson not: no default search path
+      local env = subprocess.env:gsub(";;'", "'")
+      local shown, code = subprocess.shell(env .. "timeout 30 " .. subprocess.lua
+        .. " bin/ratewise batch --no-progress " .. file)
+      os.remove(file)
+      assert.equal(23, code, shown)
+      assert.matches("^ratewise: batch writes its results as JSON, and lua%-cjson cannot be loaded "
+        .. "%(module 'cjson' not found%): install", shown)
+      assert.equal(0, #s:log())
+    end)
+
     it("exits 2 for an input that cannot be read, sending nothing", function()
       local _, err, code = ratewise("batch /nonexistent/jobs.txt")
       assert.equal(2, code, err)

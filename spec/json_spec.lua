@@ -2,6 +2,7 @@
 -- the client's absolute URLs, against the loopback test server.
 local rw = require "ratewise"
 local server = require "spec.support.server"
+local subprocess = require "spec.support.subprocess"
 local cjson = require "cjson"
 
 local integers = math.type ~= nil -- Lua 5.3 and later
@@ -130,6 +131,32 @@ describe("json and query options", function()
       assert.equal(404, v.error.code)
       if integers then assert.equal("integer", math.type(v.error.code)) end
     end)
+
+    it("tries lua-cjson again after a first load failed for want of descriptors", function()
+      -- A process of its own, whose descriptors it can use up: with none
+      -- left, require cannot open cjson's file and says "not found".
+      s:script("/j", { { status = 200, body = '{"n": 1}' } })
+      local out, code = subprocess.run_lua([[
+        local rw = require "ratewise"
+        assert(not package.loaded.cjson, "lua-cjson was loaded before the spec could deny it descriptors")
+        local res = assert(rw.fetch(]] .. string.format("%q", s.base .. "/j") .. [[, { on_retry = false }))
+        local held = {}
+        while true do
+          local f = io.open("/dev/null", "rb")
+          if not f then break end
+          held[#held + 1] = f
+        end
+        local v, err = res:json()
+        print("starved", tostring(v), err)
+        for _, f in ipairs(held) do f:close() end
+        v, err = res:json()
+        print("freed", v and v.n, err)
+      ]], { shell = "ulimit -n 64; " })
+      assert.equal(0, code, out)
+      assert.matches("starved\tnil\t[^\n]*Too many open files[^\n]*ulimit %-n", out)
+      assert.not_matches("starved[^\n]*install", out)
+      assert.matches("freed\t1\tnil", out)
+    end)
   end)
 
   describe("the client's URLs", function()
@@ -236,6 +263,17 @@ describe("json and query options", function()
         assert.is_false(ok)
         assert.equal("fetch: option 'json' cannot be encoded as JSON: cannot encode a function",
           err:gsub("^.-:%d+: ", ""))
+      end)
+    end)
+
+    it("finds lua-cjson installed after a call that could not (a later package.path)", function()
+      without_cjson(function(fresh)
+        assert.is_nil(fresh.load())
+        assert.has_error(function() fresh.encode({ a = 1 }, "x") end)
+        package.preload.cjson = nil -- now require finds the real one
+        assert.is_true(fresh.load())
+        assert.equal('{"a":1}', fresh.encode({ a = 1 }, "x"))
+        assert.same({ a = 1 }, fresh.decode('{"a":1}'))
       end)
     end)
 

@@ -26,6 +26,23 @@ local SERVER = [[
         ngx.say(tostring(ok1), " ", tostring(ok2), " ", string.format("%.2f", limit:tokens()))
       }
     }
+    location = /hammer {
+      keepalive_timeout 0;
+      content_by_lua_block {
+        local rw = require "ratewise"
+        local core = require "ratewise.core"
+        local limit = rw.shared_bucket { dict = "limits", key = "hammer", capacity = 1, rate = 200 }
+        -- Lua that runs a while without yielding, as a handler may: the
+        -- worker's cached clock (ngx.now) falls behind the others'.
+        local started = core.now()
+        while core.now() - started < 0.03 do end
+        local granted = 0
+        while core.now() - started < 0.3 do
+          if limit:take() then granted = granted + 1 end
+        end
+        ngx.say(granted, " ", string.format("%.6f %.6f", started, core.now()))
+      }
+    }
     location = /misuse {
       content_by_lua_block {
         local rw = require "ratewise"
@@ -71,6 +88,35 @@ describe("rw.shared_bucket", function()
     local log = s:log("/sb")
     local rate = (#log - 1) / (log[#log].t - log[1].t)
     assert.is_true(math.abs(rate - 50) <= 2.5, string.format("%d requests, %.2f a second", #log, rate))
+  end)
+
+  it("grants no token twice when workers whose cached clocks differ take at once", function()
+    -- Workers that each take as fast as they can for a while, started
+    -- apart, so that their clocks are stale by different amounts. A lock
+    -- that one of them set with its stale clock, and that another took as
+    -- expired while it was held, let both grant the same token.
+    for round = 1, 4 do
+      local results = {}
+      rw.run(function()
+        for i = 1, 8 do
+          rw.spawn(function()
+            rw.sleep(i * 0.012)
+            local res = assert(rw.fetch(n:url("/hammer"), { on_retry = false, timeout = 10 }))
+            results[#results + 1] = res.body
+          end)
+        end
+      end)
+      local granted, first, last = 0, math.huge, 0
+      for _, body in ipairs(results) do
+        local count, from, to = body:match("^(%d+) (%S+) (%S+)")
+        granted = granted + tonumber(count)
+        first, last = math.min(first, tonumber(from)), math.max(last, tonumber(to))
+      end
+      -- a full bucket's one token, then 200 a second
+      local most = 1 + math.floor(200 * (last - first))
+      assert.is_true(granted <= most, string.format("round %d: %d tokens granted in %.3f s, at most %d",
+        round, granted, last - first, most))
+    end
   end)
 
   it("takes, counts tokens and refuses what it cannot serve, across requests", function()

@@ -14,8 +14,8 @@
  * pushes the ones after it back, exactly as the server's own bucket sees
  * the requests. (Reserving tokens ahead of time, as Go's rate.Limiter does,
  * lets a late waiter and an on-time one after it send two requests less
- * than a token apart: against a server whose bucket holds one token, that
- * was a third of all requests answered 429.)
+ * than a token apart: a server whose bucket holds one token answers the
+ * second 429.)
  * The core only answers "how long"; the Lua layer does the waiting.
  *
  * Every wait it reports is finite: a rate so small that one token would
@@ -69,7 +69,7 @@ typedef struct place {
 
 static void bucket_refill(bucket *b)
 {
-    double now = rw_clock_monotonic();
+    double now = rw_core_monotonic();
     if (now > b->updated) {
         b->tokens += (now - b->updated) * b->rate;
         if (b->tokens > b->capacity) b->tokens = b->capacity;
@@ -244,7 +244,7 @@ static int bucket_l_new(lua_State *L)
     b->capacity = capacity;
     b->rate = rate;
     b->tokens = capacity; /* a new bucket starts full */
-    b->updated = rw_clock_monotonic();
+    b->updated = rw_core_monotonic();
     b->queued = b->served = 0.0;
     b->horizon = horizon;
     b->slow_down = slow_down;

@@ -25,14 +25,14 @@
 #include "poller.h"
 #include "ratewise.h"
 
-double rw_clock_monotonic(void)
+double rw_core_monotonic(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-double rw_clock_realtime(void)
+double rw_core_realtime(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -41,13 +41,13 @@ double rw_clock_realtime(void)
 
 static int core_l_now(lua_State *L)
 {
-    lua_pushnumber(L, rw_clock_monotonic());
+    lua_pushnumber(L, rw_core_monotonic());
     return 1;
 }
 
 static int core_l_time(lua_State *L)
 {
-    lua_pushnumber(L, rw_clock_realtime());
+    lua_pushnumber(L, rw_core_realtime());
     return 1;
 }
 
@@ -204,7 +204,7 @@ static int core_l_few_fields(lua_State *L)
 #include <stdio.h>
 #include <stdlib.h>
 
-void rw_stack_fail(const char *where, int line, int want, int got)
+void rw_core_stack_fail(const char *where, int line, int want, int got)
 {
     (void)fprintf(stderr, "ratewise: Lua stack check failed in %s, line %d: height %d, expected %d\n", where,
                   line, got, want);
@@ -303,7 +303,7 @@ int luaopen_ratewise_core(lua_State *L)
         return luaL_error(L, "ratewise.core: libcurl failed to initialise");
     lua_newtable(L);
     luaL_setfuncs(L, funcs, 0);
-    rw_parse_register(L);
+    rw_lparse_register(L);
     rw_bucket_register(L);
     rw_engine_register(L);
 #ifdef RW_NO_REDIS

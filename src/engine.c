@@ -53,7 +53,7 @@ static int engine_on_timer(CURLM *multi, long timeout_ms, void *userp)
 {
     engine *e = (engine *)userp;
     (void)multi;
-    e->timer_at = timeout_ms < 0 ? HUGE_VAL : rw_clock_monotonic() + (double)timeout_ms / 1000.0;
+    e->timer_at = timeout_ms < 0 ? HUGE_VAL : rw_core_monotonic() + (double)timeout_ms / 1000.0;
     return 0;
 }
 
@@ -97,7 +97,7 @@ static void engine_shed(engine *e)
     curl_multi_cleanup(e->multi);
     e->multi = fresh;
     e->renew = 0;
-    rw_gates_forget(e);
+    rw_gate_forget_all(e);
     e->timer_at = HUGE_VAL;
     engine_apply_limits(e);
 }
@@ -125,7 +125,7 @@ static void engine_expire(engine *e)
         e->next_expiry = HUGE_VAL;
         return;
     }
-    now = rw_clock_monotonic();
+    now = rw_core_monotonic();
     if (now < e->next_expiry) return;
     for (t = e->running.head; t; t = after) {
         enum engine_expiry_kind kind;
@@ -216,7 +216,7 @@ static CURLMcode engine_drive_all(engine *e, double until, int *running)
 #pragma GCC diagnostic pop
 #endif
     } while (mc == CURLM_OK && e->delivered != before && ++passes < ENGINE_ALL_PASSES
-             && !(until > 0 && rw_clock_monotonic() >= until));
+             && !(until > 0 && rw_core_monotonic() >= until));
     e->all_again = mc == CURLM_OK && e->delivered != before;
     return mc;
 }
@@ -254,7 +254,7 @@ static void engine_drive(engine *e, double seconds, double budget)
         any = 0;
     double until;
     n = poller_wait(&e->poller, ev, ENGINE_EVENTS, seconds);
-    until = budget > 0 ? rw_clock_monotonic() + budget : 0;
+    until = budget > 0 ? rw_core_monotonic() + budget : 0;
     if (n < 0) {
         n = 0;
         if (errno != EINTR) mc = CURLM_UNRECOVERABLE_POLL;
@@ -264,7 +264,7 @@ static void engine_drive(engine *e, double seconds, double budget)
         int flags = ((ev[i].events & POLLER_IN) ? CURL_CSELECT_IN : 0) | ((ev[i].events & POLLER_OUT) ? CURL_CSELECT_OUT : 0)
                     | ((ev[i].events & POLLER_ERR) ? CURL_CSELECT_ERR : 0);
         if (rw_watch_event(e, fd)) continue;
-        if (!spent && until > 0 && rw_clock_monotonic() >= until) spent = 1;
+        if (!spent && until > 0 && rw_core_monotonic() >= until) spent = 1;
         if (spent) continue; /* watched descriptors still fire */
         if (all) {
             any = 1;
@@ -274,7 +274,7 @@ static void engine_drive(engine *e, double seconds, double budget)
     }
     if ((any || e->all_again) && mc == CURLM_OK) mc = engine_drive_all(e, until, &running);
     if (mc == CURLM_OK && !spent && e->timer_at != HUGE_VAL) {
-        double now = rw_clock_monotonic();
+        double now = rw_core_monotonic();
         if (now >= e->timer_at && !(until > 0 && now >= until)) {
             e->timer_at = HUGE_VAL; /* libcurl sets the next one */
             mc = curl_multi_socket_action(e->multi, CURL_SOCKET_TIMEOUT, 0, &running);
@@ -286,7 +286,7 @@ static void engine_drive(engine *e, double seconds, double budget)
         e->fail_next = CURLM_OK;
     }
 #endif
-    if (mc == CURLM_OK) rw_gates_release(e);
+    if (mc == CURLM_OK) rw_gate_release_answered(e);
     engine_drain(e);
     if (mc != CURLM_OK) {
         engine_fail_all(e, mc);
@@ -304,7 +304,7 @@ static double engine_deadline(const engine *e)
     double at = e->timer_at < e->next_expiry ? e->timer_at : e->next_expiry, left;
     if (e->finished.head || e->nfired || e->news || e->all_again) return 0;
     if (at == HUGE_VAL) return -1;
-    left = at - rw_clock_monotonic();
+    left = at - rw_core_monotonic();
     return left > 0 ? left : 0;
 }
 

@@ -39,8 +39,8 @@
  * flight fits in a process's descriptors (the usual limit is 1,024). While
  * transfers run, each keeps its connection for the next; once they are
  * done, at most max_idle_connections stay open for reuse (none after more
- * ran at once: see engine_shed). 64 idle: the throughput benchmark's 64
- * transfers to one host keep their connections. */
+ * ran at once: see engine_shed). 64 idle: a program whose few dozen tasks
+ * call one host keeps a connection for each. */
 #define ENGINE_DEFAULT_MAX_CONNECTIONS 256L
 #define ENGINE_DEFAULT_MAX_IDLE 64L
 #define ENGINE_MAX_LIMIT 1000000L
@@ -100,7 +100,7 @@ typedef struct engine_gate {
     unsigned long long key;
     enum gate_state state;
     transfer *held, *held_tail; /* waiting for the probe's answer, in order */
-    int sockets;                /* of this origin's connections, open (rw_engine_socket_opened) */
+    int sockets;                /* of this origin's connections, open (rw_gate_socket_opened) */
     double last_start;          /* when a transfer last went through this known gate */
 } engine_gate;
 
@@ -122,7 +122,7 @@ typedef struct engine {
     engine_list finished; /* finished, and not yet reported by poll */
     transfer *news;       /* streamed transfers with news for a waiting reader (news_next) */
     engine_gate gates[ENGINE_GATES];
-    int gates_answered;   /* a probe's headers came: held transfers go on (rw_gates_release) */
+    int gates_answered;   /* a probe's headers came: held transfers go on (rw_gate_release_answered) */
     int gate_next;        /* where the search for a known gate to forget starts (rw_gate_hold) */
     unsigned long long *socket_origin; /* by descriptor: the gate key of its origin (0: none) */
     size_t nsocket_origin;
@@ -180,11 +180,11 @@ static inline void engine_list_remove(engine_list *l, transfer *t)
 /* What the poller's set holds for a descriptor (engine.watch[fd]). libcurl
  * stops watching a connection each time a transfer on it ends and watches
  * it again for the next one, which reuses it: taking it out of the set and
- * putting it back would cost two or three system calls a request. So a connection libcurl
- * no longer wants stays in the set, marked unwanted, until it reports an
- * event (then it leaves: an idle connection the server closes would stay
- * readable for ever) or is closed (rw_watch_on_close; closing takes it out of
- * the set). */
+ * putting it back would be system calls on every request, for nothing. So
+ * a connection libcurl no longer wants stays in the set, marked unwanted,
+ * until it reports an event (then it leaves: an idle connection the server
+ * closes would stay readable for ever) or is closed (rw_watch_on_close;
+ * closing takes it out of the set). */
 #define WATCH_IN 1u
 #define WATCH_OUT 2u
 #define WATCH_IN_SET 4u
@@ -328,10 +328,10 @@ void rw_transfer_register(lua_State *L);
 int rw_gate_hold(engine *e, transfer *t);
 void rw_gate_go(engine *e, transfer *t);
 void rw_gate_unlink(engine_gate *g, transfer *t);
-void rw_gates_release(engine *e);
+void rw_gate_release_answered(engine *e);
 void rw_gate_leave(engine *e, transfer *t);
 void rw_gate_unprobe(engine *e, transfer *t);
-void rw_gates_forget(engine *e);
+void rw_gate_forget_all(engine *e);
 /* gate.c: t in no gate, its record going back to the pool. */
 void rw_gate_clear(transfer *t);
 void rw_gate_socket_gone(engine *e, int fd);
@@ -349,7 +349,7 @@ void rw_redirect_clear(transfer *t);
  * the poller's event on fd is the watch's own (a descriptor of
  * engine:watch, or a connection libcurl no longer wants), not libcurl's;
  * engine:watch and engine:unwatch. */
-void *rw_fd_table(void *table, size_t *n, size_t size, curl_socket_t s);
+void *rw_watch_fd_table(void *table, size_t *n, size_t size, curl_socket_t s);
 int rw_watch_on_socket(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp);
 int rw_watch_on_close(void *userp, curl_socket_t s);
 int rw_watch_event(engine *e, int fd);

@@ -22,13 +22,13 @@ static engine_gate *gate_find(engine *e, unsigned long long key)
     return NULL;
 }
 
-void rw_engine_socket_opened(transfer *t, int fd)
+void rw_gate_socket_opened(transfer *t, int fd)
 {
     engine *e = t->engine;
     unsigned long long *origins;
     engine_gate *g;
     if (!e || !t->gate_key || fd < 0) return;
-    origins = (unsigned long long *)rw_fd_table(e->socket_origin, &e->nsocket_origin, sizeof *origins, fd);
+    origins = (unsigned long long *)rw_watch_fd_table(e->socket_origin, &e->nsocket_origin, sizeof *origins, fd);
     if (!origins) return; /* not counted: the origin is only forgotten later */
     e->socket_origin = origins;
     g = gate_find(e, t->gate_key);
@@ -60,7 +60,7 @@ void rw_gate_socket_gone(engine *e, int fd)
 static int gate_stale(engine *e, engine_gate *g)
 {
     struct pollfd fds[64];
-    double now = rw_clock_monotonic();
+    double now = rw_core_monotonic();
     size_t fd = 0;
     int n, i;
     if (now - g->last_start <= ENGINE_GATE_RECHECK) {
@@ -120,7 +120,7 @@ int rw_gate_hold(engine *e, transfer *t)
         /* Every gate in use: a known origin is forgotten, taken in turn
          * (its next burst is probed again), so that a program that has
          * talked to more origins than there are gates still gates a new
-         * one. A known gate holds nothing once rw_gates_release ran. */
+         * one. A known gate holds nothing once rw_gate_release_answered ran. */
         for (i = 0; i < ENGINE_GATES && free_slot < 0; i++) {
             int j = (e->gate_next + i) % ENGINE_GATES;
             if (e->gates[j].state == GATE_KNOWN && !e->gates[j].held) free_slot = j;
@@ -133,7 +133,7 @@ int rw_gate_hold(engine *e, transfer *t)
     g->state = GATE_PROBING;
     g->held = g->held_tail = NULL;
     g->sockets = 0;
-    g->last_start = rw_clock_monotonic();
+    g->last_start = rw_core_monotonic();
     t->gate_slot = free_slot + 1;
     t->gate_probe = 1;
     return 0;
@@ -182,7 +182,7 @@ void rw_gate_unlink(engine_gate *g, transfer *t)
     t->held = 0;
 }
 
-void rw_engine_answered(transfer *t)
+void rw_gate_answered(transfer *t)
 {
     engine *e = t->engine;
     if (!e || !t->gate_probe || !t->gate_slot) return;
@@ -194,7 +194,7 @@ void rw_engine_answered(transfer *t)
 
 /* After libcurl returns: the gates whose probe answered let their
  * transfers go. */
-void rw_gates_release(engine *e)
+void rw_gate_release_answered(engine *e)
 {
     int i;
     if (!e->gates_answered) return;
@@ -233,7 +233,7 @@ void rw_gate_unprobe(engine *e, transfer *t)
 
 /* The multi handle's connections are gone: what the gates knew of each
  * origin goes with them (nothing runs, so nothing is held). */
-void rw_gates_forget(engine *e)
+void rw_gate_forget_all(engine *e)
 {
     memset(e->gates, 0, sizeof e->gates);
 }

@@ -29,7 +29,7 @@ static int lparse_l_classify(lua_State *L)
 static double lparse_now(lua_State *L, int arg)
 {
     lua_Number now;
-    if (lua_isnoneornil(L, arg)) return rw_clock_realtime();
+    if (lua_isnoneornil(L, arg)) return rw_core_realtime();
     now = luaL_checknumber(L, arg);
     luaL_argcheck(L, isfinite(now), arg, "now must be a finite number");
     return now;
@@ -198,7 +198,7 @@ static int lparse_l_sse_close(lua_State *L)
     return 0;
 }
 
-void rw_parse_register(lua_State *L)
+void rw_lparse_register(lua_State *L)
 {
     static const luaL_Reg sse_methods[] = {
         { "feed", lparse_l_sse_feed },

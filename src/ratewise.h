@@ -151,7 +151,7 @@ double rwp_backoff(double attempt, double base, double max_delay,
                    enum rwp_jitter jitter, double u, double previous);
 
 /* ---- registration of each file's Lua functions into the module table ---- */
-void rw_parse_register(struct lua_State *L); /* lparse.c */
+void rw_lparse_register(struct lua_State *L); /* lparse.c */
 void rw_bucket_register(struct lua_State *L);
 void rw_engine_register(struct lua_State *L);
 void rw_redis_register(struct lua_State *L); /* redis.c */
@@ -160,8 +160,8 @@ void rw_digest_register(struct lua_State *L); /* digest.c */
 
 /* Clocks in seconds (core.c): monotonic for deadlines and buckets, the wall
  * clock only to compare with dates the server sent. */
-double rw_clock_monotonic(void);
-double rw_clock_realtime(void);
+double rw_core_monotonic(void);
+double rw_core_realtime(void);
 
 /* ---- Lua stack checks: builds with -DRW_STACK_CHECK (make test-asan) ----
  *
@@ -187,10 +187,10 @@ double rw_clock_realtime(void);
  *
  * In other builds both macros are empty statements and cost nothing. */
 #ifdef RW_STACK_CHECK
-void rw_stack_fail(const char *where, int line, int want, int got);
+void rw_core_stack_fail(const char *where, int line, int want, int got);
 #define RW_STACK_MARK(L, m) int m = lua_gettop(L)
 #define RW_STACK_EXPECT(L, m, delta) \
-    (lua_gettop(L) == (m) + (delta) ? (void)0 : rw_stack_fail(__func__, __LINE__, (m) + (delta), lua_gettop(L)))
+    (lua_gettop(L) == (m) + (delta) ? (void)0 : rw_core_stack_fail(__func__, __LINE__, (m) + (delta), lua_gettop(L)))
 #else
 #define RW_STACK_MARK(L, m) ((void)0)
 #define RW_STACK_EXPECT(L, m, delta) ((void)0)

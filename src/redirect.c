@@ -75,7 +75,7 @@ int rw_redirect_follow(engine *e, transfer *t, CURLcode *code)
         return 0;
     }
     if (t->timeout > 0) {
-        left = t->timeout - (rw_clock_monotonic() - t->started);
+        left = t->timeout - (rw_core_monotonic() - t->started);
         if (left <= 0) {
             *code = CURLE_OPERATION_TIMEDOUT;
             rw_transfer_why(t, "Operation timed out after %.0f milliseconds", t->timeout * 1000);

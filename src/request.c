@@ -1,9 +1,11 @@
 /*
  * A request table turned into libcurl's options for a transfer's easy
  * handle: the method and body, the header lines (checked, secret ones kept
- * apart for rw_redirect_follow), the timeout and the rest. Misuse raises, from
- * engine:start, before anything is sent; a recycled handle gets back only
- * the defaults its last request changed.
+ * apart for rw_redirect_follow), the timeout and the rest. In two halves:
+ * request_read reads and checks the whole table (misuse raises, from
+ * engine:start, before anything is sent or set), then request_apply sets
+ * the options without a Lua call. A recycled handle gets back only the
+ * defaults its last request changed.
  */
 #include <fcntl.h>
 #include <stdlib.h>
@@ -37,7 +39,7 @@ static const char *const request_transport_names[] = {
 static int request_on_socket(void *ud, curl_socket_t fd, curlsocktype purpose)
 {
     (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
-    if (purpose == CURLSOCKTYPE_IPCXN && ud) rw_engine_socket_opened((transfer *)ud, fd);
+    if (purpose == CURLSOCKTYPE_IPCXN && ud) rw_gate_socket_opened((transfer *)ud, fd);
     return CURL_SOCKOPT_OK;
 }
 
@@ -184,8 +186,8 @@ static int request_keep_line(transfer *t, const char *line, size_t len)
 
 /* The fields of a request table. Their names are made Lua strings once per
  * engine (rw_request_push_keys), and each field is looked up with its
- * string: lua_getfield would make the string again from the C name for
- * every lookup, a fifth of what configuring a request cost. */
+ * string: lua_getfield would make (hash and intern) the string again from
+ * the C name for every lookup of every request. */
 static const char *const request_field_names[] = {
 #define REQUEST_FIELD(id, name) name,
     REQUEST_FIELDS
@@ -212,7 +214,7 @@ void rw_request_push_keys(lua_State *L)
 /* A request table being read: the table at index req, and the array of
  * its fields' names at index keys. A table without a metatable (fetch's
  * and runtime's) is read raw: lua_gettable's way through the metamethods
- * was a third of each of a request's dozen lookups. */
+ * is work that a table without them never needs. */
 typedef struct request_src {
     lua_State *L;
     int req, keys, raw;
@@ -397,11 +399,9 @@ static void request_sig_add(lua_State *L, engine_buf *b, enum request_field fiel
 
 /* Builds in t->reset_next the signature of the request's options that
  * libcurl cannot put back one by one (TLS files, a pin, a proxy, a TLS
- * version: those of `fields` it has), each value
- * checked, and answers whether the handle has exactly those already
- * (t->reset_sig, when reset_ok). request_set_reset_options sets them from
- * it: each is read from the request once. */
-static int request_reset_sig(const request_src *src, transfer *t, unsigned long long fields)
+ * version: those of `fields` it has), each value checked. Each is read
+ * from the request once: request_set_reset_options sets them from it. */
+static void request_read_reset_sig(const request_src *src, transfer *t, unsigned long long fields)
 {
     lua_State *L = src->L;
     engine_buf *b = &t->reset_next;
@@ -424,308 +424,119 @@ static int request_reset_sig(const request_src *src, transfer *t, unsigned long 
         request_sig_add(L, b, RF_TLS_MIN_VERSION, v, len);
         lua_pop(L, 1);
     }
-    return t->reset_ok && b->len == t->reset_sig.len && (b->len == 0 || memcmp(b->data, t->reset_sig.data, b->len) == 0);
 }
 
-/* Sets on t's handle the options of the signature t->reset_next, which
- * then describes the handle (t->reset_sig). Until they are all set,
- * reset_ok is 0: a request that raises halfway leaves the next one to
- * reset the handle. */
-static void request_set_reset_options(lua_State *L, transfer *t)
+/* What a request table says, read and checked by request_read before any
+ * of it reaches libcurl (request_apply): misuse raises while the handle is
+ * as the last request left it, and setting the options makes no Lua call
+ * that could raise. The strings point into values request_read leaves on
+ * the Lua stack until the request is configured (a request table with
+ * metamethods may make each value afresh). Reading also builds what the
+ * request keeps in t of its own: the header lists (request_read_headers)
+ * and the signature of the options a reset puts back (t->reset_next). */
+typedef struct request_values {
+    unsigned long long transport; /* the rarer options it may have (request_transport) */
+    int decompress;
+    const char *url;
+    size_t url_len;
+    enum transfer_method method;
+    const char *custom_method; /* METHOD_OTHER: as given */
+    int post;                  /* "POST" named: a POST, with a body or not */
+    const char *body;          /* NULL: none */
+    size_t body_len;
+    int body_idx;   /* the body's place on the stack */
+    int empty_body; /* no body, but "Content-Length: 0" */
+    /* seconds (0: none) */
+    double timeout, connect_timeout, first_byte_timeout, idle_timeout;
+    int stream, follow, no_replay, verify_tls;
+    size_t max_body;
+} request_values;
+
+/* Whether url[0..len) is the URL the handle has (t->url, when url_ok). */
+static int request_same_url(const transfer *t, const char *url, size_t len)
 {
-    const char *p = t->reset_next.data, *end = p + t->reset_next.len;
-    engine_buf was;
-    t->reset_ok = 0;
-    while (p < end) {
-        enum request_field field = (enum request_field)(unsigned char)*p++;
-        const char *v;
-        size_t len;
-        memcpy(&len, p, sizeof len);
-        v = p + sizeof len;
-        p = v + len + 1;
-        if (field == RF_TLS_MIN_VERSION) {
-            curl_easy_setopt(t->easy, CURLOPT_SSLVERSION,
-                             strcmp(v, "1.3") == 0 ? (long)CURL_SSLVERSION_TLSv1_3 : (long)CURL_SSLVERSION_TLSv1_2);
-        } else {
-            size_t i = 0;
-            while (request_string_options[i].field != field) i++;
-            if (curl_easy_setopt(t->easy, request_string_options[i].option, v) != CURLE_OK)
-                luaL_error(L, "request option '%s' is not supported by this libcurl", request_field_names[field]);
-        }
-    }
-    was = t->reset_sig;
-    t->reset_sig = t->reset_next;
-    t->reset_next = was;
-    t->reset_ok = 1;
+    return t->url_ok && t->url.len == len && memcmp(t->url.data, url, len) == 0;
 }
 
-/* Whether the environment has any of the variables libcurl 7.88 reads to
- * choose a proxy for an http or https URL (it ignores HTTP_PROXY). libcurl
- * looks them up for every transfer, five to seven getenv calls that each
- * scan the whole environment, and copies what it finds. A handle made while none is set is
- * told so (an empty CURLOPT_PROXY and CURLOPT_NOPROXY) and skips them; with
- * any set, libcurl reads them as it always does. */
-static int request_proxy_env(void)
-{
-    static const char *const names[] = { "http_proxy", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY",
-                                         "no_proxy", "NO_PROXY" };
-    size_t i;
-    for (i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (getenv(names[i]) != NULL) return 1;
-    return 0;
-}
-
-/* The handle gets its URL parsed, as a CURLU kept with the record, rather
- * than as CURLOPT_URL's text, which libcurl parses and prints back for every
- * transfer (curl_url_set, then curl_url_get through its printf). The next request for the same URL
- * on this handle (a task looping on an endpoint) then sets nothing, and
- * libcurl only copies the parsed parts. The flags are those libcurl
- * parses CURLOPT_URL with, so a URL means what it did. A URL that does not
- * parse goes to libcurl as text, which refuses it with its own error. */
-static void request_set_url(transfer *t, const char *url, size_t len)
-{
-    CURL *easy = t->easy;
-    t->url_ok = 0;
-    /* One the record had is emptied first: a CURLU that holds a URL takes a
-     * new one that is not absolute ("host:port/x", without a scheme) as
-     * relative to the last, and the request would go to the last one's host. */
-    if (!t->uh) t->uh = curl_url();
-    else (void)curl_url_set(t->uh, CURLUPART_URL, NULL, 0);
-    if (t->uh && curl_url_set(t->uh, CURLUPART_URL, url, CURLU_GUESS_SCHEME | CURLU_NON_SUPPORT_SCHEME) == CURLUE_OK) {
-        /* No text first: libcurl 7.88 derives its own copy of the URL (the
-         * effective URL, the base of a relative Location) from the CURLU
-         * only when it has none, and would keep the last one's. */
-        curl_easy_setopt(easy, CURLOPT_URL, (char *)NULL);
-        curl_easy_setopt(easy, CURLOPT_CURLU, t->uh);
-        if (rw_buf_grow(&t->url, len + 1)) {
-            memcpy(t->url.data, url, len);
-            t->url.len = len;
-            t->url_ok = 1;
-        }
-    } else {
-        curl_easy_setopt(easy, CURLOPT_CURLU, (CURLU *)NULL);
-        curl_easy_setopt(easy, CURLOPT_URL, url); /* copied by libcurl */
-    }
-}
-
-/* The handle, phase 1: options the request shares with the handle's last
- * (same signature) stay; others start from a reset handle (rw_engine_reset);
- * a fresh handle gets what every transfer sets alike; a reused one gets
- * back the defaults the last request changed. Answers whether the options
- * of the reset signature are the handle's already. */
-static int request_handle(const request_src *src, struct engine *e, transfer *t, unsigned long long transport,
-                          int fresh)
-{
-    CURL *easy = t->easy;
-    int same_reset;
-    /* The options libcurl cannot put back one by one: a request with the
-     * same ones as the handle's last (a CA file on every call) leaves them
-     * set, one with others starts from a reset handle: resetting for every
-     * such request would cost each of them the whole set-up again. */
-    if (fresh) {
-        t->reset_sig.len = 0;
-        t->reset_ok = 1;
-    }
-    same_reset = request_reset_sig(src, t, transport);
-    if (!same_reset && !(t->reset_ok && t->reset_sig.len == 0)) {
-        rw_engine_reset(e, t); /* it has others, which cannot be unset one by one */
-        t->dirty = 0;
-        t->timeout_ms = t->connect_timeout_ms = 0;
-        t->url_ok = t->lists_set = 0; /* the handle has neither any more */
-        fresh = 1;
-        t->reset_sig.len = 0;
-        t->reset_ok = 1;
-        same_reset = t->reset_next.len == 0;
-    }
-
-    if (fresh) {
-        const char *env;
-        /* Only http and https (libcurl itself never follows a redirect
-         * here: rw_redirect_follow does). */
-#if LIBCURL_VERSION_NUM >= 0x075500
-        curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
-#else
-        curl_easy_setopt(easy, CURLOPT_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
-#endif
-        curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
-        curl_easy_setopt(easy, CURLOPT_HEADEROPT, CURLHEADER_SEPARATE);
-        curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, rw_response_on_body);
-        curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, rw_response_on_header);
-        /* The record and its handle stay together for good (the error
-         * buffer too: transfer_handle_init). */
-        curl_easy_setopt(easy, CURLOPT_WRITEDATA, t);
-        curl_easy_setopt(easy, CURLOPT_HEADERDATA, t);
-        curl_easy_setopt(easy, CURLOPT_PRIVATE, t);
-        /* libcurl's default read callback is fread(stdin): a request whose
-         * body libcurl would have to read (a POST without POSTFIELDS, an
-         * upload) would send the process's standard input. Every body is
-         * POSTFIELDS, so the read callback only ever says "no more". */
-        curl_easy_setopt(easy, CURLOPT_READFUNCTION, request_on_read);
-#if LIBCURL_VERSION_NUM >= 0x075000
-        curl_easy_setopt(easy, CURLOPT_PREREQFUNCTION, request_on_prereq);
-        curl_easy_setopt(easy, CURLOPT_PREREQDATA, t);
-#endif
-        curl_easy_setopt(easy, CURLOPT_SOCKOPTFUNCTION, request_on_socket);
-        curl_easy_setopt(easy, CURLOPT_SOCKOPTDATA, t);
-        /* The engine decodes the body (decode.c), not libcurl, whose
-         * decoders take a compressed body cut short for a whole one: libcurl
-         * hands the bytes over as they came (with CURLOPT_ACCEPT_ENCODING
-         * unset, it never decodes; this says so once more). */
-        curl_easy_setopt(easy, CURLOPT_HTTP_CONTENT_DECODING, 0L);
-        /* The standard variables of OpenSSL's tools, which libcurl itself
-         * does not read: the CAs an internal service's users point to. */
-        if ((env = getenv("SSL_CERT_FILE")) != NULL && *env) curl_easy_setopt(easy, CURLOPT_CAINFO, env);
-        if ((env = getenv("SSL_CERT_DIR")) != NULL && *env) curl_easy_setopt(easy, CURLOPT_CAPATH, env);
-        if (!request_proxy_env()) {
-            curl_easy_setopt(easy, CURLOPT_PROXY, "");
-            curl_easy_setopt(easy, CURLOPT_NOPROXY, "");
-        }
-    } else if (t->dirty) {
-        /* Back to the defaults of what the last request changed, which costs
-         * far less than curl_easy_reset. POSTFIELDS first: setting it turns
-         * the method to POST, which HTTPGET then undoes. */
-        if (t->dirty & DIRTY_BODY) {
-            curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)-1);
-            curl_easy_setopt(easy, CURLOPT_POSTFIELDS, (char *)NULL);
-        }
-        if (t->dirty & (DIRTY_BODY | DIRTY_METHOD)) {
-            curl_easy_setopt(easy, CURLOPT_HTTPGET, 1L);
-            curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, (char *)NULL);
-        }
-        if (t->dirty & DIRTY_FRESH) curl_easy_setopt(easy, CURLOPT_FRESH_CONNECT, 0L);
-        if (t->dirty & DIRTY_HTTP1) curl_easy_setopt(easy, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_2TLS);
-        if (t->dirty & DIRTY_NOVERIFY) {
-            curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 1L);
-            curl_easy_setopt(easy, CURLOPT_SSL_VERIFYHOST, 2L);
-        }
-    }
-    t->dirty = 0;
-
-    return same_reset;
-}
-
-/* Phase 2: the URL, and the gate's key for an https origin. */
-static void request_url(const request_src *src, transfer *t)
+/* The URL, left on the stack. */
+static void request_read_url(const request_src *src, const transfer *t, request_values *v)
 {
     lua_State *L = src->L;
-    const char *url;
-    size_t len;
     request_opt_field(src, RF_URL, LUA_TSTRING, "a string");
-    url = lua_tolstring(L, -1, &len);
-    if (!url) {
+    v->url = lua_tolstring(L, -1, &v->url_len);
+    if (!v->url) {
         luaL_error(L, "request option 'url' is required");
         return; /* not reached; lauxlib.h does not tell the analyzer so */
     }
-    /* The URL the handle holds passed the check as it was set (url_ok):
-     * only another is scanned. */
-    if (!(t->url_ok && t->url.len == len && memcmp(t->url.data, url, len) == 0)) {
-        if (request_has_ctl(url, len)) luaL_error(L, "request url contains a space or a control character");
-        request_set_url(t, url, len);
-    }
-    t->gate_key = 0;
-    if (len > 8 && strncasecmp(url, "https://", 8) == 0) {
-        /* FNV-1a of the authority, lower-cased: the gate's key */
-        unsigned long long h = 1469598103934665603ULL;
-        size_t i;
-        for (i = 8; i < len && url[i] != '/' && url[i] != '?' && url[i] != '#'; i++)
-            h = (h ^ (unsigned char)transfer_lower((unsigned char)url[i])) * 1099511628211ULL;
-        t->gate_key = h ? h : 1;
-    }
-    /* HTTPS speaks HTTP/2 where the server offers it (libcurl's default);
-     * a request multiplexes onto a connection that has said it can. Never
-     * CURLOPT_PIPEWAIT: with it, concurrent requests to an origin not yet
-     * known wait for the first connection, and libcurl 7.88 lets the waiting
-     * ones go one at a time as transfers end, so on an HTTP/1.1 server a
-     * burst can end up sent one after another on a single connection (seen
-     * in the suite on a loaded machine). The engine's gate holds them instead (rw_gate_hold),
-     * keyed by this hash of the origin. */
-    lua_pop(L, 1);
-
+    /* The URL the handle holds passed the check as it was set: only
+     * another is scanned. */
+    if (!request_same_url(t, v->url, v->url_len) && request_has_ctl(v->url, v->url_len))
+        luaL_error(L, "request url contains a space or a control character");
 }
 
-/* Phase 3: the method and the body (the body is kept alive in the
- * transfer's user value tidx, as libcurl does not copy it). */
-static void request_method_body(const request_src *src, transfer *t, unsigned long long transport, int tidx)
+/* The method and the body, each left on the stack when given. */
+static void request_read_method_body(const request_src *src, request_values *v)
 {
     lua_State *L = src->L;
-    CURL *easy = t->easy;
     size_t len;
-    int post = 0, get = 0, has_body;
+    int get = 0;
     /* No method: GET, or POST when there is a body (libcurl's way). */
-    t->method = METHOD_GET;
+    v->method = METHOD_GET;
     if (request_opt_field(src, RF_METHOD, LUA_TSTRING, "a string")) {
         const char *method = lua_tolstring(L, -1, &len);
         if (len == 0 || request_has_ctl(method, len))
             luaL_error(L, "request method is not a valid HTTP method");
-        if (strcmp(method, "GET") != 0) {
-            t->dirty |= DIRTY_METHOD;
-            if (strcmp(method, "HEAD") == 0) {
-                t->method = METHOD_HEAD;
-                curl_easy_setopt(easy, CURLOPT_NOBODY, 1L);
-            } else if (strcmp(method, "POST") == 0) {
-                t->method = METHOD_POST;
-                post = 1; /* the body options below make it a POST */
-            } else {
-                t->method = METHOD_OTHER;
-                curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, method); /* copied */
-            }
-        } else {
+        if (strcmp(method, "GET") == 0) {
             /* libcurl would send a GET with a body as a POST, while the
              * caller decided replay safety on GET. */
             get = 1;
+        } else if (strcmp(method, "HEAD") == 0) {
+            v->method = METHOD_HEAD;
+        } else if (strcmp(method, "POST") == 0) {
+            v->method = METHOD_POST;
+            v->post = 1;
+        } else {
+            v->method = METHOD_OTHER;
+            v->custom_method = method;
         }
-        lua_pop(L, 1);
     }
     /* One lookup of the body, then the checks in the order that names the
      * worse mistake first. */
-    has_body = request_get(src, RF_BODY) != LUA_TNIL;
-    if (has_body && (get || t->method == METHOD_HEAD))
-        luaL_error(L, "request with method %s cannot carry a body", t->method == METHOD_HEAD ? "HEAD" : "GET");
-    if (has_body && lua_type(L, -1) != LUA_TSTRING)
-        luaL_error(L, "request option 'body' must be a string (got %s)", luaL_typename(L, -1));
-    if (!has_body) lua_pop(L, 1);
-    if (has_body) {
-        if (t->method == METHOD_GET) t->method = METHOD_POST;
-        const char *body = lua_tolstring(L, -1, &len);
-        lua_setiuservalue(L, tidx, TRANSFER_UV_BODY); /* libcurl does not copy it */
-        t->dirty |= DIRTY_BODY;
-        curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
-        curl_easy_setopt(easy, CURLOPT_POSTFIELDS, body);
-    } else if ((transport & RF_BIT(RF_EMPTY_BODY)) && request_opt_field(src, RF_EMPTY_BODY, LUA_TBOOLEAN, "a boolean")) {
-        /* Sends "Content-Length: 0", as servers expect of a POST or PUT. */
-        if (lua_toboolean(L, -1)) {
-            t->dirty |= DIRTY_BODY;
-            curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)0);
-            curl_easy_setopt(easy, CURLOPT_POSTFIELDS, "");
-        }
+    if (request_get(src, RF_BODY) == LUA_TNIL) {
         lua_pop(L, 1);
+        if ((v->transport & RF_BIT(RF_EMPTY_BODY))
+            && request_opt_field(src, RF_EMPTY_BODY, LUA_TBOOLEAN, "a boolean")) {
+            v->empty_body = lua_toboolean(L, -1);
+            lua_pop(L, 1);
+        }
+        return;
     }
-    if (post && !(t->dirty & DIRTY_BODY)) {
-        /* A POST without a body sends "Content-Length: 0" (CURLOPT_POST
-         * alone would make libcurl read the body from stdin). */
-        t->dirty |= DIRTY_BODY;
-        curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)0);
-        curl_easy_setopt(easy, CURLOPT_POSTFIELDS, "");
-    }
-
+    if (get || v->method == METHOD_HEAD)
+        luaL_error(L, "request with method %s cannot carry a body", v->method == METHOD_HEAD ? "HEAD" : "GET");
+    if (lua_type(L, -1) != LUA_TSTRING)
+        luaL_error(L, "request option 'body' must be a string (got %s)", luaL_typename(L, -1));
+    v->body = lua_tolstring(L, -1, &v->body_len);
+    v->body_idx = lua_gettop(L);
+    if (v->method == METHOD_GET) v->method = METHOD_POST;
 }
 
-/* Phase 4: the header lines, sorted into public, secret and proxy lists
- * (reused when the lines are the last request's). */
-static void request_headers(const request_src *src, transfer *t, unsigned long long transport, int decompress)
+/* The header lines, checked and sorted into t's public, secret and proxy
+ * lists (kept when the lines are the last request's): the lists are
+ * libcurl's own type, but setting them on the handle is request_apply's. */
+static void request_read_headers(const request_src *src, transfer *t, const request_values *v)
 {
     lua_State *L = src->L;
-    CURL *easy = t->easy;
     size_t len;
     int extra_secrets = 0, hidx = 0, hraw = 1;
     lua_Integer nlines = 0;
     unsigned flags;
-    if ((transport & RF_BIT(RF_SECRET_HEADERS))
+    if ((v->transport & RF_BIT(RF_SECRET_HEADERS))
         && request_opt_field(src, RF_SECRET_HEADERS, LUA_TTABLE, "a table of header names")) {
         extra_secrets = lua_gettop(L);
         request_check_names(L, extra_secrets);
     }
-    flags = ((t->dirty & DIRTY_BODY) ? REQUEST_LINES_EXPECT : 0) | (decompress ? REQUEST_LINES_ENCODING : 0);
+    flags = (v->body || v->empty_body || v->post ? REQUEST_LINES_EXPECT : 0)
+            | (v->decompress ? REQUEST_LINES_ENCODING : 0);
     if (request_opt_field(src, RF_HEADERS, LUA_TTABLE, "a table")) {
         hidx = lua_gettop(L);
         hraw = !lua_getmetatable(L, hidx);
@@ -798,133 +609,398 @@ static void request_headers(const request_src *src, transfer *t, unsigned long l
         t->lines_ok = keep;
     }
     if (extra_secrets) lua_pop(L, 1);
-    if (!t->lists_set) {
-        curl_easy_setopt(easy, CURLOPT_HTTPHEADER, t->headers);
-        curl_easy_setopt(easy, CURLOPT_PROXYHEADER, t->proxy_headers);
-        t->lists_set = 1;
-    }
-
 }
 
-/* Phase 5: timeouts, streaming, redirects and the body limit. */
-static void request_timeouts(const request_src *src, transfer *t, unsigned long long transport)
+/* Timeouts, streaming, redirects and the body limit. */
+static void request_read_timeouts(const request_src *src, request_values *v)
 {
     lua_State *L = src->L;
-    CURL *easy = t->easy;
+    unsigned long long transport = v->transport;
     double seconds;
-    long ms;
-    t->timeout = 0;
-    if ((seconds = request_opt_seconds(src, RF_TIMEOUT)) > 0) t->timeout = seconds;
-    ms = 0;
+    if ((seconds = request_opt_seconds(src, RF_TIMEOUT)) > 0) v->timeout = seconds;
     if ((transport & RF_BIT(RF_CONNECT_TIMEOUT)) && (seconds = request_opt_seconds(src, RF_CONNECT_TIMEOUT)) > 0)
-        ms = transfer_ms(seconds);
-    if (ms != t->connect_timeout_ms) {
-        t->connect_timeout_ms = ms;
-        curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, ms);
-    }
-    t->first_byte_timeout = t->idle_timeout = 0;
-    t->stream = 0;
-    if (transport) {
-        /* libcurl has no timer for these: the engine ends the transfer
-         * itself (engine_expiry). */
-        if ((transport & RF_BIT(RF_FIRST_BYTE_TIMEOUT))
-            && (seconds = request_opt_seconds(src, RF_FIRST_BYTE_TIMEOUT)) > 0)
-            t->first_byte_timeout = seconds;
-        if ((transport & RF_BIT(RF_IDLE_TIMEOUT)) && (seconds = request_opt_seconds(src, RF_IDLE_TIMEOUT)) > 0)
-            t->idle_timeout = seconds;
-        /* The body is handed to Lua as it arrives (transfer:read), the
-         * transfer pausing when the reader falls behind. */
-        if ((transport & RF_BIT(RF_STREAM)) && request_opt_field(src, RF_STREAM, LUA_TBOOLEAN, "a boolean")) {
-            t->stream = lua_toboolean(L, -1);
-            lua_pop(L, 1);
-        }
-    }
-    /* A stream's timeout is the engine's (engine_expiry): it ends when a
-     * 2xx's headers are in, and libcurl's could not. */
-    ms = t->timeout > 0 && !t->stream ? transfer_ms(t->timeout) : 0;
-    if (ms != t->timeout_ms) {
-        t->timeout_ms = ms;
-        curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, ms);
-    }
-
-    t->follow = 1;
-    if ((transport & RF_BIT(RF_FOLLOW_REDIRECTS))
-        && request_opt_field(src, RF_FOLLOW_REDIRECTS, LUA_TBOOLEAN, "a boolean")) {
-        t->follow = lua_toboolean(L, -1);
+        v->connect_timeout = seconds;
+    if ((transport & RF_BIT(RF_FIRST_BYTE_TIMEOUT))
+        && (seconds = request_opt_seconds(src, RF_FIRST_BYTE_TIMEOUT)) > 0)
+        v->first_byte_timeout = seconds;
+    if ((transport & RF_BIT(RF_IDLE_TIMEOUT)) && (seconds = request_opt_seconds(src, RF_IDLE_TIMEOUT)) > 0)
+        v->idle_timeout = seconds;
+    if ((transport & RF_BIT(RF_STREAM)) && request_opt_field(src, RF_STREAM, LUA_TBOOLEAN, "a boolean")) {
+        v->stream = lua_toboolean(L, -1);
         lua_pop(L, 1);
     }
-
+    v->follow = 1;
+    if ((transport & RF_BIT(RF_FOLLOW_REDIRECTS))
+        && request_opt_field(src, RF_FOLLOW_REDIRECTS, LUA_TBOOLEAN, "a boolean")) {
+        v->follow = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+    }
     /* A stream is read as it comes, and may go on for hours: no limit but
      * the one the request names. What of it is read whole (a redirect's
      * body, an answer that is not a 2xx) is held to the default limit
      * (rw_response_on_body, rw_response_on_header). */
-    t->max_body = t->stream ? (size_t)-1 : (size_t)ENGINE_DEFAULT_MAX_BODY;
+    v->max_body = v->stream ? (size_t)-1 : (size_t)ENGINE_DEFAULT_MAX_BODY;
     if ((transport & RF_BIT(RF_MAX_BODY)) && request_opt_field(src, RF_MAX_BODY, LUA_TNUMBER, "a number of bytes")) {
         lua_Number mb = lua_tonumber(L, -1);
         /* The integer half of SIZE_MAX, then as a float: meant. */
         if (!(mb >= 0) || mb > (lua_Number)((size_t)-1 / 2)) /* NOLINT(bugprone-integer-division) */
             luaL_error(L, "request option 'max_body' must be a non-negative number of bytes");
-        t->max_body = (size_t)mb;
+        v->max_body = (size_t)mb;
         lua_pop(L, 1);
     }
-
 }
 
-/* Phase 6: whether libcurl may ever send the request twice. */
-static void request_replay(const request_src *src, transfer *t, unsigned long long transport)
+/* Reads and checks the request table, in the order that decides which
+ * mistake an error names when there are several. */
+static void request_read(const request_src *src, transfer *t, request_values *v)
 {
     lua_State *L = src->L;
+    luaL_checkstack(L, 8, "reading a request");
+    memset(v, 0, sizeof *v);
+    /* The rarer options the request may have: most of fetch's calls have
+     * none, and say so (transport = false). */
+    v->transport = request_transport(src);
+    v->decompress = 1;
+    if ((v->transport & RF_BIT(RF_DECOMPRESS))
+        && request_opt_field(src, RF_DECOMPRESS, LUA_TBOOLEAN, "a boolean")) {
+        v->decompress = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+    }
+    request_read_reset_sig(src, t, v->transport);
+    request_read_url(src, t, v);
+    request_read_method_body(src, v);
+    request_read_headers(src, t, v);
+    request_read_timeouts(src, v);
+    if ((v->transport & RF_BIT(RF_NO_REPLAY)) && request_opt_field(src, RF_NO_REPLAY, LUA_TBOOLEAN, "a boolean")) {
+        v->no_replay = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+    }
+    v->verify_tls = 1;
+    if ((v->transport & RF_BIT(RF_VERIFY_TLS)) && request_opt_field(src, RF_VERIFY_TLS, LUA_TBOOLEAN, "a boolean")) {
+        v->verify_tls = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+    }
+}
+
+/* ---- Setting libcurl's options: no Lua from here to rw_request_configure ---- */
+
+/* Whether the handle has exactly the options of the signature
+ * t->reset_next already (t->reset_sig, when reset_ok). */
+static int request_same_reset(const transfer *t)
+{
+    const engine_buf *b = &t->reset_next;
+    return t->reset_ok && b->len == t->reset_sig.len && (b->len == 0 || memcmp(b->data, t->reset_sig.data, b->len) == 0);
+}
+
+/* Sets on t's handle the options of the signature t->reset_next, which
+ * then describes the handle (t->reset_sig). Answers -1, or the field
+ * libcurl refused; then reset_ok stays 0 and the next request resets the
+ * handle. */
+static int request_set_reset_options(transfer *t)
+{
+    const char *p = t->reset_next.data, *end = p + t->reset_next.len;
+    engine_buf was;
+    t->reset_ok = 0;
+    while (p < end) {
+        enum request_field field = (enum request_field)(unsigned char)*p++;
+        const char *v;
+        size_t len;
+        memcpy(&len, p, sizeof len);
+        v = p + sizeof len;
+        p = v + len + 1;
+        if (field == RF_TLS_MIN_VERSION) {
+            curl_easy_setopt(t->easy, CURLOPT_SSLVERSION,
+                             strcmp(v, "1.3") == 0 ? (long)CURL_SSLVERSION_TLSv1_3 : (long)CURL_SSLVERSION_TLSv1_2);
+        } else {
+            size_t i = 0;
+            while (request_string_options[i].field != field) i++;
+            if (curl_easy_setopt(t->easy, request_string_options[i].option, v) != CURLE_OK) return (int)field;
+        }
+    }
+    was = t->reset_sig;
+    t->reset_sig = t->reset_next;
+    t->reset_next = was;
+    t->reset_ok = 1;
+    return -1;
+}
+
+/* Whether the environment has any of the variables libcurl 7.88 reads to
+ * choose a proxy for an http or https URL (it ignores HTTP_PROXY). libcurl
+ * looks them up for every transfer, five to seven getenv calls that each
+ * scan the whole environment, and copies what it finds. A handle made while none is set is
+ * told so (an empty CURLOPT_PROXY and CURLOPT_NOPROXY) and skips them; with
+ * any set, libcurl reads them as it always does. */
+static int request_proxy_env(void)
+{
+    static const char *const names[] = { "http_proxy", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY",
+                                         "no_proxy", "NO_PROXY" };
+    size_t i;
+    for (i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (getenv(names[i]) != NULL) return 1;
+    return 0;
+}
+
+/* The handle gets its URL parsed, as a CURLU kept with the record, rather
+ * than as CURLOPT_URL's text, which libcurl parses and prints back for every
+ * transfer (curl_url_set, then curl_url_get through its printf). The next request for the same URL
+ * on this handle (a task looping on an endpoint) then sets nothing, and
+ * libcurl only copies the parsed parts. The flags are those libcurl
+ * parses CURLOPT_URL with, so a URL means what it did. A URL that does not
+ * parse goes to libcurl as text, which refuses it with its own error. */
+static void request_set_url(transfer *t, const char *url, size_t len)
+{
     CURL *easy = t->easy;
+    t->url_ok = 0;
+    /* One the record had is emptied first: a CURLU that holds a URL takes a
+     * new one that is not absolute ("host:port/x", without a scheme) as
+     * relative to the last, and the request would go to the last one's host. */
+    if (!t->uh) t->uh = curl_url();
+    else (void)curl_url_set(t->uh, CURLUPART_URL, NULL, 0);
+    if (t->uh && curl_url_set(t->uh, CURLUPART_URL, url, CURLU_GUESS_SCHEME | CURLU_NON_SUPPORT_SCHEME) == CURLUE_OK) {
+        /* No text first: libcurl 7.88 derives its own copy of the URL (the
+         * effective URL, the base of a relative Location) from the CURLU
+         * only when it has none, and would keep the last one's. */
+        curl_easy_setopt(easy, CURLOPT_URL, (char *)NULL);
+        curl_easy_setopt(easy, CURLOPT_CURLU, t->uh);
+        if (rw_buf_grow(&t->url, len + 1)) {
+            memcpy(t->url.data, url, len);
+            t->url.len = len;
+            t->url_ok = 1;
+        }
+    } else {
+        curl_easy_setopt(easy, CURLOPT_CURLU, (CURLU *)NULL);
+        curl_easy_setopt(easy, CURLOPT_URL, url); /* copied by libcurl */
+    }
+}
+
+/* The handle: options the request shares with the handle's last (same
+ * signature) stay; others start from a reset handle (rw_transfer_reset); a
+ * fresh handle gets what every transfer sets alike; a reused one gets back
+ * the defaults the last request changed. Answers whether the options of
+ * the reset signature are the handle's already. */
+static int request_apply_handle(struct engine *e, transfer *t, int fresh)
+{
+    CURL *easy = t->easy;
+    int same_reset;
+    /* The options libcurl cannot put back one by one: a request with the
+     * same ones as the handle's last (a CA file on every call) leaves them
+     * set, one with others starts from a reset handle: resetting for every
+     * such request would cost each of them the whole set-up again. */
+    if (fresh) {
+        t->reset_sig.len = 0;
+        t->reset_ok = 1;
+    }
+    same_reset = request_same_reset(t);
+    if (!same_reset && !(t->reset_ok && t->reset_sig.len == 0)) {
+        rw_transfer_reset(e, t); /* it has others, which cannot be unset one by one */
+        t->dirty = 0;
+        t->timeout_ms = t->connect_timeout_ms = 0;
+        t->url_ok = t->lists_set = 0; /* the handle has neither any more */
+        fresh = 1;
+        t->reset_sig.len = 0;
+        t->reset_ok = 1;
+        same_reset = t->reset_next.len == 0;
+    }
+
+    if (fresh) {
+        const char *env;
+        /* Only http and https (libcurl itself never follows a redirect
+         * here: rw_redirect_follow does). */
+#if LIBCURL_VERSION_NUM >= 0x075500
+        curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
+#else
+        curl_easy_setopt(easy, CURLOPT_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
+#endif
+        curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
+        curl_easy_setopt(easy, CURLOPT_HEADEROPT, CURLHEADER_SEPARATE);
+        curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, rw_response_on_body);
+        curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, rw_response_on_header);
+        /* The record and its handle stay together for good (the error
+         * buffer too: transfer_handle_init). */
+        curl_easy_setopt(easy, CURLOPT_WRITEDATA, t);
+        curl_easy_setopt(easy, CURLOPT_HEADERDATA, t);
+        curl_easy_setopt(easy, CURLOPT_PRIVATE, t);
+        /* libcurl's default read callback is fread(stdin): a request whose
+         * body libcurl would have to read (a POST without POSTFIELDS, an
+         * upload) would send the process's standard input. Every body is
+         * POSTFIELDS, so the read callback only ever says "no more". */
+        curl_easy_setopt(easy, CURLOPT_READFUNCTION, request_on_read);
+#if LIBCURL_VERSION_NUM >= 0x075000
+        curl_easy_setopt(easy, CURLOPT_PREREQFUNCTION, request_on_prereq);
+        curl_easy_setopt(easy, CURLOPT_PREREQDATA, t);
+#endif
+        curl_easy_setopt(easy, CURLOPT_SOCKOPTFUNCTION, request_on_socket);
+        curl_easy_setopt(easy, CURLOPT_SOCKOPTDATA, t);
+        /* The engine decodes the body (decode.c), not libcurl, whose
+         * decoders take a compressed body cut short for a whole one: libcurl
+         * hands the bytes over as they came (with CURLOPT_ACCEPT_ENCODING
+         * unset, it never decodes; this says so once more). */
+        curl_easy_setopt(easy, CURLOPT_HTTP_CONTENT_DECODING, 0L);
+        /* The standard variables of OpenSSL's tools, which libcurl itself
+         * does not read: the CAs an internal service's users point to. */
+        if ((env = getenv("SSL_CERT_FILE")) != NULL && *env) curl_easy_setopt(easy, CURLOPT_CAINFO, env);
+        if ((env = getenv("SSL_CERT_DIR")) != NULL && *env) curl_easy_setopt(easy, CURLOPT_CAPATH, env);
+        if (!request_proxy_env()) {
+            curl_easy_setopt(easy, CURLOPT_PROXY, "");
+            curl_easy_setopt(easy, CURLOPT_NOPROXY, "");
+        }
+    } else if (t->dirty) {
+        /* Back to the defaults of what the last request changed, rather
+         * than curl_easy_reset and the whole set-up again. POSTFIELDS first:
+         * setting it turns the method to POST, which HTTPGET then undoes. */
+        if (t->dirty & DIRTY_BODY) {
+            curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)-1);
+            curl_easy_setopt(easy, CURLOPT_POSTFIELDS, (char *)NULL);
+        }
+        if (t->dirty & (DIRTY_BODY | DIRTY_METHOD)) {
+            curl_easy_setopt(easy, CURLOPT_HTTPGET, 1L);
+            curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, (char *)NULL);
+        }
+        if (t->dirty & DIRTY_FRESH) curl_easy_setopt(easy, CURLOPT_FRESH_CONNECT, 0L);
+        if (t->dirty & DIRTY_HTTP1) curl_easy_setopt(easy, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_2TLS);
+        if (t->dirty & DIRTY_NOVERIFY) {
+            curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 1L);
+            curl_easy_setopt(easy, CURLOPT_SSL_VERIFYHOST, 2L);
+        }
+    }
+    t->dirty = 0;
+    return same_reset;
+}
+
+/* The URL, and the gate's key for an https origin. */
+static void request_apply_url(transfer *t, const request_values *v)
+{
+    const char *url = v->url;
+    size_t len = v->url_len;
+    if (!request_same_url(t, url, len)) request_set_url(t, url, len);
+    t->gate_key = 0;
+    if (len > 8 && strncasecmp(url, "https://", 8) == 0) {
+        /* FNV-1a of the authority, lower-cased: the gate's key */
+        unsigned long long h = 1469598103934665603ULL;
+        size_t i;
+        for (i = 8; i < len && url[i] != '/' && url[i] != '?' && url[i] != '#'; i++)
+            h = (h ^ (unsigned char)transfer_lower((unsigned char)url[i])) * 1099511628211ULL;
+        t->gate_key = h ? h : 1;
+    }
+    /* HTTPS speaks HTTP/2 where the server offers it (libcurl's default);
+     * a request multiplexes onto a connection that has said it can. Never
+     * CURLOPT_PIPEWAIT: with it, concurrent requests to an origin not yet
+     * known wait for the first connection, and libcurl 7.88 lets the waiting
+     * ones go one at a time as transfers end, so on an HTTP/1.1 server a
+     * burst can end up sent one after another on a single connection (seen
+     * in the suite on a loaded machine). The engine's gate holds them instead
+     * (rw_gate_hold), keyed by this hash of the origin. */
+}
+
+/* The method and the body (which the transfer keeps alive: libcurl does
+ * not copy it). */
+static void request_apply_method_body(transfer *t, const request_values *v)
+{
+    CURL *easy = t->easy;
+    t->method = v->method;
+    if (v->method == METHOD_HEAD) {
+        t->dirty |= DIRTY_METHOD;
+        curl_easy_setopt(easy, CURLOPT_NOBODY, 1L);
+    } else if (v->method == METHOD_OTHER) {
+        t->dirty |= DIRTY_METHOD;
+        curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, v->custom_method); /* copied */
+    } else if (v->post) {
+        t->dirty |= DIRTY_METHOD; /* the body options below make it a POST */
+    }
+    if (v->body) {
+        t->dirty |= DIRTY_BODY;
+        curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)v->body_len);
+        curl_easy_setopt(easy, CURLOPT_POSTFIELDS, v->body);
+    } else if (v->empty_body || v->post) {
+        /* "Content-Length: 0", as servers expect of a POST or PUT
+         * (CURLOPT_POST alone would make libcurl read the body from stdin). */
+        t->dirty |= DIRTY_BODY;
+        curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)0);
+        curl_easy_setopt(easy, CURLOPT_POSTFIELDS, "");
+    }
+}
+
+/* Timeouts, streaming, redirects and the body limit. */
+static void request_apply_timeouts(transfer *t, const request_values *v)
+{
+    long ms = v->connect_timeout > 0 ? transfer_ms(v->connect_timeout) : 0;
+    if (ms != t->connect_timeout_ms) {
+        t->connect_timeout_ms = ms;
+        curl_easy_setopt(t->easy, CURLOPT_CONNECTTIMEOUT_MS, ms);
+    }
+    t->timeout = v->timeout;
+    /* libcurl has no timer for these: the engine ends the transfer itself
+     * (engine_expiry). */
+    t->first_byte_timeout = v->first_byte_timeout;
+    t->idle_timeout = v->idle_timeout;
+    /* The body is handed to Lua as it arrives (transfer:read), the
+     * transfer pausing when the reader falls behind. */
+    t->stream = v->stream;
+    /* A stream's timeout is the engine's (engine_expiry): it ends when a
+     * 2xx's headers are in, and libcurl's could not. */
+    ms = t->timeout > 0 && !t->stream ? transfer_ms(t->timeout) : 0;
+    if (ms != t->timeout_ms) {
+        t->timeout_ms = ms;
+        curl_easy_setopt(t->easy, CURLOPT_TIMEOUT_MS, ms);
+    }
+    t->follow = v->follow;
+    t->max_body = v->max_body;
+}
+
+/* Whether libcurl may ever send the request twice. */
+static void request_apply_replay(transfer *t, const request_values *v)
+{
     /* A request that must not be replayed keeps its kept connection; libcurl
      * is kept from sending it twice by request_on_prereq. A libcurl older
      * than 7.80 has no such callback: the request asks for a connection of
      * its own, where libcurl never retries. */
-    t->no_replay = t->replay_refused = t->prereq_asked = 0;
-    if ((transport & RF_BIT(RF_NO_REPLAY)) && request_opt_field(src, RF_NO_REPLAY, LUA_TBOOLEAN, "a boolean")) {
-        t->no_replay = lua_toboolean(L, -1);
-        lua_pop(L, 1);
+    t->no_replay = v->no_replay;
+    t->replay_refused = t->prereq_asked = 0;
+    if (!t->no_replay) return;
 #if LIBCURL_VERSION_NUM < 0x075000
-        if (t->no_replay) {
-            t->dirty |= DIRTY_FRESH;
-            curl_easy_setopt(easy, CURLOPT_FRESH_CONNECT, 1L);
-        }
+    t->dirty |= DIRTY_FRESH;
+    curl_easy_setopt(t->easy, CURLOPT_FRESH_CONNECT, 1L);
 #else
-        /* Over HTTP/1.1 only (on every hop: a redirect may lead to https).
-         * On an HTTP/2 connection libcurl also sends a request again when
-         * the server refused its stream (REFUSED_STREAM, or above a GOAWAY's
-         * last stream, as nginx sends every 1,000 requests): the server has
-         * not acted on it, but request_on_prereq cannot tell that retry from
-         * one after the connection died, and would fail it. An HTTP/1.1
-         * connection has no such retry; and libcurl 7.88 loses an HTTP/2
-         * answer that comes before the body has gone (docs/http.md). Not on
-         * the gate either: such a request never multiplexes, and must not
-         * teach the engine that its origin does not. */
-        if (t->no_replay) {
-            t->dirty |= DIRTY_HTTP1;
-            t->gate_key = 0;
-            curl_easy_setopt(easy, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
-        }
+    /* Over HTTP/1.1 only (on every hop: a redirect may lead to https).
+     * On an HTTP/2 connection libcurl also sends a request again when
+     * the server refused its stream (REFUSED_STREAM, or above a GOAWAY's
+     * last stream, as nginx sends every 1,000 requests): the server has
+     * not acted on it, but request_on_prereq cannot tell that retry from
+     * one after the connection died, and would fail it. An HTTP/1.1
+     * connection has no such retry; and libcurl 7.88 loses an HTTP/2
+     * answer that comes before the body has gone (docs/http.md). Not on
+     * the gate either: such a request never multiplexes, and must not
+     * teach the engine that its origin does not. */
+    t->dirty |= DIRTY_HTTP1;
+    t->gate_key = 0;
+    curl_easy_setopt(t->easy, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
 #endif
-    }
-
 }
 
-/* Phase 7: TLS and proxy options (those of the reset signature when they
- * are not the handle's already), and verify_tls. */
-static void request_tls(const request_src *src, transfer *t, unsigned long long transport, int same_reset)
+/* Sets t->easy from what request_read found, in the order the options
+ * depend on each other. Answers -1, or the field this libcurl refused. */
+static int request_apply(struct engine *e, transfer *t, const request_values *v, int fresh)
 {
-    lua_State *L = src->L;
-    CURL *easy = t->easy;
-    if (!same_reset) request_set_reset_options(L, t);
-
-    if ((transport & RF_BIT(RF_VERIFY_TLS)) && request_opt_field(src, RF_VERIFY_TLS, LUA_TBOOLEAN, "a boolean")) {
-        if (!lua_toboolean(L, -1)) {
-            t->dirty |= DIRTY_NOVERIFY;
-            curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 0L);
-            curl_easy_setopt(easy, CURLOPT_SSL_VERIFYHOST, 0L);
-        }
-        lua_pop(L, 1);
+    int same_reset = request_apply_handle(e, t, fresh), refused = -1;
+    t->decompress = v->decompress;
+    request_apply_url(t, v);
+    request_apply_method_body(t, v);
+    if (!t->lists_set) {
+        curl_easy_setopt(t->easy, CURLOPT_HTTPHEADER, t->headers);
+        curl_easy_setopt(t->easy, CURLOPT_PROXYHEADER, t->proxy_headers);
+        t->lists_set = 1;
     }
+    request_apply_timeouts(t, v);
+    request_apply_replay(t, v);
+    /* TLS and proxy options (those of the reset signature when they are
+     * not the handle's already), and verify_tls. */
+    if (!same_reset) refused = request_set_reset_options(t);
+    if (!v->verify_tls) {
+        t->dirty |= DIRTY_NOVERIFY;
+        curl_easy_setopt(t->easy, CURLOPT_SSL_VERIFYPEER, 0L);
+        curl_easy_setopt(t->easy, CURLOPT_SSL_VERIFYHOST, 0L);
+    }
+    return refused;
 }
 
 void rw_request_next_hop(transfer *t, const char *url, int to_get, int same_origin, double left)
@@ -952,36 +1028,27 @@ void rw_request_next_hop(transfer *t, const char *url, int to_get, int same_orig
     t->prereq_asked = 0; /* a new hop: its first sending is its own (request_on_prereq) */
 }
 
-/* Sets up t->easy from the request table at index req, phase by phase.
- * Misuse raises. */
+/* Sets up t->easy from the request table at index req: read and checked
+ * whole first (misuse raises there, before any option is set), then set. */
 void rw_request_configure(lua_State *L, struct engine *e, transfer *t, int req, int keys, int tidx, int fresh)
 {
-    RW_STACK_MARK(L, mark);
-    int decompress = 1, same_reset;
-    unsigned long long transport;
-    request_src source = { L, req, keys, 1 }, *src = &source;
+    int top = lua_gettop(L), refused;
+    request_values values;
+    request_src src = { L, req, keys, 1 };
 
     if (lua_getmetatable(L, req)) {
         lua_pop(L, 1);
-        source.raw = 0;
+        src.raw = 0;
     }
-    /* The rarer options the request may have: most of fetch's calls have
-     * none, and say so (transport = false). */
-    transport = request_transport(src);
-    if ((transport & RF_BIT(RF_DECOMPRESS))
-        && request_opt_field(src, RF_DECOMPRESS, LUA_TBOOLEAN, "a boolean")) {
-        decompress = lua_toboolean(L, -1);
-        lua_pop(L, 1);
+    request_read(&src, t, &values);
+    if (values.body) {
+        lua_pushvalue(L, values.body_idx);
+        lua_setiuservalue(L, tidx, TRANSFER_UV_BODY);
     }
-    t->decompress = decompress;
-    same_reset = request_handle(src, e, t, transport, fresh);
-    request_url(src, t);
-    request_method_body(src, t, transport, tidx);
-    request_headers(src, t, transport, decompress);
-    request_timeouts(src, t, transport);
-    request_replay(src, t, transport);
-    request_tls(src, t, transport, same_reset);
-    RW_STACK_EXPECT(L, mark, 0);
+    refused = request_apply(e, t, &values, fresh);
+    lua_settop(L, top); /* what request_read kept for request_apply */
+    if (refused >= 0)
+        luaL_error(L, "request option '%s' is not supported by this libcurl", request_field_names[refused]);
 }
 
 /* Pushes a list of names as an array. */

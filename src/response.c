@@ -12,26 +12,6 @@
 
 #include "transfer.h"
 
-int rw_buf_grow(engine_buf *b, size_t need)
-{
-    size_t cap = b->cap ? b->cap : 256;
-    char *data;
-    if (need <= b->cap) return 1;
-    while (cap < need) cap = cap > (size_t)-1 / 2 ? need : cap * 2;
-    data = (char *)realloc(b->data, cap);
-    if (!data) return 0;
-    b->data = data;
-    b->cap = cap;
-    return 1;
-}
-
-void rw_buf_free(engine_buf *b)
-{
-    free(b->data);
-    b->data = NULL;
-    b->len = b->cap = 0;
-}
-
 static int response_buf_append(engine_buf *b, const char *p, size_t n)
 {
     if (n > (size_t)-1 - b->len - 1) return 0;
@@ -125,8 +105,8 @@ static size_t response_decode(transfer *t, const char *ptr, size_t n)
             t->decode_taken += n - left;
             t->paused = 1;
             if (gave > 0) {
-                if (t->idle_timeout > 0) t->last_byte = rw_clock_monotonic();
-                rw_engine_progress(t);
+                if (t->idle_timeout > 0) t->last_byte = rw_core_monotonic();
+                rw_transfer_progress(t);
             }
             return CURL_WRITEFUNC_PAUSE;
         }
@@ -151,8 +131,8 @@ static size_t response_decode(transfer *t, const char *ptr, size_t n)
             return 0;
         }
     }
-    if (t->idle_timeout > 0) t->last_byte = rw_clock_monotonic();
-    if (t->stream && gave > 0) rw_engine_progress(t);
+    if (t->idle_timeout > 0) t->last_byte = rw_core_monotonic();
+    if (t->stream && gave > 0) rw_transfer_progress(t);
     return n;
 }
 
@@ -184,7 +164,7 @@ int rw_response_read(lua_State *L, transfer *t, int running)
     t->body.len = 0;
     if (!t->paused || !running) return 0;
     t->paused = 0;
-    t->last_byte = rw_clock_monotonic(); /* the server was not idle: the reader was behind */
+    t->last_byte = rw_core_monotonic(); /* the server was not idle: the reader was behind */
     return 1;
 }
 
@@ -253,8 +233,8 @@ size_t rw_response_on_body(char *ptr, size_t size, size_t nmemb, void *ud)
         t->out_of_memory = 1;
         return 0;
     }
-    if (t->idle_timeout > 0) t->last_byte = rw_clock_monotonic();
-    if (t->stream) rw_engine_progress(t);
+    if (t->idle_timeout > 0) t->last_byte = rw_core_monotonic();
+    if (t->stream) rw_transfer_progress(t);
     return n;
 }
 
@@ -322,12 +302,12 @@ size_t rw_response_on_header(char *ptr, size_t size, size_t nmemb, void *ud)
                 t->head_ready = 1;
                 /* Only a 2xx is streamed. */
                 if (t->stream && (status < 200 || status > 299)) rw_request_read_whole(t);
-                if (t->idle_timeout > 0) t->last_byte = rw_clock_monotonic();
-                if (streamed || t->idle_timeout > 0) rw_engine_progress(t);
+                if (t->idle_timeout > 0) t->last_byte = rw_core_monotonic();
+                if (streamed || t->idle_timeout > 0) rw_transfer_progress(t);
             }
             /* The probed origin has answered, if only with a redirect: its
              * protocol is known. */
-            if (status >= 200 && t->gate_probe) rw_engine_answered(t);
+            if (status >= 200 && t->gate_probe) rw_gate_answered(t);
         }
         t->headers_done = 1;
     }

@@ -9,8 +9,7 @@
  * leaves almost nothing for the Lua collector: the Lua object is a box
  * holding a pointer. Under a steady load that matters twice: less work for
  * the collector, and a heap that does not grow and shrink at its top every
- * cycle (with glibc that means page faults, which cost more here than the
- * rest of a request).
+ * cycle (with glibc that means page faults on every cycle).
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -97,8 +96,7 @@ transfer *rw_transfer_take(engine *e, int *fresh)
  * the buffer, and gives the memory back when the buffer is freed, so under
  * a steady load the heap's top grows and shrinks every few requests, each
  * time with fresh page faults. A buffer of about half the usual
- * response keeps the recv calls per response at two or three and the heap
- * still: the size follows a moving average of the responses seen, from
+ * response keeps the recv calls per response few and the heap still: the size follows a moving average of the responses seen, from
  * libcurl's minimum (1 KiB) up to its default, never above. */
 static long transfer_small_buffer(const engine *e)
 {
@@ -122,7 +120,7 @@ CURLMcode rw_transfer_launch(engine *e, transfer *t)
     }
     t->state = TRANSFER_RUNNING;
     engine_list_add(&e->running, t);
-    t->started = rw_clock_monotonic();
+    t->started = rw_core_monotonic();
     if (t->timeout > 0) t->expires = t->started + t->timeout + ENGINE_EXPIRY_GRACE;
     return CURLM_OK;
 }
@@ -140,7 +138,7 @@ void rw_transfer_unref(lua_State *L, engine *e, int refs, transfer *t)
  * every option is forgotten, and the handle is set up as new, the engine's
  * own callback on closed sockets included (request.c forgets what it knew
  * of the handle's options). */
-void rw_engine_reset(engine *e, transfer *t)
+void rw_transfer_reset(engine *e, transfer *t)
 {
     curl_easy_reset(t->easy);
     transfer_handle_init(e, t);
@@ -280,7 +278,7 @@ void rw_transfer_unqueue(transfer *t)
     t->engine = NULL;
 }
 
-void rw_engine_progress(transfer *t)
+void rw_transfer_progress(transfer *t)
 {
     engine *e = t->engine;
     if (!e || t->state != TRANSFER_RUNNING) return;

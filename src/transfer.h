@@ -93,7 +93,7 @@ typedef struct transfer {
     long status, request_size;
     long http_version; /* CURLINFO_HTTP_VERSION of the last response */
     double total_time;
-    int notify;         /* stream: Lua waits for news of it (rw_engine_progress) */
+    int notify;         /* stream: Lua waits for news of it (rw_transfer_progress) */
     int in_news;        /* on its engine's list of transfers with news */
     struct transfer *news_next;
     int bounded;        /* stream: its timeout applies after the headers too (transfer:bound) */
@@ -121,7 +121,7 @@ typedef struct transfer {
      * (TLS files, a pin, a TLS version, a proxy), as a
      * signature (rw_request_configure), when reset_ok: a request with the
      * same ones leaves them set, one with others starts the handle again
-     * from curl_easy_reset (rw_engine_reset). reset_next: the next
+     * from curl_easy_reset (rw_transfer_reset). reset_next: the next
      * request's, being compared. */
     engine_buf reset_sig, reset_next;
     int reset_ok;
@@ -267,20 +267,20 @@ void rw_transfer_why(transfer *t, const char *fmt, ...) __attribute__((format(pr
  * final headers or body bytes arrive: a reader waiting on the transfer is
  * told (the engine's next poll reports it), and the engine's next expiry
  * comes no later than the transfer's own (an idle timeout that starts). */
-void rw_engine_progress(transfer *t);
+void rw_transfer_progress(transfer *t);
 /* engine.c: t's handle forgets every option (its connections stay) and is
  * set up as a new one of engine e, for rw_request_configure to set up. */
-void rw_engine_reset(struct engine *e, transfer *t);
+void rw_transfer_reset(struct engine *e, transfer *t);
 /* engine.c: the final headers of a transfer are in (response.c's header
  * callback): if it probes an origin for the engine's gate, the transfers
  * held for that origin go on (after libcurl returns). */
-void rw_engine_answered(transfer *t);
+void rw_gate_answered(transfer *t);
 /* libcurl delivered bytes of t's response (an all-at-once pass made progress). */
 void rw_engine_delivered(transfer *t);
 /* engine.c: libcurl opened socket fd for t's connection (request.c's
  * socket callback): the engine counts it for t's origin, so that it
  * forgets what it knows of an origin once its last connection is closed. */
-void rw_engine_socket_opened(transfer *t, int fd);
+void rw_gate_socket_opened(transfer *t, int fd);
 
 /* response.c: makes room for `need` bytes in b, keeping what it holds (its
  * capacity doubles from 256); 0 when out of memory. */

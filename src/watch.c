@@ -15,7 +15,7 @@
 /* table (*n entries of `size` bytes, by descriptor) grown to reach
  * descriptor s, the new entries zero: the table to use from now on, or NULL
  * when out of memory (the old one is then as it was). */
-void *rw_fd_table(void *table, size_t *n, size_t size, curl_socket_t s)
+void *rw_watch_fd_table(void *table, size_t *n, size_t size, curl_socket_t s)
 {
     size_t want = *n ? *n : 64;
     char *grown;
@@ -31,7 +31,7 @@ void *rw_fd_table(void *table, size_t *n, size_t size, curl_socket_t s)
 static unsigned char *watch_slot(engine *e, curl_socket_t s)
 {
     unsigned char *watch;
-    if (s < 0 || !(watch = (unsigned char *)rw_fd_table(e->watch, &e->nwatch, 1, s))) return NULL;
+    if (s < 0 || !(watch = (unsigned char *)rw_watch_fd_table(e->watch, &e->nwatch, 1, s))) return NULL;
     e->watch = watch;
     return &e->watch[s];
 }

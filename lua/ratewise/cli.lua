@@ -51,7 +51,8 @@ options:
   -h, --help                  this text
 
 exit status: 0 when every request succeeded, 1 when one failed, 2 for bad usage,
-23 when the output could not be written, 130 when interrupted (Ctrl-C).
+23 when the output could not be written or encoded as JSON, 130 when interrupted
+(Ctrl-C).
 ]]
 
 -- Raised for a command that cannot run; main() prints its message, with a

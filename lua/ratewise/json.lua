@@ -12,32 +12,61 @@ local json = {}
 
 -- The codec: what encodes and decodes, answering nil, err rather than
 -- raising (lua-cjson's cjson.safe, or the stand-in of a plugged-in codec).
-local codec, missing
+-- Only a codec that loaded is kept: a module once loaded stays loaded. A
+-- failure is never remembered, not even "module 'cjson' not found": that is
+-- also what require says when every descriptor is in use (it cannot open the
+-- file it looks for), and a later package.path may find it. So each call
+-- that finds no codec asks require again.
+local codec
 local fallback -- json.set_fallback
 
---- codec | nil, why: the codec, or why lua-cjson cannot be loaded and how
--- to install it.
+-- Why lua-cjson did not load: the first line of require's message
+-- ("module 'cjson' not found:"), not the list of every path it tried, and
+-- what to do about it.
+local function why_not_loaded(err)
+  local why = tostring(err):match("^[^\n]*"):gsub(":$", "")
+  -- A file that cannot be opened for want of descriptors reads as a module
+  -- that is not there: installing lua-cjson would not help.
+  local probe, probe_err = io.open("/dev/null", "rb")
+  if probe then
+    probe:close()
+  elseif tostring(probe_err):find("Too many open files", 1, true) then
+    return format("(%s; %s): close some, or raise the limit (ulimit -n)", why, probe_err)
+  end
+  return format("(%s): install the Debian package lua-cjson (apt-get install lua-cjson) "
+    .. "or the rock lua-cjson (luarocks install lua-cjson)", why)
+end
+
+--- codec | nil, why: the codec, or why lua-cjson cannot be loaded now and
+-- what to do.
 local function load_codec()
   if codec then return codec end
-  if not missing then
-    local ok, m = pcall(require, "cjson")
-    local ok_safe, m_safe = false, nil
-    if ok then ok_safe, m_safe = pcall(require, "cjson.safe") end
-    if ok and ok_safe then
-      codec = m_safe
-      return codec
-    end
-    -- The first line of require's message ("module 'cjson' not found:"),
-    -- not the list of every path it tried.
-    local why = tostring(ok and m_safe or m):match("^[^\n]*"):gsub(":$", "")
-    missing = format("(%s): install the Debian package lua-cjson "
-      .. "(apt-get install lua-cjson) or the rock lua-cjson (luarocks install lua-cjson)", why)
-  end
-  if fallback then
-    codec = fallback
+  local ok, m = pcall(require, "cjson")
+  local ok_safe, m_safe = false, nil
+  if ok then ok_safe, m_safe = pcall(require, "cjson.safe") end
+  if ok and ok_safe then
+    codec = m_safe
     return codec
   end
-  return nil, missing
+  -- Lua 5.1 and LuaJIT leave a marker in package.loaded for a module whose
+  -- loader raised (a light userdata, which LuaJIT shows as a number), and
+  -- their require then refuses it for good ("loop or previous error"): it
+  -- goes, so that the next call tries again. lua-cjson is a table.
+  local loaded = package.loaded
+  if type(loaded.cjson) ~= "table" then loaded.cjson = nil end
+  if type(loaded["cjson.safe"]) ~= "table" then loaded["cjson.safe"] = nil end
+  if fallback then return fallback end
+  return nil, why_not_loaded(ok and m_safe or m)
+end
+
+--- true | nil, why = json.load(): whether a codec can be had now; a
+-- program that will need one later (`ratewise batch`, whose every result
+-- is a JSON line) asks at its start, before its own work takes the
+-- descriptors that loading lua-cjson needs.
+function json.load()
+  local loaded, why = load_codec()
+  if not loaded then return nil, "lua-cjson cannot be loaded " .. why end
+  return true
 end
 
 --- json.set_fallback{encode = fn, decode = fn}: the codec used where

@@ -19,8 +19,8 @@ local methods = {}
 
 -- The fields made from the raw header block (res._head, kept by the
 -- engine's transfer:result(true)) when one of them is first read: most
--- responses' headers are never looked at, and building their tables was a
--- tenth of a request's cost.
+-- responses' headers are never looked at, and building their tables for
+-- every response would be work for nothing (and for the collector).
 local from_head = { headers = true, header_lists = true, trailers = true }
 
 local function wrap_headers(res)

@@ -20,7 +20,14 @@ local shared_bucket = {}
 -- should a worker die holding it. A worker that finds it taken tries
 -- again at once LOCK_SPINS times, then naps LOCK_NAP (lua-resty-lock does
 -- this too, but Debian does not package it).
-local LOCK_EXPIRY, LOCK_SPINS, LOCK_NAP = 0.01, 100, 0.0005
+-- A dict's expiry is counted on the worker's cached clock, which nginx
+-- moves once per turn of its event loop: a worker that has run Lua for a
+-- while in one turn (loading modules, a long handler) would set a lock
+-- that has expired already for a worker whose clock is fresher, and both
+-- would step at once, granting one token twice. So the clock is brought
+-- up to date (ngx.update_time) before each attempt, and the expiry leaves
+-- room for a holder the system pauses (another process on its core).
+local LOCK_EXPIRY, LOCK_SPINS, LOCK_NAP = 0.1, 100, 0.0005
 
 local SharedBucket = {}
 SharedBucket.__index = SharedBucket
@@ -30,14 +37,16 @@ SharedBucket.honors_max_wait = true
 -- One GCRA step on the dict, under the lock: wait, granted, tokens (in
 -- millionths), all in microseconds.
 local function run(self, op, n, arg, arg2)
-  local dict, lock = self.dict, self.lock
+  local dict, lock, update_time = self.dict, self.lock, self.update_time
   local spins = 0
+  update_time()
   while not dict:add(lock, true, LOCK_EXPIRY) do
     spins = spins + 1
     if spins >= LOCK_SPINS then
       runtime.sleep(LOCK_NAP)
       spins = 0
     end
+    update_time()
   end
   local t = floor(now() * 1e6)
   local ok, new, wait, granted, tokens = pcall(step, op, dict:get(self.key) or t, t, self.interval, self.capacity_n,
@@ -127,7 +136,7 @@ function shared_bucket.new(opts)
   end
   local capacity, rate = gcra.limits("shared_bucket", opts)
   return setmetatable({
-    dict = dict, dict_name = name, name = key,
+    dict = dict, dict_name = name, name = key, update_time = ngx.update_time,
     key = "ratewise:" .. key, lock = "ratewise:" .. key .. ":lock",
     capacity_n = capacity, rate_n = rate, interval = 1e6 / rate,
     horizon = gcra.positive("shared_bucket", opts, "sync_horizon", 86400),

@@ -9,6 +9,7 @@ local rw = require "ratewise"
 local core = require "ratewise.core"
 local compat = require "ratewise.compat"
 local scheduler = require "ratewise.scheduler"
+local json = require "ratewise.json"
 local input = require "ratewise.cli.input"
 local output = require "ratewise.cli.output"
 local progress = require "ratewise.cli.progress"
@@ -34,6 +35,11 @@ local CANCEL_MESSAGES = {
 -- options every request shares; fail(status, message) raises the command's
 -- error (a missing input, an output that cannot be opened).
 function batch.run(path, o, err_out, base, fail)
+  -- Every result is a JSON line: the codec is loaded before any request
+  -- holds a descriptor (under descriptor pressure require finds nothing),
+  -- and without one nothing is sent.
+  local has_codec, no_codec = json.load()
+  if not has_codec then fail(output.WRITE_FAILED, "batch writes its results as JSON, and %s", no_codec) end
   local reader, why = input.open(path)
   if not reader then fail(2, why) end
   local out
@@ -41,7 +47,7 @@ function batch.run(path, o, err_out, base, fail)
   if not out then fail(output.WRITE_FAILED, why) end
 
   local st = { done = 0, ok = 0, failed = 0, retries = 0, throttled = 0, errors = {}, waits = {},
-    started = rw.now(), unwritten = 0 }
+    started = rw.now(), unwritten = 0, unencoded = 0 }
   local stop_reason -- "interrupt" or "write" once the batch stops starting requests
   local function stopping() return stop_reason ~= nil end
 
@@ -105,8 +111,14 @@ function batch.run(path, o, err_out, base, fail)
     end
     local encoded, line = pcall(output.result_line, item, req, res, err, o.no_body)
     if not encoded then
-      line = format('{"line":%d,"ok":false,"error":{"kind":"internal","message":"the result could not be '
-        .. 'written as JSON"}}', item.n)
+      -- Still a line for it, with what can be written without the codec,
+      -- and the batch ends in failure, saying why.
+      st.unencoded = st.unencoded + 1
+      st.unencoded_why = st.unencoded_why or tostring(line)
+      local status = (res or err or {}).status
+      local has_status = type(status) == "number" and status % 1 == 0
+      line = format('{"line":%d,"ok":false,%s"error":{"kind":"internal","message":"the result could not be '
+        .. 'written as JSON"}}', item.n, has_status and format('"status":%d,', status) or "")
     end
     if shares_terminal and drawn then err_out:write("\r\27[K") end
     if not out:write(line, "\n") then
@@ -219,13 +231,18 @@ function batch.run(path, o, err_out, base, fail)
   out:close()
   if reader.failed then err_out:write("ratewise: ", reader.failed, "\n") end
   if out.failed then err_out:write("ratewise: ", out.failed, "\n") end
+  if st.unencoded_why then
+    err_out:write("ratewise: a result could not be written as JSON: ", st.unencoded_why, "\n")
+  end
   st.total = st.done
   local line = progress.summary(st)
   if st.unwritten > 0 then line = line .. format("; %d result%s not written", st.unwritten,
     st.unwritten == 1 and "" or "s") end
+  if st.unencoded > 0 then line = line .. format("; %d result%s not written as JSON", st.unencoded,
+    st.unencoded == 1 and "" or "s") end
   err_out:write(line, "\n")
   if stop_reason == "interrupt" then return batch.INTERRUPTED end
-  if out.failed then return output.WRITE_FAILED end
+  if out.failed or st.unencoded > 0 then return output.WRITE_FAILED end
   if reader.failed then return 2 end
   return st.failed == 0 and 0 or 1
 end

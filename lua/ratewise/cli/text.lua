@@ -40,7 +40,8 @@ local function sequence_at(s, i)
 end
 
 -- Lua 5.4's utf8.len refuses what the check below refuses (overlong forms,
--- surrogates, past U+10FFFF), many times faster; 5.3's takes surrogates.
+-- surrogates, past U+10FFFF), in C rather than byte by byte in Lua; 5.3's
+-- takes surrogates, so there the check below does it.
 local utf8_lib = rawget(_G, "utf8")
 local utf8_len = _VERSION == "Lua 5.4" and utf8_lib and utf8_lib.len
 
