@@ -6,6 +6,7 @@ local core = require "ratewise.core"
 local errors = require "ratewise.errors"
 local log = require "ratewise.log"
 local CANCELLED = require("ratewise.scheduler").CANCELLED
+local budget_message = require("ratewise.fetch.decision").budget_message
 
 local now = core.now
 local format = string.format
@@ -72,9 +73,7 @@ local function fetch_error(kind, message, state, res, transport)
 end
 
 local function budget_error(state, why, res, transport)
-  return nil, fetch_error("budget", format("%s: %s (max_elapsed %.2f s, %d attempt%s)",
-    state.method .. " " .. state.shown_url, why, state.max_elapsed, state.attempts, state.attempts == 1 and "" or "s"),
-    state, res, transport)
+  return nil, fetch_error("budget", budget_message(state, why), state, res, transport)
 end
 
 -- The limiter could not answer (a shared bucket whose Redis is down, with
