@@ -29,15 +29,15 @@ local function inputs(case)
     method = case.method or "GET", shown_url = URL, safe = case.safe ~= false, policy = case.policy,
     budget = case.budget, retry_after = case.retry_after, retry_after_max = case.retry_after_max,
     retries = retries, attempts = retries + 1, deadline = NOW + (case.left or 100), max_elapsed = 120, opts = opts,
+    budget_cut = case.budget_cut, answers = case.answers,
   }
-  local outcome = { error = case.error, budget_cut = case.budget_cut, answers = case.answers }
-  if case.status then outcome.response = { status = case.status, headers = case.headers or {} } end
-  return call, outcome
+  local res = case.status and { status = case.status, headers = case.headers or {} } or nil
+  return call, res, case.error
 end
 
 local function decide(case)
-  local call, outcome = inputs(case)
-  return decision.decide(call, outcome, clock(case.u))
+  local call, res, terr = inputs(case)
+  return decision.decide(call, res, terr, clock(case.u))
 end
 
 local function check(case, d)
@@ -241,12 +241,12 @@ end)
 describe("fetch.decision", function()
   it("is pure: the same inputs give the same record, and the inputs are left as they were", function()
     local case = { status = 429, headers = { ["retry-after"] = "10" }, opts = { hint_jitter = 0.2 }, u = 0.25 }
-    local call, outcome = inputs(case)
-    local first = decision.decide(call, outcome, clock(0.25))
-    local second = decision.decide(call, outcome, clock(0.25))
+    local call, res = inputs(case)
+    local first = decision.decide(call, res, nil, clock(0.25))
+    local second = decision.decide(call, res, nil, clock(0.25))
     assert.same(first, second)
     assert.equal(10.5, first.delay)
-    assert.is_nil(outcome.response.throttled)
+    assert.is_nil(res.throttled)
     assert.equal(0, call.retries)
     assert.is_nil(call.previous_backoff)
     assert.is_nil(call.hint)
@@ -255,8 +255,8 @@ describe("fetch.decision", function()
   it("draws the jitter from the clock it is given", function()
     local draws = {}
     local function at(u)
-      local call, outcome = inputs { status = 503, retries = 3, opts = { jitter = "full", max_retries = 5 } }
-      local d = decision.decide(call, outcome, clock(u))
+      local call, res = inputs { status = 503, retries = 3, opts = { jitter = "full", max_retries = 5 } }
+      local d = decision.decide(call, res, nil, clock(u))
       draws[#draws + 1] = d.delay
       return d
     end
@@ -269,9 +269,9 @@ describe("fetch.decision", function()
   end)
 
   it("takes a decorrelated backoff from the one before", function()
-    local call, outcome = inputs { status = 503, retries = 1, opts = { jitter = "decorrelated", max_retries = 5 } }
+    local call, res = inputs { status = 503, retries = 1, opts = { jitter = "decorrelated", max_retries = 5 } }
     call.previous_backoff = 4
-    local d = decision.decide(call, outcome, clock(0.5))
+    local d = decision.decide(call, res, nil, clock(0.5))
     assert.equal("backoff", d.source)
     assert.equal(d.delay, d.backoff)
     assert.is_true(d.delay >= 1 and d.delay <= 12) -- within [base, 3 * previous]
@@ -281,25 +281,31 @@ describe("fetch.decision", function()
     local openai = providers.openai
     local res = { status = 429, headers = { ["x-ratelimit-reset-requests"] = "6s",
       ["x-ratelimit-reset-tokens"] = "1m30s" } }
-    local call, outcome = inputs { status = 429, policy = openai }
-    outcome.response = res
-    local d = decision.decide(call, outcome, clock())
+    local call = inputs { policy = openai }
+    local d = decision.decide(call, res, nil, clock())
     assert.same({ action = "ask", hook = "classify" }, d)
-    outcome.answers = { classify = openai.classify(res) or false }
-    d = decision.decide(call, outcome, clock())
+    call.answers = { classify = openai.classify(res) or false }
+    d = decision.decide(call, res, nil, clock())
     assert.same({ action = "ask", hook = "policy_delay" }, d)
-    outcome.answers.policy_delay = openai.delay(res, 0)
-    d = decision.decide(call, outcome, clock())
+    call.answers.policy_delay = openai.delay(res, 0)
+    d = decision.decide(call, res, nil, clock())
     assert.equal("retry", d.action)
     assert.equal("policy", d.source)
     assert.equal(90, d.delay) -- the longer of the two resets
     -- the response's own Retry-After still wins when it asks for longer
     -- than the provider's reading (retry-after-ms, which OpenAI reads first)
     res.headers["retry-after-ms"], res.headers["retry-after"] = "2000", "60"
-    outcome.answers.policy_delay = openai.delay(res, 0)
-    assert.equal(2, outcome.answers.policy_delay)
-    d = decision.decide(call, outcome, clock())
+    call.answers.policy_delay = openai.delay(res, 0)
+    assert.equal(2, call.answers.policy_delay)
+    d = decision.decide(call, res, nil, clock())
     assert.same({ 60, "retry-after" }, { d.delay, d.source })
+  end)
+
+  it("needs no call for a plain 2xx, and asks for it for anything else", function()
+    assert.same({ action = "return", class = "success", throttled = false },
+      decision.decide(nil, { status = 204, headers = {} }, nil, clock()))
+    assert.same({ action = "ask", hook = "call" }, decision.decide(nil, { status = 503, headers = {} }, nil, clock()))
+    assert.same({ action = "ask", hook = "call" }, decision.decide(nil, nil, refused, clock()))
   end)
 
   it("is given replay safety by the plan: a POST is safe only with a key or retry_non_idempotent", function()

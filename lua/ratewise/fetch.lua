@@ -14,7 +14,7 @@ local report = require "ratewise.fetch.report"
 local now = core.now
 local type = type
 local make_plan, plan_state, bad_options_type = plan.make, plan.state, plan.bad_options_type
-local admit, send, after = attempt.admit, attempt.send, carry.after
+local admit, send, after, first = attempt.admit, attempt.send, carry.after, carry.first
 local guarded, call_hook, budget_error = report.guarded, report.call_hook, report.budget_error
 local check_counters = report.counting.check
 local redact_url = headers.redact_url
@@ -99,6 +99,9 @@ function fetch.fetch(url, opts, counters)
       res.elapsed = now() - started
     end
     if not state then
+      -- a plain call's first attempt: its state is made only when the
+      -- decision needs more than a 2xx does
+      if first(res, terr, counters) then return res end
       state = plan_state(opts, counters, method, shown_url, url_secrets, header_secrets, safe, started, deadline)
     end
     state.attempts = attempts

@@ -149,16 +149,16 @@ function carry.after(state, res, terr, sent_at, streaming, budget_cut)
   else
     printable(state, terr)
   end
-  local outcome = { response = res, error = terr, budget_cut = budget_cut }
-  local d = decide(state, outcome)
+  state.budget_cut, state.answers = budget_cut, nil
+  local d = decide(state, res, terr)
   while d.action == "ask" do
-    local answers = outcome.answers
+    local answers = state.answers
     if not answers then
       answers = {}
-      outcome.answers = answers
+      state.answers = answers
     end
     answers[d.hook] = answer(state, d.hook, res, terr)
-    d = decide(state, outcome)
+    d = decide(state, res, terr)
   end
   if res then
     record_response(state, d, res, sent_at, streaming)
@@ -180,6 +180,18 @@ function carry.after(state, res, terr, sent_at, streaming, budget_cut)
   end
   retry(state, d, res, terr)
   return false
+end
+
+--- done = carry.first(res, terr, counters): the decision on a plain call's
+-- first attempt (no policy, hook or limiter), whose state is not made yet:
+-- true when the call returns res, its attempt counted; false when the
+-- decision needs the call's state (carry.after's, then).
+function carry.first(res, terr, counters)
+  local d = decide(nil, res, terr)
+  if d.action ~= "return" then return false end
+  res.throttled = d.throttled
+  if counters then counting.attempt(counters, res.status) end
+  return true
 end
 
 return carry

@@ -3,31 +3,34 @@
 -- attempt's outcome (a response or a transport error) and a clock, it
 -- answers with a record:
 --
---   { action = "return", response = res, class, throttled }
+--   { action = "return", class, throttled }: return the response
 --   { action = "retry", delay = seconds, source = "retry-after" | "x-ratelimit-reset" | "policy" | "delay"
 --     | "backoff", class, throttled, hint, hint_source, backoff }
 --   { action = "fail", kind = "terminal" | "network" | "unsafe" | "exhausted" | "deferred" | "throttled"
 --     | "budget", message, class, throttled, hint, refused }
---   { action = "ask", hook = "classify" | "policy_delay" | "replayable" | "delay" | "budget" }
+--   { action = "ask", hook = "classify" | "policy_delay" | "replayable" | "delay" | "budget" | "call" }
 --
 -- It runs no hook, counts nothing, tells no listener and never waits: the
 -- fetch loop carries the record out (fetch/carry.lua). When the decision
 -- needs an answer only the caller's code can give (a policy's verdict or
 -- hint, whether a refused request may be replayed, the `delay` option, the
 -- retry budget's consent), it asks for it: the carrier runs that hook, puts
--- its answer in outcome.answers (false for none) and decides again. Each
+-- its answer in call.answers (false for none) and decides again. Each
 -- hook is asked only when the decision reaches the point where it matters,
 -- so that a call whose answer is settled before never runs it.
 --
 -- The call (fetch/plan.lua's state): method, shown_url, safe (replay-safe),
 -- policy, retry_after (nil: honor) and retry_after_max, budget (an object:
 -- whether there is one), retries (made so far), attempts, previous_backoff,
--- deadline and max_elapsed (the time budget), and opts, the caller's options:
--- max_retries, base, max_delay, jitter, hint_jitter, delay.
--- The outcome: response or error (a transport error: message, retryable,
--- timeout, sent, tls, status), budget_cut (whether the time budget cut the
--- attempt's own timeouts; "after_headers" for a stream's time read whole)
--- and answers. The clock: now() (monotonic seconds, as the deadline),
+-- deadline and max_elapsed (the time budget), opts, the caller's options
+-- (max_retries, base, max_delay, jitter, hint_jitter, delay), and of the
+-- attempt: budget_cut (whether the time budget cut its own timeouts;
+-- "after_headers" for a stream's time read whole) and answers. A call
+-- without a policy whose state is not made yet (a plain call's first
+-- attempt) may be nil: its 2xx needs nothing more, anything else asks for
+-- it (hook "call").
+-- The outcome: the response, or the transport error (message, retryable,
+-- timeout, sent, tls, status). The clock: now() (monotonic seconds, as the deadline),
 -- time() (epoch seconds, for dates) and random() (a number in [0, 1), for
 -- the jitter).
 local core = require "ratewise.core"
@@ -52,6 +55,10 @@ local HINT_JITTER = 0.2
 local function ask(hook)
   return { action = "ask", hook = hook }
 end
+
+-- The records that carry nothing of their own call, made once.
+local RETURNED = { action = "return", class = "success", throttled = false }
+local ASK_CALL = { action = "ask", hook = "call" }
 
 -- The message of a call stopped by its time budget (report.budget_error's
 -- wording).
@@ -112,8 +119,8 @@ end
 -- max_retries, the wait and its source, the server's hint against the
 -- retry_after mode, the time budget, the retry budget. why: what failed
 -- (a status, a transport error's message); d: the record so far.
-local function retry_or_fail(call, outcome, clock, why, d)
-  local res, terr, answers = outcome.response, outcome.error, outcome.answers
+local function retry_or_fail(call, res, terr, clock, why, d)
+  local answers = call.answers
   local opts, policy = call.opts, call.policy
   local method_url = call.method .. " " .. call.shown_url
   -- A request that never reached the server is not a replay; nor is one
@@ -196,17 +203,18 @@ end
 
 -- After a response: its verdict, the server's hint, then a return, a
 -- failure or a retry.
-local function after_response(call, outcome, clock, res)
+local function after_response(call, res, clock)
   local status = res.status
-  local policy, answers = call.policy, outcome.answers
+  local policy = call and call.policy
   local answer -- the policy's verdict
   if policy and policy.classify then
-    answer = answers and answers.classify
+    answer = call.answers and call.answers.classify
     if answer == nil then return ask("classify") end
   elseif status >= 200 and status < 300 then
-    -- an answer with nothing more to ask
-    return { action = "return", response = res, class = "success", throttled = false }
+    return RETURNED -- an answer with nothing more to ask
   end
+  if not call then return ASK_CALL end
+  local answers = call.answers
   local time = clock.time()
   local class = verdict(answer, res, time)
   -- A throttle: the server refused for rate (a 429), or refused for now
@@ -221,7 +229,7 @@ local function after_response(call, outcome, clock, res)
     end
     hint, hint_source = server_hint(policy_hint, res.headers, time)
   end
-  local d = { class = class, throttled = status == 429 or hint ~= nil, response = res }
+  local d = { class = class, throttled = status == 429 or hint ~= nil }
   -- A zero hint (a reset already past, "Retry-After: 0") would send the
   -- retry at once, and the one after it: backoff instead.
   if hint ~= 0 then d.hint, d.hint_source = hint, hint_source end
@@ -234,15 +242,16 @@ local function after_response(call, outcome, clock, res)
   if class == "terminal" then
     return fail("terminal", format("%s: %d is a terminal status, not retried", method_url, status), d)
   end
-  return retry_or_fail(call, outcome, clock, tostring(status), d)
+  return retry_or_fail(call, res, nil, clock, tostring(status), d)
 end
 
 -- After a transport error (its message already fit to print).
-local function after_error(call, outcome, clock, terr)
+local function after_error(call, terr, clock)
+  if not call then return ASK_CALL end
   local d = { class = "retryable", throttled = false }
   local method_url = call.method .. " " .. call.shown_url
   -- (a stream's own time to its headers was not cut when only its time read whole was)
-  local cut = outcome.budget_cut
+  local cut = call.budget_cut
   if terr.timeout and cut and (cut ~= "after_headers" or terr.status) then
     return fail("budget", budget_message(call, "the attempt was cut short by the time budget"), d)
   end
@@ -250,16 +259,16 @@ local function after_error(call, outcome, clock, terr)
     return fail("network", format("%s: %s%s", method_url, terr.tls and "TLS verification failed: " or "",
       terr.message), d)
   end
-  return retry_or_fail(call, outcome, clock, terr.message, d)
+  return retry_or_fail(call, nil, terr, clock, terr.message, d)
 end
 
---- d = decision.decide(call, outcome [, clock]): what follows the attempt
--- number call.attempts, which gave outcome (see the top of this file).
-function decision.decide(call, outcome, clock)
+--- d = decision.decide(call, res, terr [, clock]): what follows the attempt
+-- number call.attempts, which gave the response res or the transport error
+-- terr (see the top of this file).
+function decision.decide(call, res, terr, clock)
   clock = clock or decision.clock
-  local res = outcome.response
-  if res then return after_response(call, outcome, clock, res) end
-  return after_error(call, outcome, clock, outcome.error)
+  if res then return after_response(call, res, clock) end
+  return after_error(call, terr, clock)
 end
 
 return decision

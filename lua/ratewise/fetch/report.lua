@@ -101,8 +101,8 @@ end
 report.default_on_retry = default_on_retry
 
 -- The counters of an rw.client (client:stats()), which fetch keeps as the
--- call goes: an event table and a protected call for each attempt cost a
--- client that nobody listens to a large share of its time.
+-- call goes, in the client's own table rather than through an event
+-- listener: a client that nobody listens to still counts.
 local counters_mt = { __name = "ratewise.counters" }
 local counting = {}
 
