@@ -2,21 +2,21 @@
 -- ties a call's plan (fetch/plan.lua: its options, URL and header lines,
 -- checked once), its attempts (fetch/attempt.lua: admission and the
 -- transfer) and the decision after each (fetch/decision.lua: retry, return
--- or fail). What is kept from one call for the next: fetch/cache.lua.
+-- or fail, carried out by fetch/carry.lua). What is kept from one call for
+-- the next: fetch/cache.lua.
 local core = require "ratewise.core"
 local headers = require "ratewise.headers"
 local plan = require "ratewise.fetch.plan"
 local attempt = require "ratewise.fetch.attempt"
-local decision = require "ratewise.fetch.decision"
+local carry = require "ratewise.fetch.carry"
 local report = require "ratewise.fetch.report"
 
 local now = core.now
 local type = type
 local make_plan, plan_state, bad_options_type = plan.make, plan.state, plan.bad_options_type
-local admit, send, after = attempt.admit, attempt.send, decision.after
+local admit, send, after, first = attempt.admit, attempt.send, carry.after, carry.first
 local guarded, call_hook, budget_error = report.guarded, report.call_hook, report.budget_error
-local counting = report.counting
-local check_counters, count_attempt = counting.check, counting.attempt
+local check_counters = report.counting.check
 local redact_url = headers.redact_url
 local DEFAULT_MAX_ELAPSED, DEFAULT_TIMEOUT = plan.DEFAULT_MAX_ELAPSED, plan.DEFAULT_TIMEOUT
 
@@ -58,7 +58,7 @@ function fetch.fetch(url, opts, counters)
   local started = now()
   local deadline = started + (opts.max_elapsed or DEFAULT_MAX_ELAPSED)
   -- Whether the call has anything to tell of an attempt or to ask before
-  -- one: without, a 2xx is returned as soon as it is made a response.
+  -- one (a policy, limiter, circuit, budget, hook or stream).
   local hooked = false
   if state then
     state.started, state.deadline = started, deadline
@@ -97,18 +97,11 @@ function fetch.fetch(url, opts, counters)
       end
       res.attempts = attempts
       res.elapsed = now() - started
-      local status = res.status
-      if not hooked and status >= 200 and status < 300 then
-        -- what the decision would conclude, with nothing to tell
-        res.throttled = false
-        if counters then count_attempt(counters, status) end
-        return res
-      end
     end
-    -- What the error messages and the backoff need, made at the first
-    -- attempt that does not succeed: a call that succeeds at once builds no
-    -- state.
     if not state then
+      -- a plain call's first attempt: its state is made only when the
+      -- decision needs more than a 2xx does
+      if first(res, terr, counters) then return res end
       state = plan_state(opts, counters, method, shown_url, url_secrets, header_secrets, safe, started, deadline)
     end
     state.attempts = attempts

@@ -1,6 +1,9 @@
--- How long to wait before a retry: the server's hints first, then capped
--- exponential backoff with jitter. The parsing and arithmetic are in the C
--- core; this module orders the sources and checks the caller's options.
+-- What a response's headers ask to wait (Retry-After, then x-ratelimit-reset
+-- while the quota is spent), read against the server's clock; and
+-- rw.backoff and rw.retry_delay, which check the caller's options. The
+-- parsing and arithmetic are in the C core. What fetch does with a hint
+-- (a policy's reading against Retry-After, a zero hint, the retry_after
+-- modes, the budgets) is decided in fetch/decision.lua.
 local core = require "ratewise.core"
 local errors = require "ratewise.errors"
 local headers = require "ratewise.headers"

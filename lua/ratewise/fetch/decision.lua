@@ -1,70 +1,95 @@
--- fetch.decision: what follows an attempt: the verdict on its response
--- (or transport error), the server's hint, the backoff, whether a replay
--- is allowed and the retry budget agrees; then a retry (after its wait),
--- the response, or the error the call ends with.
+-- fetch.decision: what follows an attempt, decided in one place and by one
+-- pure function. Given the call (what it asked and where it stands), the
+-- attempt's outcome (a response or a transport error) and a clock, it
+-- answers with a record:
+--
+--   { action = "return", class, throttled }: return the response
+--   { action = "retry", delay = seconds, source = "retry-after" | "x-ratelimit-reset" | "policy" | "delay"
+--     | "backoff", class, throttled, hint, hint_source, backoff }
+--   { action = "fail", kind = "terminal" | "network" | "unsafe" | "exhausted" | "deferred" | "throttled"
+--     | "budget", message, class, throttled, hint, refused }
+--   { action = "ask", hook = "classify" | "policy_delay" | "replayable" | "delay" | "budget" | "call" }
+--
+-- It runs no hook, counts nothing, tells no listener and never waits: the
+-- fetch loop carries the record out (fetch/carry.lua). When the decision
+-- needs an answer only the caller's code can give (a policy's verdict or
+-- hint, whether a refused request may be replayed, the `delay` option, the
+-- retry budget's consent), it asks for it: the carrier runs that hook, puts
+-- its answer in call.answers (false for none) and decides again. Each
+-- hook is asked only when the decision reaches the point where it matters,
+-- so that a call whose answer is settled before never runs it.
+--
+-- The call (fetch/plan.lua's state): method, shown_url, safe (replay-safe),
+-- policy, retry_after (nil: honor) and retry_after_max, budget (an object:
+-- whether there is one), retries (made so far), attempts, previous_backoff,
+-- deadline and max_elapsed (the time budget), opts, the caller's options
+-- (max_retries, base, max_delay, jitter, hint_jitter, delay), and of the
+-- attempt: budget_cut (whether the time budget cut its own timeouts;
+-- "after_headers" for a stream's time read whole) and answers. A call
+-- without a policy whose state is not made yet (a plain call's first
+-- attempt) may be nil: its 2xx needs nothing more, anything else asks for
+-- it (hook "call").
+-- The outcome: the response, or the transport error (message, retryable,
+-- timeout, sent, tls, status). The clock: now() (monotonic seconds, as the deadline),
+-- time() (epoch seconds, for dates) and random() (a number in [0, 1), for
+-- the jitter).
 local core = require "ratewise.core"
-local headers = require "ratewise.headers"
-local response = require "ratewise.response"
 local retry = require "ratewise.retry"
-local runtime = require "ratewise.runtime"
-local report = require "ratewise.fetch.report"
 
-local classify, now = core.classify, core.now
+local classify, backoff = core.classify, core.backoff
 local format = string.format
-local type, tostring = type, tostring
-local call_hook, guarded, not_boolean = report.call_hook, report.guarded, report.not_boolean
-local fetch_error, budget_error, counting = report.fetch_error, report.budget_error, report.counting
+local tostring = tostring
 
 local decision = {}
 
+-- The clock of a real call.
+decision.clock = { now = core.now, time = core.time, random = retry.random }
+
+-- Defaults of the options that shape a retry.
+local DEFAULT_MAX_RETRIES, DEFAULT_BASE, DEFAULT_MAX_DELAY, DEFAULT_JITTER = 3, 1, 60, "full"
+decision.DEFAULT_MAX_RETRIES = DEFAULT_MAX_RETRIES
 -- How far a hinted wait is spread past the hint (spread_hint): a fifth,
 -- so that callers who got one Retry-After come back over a fifth of it.
 local HINT_JITTER = 0.2
 
--- The wait the server asked for before trying again (read by the policy,
--- or from the response's own headers), and where it came from; nil when it
--- named none. Whatever a policy reads (a quota's reset, say), the
--- response's own Retry-After is the least wait: every draft of the
--- RateLimit fields gives Retry-After precedence.
-local function server_hint(policy, res, attempt)
-  local hint, source
-  local policy_delay = policy and policy.delay
-  if policy_delay then
-    hint = call_hook("delay", policy_delay, res, attempt)
-    if hint ~= nil and (type(hint) ~= "number" or hint ~= hint or hint < 0) then
-      error(format("fetch: the policy's delay must return a non-negative number or nil (got %s)",
-        tostring(hint)), 0)
-    end
-    source = "policy"
-  end
-  if hint == nil then return retry.hint(res.headers) end
-  local asked = retry.retry_after(res.headers)
-  if asked and asked > hint then return asked, "retry-after" end
-  return hint, source
+local function ask(hook)
+  return { action = "ask", hook = hook }
 end
 
--- The wait before the next attempt, and where it came from. The server's
--- hint is a floor: a delay hook may lengthen it or replace the backoff, but
--- never make it shorter.
-local function next_delay(opts, state, res, attempt, hint, source)
-  if opts.delay then
-    local v = call_hook("delay", opts.delay, res, attempt, state.last_transport)
-    if v ~= nil then
-      if type(v) ~= "number" or v ~= v or v < 0 then
-        error(format("fetch: the 'delay' callback must return a non-negative number or nil (got %s)",
-          tostring(v)), 0)
-      end
-      if not hint or v >= hint then return v, "delay" end
-      return hint, source
-    end
+-- The records that carry nothing of their own call, made once.
+local RETURNED = { action = "return", class = "success", throttled = false }
+local ASK_CALL = { action = "ask", hook = "call" }
+
+-- The message of a call stopped by its time budget (report.budget_error's
+-- wording).
+local function budget_message(call, why)
+  local attempts = call.attempts
+  return format("%s: %s (max_elapsed %.2f s, %d attempt%s)", call.method .. " " .. call.shown_url, why,
+    call.max_elapsed, attempts, attempts == 1 and "" or "s")
+end
+decision.budget_message = budget_message
+
+-- The verdict on a response: the policy's answer, else the built-in one.
+-- A 413 that says when to come back (RFC 9110 15.5.14: the condition is
+-- temporary) is retryable, as in urllib3 and got.
+local function verdict(answer, res, time)
+  if answer then return answer end
+  local status = res.status
+  if status == 413 and retry.retry_after(res.headers, retry.server_now(res.headers, time)) then
+    return "retryable"
   end
-  if hint then return hint, source end
-  local delay = retry.backoff(attempt, {
-    base = opts.base, max_delay = opts.max_delay, jitter = opts.jitter,
-    previous = state.previous_backoff,
-  })
-  state.previous_backoff = delay
-  return delay, "backoff"
+  return classify(status)
+end
+
+-- The wait the server asked for, and where it came from; nil when it named
+-- none. A policy's reading (a quota's reset, a provider's header) comes
+-- first, but the response's own Retry-After is the least wait: every draft
+-- of the RateLimit fields gives Retry-After precedence.
+local function server_hint(policy_hint, h, time)
+  if not policy_hint then return retry.hint(h, time) end
+  local asked = retry.retry_after(h, retry.server_now(h, time))
+  if asked and asked > policy_hint then return asked, "retry-after" end
+  return policy_hint, "policy"
 end
 
 -- A hinted wait, spread so that the callers who got the same hint do not
@@ -72,12 +97,12 @@ end
 -- never shorter than asked, and short of the `left` seconds of the budget
 -- when the hint itself fits. With a cap (retry_after = "clamp"), never
 -- over it: a wait clamped to the cap is spread below it.
-local function spread_hint(delay, spread, left, cap)
+local function spread_hint(delay, spread, left, cap, random)
   if spread <= 0 then
     if cap and delay > cap then return cap end
     return delay
   end
-  local u = retry.random()
+  local u = random()
   if cap and delay >= cap then return cap * (1 - spread * u / (1 + spread)) end
   local wait = delay * (1 + spread * u)
   if cap and wait > cap then wait = cap end
@@ -85,205 +110,165 @@ local function spread_hint(delay, spread, left, cap)
   return wait
 end
 
-
--- The policy's verdict on a response, checked, or the built-in one. A 413
--- that says when to come back (RFC 9110 15.5.14: the condition is
--- temporary) is retryable, as in urllib3 and got.
-local function verdict(policy, res)
-  local hook = policy and policy.classify
-  if hook then
-    local class = call_hook("classify", hook, res)
-    if class ~= nil then
-      if class ~= "success" and class ~= "retryable" and class ~= "terminal" then
-        error(format("fetch: the policy's classify must answer success, retryable, terminal or nil (got %s)",
-          tostring(class)), 0)
-      end
-      return class
-    end
-  end
-  local status = res.status
-  if status == 413 and retry.retry_after(res.headers) then return "retryable" end
-  return classify(status)
+local function fail(kind, message, d)
+  d.action, d.kind, d.message = "fail", kind, message
+  return d
 end
 
--- The policy's word that a refused attempt was not acted on. Hooks answer
--- booleans: "no" or 0 would read as yes, so anything else is misuse.
-local function replay_allowed(policy, res, method)
-  local hook = policy and policy.replayable
-  if not hook then return false end
-  local answer = call_hook("replayable", hook, res, method)
-  if answer ~= nil and answer ~= true and answer ~= false then
-    error(format("fetch: the policy's replayable must answer true, false or nil (got %s %s)", type(answer),
-      type(answer) == "string" and format("%q", answer) or tostring(answer)), 0)
-  end
-  return answer == true
-end
-
---- done, res | nil, err = decision.after(state, res, terr, sent_at, streaming, budget_cut): what
--- follows attempt number state.attempts, which gave res or the transport
--- error terr (sent at sent_at; streaming: a stream's reader; budget_cut:
--- attempt.send's). done: the call ends with what follows; false: the wait
--- before the next attempt is over, try again.
-function decision.after(state, res, terr, sent_at, streaming, budget_cut)
-  local policy, limiter, circuit, on_event, counters = state.policy, state.limiter, state.circuit, state.on_event,
-    state.counters
-  local method, shown_url, retries = state.method, state.shown_url, state.retries
-  local why, class, hint, hint_source
-  if res then
-    local status = res.status
-    if policy and policy.observe then
-      call_hook("observe", policy.observe, res, limiter)
-      status = res.status
-    end
-    if status >= 200 and status < 300 and not (policy and policy.classify) then
-      class = "success"
-    else
-      class = verdict(policy, res)
-    end
-    -- A throttle: the server refused for rate (a 429), or refused for now
-    -- and said when to come back (a 503 with Retry-After, a quota's reset
-    -- read by a provider's policy).
-    if class == "retryable" then hint, hint_source = server_hint(policy, res, retries) end
-    res.throttled = status == 429 or hint ~= nil
-    -- A zero hint (a reset already past, "Retry-After: 0") would send
-    -- the retry at once, and the one after it: backoff instead.
-    if hint == 0 then hint, hint_source = nil, nil end
-    if limiter then
-      local observe = state.limiter_methods.observe
-      if observe then guarded("limiter", "observe", observe, limiter, res, sent_at) end
-    end
-    if counters then counting.attempt(counters, status) end
-    if on_event then
-      call_hook("on_event", on_event, { type = "response", status = res.status, class = class,
-        attempt = state.attempts, throttled = res.throttled })
-    end
-    -- A redirect that was not followed, or a 304, is an answer, not a failure.
-    if class ~= "retryable" and res.status >= 300 and res.status < 400 then class = "success" end
-    if circuit then
-      -- A terminal 4xx says nothing about the server's health.
-      guarded("circuit", "record", circuit.record, circuit, state.origin, class == "success" and "success"
-        or (class == "retryable" or res.status >= 500) and "failure" or "neutral")
-    end
-    if streaming and class ~= "success" then
-      -- A policy that does not take this 2xx for an answer sees it whole.
-      local _, derr = response.drain(res, true)
-      if derr then res.body = "" end
-    end
-    if class == "success" then return true, res end
-    state.last_response, state.last_transport, state.hint = res, nil, hint
-    if class == "terminal" then
-      return true, nil, fetch_error("terminal", format("%s: %d is a terminal status, not retried",
-        method .. " " .. shown_url, res.status), state, res)
-    end
-    why = tostring(res.status)
-  else
-    state.last_transport, state.hint = terr, nil
-    local opts = state.opts
-    local message = terr.tls and response.tls_file_problem(opts, terr.code) or terr.message or "transport failure"
-    if state.url_secrets then message = headers.scrub(message, state.url_secrets) end
-    if state.header_secrets then message = headers.scrub(message, state.header_secrets) end
-    message = headers.scrub_proxies(message, opts.proxy)
-    terr.message = message
-    if counters then counting.attempt(counters, "network") end
-    if on_event then
-      call_hook("on_event", on_event, { type = "response", error = message, class = "retryable",
-        attempt = state.attempts })
-    end
-    if circuit and not terr.tls then guarded("circuit", "record", circuit.record, circuit, state.origin, "failure") end
-    -- (a stream's own time to its headers was not cut when only its time read whole was)
-    if terr.timeout and budget_cut and (budget_cut ~= "after_headers" or terr.status) then
-      return true, budget_error(state, "the attempt was cut short by the time budget", nil, terr)
-    end
-    if not terr.retryable then
-      return true, nil, fetch_error("network", format("%s: %s%s", method .. " " .. shown_url,
-        terr.tls and "TLS verification failed: " or "", terr.message), state, nil, terr)
-    end
-    why = terr.message
-  end
-
+-- What follows an attempt that is to be retried if it may: replay safety,
+-- max_retries, the wait and its source, the server's hint against the
+-- retry_after mode, the time budget, the retry budget. why: what failed
+-- (a status, a transport error's message); d: the record so far.
+local function retry_or_fail(call, res, terr, clock, why, d)
+  local answers = call.answers
+  local opts, policy = call.opts, call.policy
+  local method_url = call.method .. " " .. call.shown_url
   -- A request that never reached the server is not a replay; nor is one
   -- the policy knows the server refused without acting on it.
-  if not state.safe and (res or terr.sent) and not replay_allowed(policy, res, method) then
-    return true, nil, fetch_error("unsafe", format(
-      "%s was not retried after %s: %s is not replay-safe (give an idempotency_key, or set retry_non_idempotent)",
-      method .. " " .. shown_url, why, method), state, res, terr)
+  if not call.safe and (res or terr.sent) then
+    local allowed = false
+    if policy and policy.replayable then
+      allowed = answers and answers.replayable
+      if allowed == nil then return ask("replayable") end
+    end
+    if not allowed then
+      return fail("unsafe", format("%s was not retried after %s: %s is not replay-safe (give an idempotency_key, "
+        .. "or set retry_non_idempotent)", method_url, why, call.method), d)
+    end
   end
-  local opts = state.opts
-  local retry_after, retry_after_max = state.retry_after, state.retry_after_max
-  local max_retries = state.max_retries
-  if not max_retries then
-    -- What only a retry needs, read at the first one (most calls have none).
-    max_retries = opts.max_retries or 3
-    local on_retry = opts.on_retry
-    if on_retry == nil then on_retry = report.default_on_retry end
-    -- clamp: no hinted wait is longer than this
-    state.max_retries, state.on_retry = max_retries, on_retry
-    state.retry_after_cap = retry_after == "clamp" and retry_after_max or nil
-    state.hint_jitter = opts.hint_jitter or HINT_JITTER
-  end
+  local retries, attempts = call.retries, call.attempts
+  local max_retries = opts.max_retries or DEFAULT_MAX_RETRIES
   if retries >= max_retries then
-    return true, nil, fetch_error("exhausted", format("%s failed after %d attempt%s (max_retries %d), last: %s",
-      method .. " " .. shown_url, state.attempts, state.attempts == 1 and "" or "s", max_retries, why),
-      state, res, terr)
+    return fail("exhausted", format("%s failed after %d attempt%s (max_retries %d), last: %s", method_url,
+      attempts, attempts == 1 and "" or "s", max_retries, why), d)
   end
 
-  local delay, source = next_delay(opts, state, res, retries, hint, hint_source)
-  local cap = hint and source ~= "delay" and state.retry_after_cap or nil
-  if hint then
-    if retry_after == "defer" then
-      return true, nil, fetch_error("deferred", format("%s: the server asked to wait %.2f s (%s); deferred to "
-        .. "the caller (retry_after = \"defer\")", method .. " " .. shown_url, hint, hint_source), state, res)
-    elseif retry_after == "fail_fast" and hint > retry_after_max then
-      return true, nil, fetch_error("throttled", format("%s: the server asked to wait %.2f s (%s), more than "
-        .. "retry_after_max (%.2f s)", method .. " " .. shown_url, hint, hint_source, retry_after_max),
-        state, res)
-    end
-    if cap and delay > cap then delay = cap end
+  -- The wait: the server's hint is a floor; the `delay` option may lengthen
+  -- it or replace the backoff, but never make it shorter.
+  local hint, hint_source = d.hint, d.hint_source
+  local delay, source
+  if opts.delay then
+    local asked = answers and answers.delay
+    if asked == nil then return ask("delay") end
+    if asked and (not hint or asked >= hint) then delay, source = asked, "delay" end
   end
-  local left = state.deadline - now()
+  if not delay then
+    if hint then
+      delay, source = hint, hint_source
+    else
+      local jitter = opts.jitter or DEFAULT_JITTER
+      local u = jitter == "none" and 0 or clock.random()
+      local base = opts.base or DEFAULT_BASE
+      delay = backoff(retries, base, opts.max_delay or DEFAULT_MAX_DELAY, jitter, u, call.previous_backoff or base)
+      source, d.backoff = "backoff", delay
+    end
+  end
+  local mode, cap = call.retry_after, nil
+  if hint then
+    if mode == "defer" then
+      return fail("deferred", format("%s: the server asked to wait %.2f s (%s); deferred to the caller "
+        .. "(retry_after = \"defer\")", method_url, hint, hint_source), d)
+    elseif mode == "fail_fast" and hint > call.retry_after_max then
+      return fail("throttled", format("%s: the server asked to wait %.2f s (%s), more than retry_after_max "
+        .. "(%.2f s)", method_url, hint, hint_source, call.retry_after_max), d)
+    end
+    -- clamp: no hinted wait is longer than retry_after_max
+    if mode == "clamp" and source ~= "delay" then
+      cap = call.retry_after_max
+      if delay > cap then delay = cap end
+    end
+  end
+  local left = call.deadline - clock.now()
   if delay >= left then
-    return true, budget_error(state, format("a retry in %.2f s (%s) would not fit the %.2f s left",
-      delay, source, left > 0 and left or 0), res, terr)
+    return fail("budget", budget_message(call, format("a retry in %.2f s (%s) would not fit the %.2f s left",
+      delay, source, left > 0 and left or 0)), d)
   end
   -- Only the server's own wait is spread here: a backoff is jittered
   -- already, and a delay hook's answer is the caller's to make.
-  if hint and source ~= "delay" then delay = spread_hint(delay, state.hint_jitter, left, cap) end
-  local budget = state.budget
-  local retry_allowed = budget and guarded("budget", "allow_retry", budget.allow_retry, budget)
-  if budget and retry_allowed ~= true and retry_allowed ~= false then
-    not_boolean("budget", "allow_retry", retry_allowed)
+  if hint and source ~= "delay" then
+    delay = spread_hint(delay, opts.hint_jitter or HINT_JITTER, left, cap, clock.random)
   end
-  if budget and not retry_allowed then
-    if counters then counters.budget_refusals = counters.budget_refusals + 1 end
-    if on_event then
-      call_hook("on_event", on_event, { type = "budget_refused", status = res and res.status or nil })
+  if call.budget then
+    local allowed = answers and answers.budget
+    if allowed == nil then return ask("budget") end
+    if not allowed then
+      d.refused = "budget"
+      return fail("budget", budget_message(call, format(
+        "the retry budget refused a retry after %s (retries are capped at a share of requests)", why)), d)
     end
-    return true, budget_error(state, format(
-      "the retry budget refused a retry after %s (retries are capped at a share of requests)", why), res, terr)
   end
-  retries = retries + 1
-  state.retries = retries
-  if counters then counting.retry(counters, res and res.status or "network", source, delay) end
-  if on_event then
-    call_hook("on_event", on_event, { type = "retry", status = res and res.status or nil, delay = delay,
-      source = source, attempt = retries })
+  d.action, d.delay, d.source = "retry", delay, source
+  return d
+end
+
+-- After a response: its verdict, the server's hint, then a return, a
+-- failure or a retry.
+local function after_response(call, res, clock)
+  local status = res.status
+  local policy = call and call.policy
+  local answer -- the policy's verdict
+  if policy and policy.classify then
+    answer = call.answers and call.answers.classify
+    if answer == nil then return ask("classify") end
+  elseif status >= 200 and status < 300 then
+    return RETURNED -- an answer with nothing more to ask
   end
-  local on_retry = state.on_retry
-  if on_retry then
-    call_hook("on_retry", on_retry, {
-      method = method, url = shown_url, status = res and res.status or nil,
-      delay = delay, attempt = retries, max_retries = max_retries, source = source,
-      error = terr and terr.message or nil,
-    })
+  if not call then return ASK_CALL end
+  local answers = call.answers
+  local time = clock.time()
+  local class = verdict(answer, res, time)
+  -- A throttle: the server refused for rate (a 429), or refused for now
+  -- and said when to come back (a 503 with Retry-After, a quota's reset
+  -- read by a provider's policy).
+  local hint, hint_source
+  if class == "retryable" then
+    local policy_hint
+    if policy and policy.delay then
+      policy_hint = answers and answers.policy_delay
+      if policy_hint == nil then return ask("policy_delay") end
+    end
+    hint, hint_source = server_hint(policy_hint, res.headers, time)
   end
-  local sleep = state.sleep
-  if sleep then
-    guarded("sleep", "the wait before a retry", runtime.sleep, delay, sleep)
-  else
-    runtime.sleep(delay)
+  local d = { class = class, throttled = status == 429 or hint ~= nil }
+  -- A zero hint (a reset already past, "Retry-After: 0") would send the
+  -- retry at once, and the one after it: backoff instead.
+  if hint ~= 0 then d.hint, d.hint_source = hint, hint_source end
+  -- A redirect that was not followed, or a 304, is an answer, not a failure.
+  if class == "success" or class ~= "retryable" and status >= 300 and status < 400 then
+    d.action = "return"
+    return d
   end
-  state.hint = nil -- waited out
-  return false
+  local method_url = call.method .. " " .. call.shown_url
+  if class == "terminal" then
+    return fail("terminal", format("%s: %d is a terminal status, not retried", method_url, status), d)
+  end
+  return retry_or_fail(call, res, nil, clock, tostring(status), d)
+end
+
+-- After a transport error (its message already fit to print).
+local function after_error(call, terr, clock)
+  if not call then return ASK_CALL end
+  local d = { class = "retryable", throttled = false }
+  local method_url = call.method .. " " .. call.shown_url
+  -- (a stream's own time to its headers was not cut when only its time read whole was)
+  local cut = call.budget_cut
+  if terr.timeout and cut and (cut ~= "after_headers" or terr.status) then
+    return fail("budget", budget_message(call, "the attempt was cut short by the time budget"), d)
+  end
+  if not terr.retryable then
+    return fail("network", format("%s: %s%s", method_url, terr.tls and "TLS verification failed: " or "",
+      terr.message), d)
+  end
+  return retry_or_fail(call, nil, terr, clock, terr.message, d)
+end
+
+--- d = decision.decide(call, res, terr [, clock]): what follows the attempt
+-- number call.attempts, which gave the response res or the transport error
+-- terr (see the top of this file).
+function decision.decide(call, res, terr, clock)
+  clock = clock or decision.clock
+  if res then return after_response(call, res, clock) end
+  return after_error(call, terr, clock)
 end
 
 return decision

@@ -6,6 +6,7 @@ local core = require "ratewise.core"
 local errors = require "ratewise.errors"
 local log = require "ratewise.log"
 local CANCELLED = require("ratewise.scheduler").CANCELLED
+local budget_message = require("ratewise.fetch.decision").budget_message
 
 local now = core.now
 local format = string.format
@@ -72,9 +73,7 @@ local function fetch_error(kind, message, state, res, transport)
 end
 
 local function budget_error(state, why, res, transport)
-  return nil, fetch_error("budget", format("%s: %s (max_elapsed %.2f s, %d attempt%s)",
-    state.method .. " " .. state.shown_url, why, state.max_elapsed, state.attempts, state.attempts == 1 and "" or "s"),
-    state, res, transport)
+  return nil, fetch_error("budget", budget_message(state, why), state, res, transport)
 end
 
 -- The limiter could not answer (a shared bucket whose Redis is down, with
@@ -102,8 +101,8 @@ end
 report.default_on_retry = default_on_retry
 
 -- The counters of an rw.client (client:stats()), which fetch keeps as the
--- call goes: an event table and a protected call for each attempt cost a
--- client that nobody listens to a large share of its time.
+-- call goes, in the client's own table rather than through an event
+-- listener: a client that nobody listens to still counts.
 local counters_mt = { __name = "ratewise.counters" }
 local counting = {}
 
