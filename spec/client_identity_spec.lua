@@ -179,6 +179,94 @@ describe("rw.client's identity of a request", function()
       assert.equal(2, #s:log("/accept"))
     end)
 
+    it("keeps a response no longer than its max-age when that is shorter than the ttl", function()
+      s:script("/short", { { status = 200, body = "one", headers = { ["Cache-Control"] = "max-age=1" } },
+        { status = 200, body = "two" } })
+      local c = new { cache = { ttl = 30 } }
+      assert.equal("one", assert(c:get("/short")).body)
+      assert.equal("one", assert(c:get("/short")).body)
+      assert.equal(1, #s:log("/short"))
+      rw.sleep(1.1)
+      assert.equal("two", assert(c:get("/short")).body)
+      assert.equal(2, #s:log("/short"))
+    end)
+
+    it("keeps nothing that is stale on arrival: max-age used up by its Age, an Expires past", function()
+      s:script("/aged", { { status = 200, headers = { ["Cache-Control"] = "max-age=5", Age = "5" } } })
+      s:script("/expired", { { status = 200, headers = { Expires = "0" } } })
+      local c = new { cache = { ttl = 10 } }
+      for _, path in ipairs { "/aged", "/expired" } do
+        assert(c:get(path))
+        assert(c:get(path))
+        assert.equal(2, #s:log(path), path)
+      end
+    end)
+
+    -- De-duplication hands one answer to identical requests in flight at
+    -- once; a request's identity leaves User-Agent out, so a response that
+    -- varies on it answers only the callers that sent the same one.
+    it("does not hand an answer that varies on User-Agent to a caller that joined with another", function()
+      local vary = { Vary = "User-Agent" }
+      s:script("/v", { { status = 200, body = "first", delay = 0.15, headers = vary },
+        { status = 200, body = "second", headers = vary } })
+      local c = new()
+      local got = {}
+      rw.run(function()
+        for i, agent in ipairs { "agent-a", "agent-b", "agent-a" } do
+          rw.spawn(function()
+            got[i] = assert(c:get("/v", { headers = { ["User-Agent"] = agent } })).body
+          end)
+        end
+      end)
+      assert.same({ "first", "second", "first" }, got)
+      local log = s:log("/v")
+      assert.equal(2, #log)
+      assert.equal("agent-a", log[1].headers["user-agent"])
+      assert.equal("agent-b", log[2].headers["user-agent"])
+      assert.equal(1, c:stats().deduped)
+    end)
+
+    -- no-store forbids keeping, not sharing: the callers that joined sent
+    -- the same request at the same time, and nothing outlives the call.
+    it("hands an answer marked no-store to the identical requests in flight, and keeps it for none after", function()
+      s:script("/private", { { status = 200, body = "mine", delay = 0.15,
+        headers = { ["Cache-Control"] = "no-store" } } })
+      local c = new { cache = { ttl = 10 } }
+      local got = {}
+      rw.run(function()
+        for i = 1, 2 do rw.spawn(function() got[i] = assert(c:get("/private")).body end) end
+      end)
+      assert.same({ "mine", "mine" }, got)
+      assert.equal(1, #s:log("/private"))
+      assert(c:get("/private"))
+      assert.equal(2, #s:log("/private"))
+    end)
+
+    -- A caller that joined an identical request, whose first caller is
+    -- then cancelled, makes the request itself: with the credential its
+    -- key was made of, not one put into the client's table meanwhile.
+    it("sends what a joined request's key was made of when it has to make the request itself", function()
+      s:script("/slow", { { status = 200, body = "slow", delay = 0.2 } })
+      local h = { Authorization = "Bearer tenant-a" }
+      local c = new { cache = { ttl = 30 }, headers = h }
+      rw.run(function()
+        local first = rw.spawn(function() return c:get("/slow") end)
+        local second = rw.spawn(function() return c:get("/slow") end)
+        rw.sleep(0.05)
+        h.Authorization = "Bearer tenant-b"
+        first:cancel()
+        assert(second:join())
+      end)
+      local log = s:log("/slow")
+      assert.equal(2, #log)
+      assert.equal("Bearer tenant-a", log[1].headers.authorization)
+      assert.equal("Bearer tenant-a", log[2].headers.authorization)
+      -- and tenant-b's calls get tenant-b's own answer
+      assert(c:get("/slow"))
+      assert.equal(3, #s:log("/slow"))
+      assert.equal("Bearer tenant-b", s:log("/slow")[3].headers.authorization)
+    end)
+
     it("never caches an error", function()
       s:script("/flaky", { { status = 503 }, { status = 200, body = "fine" } })
       local c = new { cache = { ttl = 10 }, max_retries = 0 }

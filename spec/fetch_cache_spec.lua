@@ -26,6 +26,57 @@ describe("fetch.cache", function()
     assert.same({ a = 1, b = 2 }, two)
   end)
 
+  -- A response as fetch gives it: lower-case header names.
+  local function answer(h) return { status = 200, headers = h } end
+
+  it("keeps a response for the client's ttl, cut to its max-age or Expires, less its Age (RFC 9111 4.2)", function()
+    assert.equal(10, cache.lifetime(answer {}, 10))
+    assert.equal(3, cache.lifetime(answer { ["cache-control"] = "public, max-age=3" }, 10))
+    assert.equal(10, cache.lifetime(answer { ["cache-control"] = "max-age=60" }, 10))
+    assert.equal(2, cache.lifetime(answer { ["cache-control"] = 'max-age="2"' }, 10))
+    -- several max-age: the smallest; s-maxage is a shared cache's
+    assert.equal(1, cache.lifetime(answer { ["cache-control"] = "max-age=5, max-age=1" }, 10))
+    assert.equal(10, cache.lifetime(answer { ["cache-control"] = "s-maxage=1" }, 10))
+    -- stale on arrival: max-age=0 (must-revalidate or not), an Age past it,
+    -- a max-age that is not a number
+    assert.is_true(cache.lifetime(answer { ["cache-control"] = "private, max-age=0, must-revalidate" }, 10) <= 0)
+    assert.is_true(cache.lifetime(answer { ["cache-control"] = "max-age=5", age = "5" }, 10) <= 0)
+    assert.is_true(cache.lifetime(answer { ["cache-control"] = "max-age=soon" }, 10) <= 0)
+    assert.equal(3, cache.lifetime(answer { ["cache-control"] = "max-age=5", age = "2, 4" }, 10))
+    assert.equal(10, cache.lifetime(answer { age = "old" }, 10))
+    -- Expires, less Date, without a max-age; "0" or a past date is stale
+    local date = "Sun, 06 Nov 1994 08:49:37 GMT"
+    assert.equal(4, cache.lifetime(answer { date = date, expires = "Sun, 06 Nov 1994 08:49:41 GMT" }, 10))
+    assert.is_true(cache.lifetime(answer { expires = "0" }, 10) <= 0)
+    assert.is_true(cache.lifetime(answer { expires = "Thu, 01 Jan 1970 00:00:00 GMT" }, 10) <= 0)
+    assert.equal(7, cache.lifetime(answer { ["cache-control"] = "max-age=7", expires = "0" }, 10))
+  end)
+
+  it("hands a response on to identical requests unless it varies on a field their identity left out", function()
+    assert.is_true(cache.fits(answer {}, { ["user-agent"] = "a" }, { ["user-agent"] = "b" }))
+    assert.is_true(cache.fits(answer { vary = "Accept" }, { ["user-agent"] = "a" }, { ["user-agent"] = "b" }))
+    assert.is_false(cache.fits(answer { vary = "Accept, User-Agent" }, { ["user-agent"] = "a" },
+      { ["user-agent"] = "b" }))
+    assert.is_false(cache.fits(answer { vary = "user-agent" }, { ["user-agent"] = "a" }, nil))
+    assert.is_true(cache.fits(answer { vary = "User-Agent" }, { ["user-agent"] = "a" }, { ["user-agent"] = "a" }))
+    assert.is_false(cache.fits(answer { vary = "*" }, nil, nil))
+    assert.is_true(cache.fits(nil, nil, nil)) -- an error without a response
+  end)
+
+  it("reads each part of a request's identity in its own section", function()
+    local salt = assert(cache.salt())
+    local function key(body, h, call) return (cache.request_key(salt, "GET", "http://h/", body, h, call or {}, {})) end
+    assert.are_not.equal(key(nil, {}), key("", {}))
+    assert.are_not.equal(key(nil, { decompress = "false" }), key(nil, {}, { decompress = false }))
+    assert.equal(key(nil, { Accept = "x" }), key(nil, { accept = "x" }))
+    -- the fields left out of the key are told apart for a Vary
+    local k1, unkeyed = cache.request_key(salt, "GET", "http://h/", nil, { ["User-Agent"] = "a" }, {}, {})
+    assert.equal(key(nil, {}), k1)
+    assert.same({ ["user-agent"] = "a" }, unkeyed)
+    -- a header name fetch refuses makes no key (fetch then says why)
+    assert.is_nil(key(nil, { [true] = "x" }))
+  end)
+
   it("lets a weak table's key go when its owner drops it", function()
     local t = cache.weak()
     t[{}] = true

@@ -9,6 +9,7 @@ local json = require "ratewise.json"
 local limiters_mod = require "ratewise.limiters"
 local policy_mod = require "ratewise.policy"
 local retry_budget_mod = require "ratewise.retry_budget"
+local runtime = require "ratewise.runtime"
 local scheduler = require "ratewise.scheduler"
 local core = require "ratewise.core"
 local errors = require "ratewise.errors"
@@ -17,7 +18,8 @@ local options = require "ratewise.options"
 local format, lower, upper, find, byte = string.format, string.lower, string.upper, string.find, string.byte
 local SLASH = byte("/")
 local sort = table.sort
-local type, tostring, pairs, ipairs, setmetatable, pcall = type, tostring, pairs, ipairs, setmetatable, pcall
+local type, tostring, pairs, ipairs, setmetatable, getmetatable, rawget, pcall =
+  type, tostring, pairs, ipairs, setmetatable, getmetatable, rawget, pcall
 local now = core.now
 
 local client = {}
@@ -31,6 +33,9 @@ local client_options, fetch_defaults = options.client, options.client_defaults
 
 -- Per-call options that are the client's own, not fetch's.
 local call_only = { json = true, query = true, cost = true, cross_origin = true }
+
+-- Every option a call may give (options.call).
+local call_options = options.call
 
 -- Only these are shared between identical requests in flight: replaying a
 -- response to a POST would swallow a side effect.
@@ -229,18 +234,29 @@ end
 ---------------------------------------------------------------------------
 -- Requests
 
--- The client's headers, then the call's, names compared case-insensitively.
+-- A header name in lower case. A name that is not a string raises fetch's
+-- own error (headers.request_lines) at `level` (error's, seen from the
+-- caller of this).
+local function lower_name(k, level)
+  if type(k) ~= "string" then headers_mod.request_lines({ [k] = "" }, nil, level + 2) end
+  return lower(k)
+end
+
+-- The client's headers, then the call's, names compared case-insensitively
+-- (a copy of base alone, without extra). Errors are for the caller of
+-- Client:request.
 local function merged_headers(base, extra)
   local out, names = {}, {}
   for k, v in pairs(base) do
     out[k] = v
-    names[lower(k)] = k
+    names[lower_name(k, 4)] = k
   end
   for k, v in pairs(extra or {}) do
-    local existing = names[lower(k)]
+    local name = lower_name(k, 4)
+    local existing = names[name]
     if existing then out[existing] = nil end
     out[k] = v
-    names[lower(k)] = k
+    names[name] = k
   end
   return out
 end
@@ -284,7 +300,9 @@ function Client:_target(path, cross_origin)
     return self.last_url, path, false
   end
   if not lower(path):find("^https?://") then
-    error(format("client:request: path must start with / or be an http:// or https:// URL (got %q)", path), 3)
+    -- (printed without a userinfo or query, which may hold a credential)
+    error(format("client:request: path must start with / or be an http:// or https:// URL (got %q)",
+      headers_mod.redact_url(path)), 3)
   end
   local origin = headers_mod.origin(path)
   if origin == self.origin then
@@ -315,6 +333,34 @@ local function public_headers(t, secret_names)
   return out
 end
 
+-- Copies into call the options opts gives, as rw.fetch reads them: the
+-- table's own and those it inherits through __index tables (a per-call
+-- table over a base), an own option hiding an inherited one (each is read
+-- through opts); behind an __index function, which cannot be listed, each
+-- option a call may give, read through it. Those that are the client's own
+-- (call_only) stay out. fetch.check then checks every one.
+local function copy_options(call, opts)
+  local t = opts
+  for _ = 1, 16 do -- (a loop of __index tables ends here too, as fetch's check does)
+    for k in pairs(t) do
+      if not call_only[k] then call[k] = opts[k] end
+    end
+    local mt = getmetatable(t)
+    local index = type(mt) == "table" and rawget(mt, "__index")
+    if index == nil or index == false then return end
+    if type(index) ~= "table" then
+      for k in pairs(call_options) do
+        if not call_only[k] then
+          local v = opts[k]
+          if v ~= nil then call[k] = v end
+        end
+      end
+      return
+    end
+    t = index
+  end
+end
+
 -- The table fetch gets for a call: the client's defaults and the call's
 -- options, checked (for good, with kept: fetch.check). Returns it, its
 -- header table and the URL with the call's query.
@@ -325,9 +371,7 @@ function Client:_call(method, opts, url, route_path, foreign, kept)
   end
   local call = {}
   for k, v in pairs(self.defaults) do call[k] = v end
-  for k, v in pairs(opts) do
-    if not call_only[k] then call[k] = v end
-  end
+  copy_options(call, opts)
   call.method = method
   -- The client's secret header names and the call's, together.
   local secret_names = self.secret_headers
@@ -377,7 +421,7 @@ function Client:_call(method, opts, url, route_path, foreign, kept)
     call.body = json.encode(opts.json, "client:request: option 'json'", 3)
     -- As fetch does for its json option: labelled as JSON, asking for JSON.
     local given = {}
-    for k in pairs(h) do given[lower(k)] = true end
+    for k in pairs(h) do given[lower_name(k, 3)] = true end
     if not given["content-type"] then h["Content-Type"] = "application/json" end
     if not given.accept then h.Accept = "application/json" end
   end
@@ -428,6 +472,61 @@ function Client:_keep_plain(method, path, url, call)
   fast_paths.keep(known, path, { url, call })
 end
 
+-- call, h = sealed(call, h, mine): the call with its header table (h) and
+-- secret_headers list as they are now, copied: what it sends is then what
+-- its key was made of, whatever the caller changes in its tables while the
+-- call waits. mine: call is this call's own table (Client:_call's), set in
+-- place; else (a plain call's, shared by every call like it) it is copied.
+local function sealed(call, h, mine)
+  local out = call
+  if not mine then
+    out = {}
+    for k, v in pairs(call) do out[k] = v end
+  end
+  out.headers = merged_headers(h)
+  local names = call.secret_headers
+  if names then
+    local list = {}
+    for i, name in ipairs(names) do list[i] = name end
+    out.secret_headers = list
+  end
+  return out, out.headers
+end
+
+-- The waits of the client's own (a turn under `concurrency`, an identical
+-- request in flight) are for another call, as a transfer's is: a task
+-- waits in the scheduler, which wakes it when the other call lets go; code
+-- outside any task waits as the call's other waits there do, through the
+-- call's `sleep` option, or else its host (runtime.await), looking again
+-- at each turn.
+
+-- set = await_shared(shared, seconds, per_call_sleep): waits at most
+-- seconds for the request in flight that a call joined (Client:_send_shared's
+-- entry) to end.
+local function await_shared(shared, seconds, per_call)
+  local done = shared.done
+  if not done then -- the first to join: most shared calls have none
+    done = scheduler.event()
+    shared.done = done
+  end
+  if scheduler.current() then return done:wait(seconds) end
+  return runtime.await(function() return shared.ended end, now() + seconds, per_call) and true or false
+end
+
+-- got = take_turn(sem, seconds, per_call_sleep): waits at most seconds for
+-- a turn under the client's `concurrency` (a permit of sem).
+local function take_turn(sem, seconds, per_call)
+  if scheduler.current() then return sem:acquire(seconds) end
+  if sem:acquire(0) then return true end
+  local got = false
+  -- (asked again, it answers what it found: a host may look twice)
+  runtime.await(function()
+    if not got then got = sem:acquire(0) end
+    return got
+  end, now() + seconds, per_call)
+  return got
+end
+
 function Client:request(method, path, opts)
   local url, call, h
   local known = opts == nil and self.plain_paths[method]
@@ -464,8 +563,12 @@ function Client:request(method, path, opts)
   local responses = self.responses
   local share = self.dedupe and shareable[method] and not call.stream
   local cacheable = responses and shareable[method] and not call.stream
-  -- The request's identity: nil for one that is like no other.
-  local key = (share or cacheable) and fast_paths.request_key(self.salt, method, url, call.body, h, call, self.own)
+  -- The request's identity: nil for one that is like no other. unkeyed:
+  -- the header fields it leaves out, which a response's Vary may name.
+  local key, unkeyed
+  if share or cacheable then
+    key, unkeyed = fast_paths.request_key(self.salt, method, url, call.body, h, call, self.own)
+  end
   -- Neither shared nor cached: nothing is left to do here once fetch has
   -- answered (a tail call: the task waiting in it keeps no frame of this one).
   if not key then return self:_send(url, call) end
@@ -476,41 +579,55 @@ function Client:request(method, path, opts)
       return hit
     end
   end
+  -- What is sent is what the key was made of. A call that waits before it
+  -- is sent (its turn under `concurrency`, an identical request it joins)
+  -- sends its header table as it was when the key was made: the caller may
+  -- change the table meanwhile (a token refreshed in place), and the
+  -- answer to another credential would be kept under this key. A call
+  -- under `concurrency` has a table of its own (Client:_call's).
+  if self.semaphore then call, h = sealed(call, h, true) end
 
   local res, err
   local deadline = share and now() + (call.max_elapsed or fetch.DEFAULT_MAX_ELAPSED)
+  local joined = false
   while true do
     local shared = share and self.in_flight[key]
     -- A call joins an identical one in flight only if that one will end
     -- within this call's own time budget.
     if shared and shared.deadline <= deadline then
       counters.deduped = counters.deduped + 1
+      if not joined and not self.semaphore then
+        joined = true
+        call, h = sealed(call, h, false)
+      end
       -- Its caller's coroutine may never run again (a host that drops a
       -- request's coroutine, a coroutine left suspended): no wait past the
       -- end of its budget, and a little more.
-      local done = shared.done
-      if not done then -- the first to join: most shared calls have none
-        done = scheduler.event()
-        shared.done = done
-      end
-      local set = done:wait(shared.deadline - now() + SHARED_GRACE)
+      local set = await_shared(shared, shared.deadline - now() + SHARED_GRACE, call.sleep)
       -- An error raised in the shared call (a bad option, a failing hook)
       -- is raised here too, as it would be without sharing.
       if shared.raised ~= nil then error(shared.raised, 0) end
       if set and not shared.cancelled then
-        -- its own copy of what the call that made the request kept
-        res, err = fast_paths.copy(shared.res), fast_paths.copy(shared.err)
-        break
+        -- A response that varies on a header field the identity leaves out
+        -- (User-Agent, say) answers only the calls that sent the same value.
+        local answer = shared.res or type(shared.err) == "table" and shared.err.response
+        if fast_paths.fits(answer, shared.unkeyed, unkeyed) then
+          -- its own copy of what the call that made the request kept
+          res, err = fast_paths.copy(shared.res), fast_paths.copy(shared.err)
+          break
+        end
+        share = false
       end
       -- The caller that made the request was cancelled, and its transfer
       -- with it, or it never ended: this call makes it again (or joins
-      -- whoever does first).
+      -- whoever does first). Or its answer was not this call's: this call
+      -- makes its own.
       if self.in_flight[key] == shared then self.in_flight[key] = nil end
       counters.deduped = counters.deduped - 1
     elseif share and not shared then
       -- The first of identical calls makes the request itself, in its own
       -- task: the client starts no task of its own that could outlive it.
-      res, err = self:_send_shared(key, deadline, url, call)
+      res, err = self:_send_shared(key, unkeyed, deadline, url, call)
       break
     else
       res, err = self:_send(url, call)
@@ -546,7 +663,7 @@ function Client:_send(url, call)
     -- what is left.
     local max_elapsed = call.max_elapsed or fetch.DEFAULT_MAX_ELAPSED
     local started = now()
-    if not sem:acquire(max_elapsed) then return self:_budget_error(url, call, now() - started) end
+    if not take_turn(sem, max_elapsed, call.sleep) then return self:_budget_error(url, call, now() - started) end
     local left = max_elapsed - (now() - started)
     if left <= 0 then
       sem:release()
@@ -570,8 +687,10 @@ end
 
 -- The call in flight that identical ones join (Client:request): what it
 -- ended with is theirs too, or, if it was cancelled, they go on by themselves.
-function Client:_send_shared(key, deadline, url, call)
-  local entry = { deadline = deadline } -- done: the event of those that join it
+function Client:_send_shared(key, unkeyed, deadline, url, call)
+  -- done: the event of the tasks that join it; ended: whether it has; unkeyed:
+  -- what its request sent of the header fields its identity leaves out
+  local entry = { deadline = deadline, unkeyed = unkeyed }
   local in_flight = self.in_flight
   in_flight[key] = entry
   local ok, res, err = compat.pcall(self._send, self, url, call)
@@ -585,6 +704,7 @@ function Client:_send_shared(key, deadline, url, call)
   else
     entry.raised = res
   end
+  entry.ended = true
   if entry.done then entry.done:set() end
   if not ok then error(res, 0) end
   return res, err

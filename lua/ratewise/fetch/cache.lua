@@ -23,10 +23,12 @@
 local core = require "ratewise.core"
 local options = require "ratewise.options"
 
-local setmetatable, getmetatable, next, type, tostring = setmetatable, getmetatable, next, type, tostring
+local setmetatable, getmetatable, next, type, tostring, tonumber = setmetatable, getmetatable, next, type,
+  tostring, tonumber
 local format, lower, gmatch, match = string.format, string.lower, string.gmatch, string.match
 local concat, sort = table.concat, table.sort
 local random_bytes, digest = core.random_bytes, core.digest
+local parse_http_date, wall_clock = core.parse_http_date, core.time
 local identity = options.identity
 
 local cache = {}
@@ -158,35 +160,56 @@ local function canonical(v)
   return tostring(v)
 end
 
---- key | nil = cache.request_key(salt, method, url, body, h, call, own):
+--- key, unkeyed | nil = cache.request_key(salt, method, url, body, h, call, own):
 -- the identity of a request (options.identity): its method, URL, body and
 -- header fields (h; names compared case-insensitively, not_in_key left
 -- out) and each option that changes what is sent or how the answer is read
 -- (call: the request's options). An HMAC-SHA256 digest under the client's
 -- random key (core.digest), so that a secret (a header's credential, a
 -- URL's userinfo, a proxy's password) takes part in the comparison but is
--- never kept nor printed, and no one can make two requests collide. nil for a request that is
--- like no other: a fresh idempotency key, an object option (a policy)
--- other than its client's own (own), no salt.
+-- never kept nor printed, and no one can make two requests collide.
+-- unkeyed: the values of the fields left out, by lower-case name (nil when
+-- there are none), which a response's Vary may name (cache.fits).
+-- nil for a request that is like no other: a fresh idempotency key, an
+-- object option (a policy) other than its client's own (own), no salt; and
+-- for one fetch will refuse (a header name that is not a string).
+--
+-- Each part is absorbed with its length, and each section (the body, the
+-- header fields, the options) with a tag and a count, so that no part of
+-- one section can be read as a part of another: a header named like an
+-- option, an empty body and none.
 function cache.request_key(salt, method, url, body, h, call, own)
   if not salt then return nil end
   local d = {}
   absorb(d, method)
   absorb(d, url)
-  absorb(d, body or "")
-  local names, n = {}, 0
-  for k in next, h do
-    if not not_in_key[lower(k)] then
+  if body == nil then
+    absorb(d, "no body")
+  else
+    absorb(d, "body")
+    absorb(d, body)
+  end
+  local names, n, unkeyed = {}, 0, nil
+  for k, v in next, h do
+    if type(k) ~= "string" then return nil end
+    local name = lower(k)
+    if not_in_key[name] then
+      unkeyed = unkeyed or {}
+      unkeyed[name] = tostring(v)
+    else
       n = n + 1
       names[n] = k
     end
   end
   if n > 1 then sort(names, by_lower_name) end
+  absorb(d, "headers")
+  absorb(d, tostring(n))
   for i = 1, n do
     local k = names[i]
     absorb(d, lower(k))
     absorb(d, tostring(h[k]))
   end
+  local parts, m = {}, 0
   for i = 1, #identity do
     local option = identity[i]
     local name, how = option.name, option.how
@@ -195,11 +218,14 @@ function cache.request_key(salt, method, url, body, h, call, own)
       if v ~= own[name] then return nil end
     elseif v ~= nil then
       if how == "fresh" and v == true then return nil end
-      absorb(d, name)
-      absorb(d, canonical(v))
+      m = m + 1
+      absorb(parts, name)
+      absorb(parts, canonical(v))
     end
   end
-  return digest(salt, concat(d))
+  absorb(d, "options")
+  absorb(d, tostring(m))
+  return digest(salt, concat(d) .. concat(parts)), unkeyed
 end
 
 -- Whether a list of Cache-Control directives holds one of the names.
@@ -220,7 +246,9 @@ local function storable(res, request_headers)
   local h = res.headers
   if has_directive(h["cache-control"], NOT_KEPT) or has_directive(h.pragma, NOT_KEPT) then return false end
   for name, value in next, request_headers do
-    if lower(name) == "cache-control" and has_directive(value, NOT_KEPT) then return false end
+    if type(name) == "string" and lower(name) == "cache-control" and has_directive(value, NOT_KEPT) then
+      return false
+    end
   end
   local vary = h.vary
   if vary then
@@ -231,6 +259,60 @@ local function storable(res, request_headers)
   return true
 end
 cache.storable = storable
+
+--- seconds = cache.lifetime(res, ttl): how long a response stays fresh in
+-- a client's cache (RFC 9111 4.2): the client's ttl, cut to the response's
+-- own max-age (the smallest, if it gives several; s-maxage is for shared
+-- caches), or, without one, to its Expires less its Date; less the Age it
+-- arrived with. 0 or less: stale on arrival (max-age=0, an Expires past or
+-- not a date, a max-age that is not a number), and not kept: a private
+-- cache may serve a stale response only where the request allows it
+-- (4.2.4), never one marked must-revalidate (5.2.2.2), and this one cannot
+-- revalidate. An entry is never served past its lifetime, so must-revalidate
+-- asks nothing more of it.
+function cache.lifetime(res, ttl)
+  local h = res.headers
+  local fresh, max_age = ttl, nil
+  local directives = h["cache-control"]
+  if type(directives) == "string" then
+    for directive in gmatch(lower(directives), "[^,]+") do
+      local name, value = match(directive, "^%s*([^=%s]+)%s*=?%s*(.-)%s*$")
+      if name == "max-age" then
+        local seconds = tonumber(match(value, '^"?(%d+)"?$'))
+        if not seconds then return 0 end
+        if not max_age or seconds < max_age then max_age = seconds end
+      end
+    end
+  end
+  if max_age then
+    if max_age < fresh then fresh = max_age end
+  elseif h.expires ~= nil then
+    local expires = parse_http_date(h.expires)
+    if not expires then return 0 end -- "0", "-1": already expired (RFC 9111 5.3)
+    local date = h.date and parse_http_date(h.date) or wall_clock()
+    if expires - date < fresh then fresh = expires - date end
+  end
+  -- (a list's first member, as 5.1 asks; an Age that is not a number is ignored)
+  local age = type(h.age) == "string" and tonumber(match(match(h.age, "^%s*([^,]*)"), "^(%d+)%s*$"))
+  if age then fresh = fresh - age end
+  return fresh
+end
+
+--- yes = cache.fits(res, unkeyed, other): whether res, the answer to a
+-- request whose header fields left out of its identity held `unkeyed`
+-- (cache.request_key's; nil: none), answers an identical request whose
+-- held `other` too: not when its Vary names `*`, nor one of those fields
+-- with another value there (RFC 9111 4.1). For the callers that join a
+-- request in flight (rw.client's dedupe).
+function cache.fits(res, unkeyed, other)
+  local vary = type(res) == "table" and res.headers and res.headers.vary
+  if not vary then return true end
+  for field in gmatch(lower(vary), "[^,%s]+") do
+    if field == "*" then return false end
+    if not_in_key[field] and (unkeyed and unkeyed[field]) ~= (other and other[field]) then return false end
+  end
+  return true
+end
 
 --- store = cache.responses(ttl, max_entries): a client's successful
 -- responses, kept ttl seconds each, max_entries at most (the oldest stored
@@ -276,16 +358,18 @@ local function compact(store)
 end
 
 --- cache.response_put(store, key, res, request_headers, t): keeps a copy
--- of res (a 2xx) for key from time t, unless RFC 9111 forbids a private
--- cache to (storable).
+-- of res (a 2xx) for key from time t, for its lifetime (cache.lifetime),
+-- unless it is stale already or RFC 9111 forbids a private cache to keep it
+-- (storable).
 function cache.response_put(store, key, res, request_headers, t)
-  if not storable(res, request_headers) then return end
+  local lifetime = cache.lifetime(res, store.ttl)
+  if lifetime <= 0 or not storable(res, request_headers) then return end
   local order, entries = store.order, store.entries
   if not entries[key] then store.live = store.live + 1 end
   local slot = store.tail + 1
   store.tail = slot
   order[slot] = key
-  entries[key] = { res = copy(res, {}), expires = t + store.ttl, slot = slot }
+  entries[key] = { res = copy(res, {}), expires = t + lifetime, slot = slot }
   while store.live > store.max and store.head <= store.tail do
     local head = store.head
     local oldest = order[head]
