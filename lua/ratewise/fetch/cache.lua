@@ -174,10 +174,10 @@ end
 -- object option (a policy) other than its client's own (own), no salt; and
 -- for one fetch will refuse (a header name that is not a string).
 --
--- Each part is absorbed with its length, and each section (the body, the
--- header fields, the options) with a tag and a count, so that no part of
--- one section can be read as a part of another: a header named like an
--- option, an empty body and none.
+-- Each part is absorbed with its length, and each section with a tag (the
+-- body's says whether there is one; the header fields' is followed by their
+-- count), so that no part of one section can be read as a part of another:
+-- a header named like an option is not that option, an empty body is not none.
 function cache.request_key(salt, method, url, body, h, call, own)
   if not salt then return nil end
   local d = {}
@@ -209,7 +209,8 @@ function cache.request_key(salt, method, url, body, h, call, own)
     absorb(d, lower(k))
     absorb(d, tostring(h[k]))
   end
-  local parts, m = {}, 0
+  -- (the options run to the end: the counted headers cannot reach them)
+  absorb(d, "options")
   for i = 1, #identity do
     local option = identity[i]
     local name, how = option.name, option.how
@@ -218,14 +219,11 @@ function cache.request_key(salt, method, url, body, h, call, own)
       if v ~= own[name] then return nil end
     elseif v ~= nil then
       if how == "fresh" and v == true then return nil end
-      m = m + 1
-      absorb(parts, name)
-      absorb(parts, canonical(v))
+      absorb(d, name)
+      absorb(d, canonical(v))
     end
   end
-  absorb(d, "options")
-  absorb(d, tostring(m))
-  return digest(salt, concat(d) .. concat(parts)), unkeyed
+  return digest(salt, concat(d)), unkeyed
 end
 
 -- Whether a list of Cache-Control directives holds one of the names.
