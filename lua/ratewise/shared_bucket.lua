@@ -49,8 +49,8 @@ local function run(self, op, n, arg, arg2)
     update_time()
   end
   local t = floor(now() * 1e6)
-  local ok, new, wait, granted, tokens = pcall(step, op, dict:get(self.key) or t, t, self.interval, self.capacity_n,
-    n, arg or -1, arg2 or 0)
+  local state = { tat = dict:get(self.key) or t, now = t, interval = self.interval, capacity = self.capacity_n }
+  local ok, new, wait, granted, tokens = pcall(step, op, state, n, arg or -1, arg2 or 0)
   if ok and new then
     if new <= t then
       dict:delete(self.key)
