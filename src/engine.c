@@ -345,6 +345,10 @@ engine *rw_engine_check(lua_State *L)
 
 /* ---- Engine methods ---- */
 
+/* The options core.engine and engine:configure take, in engine_read_limits'
+ * order. */
+static const char *const engine_options[] = { "max_connections", "max_idle_connections", NULL };
+
 /* Reads the connection options of the table at index idx into *conns and
  * *idle (options left out keep their value). Misuse raises, naming the
  * option. */
@@ -353,20 +357,17 @@ static void engine_read_limits(lua_State *L, int idx, long *conns, long *idle)
     RW_STACK_MARK(L, mark);
     lua_pushnil(L);
     while (lua_next(L, idx)) {
-        const char *key = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : NULL;
-        long *slot = NULL;
+        int place = rw_options_key(L, -2, engine_options);
+        long *slot = place == 0 ? conns : idle;
         lua_Integer v;
         int isint = 0;
-        if (key && strcmp(key, "max_connections") == 0) slot = conns;
-        else if (key && strcmp(key, "max_idle_connections") == 0) slot = idle;
-        if (!slot) {
-            luaL_error(L, "engine: unknown option '%s' (expected max_connections, max_idle_connections)",
-                       luaL_tolstring(L, -2, NULL));
+        if (place < 0) {
+            rw_options_unknown(L, "engine", -2, engine_options, NULL);
             return; /* not reached; lauxlib.h does not tell the analyzer so */
         }
         v = lua_type(L, -1) == LUA_TNUMBER ? lua_tointegerx(L, -1, &isint) : 0;
         if (!isint || v < 1 || v > ENGINE_MAX_LIMIT)
-            luaL_error(L, "engine: option '%s' must be an integer from 1 to %d (got %s)", key,
+            luaL_error(L, "engine: option '%s' must be an integer from 1 to %d (got %s)", engine_options[place],
                        (int)ENGINE_MAX_LIMIT,
                        lua_type(L, -1) == LUA_TNUMBER ? luaL_tolstring(L, -1, NULL) : luaL_typename(L, -1));
         *slot = (long)v;
