@@ -237,10 +237,10 @@ static void engine_drive(engine *e, double seconds, double budget)
     /* Multiplexed connections (HTTP/2: two transfers a socket or more, on
      * a few sockets): an event on a socket makes libcurl 7.88 run every
      * transfer on it, drive after drive, each after the first polling the
-     * socket again (far more polls than the plain multi's: bench/http2.lua
-     * h2_64k). Then libcurl is given every socket
-     * at once, one pass over the transfers as curl_multi_perform makes,
-     * which is what the plain contender does (engine_drive_all).
+     * socket again, where one pass over the transfers (curl_multi_perform's)
+     * polls it once. Then libcurl is given every socket at once, one pass
+     * over the transfers as curl_multi_perform makes, which is what the
+     * plain contender does (engine_drive_all).
      * Not with many sockets (a pass would poll each connection that has
      * nothing to read), and with a budget (a frame's step, OpenResty's
      * driver) only on one socket, where a pass is no longer than that

@@ -16,7 +16,7 @@ local shared_bucket = {}
 
 -- A shared dict has no compare-and-set, so one step is made under a lock:
 -- a key added with dict:add (atomic: one worker wins), deleted after. The
--- step does not yield and takes microseconds; the lock's expiry frees it
+-- step does not yield and is short (no I/O); the lock's expiry frees it
 -- should a worker die holding it. A worker that finds it taken tries
 -- again at once LOCK_SPINS times, then naps LOCK_NAP (lua-resty-lock does
 -- this too, but Debian does not package it).
