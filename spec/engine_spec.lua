@@ -108,6 +108,11 @@ describe("ratewise.core engine", function()
         assert.error_matches(function() e:start { url = s:url("/t"), transport = bad } end,
           "request: unknown transport option '" .. tostring(bad[2]) .. "' (did you mean '", 1, true)
       end
+      -- the engine takes in the list every option the schema hands it as it is
+      for _, name in ipairs(require("ratewise.options").transport) do
+        assert.error_matches(function() e:start { url = s:url("/t"), transport = { name, "nope" } } end,
+          "request: unknown transport option 'nope'", 1, true)
+      end
       assert.equal(1, #s:log("/t")) -- none of them was sent
       assert.error_matches(function() e:start { url = s:url("/t"), transport = "all" } end,
         "request option 'transport' must be a boolean or an array of names (got string)", 1, true)
