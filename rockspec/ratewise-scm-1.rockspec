@@ -47,7 +47,7 @@ build = {
    -- ratewise/fetch/*.lua).
    modules = {
       ["ratewise.core"] = {
-         sources = { "src/bucket.c", "src/buf.c", "src/core.c", "src/decode.c", "src/digest.c", "src/engine.c", "src/gate.c", "src/lparse.c", "src/parse.c",
+         sources = { "src/bucket.c", "src/buf.c", "src/core.c", "src/decode.c", "src/digest.c", "src/engine.c", "src/gate.c", "src/lparse.c", "src/options.c", "src/parse.c",
                      "src/request.c", "src/poller.c", "src/redirect.c", "src/response.c", "src/redis.c", "src/redis_reader.c", "src/sse.c",
                      "src/term.c", "src/transfer.c", "src/watch.c" },
          libraries = { "curl", "hiredis", "z", "brotlidec", "zstd", "crypto" },

@@ -154,7 +154,7 @@ describe("rw.bucket's limits", function()
     assert.is_true(both:wait_time() <= DAY, tostring(both:wait_time()))
   end)
 
-  it("checks sync_horizon, and names every option when one is unknown", function()
+  it("checks sync_horizon, and names the nearest option when one is unknown", function()
     for _, bad in ipairs { 0, -1, 0 / 0, math.huge, "long" } do
       assert.error_matches(function() rw.bucket { capacity = 1, rate = 1, sync_horizon = bad } end,
         "option 'sync_horizon' must be a positive number", 1, true)
@@ -162,7 +162,19 @@ describe("rw.bucket's limits", function()
     assert.error_matches(function() rw.bucket { capacity = 1, rate = 1, sync_horizon = 1e19 } end,
       "option 'sync_horizon' is too large", 1, true)
     assert.error_matches(function() rw.bucket { capacity = 1, rate = 1, horizon = 5 } end,
-      "unknown option 'horizon' (expected capacity, rate, sync_horizon, slow_down)", 1, true)
+      "bucket: unknown option 'horizon' (did you mean 'sync_horizon'?)", 1, true)
+  end)
+
+  it("words an unknown option as options.lua does, with the same nearest name", function()
+    local options = require "ratewise.options"
+    local known = { "capacity", "rate", "sync_horizon", "slow_down" }
+    for _, name in ipairs { "capacty", "rates", "burst", "slowdown", "sync", "ate", "x", "", "capacité", 1, 2.5, true,
+      ("x"):rep(100) .. "\n", "rate\0x", "a\tb", ("r"):rep(40), ("r"):rep(41) } do
+      local ok, err = pcall(rw.bucket, { capacity = 1, rate = 1, [name] = 1 })
+      assert.is_false(ok)
+      local _, expected = pcall(options.unknown, "bucket", name, known, 0)
+      assert.equal(expected, err)
+    end
   end)
 
   it("refuses a rate so small that its waits would be infinite, or so large that they lose meaning", function()

@@ -101,11 +101,19 @@ describe("ratewise.core engine", function()
       assert.matches("connect", err.message:lower())
       assert.equal(1, #s:log("/t"))
       assert.error_matches(function() e:start { url = s:url("/t"), transport = { "url" } } end,
-        "request option 'transport' must list transport options (item 1 is not one)", 1, true)
+        "request: unknown transport option 'url' (did you mean ", 1, true)
+      assert.error_matches(function() e:start { url = s:url("/t"), transport = { "proxy", "ca_fil" } } end,
+        "request: unknown transport option 'ca_fil' (did you mean 'ca_file'?)", 1, true)
       for _, bad in ipairs { { "ca_file", 1 }, { "ca_file", "nope" }, { "proxy", true }, { "proxy", "1" } } do
         assert.error_matches(function() e:start { url = s:url("/t"), transport = bad } end,
-          "request option 'transport' must list transport options (item 2 is not one)", 1, true)
+          "request: unknown transport option '" .. tostring(bad[2]) .. "' (did you mean '", 1, true)
       end
+      -- the engine takes in the list every option the schema hands it as it is
+      for _, name in ipairs(require("ratewise.options").transport) do
+        assert.error_matches(function() e:start { url = s:url("/t"), transport = { name, "nope" } } end,
+          "request: unknown transport option 'nope'", 1, true)
+      end
+      assert.equal(1, #s:log("/t")) -- none of them was sent
       assert.error_matches(function() e:start { url = s:url("/t"), transport = "all" } end,
         "request option 'transport' must be a boolean or an array of names (got string)", 1, true)
       for _, version in ipairs { "1.2\0x", "1.3 ", "1" } do
@@ -603,7 +611,21 @@ describe("ratewise.core engine", function()
     end)
 
     it("refuses unknown options and bad limits, naming them", function()
-      assert.error_matches(function() core.engine { max_conns = 4 } end, "unknown option 'max_conns'")
+      assert.error_matches(function() core.engine { max_conns = 4 } end,
+        "engine: unknown option 'max_conns' (did you mean 'max_connections'?)", 1, true)
+      assert.error_matches(function() core.engine { idle_connections = 4 } end,
+        "engine: unknown option 'idle_connections' (did you mean 'max_idle_connections'?)", 1, true)
+      assert.error_matches(function() core.engine { [1] = 4 } end,
+        "engine: unknown option '1' (did you mean 'max_connections'?)", 1, true)
+      local options = require "ratewise.options"
+      local known = { "max_connections", "max_idle_connections" }
+      for _, name in ipairs { "max", "connections", "idle", "max_conn", "x", "", 7, false, ("m"):rep(50),
+        "max_connections\0x" } do
+        local ok, err = pcall(core.engine, { [name] = 1 })
+        assert.is_false(ok)
+        local _, expected = pcall(options.unknown, "engine", name, known, 0)
+        assert.equal(expected, err)
+      end
       assert.error_matches(function() core.engine("many") end, "table expected")
       for _, v in ipairs { 0, -1, 1.5, 0 / 0, math.huge, 1e7, "8", true } do
         assert.error_matches(function() core.engine { max_connections = v } end,

@@ -13,7 +13,7 @@ local BURST = CAPACITY * INTERVAL
 local NOW = 1700000000 * 1000000
 
 local function run(op, tat, now, n, arg, arg2)
-  return { step(op, tat, now, INTERVAL, CAPACITY, n, arg or 0, arg2 or 0) }
+  return { step(op, { tat = tat, now = now, interval = INTERVAL, capacity = CAPACITY }, n, arg or 0, arg2 or 0) }
 end
 
 -- tokens left, in millionths, for a tat at `now`
@@ -99,14 +99,22 @@ describe("ratewise.gcra", function()
   it("treats a tat in the past as a full bucket, and answers nothing for an unknown op", function()
     assert.same(run("peek", 0, NOW, 1), run("peek", NOW - 1e9, NOW, 1))
     assert.equal(CAPACITY * 1000000, run("peek", NOW - 1, NOW, 1)[4])
-    assert.same({}, { step("spend", 0, NOW, INTERVAL, CAPACITY, 1, 0, 0) })
+    assert.same({}, { step("spend", { tat = 0, now = NOW, interval = INTERVAL, capacity = CAPACITY }, 1, 0, 0) })
+  end)
+
+  it("takes the bucket as one record and leaves it as it was: the caller stores new_tat", function()
+    local bucket = { tat = NOW - 1e9, now = NOW, interval = INTERVAL, capacity = CAPACITY }
+    local new = step("take", bucket, 2, 0, 0)
+    assert.equal(NOW + 2 * INTERVAL, new)
+    assert.same({ tat = NOW - 1e9, now = NOW, interval = INTERVAL, capacity = CAPACITY }, bucket)
   end)
 
   it("is kept as source text that loads on its own, as Redis and nginx load it", function()
     assert.is_string(gcra.SOURCE)
     local chunk = assert((rawget(_G, "loadstring") or load)(gcra.SOURCE .. "\nreturn gcra_step"))
     local fresh = chunk()
-    assert.same(run("reserve", NOW, NOW, 2, -1), { fresh("reserve", NOW, NOW, INTERVAL, CAPACITY, 2, -1, 0) })
+    assert.same(run("reserve", NOW, NOW, 2, -1),
+      { fresh("reserve", { tat = NOW, now = NOW, interval = INTERVAL, capacity = CAPACITY }, 2, -1, 0) })
   end)
 end)
 

@@ -2,6 +2,7 @@
 -- a function takes a record, not a long list of positional values (at most
 -- 7 parameters), and a comment says why, never how many instructions or
 -- microseconds (measurements live in commit messages and bench/HISTORY.md).
+-- The C core's comments (src/) are held to the same.
 
 local MAX_PARAMETERS = 7
 
@@ -42,13 +43,30 @@ end
 local MEASUREMENTS = { "%d[%d,.]*k? instructions", "%d[%d.]* ?us%f[%W]", "%d[%d.]* ?ns%f[%W]", "%d ?µs",
   "callgrind" }
 
-local function measured_comment(line)
-  local comment = line:match("%-%-(.*)$")
-  if not comment then return false end
+local function carries_measurement(comment)
   for _, pattern in ipairs(MEASUREMENTS) do
     if comment:find(pattern) then return true end
   end
   return false
+end
+
+local function measured_comment(line)
+  local comment = line:match("%-%-(.*)$")
+  return comment ~= nil and carries_measurement(comment)
+end
+
+-- The comments of a C source, as {line, text}: each line of each /* */
+-- comment, with what it quotes ("500us", a Go duration) left out.
+local function c_comments(text)
+  local found = {}
+  for start, comment in text:gmatch("()/%*(.-)%*/") do
+    local number = select(2, text:sub(1, start):gsub("\n", "")) + 1
+    for line in (comment .. "\n"):gmatch("(.-)\n") do
+      found[#found + 1] = { number, (line:gsub('"[^"]*"', '""')) }
+      number = number + 1
+    end
+  end
+  return found
 end
 
 describe("the Lua layer's shape", function()
@@ -72,6 +90,22 @@ describe("the Lua layer's shape", function()
     assert.same({}, measured)
   end)
 
+  it("has no comment in the C core that carries a measurement", function()
+    local measured_lines = {}
+    local p = assert(io.popen("ls src/*.c src/*.h"))
+    for path in p:lines() do
+      local f = assert(io.open(path, "rb"))
+      for _, comment in ipairs(c_comments(f:read("*a"))) do
+        if carries_measurement(comment[2]) then
+          measured_lines[#measured_lines + 1] = path .. ":" .. comment[1] .. ": " .. comment[2]
+        end
+      end
+      f:close()
+    end
+    p:close()
+    assert.same({}, measured_lines)
+  end)
+
   it("reads signatures and comments as they are written", function()
     assert.same({ "x.lua:1 f(8)" }, long_signatures("x.lua", 1, "local function f(a, b, c, d, e, f, g, h)"))
     assert.same({}, long_signatures("x.lua", 1, "function m.g(a, b, c, d, e, f, g) -- (a, b, c, d, e, f, g, h)"))
@@ -80,5 +114,9 @@ describe("the Lua layer's shape", function()
     assert.is_true(measured_comment("-- 88.6 us CPU a step"))
     assert.is_false(measured_comment("-- waits at most 5 seconds"))
     assert.is_false(measured_comment("x = 1"))
+    local comments = c_comments("int x; /* a */\n/* b\n * 120 instructions, \"500us\" */")
+    assert.same({ { 1, " a " }, { 2, " b" }, { 3, ' * 120 instructions, "" ' } }, comments)
+    assert.is_true(carries_measurement(comments[3][2]))
+    assert.is_false(carries_measurement(c_comments('/* a duration such as "500us" */')[1][2]))
   end)
 end)

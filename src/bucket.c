@@ -204,7 +204,10 @@ static double bucket_field(lua_State *L, const char *name, double dflt)
     return v;
 }
 
-/* core.bucket{capacity = C, rate = R [, sync_horizon = seconds]} */
+/* The options core.bucket takes. */
+static const char *const bucket_options[] = { "capacity", "rate", "sync_horizon", "slow_down", NULL };
+
+/* core.bucket{capacity = C, rate = R [, sync_horizon = seconds] [, slow_down = false]} */
 static int bucket_l_new(lua_State *L)
 {
     bucket *b;
@@ -213,11 +216,8 @@ static int bucket_l_new(lua_State *L)
     luaL_checktype(L, 1, LUA_TTABLE);
     lua_pushnil(L);
     while (lua_next(L, 1)) {
-        const char *key = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : NULL;
-        if (!key || (strcmp(key, "capacity") != 0 && strcmp(key, "rate") != 0
-                     && strcmp(key, "sync_horizon") != 0 && strcmp(key, "slow_down") != 0))
-            return luaL_error(L, "bucket: unknown option '%s' (expected capacity, rate, sync_horizon, slow_down)",
-                              luaL_tolstring(L, -2, NULL));
+        if (rw_options_key(L, -2, bucket_options) < 0)
+            return rw_options_unknown(L, "bucket", -2, bucket_options, NULL);
         lua_pop(L, 1);
     }
     capacity = bucket_field(L, "capacity", -1);

@@ -170,8 +170,8 @@ static int core_l_isatty(lua_State *L)
  * in the order next() gives them, and how many (0 to 3), when it has no
  * metatable and three fields at most; false otherwise; nil when t is not a
  * table. What fetch asks of every options table (most hold one to three
- * options) in one call of C, where type, getmetatable and next took four
- * or five calls. */
+ * options) in one call of C, where type, getmetatable and next took a call
+ * each, and next one more for each field. */
 static int core_l_few_fields(lua_State *L)
 {
     int n = 0, base = lua_gettop(L);

@@ -237,10 +237,10 @@ static void engine_drive(engine *e, double seconds, double budget)
     /* Multiplexed connections (HTTP/2: two transfers a socket or more, on
      * a few sockets): an event on a socket makes libcurl 7.88 run every
      * transfer on it, drive after drive, each after the first polling the
-     * socket again (far more polls than the plain multi's: bench/http2.lua
-     * h2_64k). Then libcurl is given every socket
-     * at once, one pass over the transfers as curl_multi_perform makes,
-     * which is what the plain contender does (engine_drive_all).
+     * socket again, where one pass over the transfers (curl_multi_perform's)
+     * polls it once. Then libcurl is given every socket at once, one pass
+     * over the transfers as curl_multi_perform makes, which is what the
+     * plain contender does (engine_drive_all).
      * Not with many sockets (a pass would poll each connection that has
      * nothing to read), and with a budget (a frame's step, OpenResty's
      * driver) only on one socket, where a pass is no longer than that
@@ -345,6 +345,10 @@ engine *rw_engine_check(lua_State *L)
 
 /* ---- Engine methods ---- */
 
+/* The options core.engine and engine:configure take, in engine_read_limits'
+ * order. */
+static const char *const engine_options[] = { "max_connections", "max_idle_connections", NULL };
+
 /* Reads the connection options of the table at index idx into *conns and
  * *idle (options left out keep their value). Misuse raises, naming the
  * option. */
@@ -353,20 +357,17 @@ static void engine_read_limits(lua_State *L, int idx, long *conns, long *idle)
     RW_STACK_MARK(L, mark);
     lua_pushnil(L);
     while (lua_next(L, idx)) {
-        const char *key = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : NULL;
-        long *slot = NULL;
+        int place = rw_options_key(L, -2, engine_options);
+        long *slot = place == 0 ? conns : idle;
         lua_Integer v;
         int isint = 0;
-        if (key && strcmp(key, "max_connections") == 0) slot = conns;
-        else if (key && strcmp(key, "max_idle_connections") == 0) slot = idle;
-        if (!slot) {
-            luaL_error(L, "engine: unknown option '%s' (expected max_connections, max_idle_connections)",
-                       luaL_tolstring(L, -2, NULL));
+        if (place < 0) {
+            rw_options_unknown(L, "engine", -2, engine_options, NULL);
             return; /* not reached; lauxlib.h does not tell the analyzer so */
         }
         v = lua_type(L, -1) == LUA_TNUMBER ? lua_tointegerx(L, -1, &isint) : 0;
         if (!isint || v < 1 || v > ENGINE_MAX_LIMIT)
-            luaL_error(L, "engine: option '%s' must be an integer from 1 to %d (got %s)", key,
+            luaL_error(L, "engine: option '%s' must be an integer from 1 to %d (got %s)", engine_options[place],
                        (int)ENGINE_MAX_LIMIT,
                        lua_type(L, -1) == LUA_TNUMBER ? luaL_tolstring(L, -1, NULL) : luaL_typename(L, -1));
         *slot = (long)v;

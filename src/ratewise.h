@@ -158,6 +158,19 @@ void rw_redis_register(struct lua_State *L); /* redis.c */
 void rw_term_register(struct lua_State *L);  /* term.c: the command-line tool's */
 void rw_digest_register(struct lua_State *L); /* digest.c */
 
+/* ---- options.c: tables of options, checked as lua/ratewise/options.lua
+ * checks them ---- */
+
+/* The place in known (an array of names ending in NULL) of the name at idx,
+ * or -1: not a string, or not exactly one of them. */
+int rw_options_key(struct lua_State *L, int idx, const char *const *known);
+
+/* Raises "who: unknown <noun> 'name' (did you mean 'nearest'?)" for the
+ * value at name_idx (a table's key), options.unknown's wording; known: the
+ * names the table takes, ending in NULL; noun NULL: "option". */
+int rw_options_unknown(struct lua_State *L, const char *who, int name_idx, const char *const *known,
+                       const char *noun);
+
 /* Clocks in seconds (core.c): monotonic for deadlines and buckets, the wall
  * clock only to compare with dates the server sent. */
 double rw_core_monotonic(void);

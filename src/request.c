@@ -336,6 +336,19 @@ static size_t request_check_line(lua_State *L, const char *line, size_t len, int
      | RF_BIT(RF_TLS_MIN_VERSION) | RF_BIT(RF_EMPTY_BODY) | RF_BIT(RF_FOLLOW_REDIRECTS) | RF_BIT(RF_MAX_BODY) \
      | RF_BIT(RF_VERIFY_TLS) | RF_BIT(RF_NO_REPLAY) | RF_BIT(RF_SECRET_HEADERS))
 
+/* Raises for item i of the transport list at idx, which names no transport
+ * option: "request: unknown transport option 'name' (did you mean ...?)". */
+static void request_unknown_transport(lua_State *L, int idx, lua_Integer i)
+{
+    const char *names[RF_COUNT + 1];
+    int f, n = 0;
+    for (f = 0; f < RF_COUNT; f++)
+        if (RF_TRANSPORT_FIELDS & RF_BIT(f)) names[n++] = request_field_names[f];
+    names[n] = NULL;
+    lua_rawgeti(L, idx, i);
+    rw_options_unknown(L, "request", -1, names, "transport option");
+}
+
 /* Which of the rarer options to look for: request.transport is false
  * (none), true or absent (all: each is looked up), or an array of the names
  * the request has (fetch's: those only, as looking up every transport
@@ -357,7 +370,7 @@ static unsigned long long request_transport(const request_src *src)
             if (f >= 0 && f < RF_COUNT && (RF_TRANSPORT_FIELDS & RF_BIT(f)))
                 fields |= RF_BIT(f);
             else
-                luaL_error(L, "request option 'transport' must list transport options (item %d is not one)", (int)i);
+                request_unknown_transport(L, lua_gettop(L) - 1, i);
             lua_pop(L, 1);
         }
     } else if (type != LUA_TNIL) {

@@ -6,14 +6,17 @@
 -- as text: one implementation for both.
 local gcra = {}
 
--- step(op, tat, now, interval, capacity, n, arg, arg2) -> new_tat | nil,
--- wait, granted (1 | 0), tokens (in millionths). Times in microseconds.
+-- step(op, bucket, n, arg, arg2) -> new_tat | nil, wait, granted (1 | 0),
+-- tokens (in millionths). bucket: the record {tat, now, interval,
+-- capacity} (tat: the stored one, or now for a key not stored; interval:
+-- microseconds a token), read and never changed. Times in microseconds.
 -- op "peek": the wait for n, taking nothing; "take": n now or nothing;
 -- "reserve": n, with a wait of at most arg (-1: any), or nothing; "refund":
 -- n back; "sync": at most arg millionths of a token left, and with less
 -- than one, the next arg2 microseconds from now. new_tat nil: unchanged.
 gcra.SOURCE = [[
-local function gcra_step(op, tat, now, interval, capacity, n, arg, arg2)
+local function gcra_step(op, bucket, n, arg, arg2)
+  local tat, now, interval, capacity = bucket.tat, bucket.now, bucket.interval, bucket.capacity
   if tat < now then tat = now end
   local burst = capacity * interval
   local function tokens(v) return math.floor((burst - (v - now)) * 1000000 / interval) end

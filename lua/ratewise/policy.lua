@@ -23,8 +23,12 @@ local Policy = {}
 Policy.__index = Policy
 Policy.__name = "ratewise.Policy"
 
-local hooks = { classify = true, delay = true, observe = true, prepare = true, replayable = true }
-local policy_fields = { "classify", "delay", "observe", "prepare", "replayable", "name" }
+-- The hooks a policy may have; with its `name`, the fields it takes.
+local hooks, policy_fields = {}, { "name" }
+for _, hook in ipairs { "classify", "delay", "observe", "prepare", "replayable" } do
+  hooks[hook] = true
+  policy_fields[#policy_fields + 1] = hook
+end
 
 local function is_policy(v)
   return getmetatable(v) == Policy

@@ -41,7 +41,8 @@ local key = KEYS[1]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local tat = tonumber(redis.call('GET', key) or now) or now
-local new, wait, granted, tokens = gcra_step(ARGV[4], tat, now, tonumber(ARGV[1]), tonumber(ARGV[2]),
+local new, wait, granted, tokens = gcra_step(ARGV[4],
+  { tat = tat, now = now, interval = tonumber(ARGV[1]), capacity = tonumber(ARGV[2]) },
   tonumber(ARGV[3]), tonumber(ARGV[5]), tonumber(ARGV[6]))
 if not wait then return redis.error_reply('ratewise: unknown operation ' .. tostring(ARGV[4])) end
 if new then

@@ -16,7 +16,7 @@ local shared_bucket = {}
 
 -- A shared dict has no compare-and-set, so one step is made under a lock:
 -- a key added with dict:add (atomic: one worker wins), deleted after. The
--- step does not yield and takes microseconds; the lock's expiry frees it
+-- step does not yield and is short (no I/O); the lock's expiry frees it
 -- should a worker die holding it. A worker that finds it taken tries
 -- again at once LOCK_SPINS times, then naps LOCK_NAP (lua-resty-lock does
 -- this too, but Debian does not package it).
@@ -49,8 +49,8 @@ local function run(self, op, n, arg, arg2)
     update_time()
   end
   local t = floor(now() * 1e6)
-  local ok, new, wait, granted, tokens = pcall(step, op, dict:get(self.key) or t, t, self.interval, self.capacity_n,
-    n, arg or -1, arg2 or 0)
+  local state = { tat = dict:get(self.key) or t, now = t, interval = self.interval, capacity = self.capacity_n }
+  local ok, new, wait, granted, tokens = pcall(step, op, state, n, arg or -1, arg2 or 0)
   if ok and new then
     if new <= t then
       dict:delete(self.key)
