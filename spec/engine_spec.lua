@@ -101,12 +101,12 @@ describe("ratewise.core engine", function()
       assert.matches("connect", err.message:lower())
       assert.equal(1, #s:log("/t"))
       assert.error_matches(function() e:start { url = s:url("/t"), transport = { "url" } } end,
-        "request: unknown transport option 'url' (did you mean ", 1, true)
+        "request: unknown transport option 'url'$")
       assert.error_matches(function() e:start { url = s:url("/t"), transport = { "proxy", "ca_fil" } } end,
         "request: unknown transport option 'ca_fil' (did you mean 'ca_file'?)", 1, true)
       for _, bad in ipairs { { "ca_file", 1 }, { "ca_file", "nope" }, { "proxy", true }, { "proxy", "1" } } do
         assert.error_matches(function() e:start { url = s:url("/t"), transport = bad } end,
-          "request: unknown transport option '" .. tostring(bad[2]) .. "' (did you mean '", 1, true)
+          "request: unknown transport option '" .. tostring(bad[2]) .. "'", 1, true)
       end
       -- the engine takes in the list every option the schema hands it as it is
       for _, name in ipairs(require("ratewise.options").transport) do
@@ -616,7 +616,7 @@ describe("ratewise.core engine", function()
       assert.error_matches(function() core.engine { idle_connections = 4 } end,
         "engine: unknown option 'idle_connections' (did you mean 'max_idle_connections'?)", 1, true)
       assert.error_matches(function() core.engine { [1] = 4 } end,
-        "engine: unknown option '1' (did you mean 'max_connections'?)", 1, true)
+        "engine: unknown option '1'$") -- nothing near enough to suggest
       local options = require "ratewise.options"
       local known = { "max_connections", "max_idle_connections" }
       for _, name in ipairs { "max", "connections", "idle", "max_conn", "x", "", 7, false, ("m"):rep(50),

@@ -79,7 +79,8 @@ static size_t options_distance(const char *a, const char *b, size_t nb)
 }
 
 /* The known name nearest to shown, of len bytes (options.nearest's rule),
- * or NULL when known is empty. */
+ * or NULL when none is near enough to be what was meant: one that holds
+ * shown, or within max(2, half its own length) edits of it. */
 static const char *options_nearest(const char *shown, size_t len, const char *const *known)
 {
     const char *best = NULL;
@@ -90,6 +91,7 @@ static const char *options_nearest(const char *shown, size_t len, const char *co
         if (!best || score < best_score || (score == best_score && strcmp(*known, best) < 0))
             best = *known, best_score = score;
     }
+    if (best && best_score > (long)(strlen(best) / 2 > 2 ? strlen(best) / 2 : 2)) return NULL;
     return best;
 }
 

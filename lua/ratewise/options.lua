@@ -13,6 +13,7 @@ local headers = require "ratewise.headers"
 local format, byte, sub, concat, sort = string.format, string.byte, string.sub, table.concat, table.sort
 local huge = math.huge
 local type, tostring, pairs, ipairs, pcall, error, min = type, tostring, pairs, ipairs, pcall, error, math.min
+local max, floor = math.max, math.floor
 
 local options = {}
 
@@ -221,9 +222,11 @@ local function distance(a, b)
 end
 
 --- name = options.nearest(name, known): the known name closest to name
--- (known: a set of names, or an array of them). A known name that holds
--- the one given (`retries` in `max_retries`) is taken first, then the
--- fewest edits, then the first in sorted order.
+-- (known: a set of names, or an array of them), or nil when none is near
+-- enough to be what was meant. A known name that holds the one given
+-- (`retries` in `max_retries`) is taken first, then the fewest edits (at
+-- most max(2, half the known name's length)), then the first in sorted
+-- order.
 function options.nearest(name, known)
   local list = {}
   for k, v in pairs(known) do list[#list + 1] = type(k) == "string" and k or v end
@@ -235,6 +238,7 @@ function options.nearest(name, known)
     if #given >= 3 and candidate:find(given, 1, true) then score = score - 100 end
     if best_score == nil or score < best_score then best, best_score = candidate, score end
   end
+  if best and best_score > max(2, floor(#best / 2)) then return nil end
   return best
 end
 
