@@ -212,10 +212,10 @@ local json_default_made = { lines = { "Content-Type: application/json", "Accept:
 
 -- The lines made from a caller's header table (fetch.cache), kept while
 -- the table holds the same names and values: most programs pass one table
--- (an Authorization line) on every call, and checking each name and value
--- again cost more than the rest of the call. A table whose contents changed
+-- (an Authorization line) on every call, and its names and values need not
+-- be checked and turned into lines again. A table whose contents changed
 -- since is checked and turned into lines anew. A table is kept from its
--- second call on (one made for each call costs a mark, not a copy), and no
+-- second call on (one made for each call gets a mark, not a copy), and no
 -- longer once it has changed more often than it was found the same (one
 -- changed for each call: an X-Request-Id put into it), nor when a value is
 -- a number (1 and 1.0 are equal, and are sent as "1" and "1.0").
@@ -424,8 +424,7 @@ local function limiter_methods(limiter)
   return m
 end
 
--- Apart from plan.make: a closure inside it would cost LuaJIT's compiler
--- every return of it (closing upvalues is not compiled).
+-- (a method call, for pcall)
 local function limiter_capacity(limiter)
   return limiter:capacity()
 end
