@@ -13,12 +13,12 @@ local report = require "ratewise.fetch.report"
 
 local now = core.now
 local type = type
-local make_plan, plan_state, bad_options_type = plan.make, plan.state, plan.bad_options_type
-local admit, send, after, first = attempt.admit, attempt.send, carry.after, carry.first
+local make_plan, bad_options_type = plan.make, plan.bad_options_type
+local admit, send, after = attempt.admit, attempt.send, carry.after
 local guarded, call_hook, budget_error = report.guarded, report.call_hook, report.budget_error
 local check_counters = report.counting.check
 local redact_url = headers.redact_url
-local DEFAULT_MAX_ELAPSED, DEFAULT_TIMEOUT = plan.DEFAULT_MAX_ELAPSED, plan.DEFAULT_TIMEOUT
+local DEFAULT_MAX_ELAPSED = plan.DEFAULT_MAX_ELAPSED
 
 local fetch = {}
 
@@ -50,39 +50,35 @@ function fetch.fetch(url, opts, counters)
     if type(opts) ~= "table" then bad_options_type(url, opts, 3) end
     check_counters(counters)
   end
-  -- (new locals, which the plan's values land in as they are returned)
-  local request_url, method, body, lines, header_secrets, shown_url, url_secrets, transport, rare, safe, state =
-    make_plan(url, opts, counters)
-  if request_url == nil then return nil, method end -- no idempotency key could be made
-  local timeout = opts.timeout or DEFAULT_TIMEOUT
+  -- the call's plan, which is its state too
+  local state, err = make_plan(url, opts, counters)
+  if not state then return nil, err end -- no idempotency key could be made
+  local request_url, shown_url, timeout = state.url, state.shown_url, state.attempt_timeout
   local started = now()
-  local deadline = started + (opts.max_elapsed or DEFAULT_MAX_ELAPSED)
-  -- Whether the call has anything to tell of an attempt or to ask before
-  -- one (a policy, limiter, circuit, budget, hook or stream).
-  local hooked = false
-  if state then
-    state.started, state.deadline = started, deadline
-    hooked = state.hooked
-    if hooked then
-      local budget, on_event = state.budget, state.on_event
-      if budget then guarded("budget", "request", budget.request, budget) end
-      if on_event then call_hook("on_event", on_event, { type = "request", method = method, url = shown_url }) end
+  local deadline = started + state.max_elapsed
+  local hooked = state.hooked
+  if hooked then
+    state.started, state.deadline, state.attempts = started, deadline, 0
+    local budget, on_event = state.budget, state.on_event
+    if budget then guarded("budget", "request", budget.request, budget) end
+    if on_event then
+      call_hook("on_event", on_event, { type = "request", method = state.method, url = shown_url })
     end
   end
   local attempts = 0
   while true do
     if hooked then
-      local admitted, err = admit(state)
-      if not admitted then return nil, err end
+      local admitted, aerr = admit(state)
+      if not admitted then return nil, aerr end
     end
     -- (the first attempt of a call with nothing to wait for goes out as it starts)
     local sent_at = attempts == 0 and not hooked and started or now()
     local left = deadline - sent_at
     if left <= 0 then
+      state.started, state.attempts = started, attempts
       return budget_error(state, "no time left for another attempt", state.last_response)
     end
-    local res, terr, streaming = send(state, request_url, method, lines, body, opts, transport, rare, safe, timeout,
-      left, shown_url)
+    local res, terr, streaming = send(state, left)
     attempts = attempts + 1
     if res then
       -- shown_url, unless a redirect was followed (or the response is a
@@ -98,13 +94,9 @@ function fetch.fetch(url, opts, counters)
       res.attempts = attempts
       res.elapsed = now() - started
     end
-    if not state then
-      -- a plain call's first attempt: its state is made only when the
-      -- decision needs more than a 2xx does
-      if first(res, terr, counters) then return res end
-      state = plan_state(opts, counters, method, shown_url, url_secrets, header_secrets, safe, started, deadline)
-    end
-    state.attempts = attempts
+    -- (what the decision and its errors read of the call so far)
+    state.attempts, state.started, state.deadline = attempts, started, deadline
+    if attempts == 1 then state.retries = 0 end
     -- whether the time budget cut the attempt's own timeouts (a stream's: attempt.send's)
     local budget_cut = left < timeout
     if state.stream then budget_cut = state.budget_cut end

@@ -4,76 +4,17 @@
 local core = require "ratewise.core"
 local response = require "ratewise.response"
 local runtime = require "ratewise.runtime"
-local plan = require "ratewise.fetch.plan"
 local report = require "ratewise.fetch.report"
 
 local now = core.now
 local format = string.format
 local min = math.min
-local type, tostring, pairs, getmetatable = type, tostring, pairs, getmetatable
+local type, tostring = type, tostring
 local call_hook, guarded, not_boolean = report.call_hook, report.guarded, report.not_boolean
 local fetch_error, budget_error, limiter_failed = report.fetch_error, report.budget_error, report.limiter_failed
-local transport_options, is_transport_option, has_body = plan.transport_options, plan.is_transport_option,
-  plan.has_body
 local response_mt = response.mt
 
 local attempt = {}
-
--- The fields the engine reads of every request, so that assigning one
--- never grows the table; the rarer ones are there only while a call lists
--- them (set_transport, put_transport).
-local scratch_request = { url = false, method = false, headers = false, timeout = false, body = false,
-  transport = false }
-
--- The names of the transport options scratch_request holds: the engine
--- looks for those only (src/request.c), and the next call takes them away.
-local scratch_transport_names, scratch_transport_n = {}, 0
-
--- Puts into the request the transport options a call names (transport:
--- whether it names any), in place of those of the call before. The engine
--- looks for the names listed (request.transport), or for none (false).
-local function set_transport(request, opts, transport)
-  local names, n = scratch_transport_names, scratch_transport_n
-  for i = 1, n do
-    request[names[i]] = nil
-    names[i] = nil
-  end
-  n = 0
-  if transport then
-    if getmetatable(opts) == nil then -- its own keys are all it has
-      for k, v in pairs(opts) do
-        if is_transport_option[k] then
-          request[k] = v
-          n = n + 1
-          names[n] = k
-        end
-      end
-    else
-      for i = 1, #transport_options do
-        local name = transport_options[i]
-        local v = opts[name]
-        if v ~= nil then
-          request[name] = v
-          n = n + 1
-          names[n] = name
-        end
-      end
-    end
-  end
-  scratch_transport_n = n
-  request.transport = transport and names -- false: the engine need not look for any
-end
-
--- A rare request field that fetch works out itself (the stream's
--- timeouts, an empty body, a body limit...): listed for the engine to read.
-local function put_transport(request, name, v)
-  if request[name] == nil then
-    scratch_transport_n = scratch_transport_n + 1
-    scratch_transport_names[scratch_transport_n] = name
-  end
-  request[name] = v
-  request.transport = scratch_transport_names
-end
 
 --- true | nil, err = attempt.admit(state): asks the call's circuit and
 -- limiter (state: plan.make's) whether an attempt may go now, waiting for
@@ -136,76 +77,43 @@ function attempt.admit(state)
   return true
 end
 
---- res, terr, streaming = attempt.send(state, url, method, lines, body, opts, transport, rare, safe, timeout,
--- left, shown_url): one transfer of the request plan.make made (state: the
--- call's, or nil for a common call's first attempt), within the `left`
--- seconds of its time budget. res: the response (a stream's reader in
--- streaming), whose url is shown_url unless a redirect was followed (but
--- a stream's), or terr: the transport error. A stream's state.budget_cut:
--- whether the time budget cut its timeouts ("after_headers": only its time
--- read whole).
-function attempt.send(state, url, method, lines, body, opts, transport, rare, safe, timeout, left, shown_url)
-  local attempt_timeout = timeout
-  if left < timeout then attempt_timeout = left end -- min(), without a call
-  -- The engine copies what it needs from the request as it starts the
-  -- transfer, so one table serves every attempt of every call. Every
-  -- field is assigned; those the call does not use are nil, and the
-  -- engine leaves libcurl's defaults for them.
-  local request = scratch_request
-  request.url, request.method, request.headers = url, method, lines
-  request.timeout, request.body = attempt_timeout, body
-  -- The rare fields are copied (or cleared after a call that had them)
-  -- only when there is something to copy or clear.
-  if rare == "no_replay" and scratch_transport_n == 1 and request.no_replay then -- luacheck: ignore 542
-    -- The call before listed no_replay alone (a POST without a key, as
-    -- most are), and the request holds it still.
-  elseif rare or scratch_transport_n > 0 then
-    set_transport(request, opts, transport)
-    -- (servers expect a Content-Length on these even when the body is empty)
-    if body == nil and has_body[method] then put_transport(request, "empty_body", true) end
-    if state then
-      if state.follow == false then put_transport(request, "follow_redirects", false) end
-      if state.max_body ~= nil then put_transport(request, "max_body", state.max_body) end
-      if state.verify_tls ~= nil then put_transport(request, "verify_tls", state.verify_tls) end
-    end
-    -- libcurl re-sends a request on its own when a reused connection
-    -- turns out to be dead; only a replay-safe request may take that chance
-    -- (the engine keeps any other from it: src/request.c, no_replay).
-    if not safe then put_transport(request, "no_replay", true) end
-    -- More names whose lines the engine keeps from another origin.
-    if state and state.secret_headers ~= nil then put_transport(request, "secret_headers", state.secret_headers) end
-  else
-    request.transport = false
-  end
+--- res, terr, streaming = attempt.send(p, left): one transfer of the
+-- request of plan p (plan.make's), within the `left` seconds of its time
+-- budget. res: the response (a stream's reader in streaming), whose url is
+-- p.shown_url unless a redirect was followed (but a stream's), or terr:
+-- the transport error. A stream's p.budget_cut: whether the time budget
+-- cut its timeouts ("after_headers": only its time read whole).
+function attempt.send(p, left)
+  -- The plan is the request the engine reads: it copies what it needs as
+  -- the transfer starts, so the plan serves every attempt.
+  local timeout, sleep = p.attempt_timeout, p.sleep
   local res, terr, streaming
-  local sleep = state and state.sleep
-  if state and state.stream then
+  if p.stream then
     -- No total timeout for a 2xx: `timeout` bounds the time to the
     -- headers (unless first_byte_timeout does), which fits what is left
     -- of max_elapsed. An answer read whole (not a 2xx) is bounded as a
     -- call without stream is, given at least the time to its headers.
-    local first_byte = state.first_byte
+    local first_byte = p.first_byte
     local whole = first_byte > timeout and first_byte or timeout
-    request.timeout = min(whole, left)
-    put_transport(request, "first_byte_timeout", min(first_byte, left))
-    put_transport(request, "idle_timeout", state.idle)
-    state.budget_cut = left < first_byte or left < whole and "after_headers"
+    p.timeout = min(whole, left)
+    p.first_byte_timeout = min(first_byte, left)
+    p.budget_cut = left < first_byte or left < whole and "after_headers"
     if sleep then
-      res, terr, streaming = guarded("sleep", "a wait for the transfer", runtime.open_stream, request, sleep)
+      res, terr, streaming = guarded("sleep", "a wait for the transfer", runtime.open_stream, p, sleep)
     else
-      res, terr, streaming = runtime.open_stream(request)
+      res, terr, streaming = runtime.open_stream(p)
     end
     -- The response reads its body from here on (and a hook that raises
     -- below drops both, the transfer closing as it is collected).
     if res then response.new(res) end
-    if streaming then response.stream(res, streaming, sleep, method .. " " .. state.shown_url, state.max_body) end
-  elseif sleep then
-    res, terr = guarded("sleep", "a wait for the transfer", runtime.transfer, request, sleep, response_mt, shown_url)
-  else
-    res, terr = runtime.transfer(request, nil, response_mt, shown_url)
+    if streaming then response.stream(res, streaming, sleep, p.method .. " " .. p.shown_url, p.max_body) end
+    return res, terr, streaming
   end
-  if body ~= nil then request.body = nil end -- not kept alive by the next call's table
-  return res, terr, streaming
+  p.timeout = left < timeout and left or timeout
+  if sleep then
+    return guarded("sleep", "a wait for the transfer", runtime.transfer, p, sleep, response_mt, p.shown_url)
+  end
+  return runtime.transfer(p, nil, response_mt, p.shown_url)
 end
 
 return attempt

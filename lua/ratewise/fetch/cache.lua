@@ -1,25 +1,22 @@
--- fetch.cache: every fast-path cache of fetch and rw.client, in one place,
--- each with one of three policies:
+-- fetch.cache: every cache of fetch and rw.client, in one place, each with
+-- one of two policies:
 --
 -- * keyed by a caller's table (an options table, a header table, a
 --   limiter): weak keys (cache.weak), so that a table dropped by its owner
 --   takes what was kept for it along, and nothing else ever evicts;
--- * keyed by a string (a URL, an origin, a path): bounded (cache.bounded),
---   emptied whole when it holds its limit, so that a program calling a new
---   URL each time (an id apiece) keeps at most that many and pays for one
---   emptying now and then rather than for an eviction order at every call;
--- * the call before: one entry, replaced by the next call that differs,
---   for a program that calls one endpoint again and again. These are
---   locals of plan.lua (last_url, last_head, last_opts: an upvalue is read
---   for less than a table's field on the path of every call), listed here.
+-- * keyed by a string (a URL, a path): bounded (cache.bounded), emptied
+--   whole when it holds its limit, so that a program calling a new URL
+--   each time (an id apiece) keeps at most that many and pays for one
+--   emptying now and then rather than for an eviction order at every call.
 --
 -- Also (at the end) a client's responses and requests in flight, keyed by
 -- a request's identity: not a fast path, but what `cache` and `dedupe` are.
 --
--- What each cache keeps and why it pays: docs/internals.md, "The fast-path
--- caches". A value kept must be what the code would compute again from the
--- key alone; where it also depends on what a table holds (a header table's
--- names and values), the entry keeps those and is compared at every use.
+-- No module keeps what the call before did: a cache is found by its key.
+-- What each cache keeps: docs/internals.md, "The fast-path caches". A
+-- value kept must be what the code would compute again from the key alone;
+-- where it also depends on what a table holds (a header table's names and
+-- values), the entry keeps those and is compared at every use.
 local core = require "ratewise.core"
 local options = require "ratewise.options"
 
@@ -64,31 +61,18 @@ function cache.keep(t, key, value)
   held[t] = n + 1
 end
 
--- How many URLs and origins are kept, and the longest URL kept (a query
--- carrying a payload is not worth keeping).
-local URLS_KEPT, ORIGINS_KEPT = 256, 256
+-- How many URLs are kept, and the longest URL kept (a query carrying a
+-- payload is not worth keeping).
+local URLS_KEPT = 256
 cache.URL_KEPT_MAX = 512
 
--- plan.lua's last_url, last_shown, last_secrets, last_origin: the URL of
--- the call before and what it gave (plan.url_facts).
--- What is printed of each URL without credentials and its origin, by URL:
--- a program's tasks call a few URLs each, interleaved, so the URL of the
--- call before is seldom the same. { shown, origin } by URL.
+-- What is printed of each URL without credentials and its origin, by URL
+-- (plan.url_facts): { shown, origin } by URL.
 cache.url_facts = cache.bounded(URLS_KEPT)
--- The origin of each scheme://authority (as written, without "@") seen: a
--- URL on a known origin is checked and printed with a few plain finds.
-cache.origin_of = cache.bounded(ORIGINS_KEPT)
--- plan.lua's last_head, last_head_origin: the scheme://authority before,
--- and its origin, found without a pattern.
 
--- plan.lua's last_opts, last_k1 ... last_v3, last_transport, last_common:
--- the options table of the call before with its names and values (three
--- at most) and what checking it found (check_options); last_seen is the
--- table of the call before, kept from a table's second call in a row.
-
--- Options tables fetch.check has passed, by table: what checking found,
--- taken by the fetch that follows (or by every fetch, for a table its
--- owner never changes: a negative mark).
+-- Options tables fetch.check has passed, by table: true, taken by the
+-- fetch that follows, or "kept", for every fetch with a table its owner
+-- never changes (plan.check).
 cache.checked = cache.weak()
 
 -- The header lines made from a caller's header table, by table (plan.lua:

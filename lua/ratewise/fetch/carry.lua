@@ -182,16 +182,4 @@ function carry.after(state, res, terr, sent_at, streaming, budget_cut)
   return false
 end
 
---- done = carry.first(res, terr, counters): the decision on a plain call's
--- first attempt (no policy, hook or limiter), whose state is not made yet:
--- true when the call returns res, its attempt counted; false when the
--- decision needs the call's state (carry.after's, then).
-function carry.first(res, terr, counters)
-  local d = decide(nil, res, terr)
-  if d.action ~= "return" then return false end
-  res.throttled = d.throttled
-  if counters then counting.attempt(counters, res.status) end
-  return true
-end
-
 return carry

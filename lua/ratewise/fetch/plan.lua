@@ -1,8 +1,9 @@
 -- fetch.plan: what a call will do, worked out once before its first
--- attempt: its options checked, what is printed of its URL, the URL's
--- secrets and origin, its method, body and header lines, and what it asks
--- of the attempts (a limiter, a circuit, a stream...). What is kept from
--- one call for the next lives in fetch.cache.
+-- attempt, as one record: its options checked, its URL (what is printed of
+-- it, its secrets and origin), its method, body and header lines, the
+-- request the engine reads, and what it asks of the attempts (a limiter, a
+-- circuit, a stream...). The same record is the call's state, which its
+-- attempts and the decision after each share. Caches: fetch.cache.
 local core = require "ratewise.core"
 local headers = require "ratewise.headers"
 local json = require "ratewise.json"
@@ -14,32 +15,10 @@ local options = require "ratewise.options"
 
 local now = core.now
 local format, lower, upper = string.format, string.lower, string.upper
-local find, match, sub, byte = string.find, string.match, string.sub, string.byte
-local type, tostring, pcall, pairs, ipairs, next, getmetatable, rawget, error =
-  type, tostring, pcall, pairs, ipairs, next, getmetatable, rawget, error
+local find = string.find
+local type, tostring, pcall, pairs, ipairs, getmetatable, rawget, error =
+  type, tostring, pcall, pairs, ipairs, getmetatable, rawget, error
 local call_hook, fetch_error = report.call_hook, report.fetch_error
-
--- n, k1, v1, k2, v2, k3, v3 = few_fields(t): the fields of table t and how
--- many, when it has no metatable and three at most; else false; nil for a
--- value that is not a table. One call of C (core.few_fields) where type,
--- getmetatable and next made four or five; under LuaJIT, whose compiler
--- makes those few instructions of a trace and cannot follow a call of C,
--- the same answer from them.
-local few_fields = core.few_fields
-if rawget(_G, "jit") ~= nil then
-  few_fields = function(t)
-    if type(t) ~= "table" then return nil end
-    if getmetatable(t) ~= nil then return false end
-    local k1, v1 = next(t)
-    if k1 == nil then return 0 end
-    local k2, v2 = next(t, k1)
-    if k2 == nil then return 1, k1, v1 end
-    local k3, v3 = next(t, k2)
-    if k3 == nil then return 2, k1, v1, k2, v2 end
-    if next(t, k3) ~= nil then return false end
-    return 3, k1, v1, k2, v2, k3, v3
-  end
-end
 
 local plan = {}
 
@@ -47,16 +26,15 @@ local plan = {}
 -- methods, less TRACE, which has no business in an API client).
 local replay_safe = { GET = true, HEAD = true, OPTIONS = true, PUT = true, DELETE = true }
 -- Methods servers expect a Content-Length on even when the body is empty:
--- a request of them without a body has a field the engine reads only when
--- listed (attempt.send's empty_body).
+-- a request of them without a body lists the engine's empty_body field.
 local has_body = { POST = true, PUT = true, PATCH = true }
-plan.has_body = has_body
 
 -- The time budget of a call that gives none, and its attempts' timeout.
 local DEFAULT_MAX_ELAPSED, DEFAULT_TIMEOUT = 120, 30
 plan.DEFAULT_MAX_ELAPSED, plan.DEFAULT_TIMEOUT = DEFAULT_MAX_ELAPSED, DEFAULT_TIMEOUT
 
--- test into production should not go unnoticed.
+-- Said once per process: a verify_tls = false carried from a test into
+-- production should not go unnoticed.
 local warned_insecure = false
 local function warn_insecure()
   if warned_insecure or not runtime.tls_warning() then return end
@@ -74,36 +52,14 @@ end
 -- function that checks (0 for fetch itself), so that the error names the
 -- caller's line.
 local fetch_options = options.fetch
-local check = options.check
+local check_value = options.check
 local function check_option(name, v, depth)
-  check("fetch", fetch_options, name, v, 3 + (depth or 0))
+  check_value("fetch", fetch_options, name, v, 3 + (depth or 0))
 end
 
 -- The transport options that go to the engine as they are (src/request.c).
 local transport_options, is_transport_option = options.transport, options.is_transport
 plan.transport_options, plan.is_transport_option = transport_options, is_transport_option
-
--- The options a call may have and still take fetch's common path: a GET
--- whose other options are read where they matter (the timeouts, the
--- headers), only at a retry, or by the engine alone (the transport options
--- that are not a stream's: a CA file, a client certificate, a proxy, which
--- set_transport hands on). An option whose entry is a value rather than
--- true is common with that value only: `method = "GET"`, as an
--- rw.client's calls name it.
-local is_common_option = { method = "GET" }
-for _, name in ipairs { "headers", "timeout", "max_elapsed", "max_retries", "on_retry", "delay", "base",
-  "max_delay", "jitter", "hint_jitter" } do
-  is_common_option[name] = true
-end
-for _, name in ipairs(transport_options) do
-  if name ~= "stream" and name ~= "first_byte_timeout" and name ~= "idle_timeout" then
-    is_common_option[name] = true
-  end
-end
--- The options a call with a body may add and still take a shorter path
--- (fetch.fetch's "body" class): a POST of JSON with headers and timeouts
--- reads the method, body and json, and none of the other options.
-local is_body_option = { method = true, body = true, json = true }
 
 -- A streamed response may go on for as long as the server sends: it has
 -- no total timeout. The time to its headers is bounded (first_byte_timeout,
@@ -112,6 +68,7 @@ local is_body_option = { method = true, body = true, json = true }
 local STREAM_IDLE_TIMEOUT = 60
 
 local clean_key = options.clean_key
+
 
 -- `level` is error's for fetch's caller seen from check_url.
 local function check_url(url, level)
@@ -129,76 +86,24 @@ local function check_url(url, level)
   end
 end
 
--- The URL facts kept (fetch.cache): by URL, and the origins by
--- scheme://authority; and (listed there) the call before's.
-local url_facts_of, origin_of = cache.url_facts, cache.origin_of
-local last_url, last_shown, last_secrets, last_origin = false, false, false, false
-local last_head, last_head_origin = false, false
-local keep, URL_KEPT_MAX = cache.keep, cache.URL_KEPT_MAX
-local SLASH, QUESTION, HASH = byte("/"), byte("?"), byte("#")
-
--- What is printed of a URL on a known origin (head: its scheme://authority
--- as written, n = #head) with no "@" (which redact_url reads closely), no
--- space and no control character (check_url's): the URL up to its query or
--- fragment. nil when it is not one (the full parse then decides).
-local function shown_on(url, n)
-  local c = byte(url, n + 1)
-  if c ~= nil and c ~= SLASH and c ~= QUESTION and c ~= HASH then return nil end
-  if find(url, "@", n + 1, true) or find(url, " ", 1, true) or find(url, "%c") then return nil end
-  local query, fragment = find(url, "?", n + 1, true), find(url, "#", n + 1, true)
-  local cut = query and fragment and (query < fragment and query or fragment) or query or fragment
-  return cut and sub(url, 1, cut - 1) or url
-end
-
--- What fetch derives from a URL it has not kept (url_facts): checked,
--- printed, its credentials and origin; the URL kept by URL when it carries
--- no credentials. On a known origin without "@", a few plain finds
--- instead of the dozen patterns of headers.redact_url and headers.origin
--- (the origin before is matched with no pattern at all: a Lua pattern's
--- character class costs tens of instructions a byte).
-local function learn_url(url, level)
-  local shown = last_head and type(url) == "string" and find(url, last_head, 1, true) == 1
-    and shown_on(url, #last_head)
-  local secrets, origin
-  if shown then
-    secrets, origin = false, last_head_origin
-  else
-    local head = type(url) == "string" and match(url, "^%a[%w+.-]*://[^/?#@]*")
-    origin = head and origin_of[head]
-    shown = origin and shown_on(url, #head)
-    if shown then
-      secrets = false
-      last_head, last_head_origin = head, origin
-    else
-      check_url(url, level)
-      shown = headers.redact_url(url)
-      secrets = url:find("@", 1, true) and headers.url_secrets(url, {}) or false
-      origin = headers.origin(url)
-      if head and not find(url, "@", 1, true) then -- head is then the whole authority
-        keep(origin_of, head, origin)
-        last_head, last_head_origin = head, origin
-      end
-    end
-  end
-  if not secrets and #url <= URL_KEPT_MAX then keep(url_facts_of, url, { shown, origin }) end
-  return shown, secrets, origin
-end
+-- What is printed of each URL without credentials and its origin, by URL
+-- (fetch.cache: bounded).
+local url_facts_of, keep, URL_KEPT_MAX = cache.url_facts, cache.keep, cache.URL_KEPT_MAX
 
 --- shown, secrets, origin = plan.url_facts(url [, extra]): what is printed
 -- of url (its query and credentials out), its credentials (false for
 -- none: headers.url_secrets) and its origin; raises for a URL fetch does
 -- not take, at the caller `extra` frames above url_facts' own.
 local function url_facts(url, extra)
-  if url ~= last_url then
-    local facts = url_facts_of[url]
-    if facts then
-      last_shown, last_secrets, last_origin = facts[1], false, facts[2]
-    else
-      last_shown, last_secrets, last_origin = learn_url(url, 5 + (extra or 0))
-    end
-    last_url = url
-  end
-  return last_shown, last_secrets, last_origin
+  local facts = url_facts_of[url]
+  if facts then return facts[1], false, facts[2] end
+  check_url(url, 4 + (extra or 0))
+  local shown = headers.redact_url(url)
+  local secrets = find(url, "@", 1, true) and headers.url_secrets(url, {}) or false
+  local origin = headers.origin(url)
+  -- A URL with credentials is worked out at each call: they are not kept.
+  if not secrets and #url <= URL_KEPT_MAX then keep(url_facts_of, url, { shown, origin }) end
+  return shown, secrets, origin
 end
 plan.url_facts = url_facts
 
@@ -224,10 +129,10 @@ local json_default_made = { lines = { "Content-Type: application/json", "Accept:
 
 -- The lines made from a caller's header table (fetch.cache), kept while
 -- the table holds the same names and values: most programs pass one table
--- (an Authorization line) on every call, and checking each name and value
--- again cost more than the rest of the call. A table whose contents changed
+-- (an Authorization line) on every call, and its names and values need not
+-- be checked and turned into lines again. A table whose contents changed
 -- since is checked and turned into lines anew. A table is kept from its
--- second call on (one made for each call costs a mark, not a copy), and no
+-- second call on (one made for each call gets a mark, not a copy), and no
 -- longer once it has changed more often than it was found the same (one
 -- changed for each call: an X-Request-Id put into it), nor when a value is
 -- a number (1 and 1.0 are equal, and are sent as "1" and "1.0").
@@ -240,13 +145,6 @@ local SEEN_ONCE, NEVER = {}, {}
 -- the order pairs gives them (the same for a table left as it was).
 local function same_headers(t, made)
   local names, values, i = made.names, made.values, 0
-  if made.n == 1 then
-    -- The commonest table, one header (a credential), without a loop: a
-    -- loop of one turn here kept LuaJIT from compiling the calls around it
-    -- ("inner loop in root trace"), and a client's calls ran interpreted.
-    local n, name, value = few_fields(t)
-    if n then return n == 1 and name == names[1] and value == values[1] end
-  end
   for name, value in pairs(t) do
     i = i + 1
     if names[i] ~= name or values[i] ~= value then return false end
@@ -295,6 +193,7 @@ local function keep_lines(made_from, t, lines, given, secrets)
   made_from[t] = { n = n, names = names, values = values, lines = lines, given = given, secrets = secrets,
     hits = hits, misses = misses }
 end
+
 local common_methods = { GET = true, HEAD = true, POST = true, PUT = true, DELETE = true,
   PATCH = true, OPTIONS = true }
 
@@ -338,91 +237,66 @@ local function uuid4()
     b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11, b12, b13, b14, b15, b16)
 end
 
-
--- The options table of the call before (listed in fetch.cache), its
--- names and values then (three at most), and what checking it answered;
--- kept from a table's second call in a row on (seen: the table of the call
--- before), so that a table made for each call costs a comparison, not a
--- copy. A table whose options hold objects checked for their contents
--- (contents_checked: an array of names, a limiter's methods) is checked
--- again at each call.
-local last_opts, last_seen, last_k1, last_v1, last_k2, last_v2, last_k3, last_v3, last_transport, last_common =
-  false, false
-local contents_checked = { secret_headers = true, limiter = true, circuit = true, budget = true, policy = true }
-
--- Checks the options a call gives, its table's own and those it inherits
--- through __index tables (a per-call table over a base), and returns
--- whether any is a transport option, whether they could all be listed (an
--- __index that is a function cannot be, and the options behind it go
--- unchecked), and whether all are common ones (is_common_option: true),
--- or common ones and a method, body or json ("body"), or not (false).
--- `depth` is check_option's. n, k1, v1, k2, v2, k3, v3: few_fields(opts),
--- which the caller has asked (plan.make, which looks first for the table
--- of the call before). Raises for opts that is not a table
--- (after any error of url, fetch's order).
-local function check_options(opts, depth, url, n, k1, v1, k2, v2, k3, v3)
-  -- A table of one to three options (most calls' own), without a
-  -- metatable, is checked without a loop: a loop of one turn keeps LuaJIT
-  -- from compiling the calls around it ("inner loop in root trace"), and
-  -- fetch ran interpreted.
-  if n then
-    if n == 0 then return false, true, true end
-    check_option(k1, v1, depth)
-    local common1 = is_common_option[k1]
-    common1 = common1 == true or common1 == v1 or is_body_option[k1] and "body"
-    if k2 == nil then
-      local transport = is_transport_option[k1] == true
-      common1 = common1 or false
-      if opts ~= last_seen then
-        last_seen = opts
-      elseif not contents_checked[k1] then
-        last_opts, last_k1, last_v1, last_k2, last_v2, last_k3, last_v3 = opts, k1, v1, nil, nil, nil, nil
-        last_transport, last_common = transport, common1
-      end
-      return transport, true, common1
-    end
-    check_option(k2, v2, depth)
-    local common2 = is_common_option[k2]
-    common2 = common2 == true or common2 == v2 or is_body_option[k2] and "body"
-    local transport = is_transport_option[k1] == true or is_transport_option[k2] == true
-    local common = common1 == true and common2 or common1 and common2 and "body" or false
-    if k3 ~= nil then -- three (a POST of JSON: its method, its json and a hook or a timeout)
-      check_option(k3, v3, depth)
-      local common3 = is_common_option[k3]
-      common3 = common3 == true or common3 == v3 or is_body_option[k3] and "body"
-      transport = transport or is_transport_option[k3] == true
-      common = common == true and common3 or common and common3 and "body" or false
-    end
-    if opts ~= last_seen then
-      last_seen = opts
-    elseif not (contents_checked[k1] or contents_checked[k2] or contents_checked[k3]) then
-      last_opts, last_k1, last_v1, last_k2, last_v2, last_k3, last_v3 = opts, k1, v1, k2, v2, k3, v3
-      last_transport, last_common = transport, common
-    end
-    return transport, true, common
+-- Lists request field `name` = v for the engine to read (names: the
+-- request's list so far, or nil for none yet); returns the list.
+local function list_field(request, names, name, v)
+  if request[name] == nil then
+    names = names or {}
+    names[#names + 1] = name
   end
-  if n == nil then bad_options_type(url, opts, depth + 3) end
-  local transport, common = false, true
+  request[name] = v
+  return names
+end
+
+-- The options plan.make need not look for itself: those every call reads,
+-- those only the decision reads, at a retry (fetch/decision.lua), and the
+-- transport options the engine alone reads (a stream is the attempts'
+-- too). A call that gives none but these has nothing else for plan.make
+-- to read: every other option it would look up is nil.
+local not_planned = { headers = true, timeout = true, max_elapsed = true, max_retries = true, on_retry = true,
+  delay = true, base = true, max_delay = true, jitter = true, hint_jitter = true }
+for _, name in ipairs(transport_options) do
+  if name ~= "stream" then not_planned[name] = true end
+end
+
+-- Reads the options a call gives, its table's own and those it inherits
+-- through __index tables (a per-call table over a base): checks each
+-- (unless `check` is false: fetch.check did), and lists in `request` (when
+-- given) the transport options among them, which the engine reads as they
+-- are. Options behind an __index function cannot be walked: they go
+-- unchecked, and the transport options are looked up by name. Returns the
+-- request's list of names (list_field's), and whether the call may give
+-- options beyond those read by every call, at a retry or by the engine.
+-- `depth` is check_option's.
+local function read_options(opts, check, depth, request)
+  local names, others = nil, false
   local t = opts
   for _ = 1, 16 do -- a loop of __index tables ends here too
     for k, v in pairs(t) do
       if t == opts or rawget(opts, k) == nil then -- an own option hides an inherited one
-        check_option(k, v, depth)
-        if is_transport_option[k] then transport = true end
-        local common_as = is_common_option[k]
-        if common_as ~= true and common_as ~= v then
-          if not is_body_option[k] then common = false elseif common then common = "body" end
-        end
+        if check then check_option(k, v, depth) end
+        -- (the first seen of a name is the one opts[name] gives)
+        if request and is_transport_option[k] and request[k] == nil then names = list_field(request, names, k, v) end
+        if not not_planned[k] then others = true end
       end
     end
     local mt = getmetatable(t)
-    if mt == nil then return transport, true, common end
+    if mt == nil then return names, others end
     local index = type(mt) == "table" and rawget(mt, "__index")
-    if index == nil then return transport, true, common end
-    if type(index) ~= "table" then return transport, false, false end
+    if index == nil then return names, others end
+    if type(index) ~= "table" then break end
     t = index
   end
-  return transport, false, false
+  if request then
+    for i = 1, #transport_options do
+      local name = transport_options[i]
+      if request[name] == nil then
+        local v = opts[name]
+        if v ~= nil then names = list_field(request, names, name, v) end
+      end
+    end
+  end
+  return names, true
 end
 
 -- What the caller's hooks may change before the first attempt: a policy's
@@ -467,30 +341,18 @@ local function limiter_methods(limiter)
   return m
 end
 
--- Apart from fetch: a closure inside it would cost LuaJIT's compiler every
--- return of fetch (closing upvalues is not compiled).
+-- (a method call, for pcall)
 local function limiter_capacity(limiter)
   return limiter:capacity()
 end
 
--- Options tables fetch.check has passed (fetch.cache), with what
--- check_options found (OPTIONS_*), for the fetch that follows to take
--- instead of checking them again: a client checks each call's table where
--- it is made, then fetches with it. Taken once. A mark below zero is kept
--- for every fetch with the table: a client's own table for calls that add
--- no options, which nobody else holds and the client never changes.
+-- Options tables fetch.check has passed (fetch.cache), for the fetch that
+-- follows to take instead of checking them again: a client checks each
+-- call's table where it is made, then fetches with it. true: taken by that
+-- fetch; "kept": for every fetch with the table (a client's own table for
+-- calls that add no options, which nobody else holds and the client never
+-- changes).
 local checked = cache.checked
--- no transport option; one at least; options behind an __index function;
--- common options only (is_common_option), without or with transport ones
-local OPTIONS_PLAIN, OPTIONS_TRANSPORT, OPTIONS_UNLISTED, OPTIONS_COMMON, OPTIONS_COMMON_TRANSPORT = 1, 2, 3, 4, 5
-local OPTIONS_BODY, OPTIONS_BODY_TRANSPORT = 6, 7
-
--- A mark's word on the table, as check_options says it: (transport,
--- listed, common).
-local function marked(mark)
-  return mark == OPTIONS_TRANSPORT or mark == OPTIONS_COMMON_TRANSPORT or mark == OPTIONS_BODY_TRANSPORT,
-    mark ~= OPTIONS_UNLISTED, mark >= OPTIONS_BODY and "body" or mark >= OPTIONS_COMMON
-end
 
 --- fetch.check(url, opts [, depth [, kept]]): raises, as fetch would, for a
 -- bad URL or option. For callers that run the fetch elsewhere (a shared
@@ -501,221 +363,178 @@ function plan.check(url, opts, depth, kept)
   depth = depth or 0
   url_facts(url)
   if type(opts) ~= "table" then bad_options_type(url, opts, 4 + depth) end
-  local transport, listed, common = check_options(opts, depth + 2, nil, few_fields(opts))
+  read_options(opts, true, depth + 2)
   request_method(opts, 4 + depth)
   if opts.query ~= nil then headers.with_query(url, opts.query, "fetch", 3 + depth) end
-  local mark = common == true and (transport and OPTIONS_COMMON_TRANSPORT or OPTIONS_COMMON)
-    or common == "body" and (transport and OPTIONS_BODY_TRANSPORT or OPTIONS_BODY)
-    or not listed and OPTIONS_UNLISTED or transport and OPTIONS_TRANSPORT or OPTIONS_PLAIN
-  checked[opts] = kept and -mark or mark
+  checked[opts] = kept and "kept" or true
 end
 
-
-
--- The state of a call, the table its attempts and decision share: made
--- with the plan for a call with options beyond the common ones, and for a
--- common call only at its first attempt that does not succeed (a call that
--- succeeds at once builds none).
-local function new_state(started, method, shown_url, max_elapsed, on_event)
-  return { attempts = 0, retries = 0, started = started, method = method, shown_url = shown_url,
-    max_elapsed = max_elapsed, on_event = on_event }
-end
-plan.new_state = new_state
-
---- state = plan.state(opts, counters, method, shown_url, url_secrets, header_secrets, safe, started,
--- deadline): the state of a common call, made at its first attempt that
--- does not succeed.
-function plan.state(opts, counters, method, shown_url, url_secrets, header_secrets, safe, started, deadline)
-  local state = new_state(started, method, shown_url, opts.max_elapsed or DEFAULT_MAX_ELAPSED, nil)
-  state.opts, state.counters, state.url_secrets, state.header_secrets = opts, counters, url_secrets, header_secrets
-  state.safe, state.deadline = safe, deadline
-  return state
-end
-
---- url, method, body, lines, header_secrets, shown_url, url_secrets, transport, rare, safe, state =
--- plan.make(url, opts, counters): a call's plan, its
--- options (a table) checked; or nil, err for a call that cannot be made.
--- Raises for misuse at fetch.fetch's caller. transport: whether the call
--- names a transport option; rare: whether the request has fields the
--- engine reads only when listed; state: the call's state (new_state) for a
--- call with options beyond the common ones, else nil.
-function plan.make(url, opts, counters)
-  -- whether the call names a transport option: one pass over what it
-  -- gives, instead of a look for each of them
-  -- common: true for a GET whose options are all common ones
-  -- (is_common_option), "body" for common ones and a method, body or json
-  -- (is_body_option): neither need look for the others
-  local transport, listed, common
-  local found = checked[opts]
-  if found then -- fetch.check's
-    if found > 0 then checked[opts] = nil else found = -found end
-    transport, listed, common = marked(found)
+-- Puts into plan p the header lines of a call (from its header table,
+-- key, secret names and JSON body) and their secret values, and whether a
+-- key makes it replay-safe; or nil, err when no idempotency key could be
+-- made.
+local function request_lines(p, header_table, key, extra_secrets, json_value)
+  -- A table of headers (with no key or secret_headers of the call's own)
+  -- makes the same lines as the last time it was seen, if it holds the
+  -- same names and values.
+  local keep_made = key == nil and extra_secrets == nil and type(header_table) == "table"
+    and header_table == p.opts.headers -- the caller's own, not a policy's for this call
+  local made_from = json_value ~= nil and lines_made_json or lines_made
+  local made = keep_made and made_lines(made_from, header_table)
+    or header_table == nil and key == nil and extra_secrets == nil and json_value ~= nil and json_default_made
+  local lines, given, header_secrets
+  if made then
+    lines, given, header_secrets = made.lines, made.given, made.secrets
   else
-    local n, k1, v1, k2, v2, k3, v3 = few_fields(opts)
-    -- The table of the call before, with the same names and values (one
-    -- options table made once and passed to every call): what its check
-    -- found then. (Asked here, not in check_options: a call less.)
-    if n and opts == last_opts and k1 == last_k1 and v1 == last_v1 and k2 == last_k2 and v2 == last_v2
-      and k3 == last_k3 and v3 == last_v3 then
-      transport, listed, common = last_transport, true, last_common
-    else
-      transport, listed, common = check_options(opts, 2, url, n, k1, v1, k2, v2, k3, v3)
-    end
-  end
-  local query, json_value
-  if common == "body" then
-    json_value = opts.json
-  elseif not common then
-    query, json_value = opts.query, opts.json
-    if query ~= nil then
-      url_facts(url, 1)
-      url = headers.with_query(url, query, "fetch", 3)
-    end
-  end
-  local shown_url, url_secrets, origin
-  if url == last_url then -- most calls: the URL of the call before
-    shown_url, url_secrets, origin = last_shown, last_secrets, last_origin
-  else
-    shown_url, url_secrets, origin = url_facts(url, 1)
-  end
-
-  local method, body, policy, header_table, key, extra_secrets
-  if common == true then
-    method, header_table = "GET", opts.headers
-  elseif common == "body" then
-    method, body, header_table = request_method(opts, 4), opts.body, opts.headers
-    if json_value ~= nil then body = json.encode(json_value, "fetch: option 'json'", 3) end
-  else
-    method, body = opts.method, opts.body
-    if method == nil and body == nil and json_value == nil then
-      method = "GET"
-    else
-      method = request_method(opts, 4)
-    end
+    lines, given, header_secrets = headers.request_lines(header_table, extra_secrets, 5)
     if json_value ~= nil then
-      body = json.encode(json_value, "fetch: option 'json'", 3)
-    end
-    policy = opts.policy
-    if policy and policy.prepare then
-      header_table, key = prepared(opts, method, url, body)
-    else
-      header_table, key = opts.headers, opts.idempotency_key
-    end
-    extra_secrets = opts.secret_headers and headers.secret_set(opts.secret_headers, "fetch")
-  end
-  local lines, given, header_secrets = default_lines, no_names, nil
-  if header_table ~= nil or key ~= nil or json_value ~= nil then
-    -- A table of headers (with no key or secret_headers of the call's own)
-    -- makes the same lines as the last time it was seen, if it holds the
-    -- same names and values.
-    local keep_made = key == nil and extra_secrets == nil and type(header_table) == "table"
-      and header_table == opts.headers -- the caller's own, not a policy's for this call
-    local made_from = json_value ~= nil and lines_made_json or lines_made
-    local made = keep_made and made_lines(made_from, header_table)
-      or header_table == nil and key == nil and extra_secrets == nil and json_value ~= nil and json_default_made
-    if made then
-      lines, given, header_secrets = made.lines, made.given, made.secrets
-    else
-      lines, given, header_secrets = headers.request_lines(header_table, extra_secrets, 4)
-    end
-    if json_value ~= nil and not made then
       -- JSON goes out labelled as JSON, and asks for JSON back, unless the
       -- caller said otherwise (a vendor type such as application/vnd.api+json).
       if not given["content-type"] then lines[#lines + 1] = "Content-Type: application/json" end
       if not given.accept then lines[#lines + 1] = "Accept: application/json" end
     end
-    local header_key = given["idempotency-key"]
-    if header_key ~= nil then
-      if key ~= nil then
-        error("fetch: the idempotency key is given both as an option and as a header", 3)
-      end
-      if not clean_key(header_key) then
-        error("fetch: header 'Idempotency-Key' is blank: a blank key cannot make a request replay-safe", 3)
-      end
+  end
+  local header_key = given["idempotency-key"]
+  if header_key ~= nil then
+    if key ~= nil then
+      error("fetch: the idempotency key is given both as an option and as a header", 4)
     end
-    if key == true then
-      local err
-      key, err = uuid4()
-      if not key then
-        local state = new_state(now(), method, shown_url, opts.max_elapsed or DEFAULT_MAX_ELAPSED, opts.on_event)
-        return nil, fetch_error("entropy", format("%s: no idempotency key could be made: %s",
-          method .. " " .. shown_url, tostring(err)), state)
-      end
+    if not clean_key(header_key) then
+      error("fetch: header 'Idempotency-Key' is blank: a blank key cannot make a request replay-safe", 4)
     end
-    if key then lines[#lines + 1] = "Idempotency-Key: " .. key end
+  end
+  if key == true then
+    local err
+    key, err = uuid4()
+    if not key then
+      return nil, format("%s: no idempotency key could be made: %s", p.method .. " " .. p.shown_url, tostring(err))
+    end
+  end
+  if key then lines[#lines + 1] = "Idempotency-Key: " .. key end
+  if not made then
+    if not given["user-agent"] then lines[#lines + 1] = user_agent_line end
+    if keep_made then keep_lines(made_from, header_table, lines, given, header_secrets) end
+  end
+  p.headers = lines
+  if header_secrets then p.header_secrets = header_secrets end
+  if key ~= nil or header_key ~= nil then p.safe = true end
+  return true
+end
+
+--- p | nil, err = plan.make(url, opts, counters): a call's plan, its
+-- options (a table) checked; nil, err for a call that cannot be made (no
+-- idempotency key could be made). Raises for misuse at fetch.fetch's
+-- caller. The plan is one record:
+--   url, method, headers (the header lines), body, timeout, transport: the
+--     request the engine reads (runtime.transfer), with the rarer fields
+--     listed in transport (false: none); timeout is set by each attempt
+--   shown_url, url_secrets, origin: plan.url_facts' of url
+--   header_secrets: the secret values among the header lines, or nil
+--   safe: whether the request may be sent again (replay-safe)
+--   attempt_timeout, max_elapsed: an attempt's timeout, the call's budget
+--   opts, counters: the call's options and an rw.client's counters
+--   policy, limiter, circuit, budget, on_event, sleep, cost, retry_after,
+--     retry_after_max, max_body, stream: the options the attempts and the
+--     decision act on; first_byte, idle: a stream's bounds;
+--     limiter_methods: the limiter's optional methods
+--   hooked: whether anything is to be told of an attempt or asked before
+--     one (a policy, limiter, circuit, budget, hook or stream)
+-- It is also the call's state: fetch.fetch adds started, deadline,
+-- attempts and retries, the decision what it keeps between attempts.
+function plan.make(url, opts, counters)
+  if type(opts) ~= "table" then bad_options_type(url, opts, 4) end
+  local p = { url = false, method = "GET", headers = default_lines, timeout = false, transport = false,
+    shown_url = false, origin = false, safe = true, opts = opts,
+    attempt_timeout = opts.timeout or DEFAULT_TIMEOUT, max_elapsed = opts.max_elapsed or DEFAULT_MAX_ELAPSED }
+  local mark = checked[opts] -- fetch.check's
+  if mark == true then checked[opts] = nil end
+  local names, others = read_options(opts, not mark, 2, p)
+  local method, body, json_value, header_table, key, extra_secrets = "GET", nil, nil, opts.headers, nil, nil
+  local policy, secret_headers, stream
+  local query = others and opts.query -- (others: else every option below is nil)
+  if query then
+    url_facts(url, 1)
+    url = headers.with_query(url, query, "fetch", 3)
+  end
+  local shown_url, url_secrets, origin = url_facts(url, 1)
+  if others then
+    json_value, body = opts.json, opts.body
+    if opts.method ~= nil or body ~= nil or json_value ~= nil then method = request_method(opts, 4) end
+    if json_value ~= nil then body = json.encode(json_value, "fetch: option 'json'", 3) end
+    policy = opts.policy
+    if policy and policy.prepare then
+      header_table, key = prepared(opts, method, url, body)
+    else
+      key = opts.idempotency_key
+    end
+    secret_headers = opts.secret_headers
+    extra_secrets = secret_headers and headers.secret_set(secret_headers, "fetch")
+    stream = opts.stream == true
+  end
+  p.url, p.method, p.shown_url, p.origin = url, method, shown_url, origin
+  if url_secrets then p.url_secrets = url_secrets end
+  if body ~= nil then p.body = body end
+  if counters ~= nil then p.counters = counters end
+  p.safe = replay_safe[method] or others and opts.retry_non_idempotent or false
+  if header_table ~= nil or key ~= nil or json_value ~= nil then
+    local made, err = request_lines(p, header_table, key, extra_secrets, json_value)
     if not made then
-      if not given["user-agent"] then lines[#lines + 1] = user_agent_line end
-      if keep_made then keep_lines(made_from, header_table, lines, given, header_secrets) end
+      p.started, p.attempts = now(), 0
+      return nil, fetch_error("entropy", err, p)
     end
   end
 
-  if common == true then
-    -- a replay-safe GET that follows redirects, with no hooks, limiter or
-    -- stream, and no field the engine reads only when listed but its
-    -- transport options
-    return url, method, nil, lines, header_secrets, shown_url, url_secrets, transport, transport, true
-  elseif common == "body" then
-    -- a request with a body, and no key, hook, limiter or stream: its
-    -- method or an Idempotency-Key header says whether it is replay-safe
-    local safe = replay_safe[method] or given["idempotency-key"] ~= nil
-    return url, method, body, lines, header_secrets, shown_url, url_secrets, transport,
-      transport or body == nil and has_body[method] or not safe and "no_replay", safe
-  end
-  local safe = replay_safe[method] or opts.retry_non_idempotent or key ~= nil or given["idempotency-key"] ~= nil
-  local max_elapsed = opts.max_elapsed or DEFAULT_MAX_ELAPSED
-  local timeout = opts.timeout or DEFAULT_TIMEOUT
-  local limiter, circuit, budget, on_event = opts.limiter, opts.circuit, opts.budget, opts.on_event
-  local state = new_state(false, method, shown_url, max_elapsed, on_event)
-  state.opts, state.counters, state.url_secrets, state.header_secrets, state.origin = opts, counters, url_secrets,
-    header_secrets, origin
-  state.policy, state.limiter, state.circuit, state.budget = policy, limiter, circuit, budget
-  local cost = limiter and (opts.cost or 1)
-  state.cost = cost
-  local retry_after = opts.retry_after -- nil: honor
-  if retry_after == "clamp" or retry_after == "fail_fast" then
-    state.retry_after_max = opts.retry_after_max
-    if not state.retry_after_max then
+  -- The request's fields the engine reads only when listed.
+  -- (servers expect a Content-Length on these even when the body is empty)
+  if body == nil and has_body[method] then names = list_field(p, names, "empty_body", true) end
+  -- libcurl re-sends a request on its own when a reused connection turns
+  -- out to be dead; only a replay-safe request may take that chance (the
+  -- engine keeps any other from it: src/request.c, no_replay).
+  if not p.safe then names = list_field(p, names, "no_replay", true) end
+  if others then
+    local limiter, circuit, budget, on_event = opts.limiter, opts.circuit, opts.budget, opts.on_event
+    p.policy, p.limiter, p.circuit, p.budget, p.on_event = policy, limiter, circuit, budget, on_event
+    p.sleep, p.retry_after, p.retry_after_max = opts.sleep, opts.retry_after, opts.retry_after_max
+    p.hooked = (policy or limiter or circuit or budget or on_event or stream) and true or false
+    local retry_after = p.retry_after -- nil: honor
+    if (retry_after == "clamp" or retry_after == "fail_fast") and not p.retry_after_max then
       error(format("fetch: option 'retry_after' = %q needs retry_after_max, the longest wait to accept",
         retry_after), 3)
     end
-  end
-  state.retry_after = retry_after
-  local follow, max_body, verify_tls = opts.follow_redirects ~= false, opts.max_body, opts.verify_tls
-  state.follow, state.max_body, state.verify_tls = follow, max_body, verify_tls
-  if verify_tls == false then warn_insecure() end
-  local stream = opts.stream == true
-  state.stream = stream
-  if not listed then -- options behind an __index function: looked for one by one
-    for i = 1, #transport_options do
-      if opts[transport_options[i]] ~= nil then transport = true end
+    if limiter then
+      local cost = opts.cost or 1
+      p.cost = cost
+      if opts.cost then
+        -- A cost no limiter could ever serve would wait forever (or fail deep inside).
+        local ok, capacity = pcall(limiter_capacity, limiter)
+        if ok and type(capacity) == "number" and cost > capacity then
+          error(format("fetch: option 'cost' (%s) is more than the limiter's capacity (%s): it could never be "
+            .. "served", tostring(cost), tostring(capacity)), 3)
+        end
+      end
+      p.limiter_methods = limiter_methods(limiter)
+    end
+    if opts.follow_redirects == false then names = list_field(p, names, "follow_redirects", false) end
+    local max_body = opts.max_body
+    if max_body ~= nil then names = list_field(p, names, "max_body", max_body) end
+    local verify_tls = opts.verify_tls
+    if verify_tls ~= nil then
+      names = list_field(p, names, "verify_tls", verify_tls)
+      if verify_tls == false then warn_insecure() end
+    end
+    -- More names whose lines the engine keeps from another origin.
+    if secret_headers ~= nil then names = list_field(p, names, "secret_headers", secret_headers) end
+    if stream then
+      -- the bound on the time to its headers (cut to the time left by each
+      -- attempt), and on a silence in its body
+      p.first_byte = opts.first_byte_timeout or p.attempt_timeout
+      p.idle = opts.idle_timeout or STREAM_IDLE_TIMEOUT
+      names = list_field(p, names, "first_byte_timeout", p.first_byte)
+      names = list_field(p, names, "idle_timeout", p.idle)
     end
   end
-  if stream then
-    -- the bound on the time to its headers, and on a silence in its body
-    state.first_byte = opts.first_byte_timeout or timeout
-    state.idle = opts.idle_timeout or STREAM_IDLE_TIMEOUT
-  end
-  local no_replay = not safe or nil
-  if opts.cost and limiter then
-    -- A cost no limiter could ever serve would wait forever (or fail deep inside).
-    local ok, capacity = pcall(limiter_capacity, limiter)
-    if ok and type(capacity) == "number" and cost > capacity then
-      error(format("fetch: option 'cost' (%s) is more than the limiter's capacity (%s): it could never be "
-        .. "served", tostring(cost), tostring(capacity)), 3)
-    end
-  end
-  if limiter then state.limiter_methods = limiter_methods(limiter) end
-  local secret_headers = opts.secret_headers
-  state.secret_headers, state.sleep, state.safe = secret_headers, opts.sleep, safe
-  -- whether the request has fields the engine reads only when listed (a
-  -- plain GET has none: the engine looks up six fields, not twelve)
-  local rare = transport or body == nil and has_body[method] or not follow or max_body ~= nil or verify_tls ~= nil
-    or no_replay or secret_headers ~= nil
-  -- Whether the call has anything to tell of an attempt or to ask before
-  -- one (a policy, limiter, circuit, budget, hook or stream): without, a
-  -- 2xx is returned as soon as it is made a response.
-  state.hooked = (policy or limiter or circuit or budget or on_event or stream) and true or false
-  return url, method, body, lines, header_secrets, shown_url, url_secrets, transport, rare, safe, state
+  p.transport = names or false -- false: the engine need not look for any
+  return p
 end
 
 return plan
