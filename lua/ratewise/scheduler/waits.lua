@@ -57,15 +57,14 @@ local park = waits.park
 local function never() return false end
 
 --- Waits `seconds`: as a task, by yielding; elsewhere, by driving the
--- scheduler (the other tasks run meanwhile) and blocking in its poll. A task
--- that is cancelled meanwhile calls on_cancel(a, b) first.
-function waits.sleep(seconds, on_cancel, a, b)
+-- scheduler (the other tasks run meanwhile) and blocking in its poll.
+function waits.sleep(seconds)
   local bad = bad_seconds(seconds)
   if bad then
     error(format("sleep: seconds must be a finite number (got %s)", bad), 2)
   end
   -- a tail call: one frame less on a waiting task
-  if current() then return park(seconds, nil, on_cancel, a, b) end
+  if current() then return park(seconds) end
   drive(MAIN, never, nil, now() + seconds)
 end
 
