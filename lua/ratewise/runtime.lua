@@ -32,6 +32,7 @@
 local compat = require "ratewise.compat"
 local core = require "ratewise.core"
 local errors = require "ratewise.errors"
+local options = require "ratewise.options"
 local scheduler = require "ratewise.scheduler"
 local log = require "ratewise.log"
 
@@ -42,7 +43,7 @@ local run_transfer = scheduler.run_transfer
 local isyieldable, pcall, running = compat.isyieldable, compat.pcall, compat.running
 local yield = coroutine.yield
 local format, sort = string.format, table.sort
-local type, error, tostring, pairs, setmetatable = type, error, tostring, pairs, setmetatable
+local type, error, pairs, setmetatable = type, error, pairs, setmetatable
 
 local runtime = {}
 
@@ -264,6 +265,10 @@ end)
 local ENGINE_OPTIONS = { max_connections = true, max_idle_connections = true }
 local MAX_LIMIT = 1000000
 local HOST_OPTIONS = { sleep = true, wait = true }
+local CONFIGURE_OPTIONS = { log = true, tls_warning = true }
+for _, set in pairs({ ENGINE_OPTIONS, HOST_OPTIONS }) do
+  for k in pairs(set) do CONFIGURE_OPTIONS[k] = true end
+end
 local tls_warning = true
 
 --- runtime.configure{sleep = fn | false, wait = fn | false, log = fn | false | true,
@@ -291,7 +296,7 @@ function runtime.configure(opts)
           type(v)), 2)
       end
     elseif not HOST_OPTIONS[k] then
-      error(format("configure: unknown option '%s'", tostring(k)), 2)
+      options.unknown("configure", k, CONFIGURE_OPTIONS, 2)
     elseif v ~= false and type(v) ~= "function" then
       errors.bad_option("configure", k, "a function or false", v, 2)
     end

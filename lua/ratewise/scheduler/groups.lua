@@ -2,6 +2,7 @@
 -- for together) and rw.map (a list worked through by a few tasks).
 local compat = require "ratewise.compat"
 local errors = require "ratewise.errors"
+local options = require "ratewise.options"
 local loop = require "ratewise.scheduler.loop"
 local state = require "ratewise.scheduler.state"
 local tasks = require "ratewise.scheduler.tasks"
@@ -13,6 +14,7 @@ local trim = loop.trim
 local unpack = compat.unpack
 local format, min = string.format, math.min
 local type, tostring, pairs, error = type, tostring, pairs, error
+local MAP_OPTIONS = { concurrency = true }
 local bad_option = errors.bad_option
 
 local groups = {}
@@ -79,7 +81,7 @@ function groups.map(list, fn, opts)
   if opts ~= nil then
     if type(opts) ~= "table" then error(format("map: options must be a table (got %s)", type(opts)), 2) end
     for k in pairs(opts) do
-      if k ~= "concurrency" then error(format("map: unknown option '%s'", tostring(k)), 2) end
+      if not MAP_OPTIONS[k] then options.unknown("map", k, MAP_OPTIONS, 2) end
     end
     local c = opts.concurrency
     if c ~= nil then
