@@ -815,6 +815,31 @@ describe("the scheduler's state", function()
     assert.is_true(state.progress > 0)
   end)
 
+  it("lets a task waiting on a timer cost what one waiting without a timer does", function()
+    -- The timer's push runs on the waiting task's stack: a C call there
+    -- (math.floor) grew the stack of every task that slept, for as long as
+    -- it slept.
+    local function bytes_a_task(wait)
+      collectgarbage()
+      collectgarbage()
+      local before = collectgarbage("count")
+      local tasks = {}
+      for i = 1, 2000 do tasks[i] = rw.spawn(wait) end
+      rw.step(0, false)
+      collectgarbage()
+      collectgarbage()
+      local bytes = (collectgarbage("count") - before) * 1024 / #tasks
+      for i = 1, #tasks do tasks[i]:cancel() end
+      rw.step(0, false)
+      return bytes
+    end
+    local ev = scheduler.event()
+    local untimed = bytes_a_task(function() ev:wait() end)
+    local timed = bytes_a_task(function() rw.sleep(100) end)
+    assert.is_true(timed < untimed + 200,
+      string.format("a sleeping task costs %.0f bytes, one waiting for an event %.0f", timed, untimed))
+  end)
+
   it("is kept nowhere else: no part of the scheduler holds a table or a value it changes", function()
     -- A part's top-level locals are its module table, a metatable of a kind
     -- (Task), constants (UPPER_CASE), what it took from other modules, and

@@ -10,7 +10,7 @@ local errors = require "ratewise.errors"
 local state = require "ratewise.scheduler.state"
 
 local S = state.record
-local huge, max, floor = math.huge, math.max, math.floor
+local huge, max = math.huge, math.max
 local type, tostring = type, tostring
 local shown = errors.shown
 
@@ -37,13 +37,16 @@ end
 --- timers.push(at, task, id): wake task's wait numbered id at `at`
 -- (monotonic seconds). The caller has moved its task to that wait already,
 -- and the sweep (which runs first) drops only timers of waits that are over.
+-- It runs on the waiting task's stack, so it calls no C function (math.floor):
+-- a C call asks for room on that stack, and a waiting task whose stack grew
+-- keeps it grown for as long as it waits.
 function push(at, task, id)
   if S.heap_n + 1 >= S.sweep_at then sweep() end
   local heap_at, heap_task, heap_id = S.heap_at, S.heap_task, S.heap_id
   local i = S.heap_n + 1
   S.heap_n = i
   while i > 1 do
-    local parent = floor(i / 2)
+    local parent = (i - i % 2) / 2 -- an integer-valued float from Lua 5.3 on: the same key
     if heap_at[parent] <= at then break end
     heap_at[i], heap_task[i], heap_id[i] = heap_at[parent], heap_task[parent], heap_id[parent]
     i = parent
