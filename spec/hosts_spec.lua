@@ -396,4 +396,115 @@ describe("the waiting seam", function()
       assert.is_true(waiting_frames > 5, waiting_frames .. " frames")
     end)
   end)
+
+  -- issue 38, section 4: a wait outside a task in a host with an event
+  -- loop of its own blocks that loop; it says so once, naming what to do,
+  -- and is served all the same. WeeChat and Tarantool are not installed
+  -- here: a process of its own fakes the globals each host is found by,
+  -- and fetches from the suite's server over the real transport.
+  describe("in a host whose loop a wait would block", function()
+    local subprocess = require "spec.support.subprocess"
+
+    -- out, code: `fake` (Lua setting the host's globals up) then `work`,
+    -- in a process of its own; base is the server's URL there.
+    local function in_host(fake, work)
+      return subprocess.run_lua(string.format("local base = %q\n", s.base) .. fake .. "\n"
+        .. 'local rw = require "ratewise"\n' .. work, 20)
+    end
+
+    local function count(text, plain)
+      local n, at = 0, 1
+      while true do
+        local found = text:find(plain, at, true)
+        if not found then return n end
+        n, at = n + 1, found + #plain
+      end
+    end
+
+    -- Three sequential fetches and a sleep: every kind of wait outside a task.
+    local WORK = [[
+      for i = 1, 3 do
+        local res, err = rw.fetch(base .. "/loop/" .. i, { on_retry = false, max_retries = 0 })
+        print("fetch", res and res.status, res and res.body or tostring(err))
+      end
+      rw.sleep(0.01)
+      print("done")
+    ]]
+
+    local function assert_served(out, code)
+      assert.equal(0, code, out)
+      for i = 1, 3 do assert.matches("fetch\t200\tbody " .. i .. "\n", out, 1, true) end
+      assert.matches("done\n", out, 1, true)
+      for i = 1, 3 do assert.equal(1, #s:log("/loop/" .. i)) end
+    end
+
+    before_each(function()
+      for i = 1, 3 do s:script("/loop/" .. i, { { status = 200, body = "body " .. i, delay = 0.05 } }) end
+    end)
+
+    it("in WeeChat, says once in WeeChat's core buffer, never on standard error, and fetches", function()
+      local out, code = in_host([[
+        -- WeeChat replaces standard error: a line written there is lost
+        io.stderr = { write = function() print("STDERR WRITTEN"); os.exit(7) end }
+        _G.weechat = {
+          hook_fd = function() end, hook_timer = function() end,
+          prefix = function(name) return "<" .. name .. ">" end,
+          print = function(buffer, line) print("weechat.print", buffer == "" and "core" or buffer, line) end,
+        }
+      ]], WORK)
+      assert_served(out, code)
+      assert.equal(0, count(out, "STDERR WRITTEN"), out)
+      assert.equal(1, count(out, "weechat.print\tcore\tratewise: a wait outside a task blocks WeeChat"), out)
+      assert.equal(1, count(out, "blocks WeeChat"), out)
+      assert.matches("rw.spawn", out, 1, true)
+      assert.matches("weechat.hook_fd on rw.pollable:pollfd()", out, 1, true)
+      -- a task's error nobody joined: an error line, with WeeChat's prefix
+      local out2, code2 = in_host([[
+        io.stderr = { write = function() print("STDERR WRITTEN"); os.exit(7) end }
+        _G.weechat = {
+          hook_fd = function() end, hook_timer = function() end,
+          prefix = function(name) return "<" .. name .. ">" end,
+          print = function(buffer, line) print("weechat.print", buffer, line) end,
+        }
+      ]], [[
+        rw.spawn(function() error("boom") end)
+        rw.step(0)
+        print("stepped")
+      ]])
+      assert.equal(0, code2, out2)
+      assert.matches("weechat.print\t\t<error>ratewise: a task failed and nobody joined it:", out2, 1, true)
+    end)
+
+    -- Tarantool's built-in modules are in package.loaded from the start, and
+    -- box is a global.
+    local FAKE_TARANTOOL = [[
+      local socket = require "socket"
+      local fiber_sleeps = 0
+      package.loaded.fiber = {
+        sleep = function(seconds) fiber_sleeps = fiber_sleeps + 1; socket.sleep(seconds) end,
+        self = function() return {} end,
+      }
+      _G.box = { cfg = function() end }
+      function _G.fiber_sleeps_so_far() return fiber_sleeps end
+    ]]
+
+    it("in Tarantool, says once in the log, naming fiber.sleep, and fetches", function()
+      local out, code = in_host(FAKE_TARANTOOL, WORK)
+      assert_served(out, code)
+      assert.equal(1, count(out, "ratewise: a wait outside a task blocks Tarantool's event loop"), out)
+      assert.matches("rw.configure{sleep = require('fiber').sleep}", out, 1, true)
+    end)
+
+    it("in Tarantool configured as the warning says, waits in fiber.sleep and says nothing", function()
+      local out, code = in_host(FAKE_TARANTOOL, [[
+        rw.configure { sleep = require("fiber").sleep }
+      ]] .. WORK .. [[
+        print("fiber sleeps", fiber_sleeps_so_far())
+      ]])
+      assert_served(out, code)
+      assert.equal(0, count(out, "blocks Tarantool"), out)
+      local sleeps = tonumber(out:match("fiber sleeps\t(%d+)"))
+      assert.is_true(sleeps ~= nil and sleeps >= 4, out) -- each fetch napped, and the sleep slept
+    end)
+  end)
 end)

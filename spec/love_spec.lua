@@ -259,7 +259,7 @@ describe("ratewise.hosts.love's install", function()
 
   it("refuses options it does not know, and bad ones, by name", function()
     assert.has_error(function() love_host.install { budgte = 0.001 } end,
-      "ratewise.hosts.love.install: unknown option 'budgte'")
+      "ratewise.hosts.love.install: unknown option 'budgte' (did you mean 'budget'?)")
     assert.has_error(function() love_host.install { budget = 0 } end,
       "ratewise.hosts.love.install: budget must be a positive number of seconds (got 0)")
     assert.has_error(function() love_host.install { on_error = "print" } end,

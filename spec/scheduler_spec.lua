@@ -295,15 +295,15 @@ describe("the scheduler", function()
 
     it("step's budget leaves the tasks it did not reach in place: a call's work does not grow with them", function()
       -- A call that ran out of budget moved every task it had not reached
-      -- to the front of the queue: with 5,000 ready, 45,000 instructions of
-      -- the scheduler a call, against 280 with 10.
-      -- The Lua instructions run in scheduler.lua during fn(), counted
-      -- (LuaJIT: interpreted, as its compiled code calls no hook).
+      -- to the front of the queue, so its work grew with the tasks ready.
+      -- The Lua instructions run in the scheduler (scheduler.lua and
+      -- scheduler/) during fn(), counted (LuaJIT: interpreted, as its
+      -- compiled code calls no hook).
       local function scheduler_instructions(fn)
         local count, jit = 0, rawget(_G, "jit")
         if jit then jit.flush(); jit.off() end
         debug.sethook(function()
-          if debug.getinfo(2, "S").short_src:find("scheduler.lua", 1, true) then count = count + 1 end
+          if debug.getinfo(2, "S").short_src:find("ratewise/scheduler", 1, true) then count = count + 1 end
         end, "", 1)
         fn()
         debug.sethook()
@@ -762,9 +762,127 @@ describe("a transfer's owner", function()
     end
     p:close()
     assert.is_true(files > 20, files .. " files found")
+    -- the scheduler's waits (scheduler/waits.lua) are the one writer
     for _, where in ipairs(writers) do
-      assert.matches("^lua/ratewise/scheduler%.lua:", where)
+      assert.matches("^lua/ratewise/scheduler/waits%.lua:", where)
     end
     assert.is_true(#writers >= 3, "the scheduler's own writers were not found: " .. table.concat(writers, ", "))
+  end)
+end)
+
+-- issue 38, section 5: the scheduler's state is one record (scheduler.state()),
+-- which its parts (lua/ratewise/scheduler/*.lua) share and keep nothing
+-- beside.
+describe("the scheduler's state", function()
+  local scheduler = require "ratewise.scheduler"
+  local s
+
+  setup(function() s = server.start() end)
+  teardown(function() s:stop() end)
+
+  it("is one record, holding nothing of a run once its tasks are done", function()
+    local state = scheduler.state()
+    assert.equal(state, scheduler.state())
+    s:script("/one", { { status = 200, body = "one", delay = 0.05 } })
+    local sem = rw.semaphore(1)
+    local bodies = rw.run(function()
+      local got = {}
+      -- a permit that comes before its timeout leaves a stale timer behind
+      local holder = rw.spawn(function()
+        sem:acquire()
+        rw.sleep(0.02)
+        sem:release()
+      end)
+      local waiter = rw.spawn(function()
+        assert.is_true(sem:acquire(10))
+        sem:release()
+      end)
+      got[1] = assert(rw.fetch(s:url("/one"), quiet)).body
+      holder:join()
+      waiter:join()
+      return got
+    end)
+    assert.same({ "one" }, bodies)
+    rw.step(0) -- stale timers go as they surface
+    assert.equal(0, state.live)
+    assert.equal(0, state.ready_n)
+    assert.equal(0, state.heap_n)
+    assert.is_nil(state.current)
+    assert.is_nil(state.work_until)
+    assert.is_nil(next(state.fd_waiter))
+    assert.is_nil(next(state.fd_ready))
+    assert.is_nil(next(state.finished))
+    assert.is_true(state.progress > 0)
+  end)
+
+  it("lets a task waiting on a timer cost what one waiting without a timer does", function()
+    -- The timer's push runs on the waiting task's stack: a C call there
+    -- (math.floor) grew the stack of every task that slept, for as long as
+    -- it slept.
+    local function bytes_a_task(wait)
+      collectgarbage()
+      collectgarbage()
+      local before = collectgarbage("count")
+      local tasks = {}
+      for i = 1, 2000 do tasks[i] = rw.spawn(wait) end
+      rw.step(0, false)
+      collectgarbage()
+      collectgarbage()
+      local bytes = (collectgarbage("count") - before) * 1024 / #tasks
+      for i = 1, #tasks do tasks[i]:cancel() end
+      rw.step(0, false)
+      return bytes
+    end
+    local ev = scheduler.event()
+    local untimed = bytes_a_task(function() ev:wait() end)
+    local timed = bytes_a_task(function() rw.sleep(100) end)
+    assert.is_true(timed < untimed + 200,
+      string.format("a sleeping task costs %.0f bytes, one waiting for an event %.0f", timed, untimed))
+  end)
+
+  it("is kept nowhere else: no part of the scheduler holds a table or a value it changes", function()
+    -- A part's top-level locals are its module table, a metatable of a kind
+    -- (Task), constants (UPPER_CASE), what it took from other modules, and
+    -- functions; none is assigned again, and only state.lua makes the record.
+    local p = assert(io.popen("ls lua/ratewise/scheduler/*.lua"))
+    local found, parts = {}, 0
+    for path in p:lines() do
+      parts = parts + 1
+      local f = assert(io.open(path, "rb"))
+      local text = f:read("*a")
+      f:close()
+      local module = path:match("([%w_]+)%.lua$")
+      local names = {}
+      for line in text:gmatch("[^\n]+") do
+        local declared, value = line:match("^local ([%w_, ]+) =%s*(.*)$")
+        if not declared then declared = line:match("^local ([%w_]+)%s*$") end
+        if declared and not line:match("^local function") then
+          for name in declared:gmatch("[%w_]+") do
+            names[name] = true
+            local table_made = value and value:match("^{") ~= nil
+            if table_made and name ~= module and not name:match("^%u[%l_]") and not name:match("^[%u_]+$")
+                and not (module == "state" and name == "record") then
+              found[#found + 1] = path .. ": a table of its own, " .. name
+            end
+          end
+        end
+      end
+      local number = 0
+      for line in text:gmatch("[^\n]*") do
+        number = number + 1
+        local code = line:gsub("%-%-.*", "")
+        if not code:match("^local ") then
+          for name in pairs(names) do
+            if code:match("^%s*" .. name .. "%s*=[^=]") or code:match("^%s*" .. name .. "%s*,[%w_,%s]*=[^=]")
+                or code:match("^%s*[%w_,%s]*,%s*" .. name .. "%s*=[^=]") then
+              found[#found + 1] = path .. ":" .. number .. ": " .. name .. " assigned again"
+            end
+          end
+        end
+      end
+    end
+    p:close()
+    assert.is_true(parts >= 6, parts .. " parts found")
+    assert.same({}, found)
   end)
 end)

@@ -21,6 +21,8 @@ local scheduler = require "ratewise.scheduler"
 require "ratewise.hosts.openresty"
 require "ratewise.hosts.cqueues"
 require "ratewise.hosts.nvim"
+require "ratewise.hosts.tarantool"
+require "ratewise.hosts.weechat"
 
 local ratewise = {
   _VERSION = core.version,

@@ -4,7 +4,9 @@
 --   1. the function given to rw.configure{log = fn} (false: nowhere);
 --   2. the sink a host set (log.set_host: Neovim's vim.notify, a LÖVE
 --      game's log);
---   3. nginx's error log inside OpenResty;
+--   3. nginx's error log inside OpenResty, WeeChat's core buffer inside
+--      WeeChat (which replaces standard error: a line written there does
+--      not reach the user);
 --   4. standard error.
 -- A line has one of three levels:
 --   "info"   the library did its job and says so (a retry);
@@ -35,10 +37,24 @@ local function ngx_api()
   return nil
 end
 
+local function weechat_api()
+  local weechat = rawget(_G, "weechat")
+  if type(weechat) == "table" and type(weechat.print) == "function" and type(weechat.hook_fd) == "function" then
+    return weechat
+  end
+  return nil
+end
+
 -- Rules 3 and 4.
 local function fallback(line, level)
   local ngx = ngx_api()
   if ngx then return ngx.log(ngx[LEVELS[level]], line) end
+  local weechat = weechat_api()
+  if weechat then
+    -- an error line gets WeeChat's error prefix, as its own errors do
+    local prefix = level == "error" and type(weechat.prefix) == "function" and weechat.prefix("error") or ""
+    return weechat.print("", prefix .. line)
+  end
   io.stderr:write(line, "\n")
 end
 

@@ -7,6 +7,7 @@
 local core = require "ratewise.core"
 local errors = require "ratewise.errors"
 local headers = require "ratewise.headers"
+local options = require "ratewise.options"
 
 local format, gmatch, match = string.format, string.gmatch, string.match
 local huge, random, type = math.huge, math.random, type
@@ -38,9 +39,7 @@ local function check_options(fn, opts, known)
     error(format("%s: options must be a table (got %s)", fn, type(opts)), 3)
   end
   for k in pairs(opts) do
-    if not known[k] then
-      error(format("%s: unknown option '%s'", fn, tostring(k)), 3)
-    end
+    if not known[k] then options.unknown(fn, k, known, 3) end
   end
   return opts
 end

@@ -17,7 +17,8 @@
 --   then the hosts registered with runtime.register_host, asked by rank
 --   (each says whether the code running now is its own): the host modules
 --   register themselves (hosts/openresty.lua 10, hosts/love.lua 30,
---   hosts/cqueues.lua 40, hosts/nvim.lua 70), and this module registers
+--   hosts/cqueues.lua 40, hosts/nvim.lua 70, hosts/tarantool.lua 72,
+--   hosts/weechat.lua 74), and this module registers
 --   its own: a host given to rw.configure (20), a coroutine whose runner
 --   speaks the yield protocol (50), a coroutine of the caller's inside a
 --   task (60, raises), any other coroutine (80, blocks: said once) and the
@@ -32,6 +33,7 @@
 local compat = require "ratewise.compat"
 local core = require "ratewise.core"
 local errors = require "ratewise.errors"
+local options = require "ratewise.options"
 local scheduler = require "ratewise.scheduler"
 local log = require "ratewise.log"
 
@@ -42,7 +44,7 @@ local run_transfer = scheduler.run_transfer
 local isyieldable, pcall, running = compat.isyieldable, compat.pcall, compat.running
 local yield = coroutine.yield
 local format, sort = string.format, table.sort
-local type, error, tostring, pairs, setmetatable = type, error, tostring, pairs, setmetatable
+local type, error, pairs, setmetatable = type, error, pairs, setmetatable
 
 local runtime = {}
 
@@ -62,7 +64,7 @@ local main_host = {
   name = "main",
   rank = 100,
   claims = function() return true end,
-  sleep = function(seconds) scheduler.sleep(seconds) end,
+  sleep = scheduler.sleep,
   await = scheduler.drive_until,
   -- a wait for the transfer runtime.transfer has just started, without a
   -- closure over it (a sequential fetch's)
@@ -264,6 +266,10 @@ end)
 local ENGINE_OPTIONS = { max_connections = true, max_idle_connections = true }
 local MAX_LIMIT = 1000000
 local HOST_OPTIONS = { sleep = true, wait = true }
+local CONFIGURE_OPTIONS = { log = true, tls_warning = true }
+for _, set in pairs({ ENGINE_OPTIONS, HOST_OPTIONS }) do
+  for k in pairs(set) do CONFIGURE_OPTIONS[k] = true end
+end
 local tls_warning = true
 
 --- runtime.configure{sleep = fn | false, wait = fn | false, log = fn | false | true,
@@ -291,7 +297,7 @@ function runtime.configure(opts)
           type(v)), 2)
       end
     elseif not HOST_OPTIONS[k] then
-      error(format("configure: unknown option '%s'", tostring(k)), 2)
+      options.unknown("configure", k, CONFIGURE_OPTIONS, 2)
     elseif v ~= false and type(v) ~= "function" then
       errors.bad_option("configure", k, "a function or false", v, 2)
     end
@@ -334,50 +340,17 @@ end
 local current = scheduler.current
 local park_in_task = scheduler.park
 
--- Outside a task: sleeps through the host, then asks resuming(a, b, c, d)
--- (see scheduler.park) until it answers nothing. A sleep that raised (a
--- host's cancellation) calls on_cancel(a, b, c, d) before the error goes on.
-local function park_in_host(host, seconds, resuming, on_cancel, a, b, c, d)
-  local sleep = host.sleep
-  repeat
-    if on_cancel then
-      local ok, err = pcall(sleep, seconds)
-      if not ok then
-        on_cancel(a, b, c, d)
-        error(err, 0)
-      end
-    else
-      sleep(seconds)
-    end
-    seconds = resuming and resuming(a, b, c, d)
-  until not seconds
+--- true = runtime.sleep(seconds [, per_call_sleep]): every sleep of the
+-- library comes here, so this is where a wait that could never end is
+-- refused: NaN or infinite seconds would make a waiting loop spin, here or
+-- in a host's own sleep. A negative wait is no wait. Inside a task this is
+-- a tail call to the scheduler: thousands of tasks may wait at once, and a
+-- frame apiece would make each cost more.
+function runtime.sleep(seconds, per_call)
+  check_seconds(seconds)
+  if not per_call and current() then return park_in_task(seconds) end
+  runtime.host(per_call).sleep(seconds)
   return true
-end
-
---- true = runtime.park(seconds, per_call_sleep, resuming, on_cancel, a, b, c, d):
--- the wait of the seam that every timed wait is: waits seconds, then asks
--- resuming(a, b, c, d) (if given) whether to wait on (seconds) or go on
--- (nothing); an interrupted wait (a cancelled task, a host sleep that
--- raised) calls on_cancel(a, b, c, d, resumed) before the error goes on,
--- resumed telling, in a task, that resuming had let it go. Inside a task
--- this is a tail call to the scheduler: thousands of tasks may wait at
--- once, and a frame apiece would make each cost more.
-function runtime.park(seconds, per_call, resuming, on_cancel, a, b, c, d)
-  check_seconds(seconds)
-  if not per_call and current() then return park_in_task(seconds, resuming, on_cancel, a, b, c, d) end
-  return park_in_host(runtime.host(per_call), seconds, resuming, on_cancel, a, b, c, d)
-end
-
---- true = runtime.sleep(seconds [, per_call_sleep [, on_cancel, a, b]]):
--- every sleep of the library comes here, so this is where a wait that
--- could never end is refused: NaN or infinite seconds would make a waiting
--- loop spin, here or in a host's own sleep. A negative wait is no wait.
--- A wait that is interrupted (a cancelled task, a host sleep that raised)
--- calls on_cancel(a, b) before the error goes on.
-function runtime.sleep(seconds, per_call, on_cancel, a, b)
-  check_seconds(seconds)
-  if not per_call and current() then return park_in_task(seconds, nil, on_cancel, a, b) end
-  return park_in_host(runtime.host(per_call), seconds, nil, on_cancel, a, b)
 end
 
 -- A bucket's place (bucket:reserve), when its time has come: its tokens
@@ -404,15 +377,36 @@ local function give_back(bucket, place, n, _, let_go)
   end
 end
 
+-- Outside a task: sleeps through the host, then claims, until the tokens
+-- are claimed. A sleep that raised (a host's cancellation) gives the place
+-- up before the error goes on.
+local function claim_in_host(host, seconds, bucket, place, n, pace)
+  local sleep = host.sleep
+  repeat
+    local ok, err = pcall(sleep, seconds)
+    if not ok then
+      give_back(bucket, place, n, pace)
+      error(err, 0)
+    end
+    seconds = claim(bucket, place, n, pace)
+  until not seconds
+  return true
+end
+
 --- true = runtime.claim(bucket, place, wait, per_call_sleep [, n [, pace]]):
 -- waits for a place in a bucket's queue (bucket:reserve of n tokens), due
 -- in wait seconds, until its tokens are claimed. A wait that is
--- interrupted gives the place up (or the tokens back). Inside a task the
--- scheduler does the claiming (scheduler.park), so no frame of the
--- bucket's code stays on the waiting task's stack.
+-- interrupted (a cancelled task, a host sleep that raised) gives the place
+-- up (or the tokens back). Inside a task the scheduler does the claiming
+-- (scheduler.park: claim is its resuming hook, give_back its on_cancel),
+-- so no frame of the bucket's code stays on the waiting task's stack, and
+-- this is a tail call to it.
 function runtime.claim(bucket, place, wait, per_call, n, pace)
   if pace then wait = pace:nap(wait) end
-  return runtime.park(wait, per_call, claim, give_back, bucket, place, n or 1, pace)
+  check_seconds(wait)
+  n = n or 1
+  if not per_call and current() then return park_in_task(wait, claim, give_back, bucket, place, n, pace) end
+  return claim_in_host(runtime.host(per_call), wait, bucket, place, n, pace)
 end
 
 --- ready | nil, err = runtime.await_fd(fd, mode, deadline): waits until the

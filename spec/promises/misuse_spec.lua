@@ -203,12 +203,16 @@ describe("misuse", function()
           { "'random'" } },
         { "backoff previous", function() rw.backoff(1, { previous = "x" }) end, { "'previous'" } },
         { "backoff unknown", function() rw.backoff(1, { foo = 1 }) end, { "'foo'" } },
+        { "backoff misspelt", function() rw.backoff(1, { max_dealy = 1 }) end,
+          { "backoff: unknown option 'max_dealy' (did you mean 'max_delay'?)" } },
         { "retry_delay headers", function() rw.retry_delay("x", 1) end, { "headers" } },
         { "retry_delay attempt", function() rw.retry_delay({}, "x") end, { "attempt" } },
         { "retry_delay opts", function() rw.retry_delay({}, 1, 5) end, { "options" } },
         { "retry_delay now", function() rw.retry_delay({}, 1, { now = "x" }) end, { "'now'" } },
         { "retry_delay base", function() rw.retry_delay({}, 1, { base = -1 }) end, { "'base'" } },
         { "retry_delay unknown", function() rw.retry_delay({}, 1, { foo = 1 }) end, { "'foo'" } },
+        { "retry_delay misspelt", function() rw.retry_delay({}, 1, { nwo = 1 }) end,
+          { "unknown option 'nwo' (did you mean 'now'?)" } },
       }
     end)
   end)
@@ -247,6 +251,8 @@ describe("misuse", function()
         { "map concurrency", function() rw.map({ 1 }, print, { concurrency = "x" }) end, { "'concurrency'" } },
         { "map concurrency 0", function() rw.map({ 1 }, print, { concurrency = 0 }) end, { "'concurrency'" } },
         { "map unknown", function() rw.map({ 1 }, print, { foo = 1 }) end, { "'foo'" } },
+        { "map misspelt", function() rw.map({ 1 }, print, { concurency = 2 }) end,
+          { "map: unknown option 'concurency' (did you mean 'concurrency'?)" } },
         { "step", function() rw.step("x") end, { "step", "timeout" } },
         { "step -1", function() rw.step(-1) end, { "step", "timeout" } },
         { "step nan", function() rw.step(0 / 0) end, { "step", "timeout" } },
@@ -255,6 +261,8 @@ describe("misuse", function()
         { "configure", function() rw.configure(5) end, { "configure", "options" } },
         { "configure sleep", function() rw.configure { sleep = 5 } end, { "'sleep'" } },
         { "configure unknown", function() rw.configure { foo = 1 } end, { "'foo'" } },
+        { "configure misspelt", function() rw.configure { max_connection = 1 } end,
+          { "configure: unknown option 'max_connection' (did you mean 'max_connections'?)" } },
         { "semaphore", function() rw.semaphore("x") end, { "semaphore", "size" } },
         { "semaphore 0", function() rw.semaphore(0) end, { "semaphore", "size" } },
       }

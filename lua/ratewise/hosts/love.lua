@@ -103,6 +103,7 @@ load_core()
 
 local rw = require "ratewise"
 local log = require "ratewise.log"
+local options = require "ratewise.options"
 local runtime = require "ratewise.runtime"
 
 ---------------------------------------------------------------------------
@@ -213,7 +214,7 @@ function love_host.install(opts)
     error(format("ratewise.hosts.love.install: expected a table of options (got %s)", type(opts)), 2)
   end
   for k in pairs(opts) do
-    if not OPTIONS[k] then error(format("ratewise.hosts.love.install: unknown option '%s'", tostring(k)), 2) end
+    if not OPTIONS[k] then options.unknown("ratewise.hosts.love.install", k, OPTIONS, 2) end
   end
   local b = opts.budget
   if b ~= nil and (type(b) ~= "number" or b ~= b or b <= 0 or b == math.huge) then
