@@ -296,8 +296,10 @@ function Client:_target(path, cross_origin)
   if byte(path, 1) == SLASH then
     -- most programs call a few paths again and again: the last one's URL
     -- is kept rather than joined again (a new string each time)
-    if path ~= self.last_path then self.last_path, self.last_url = path, self.base_url .. path end
-    return self.last_url, path, false
+    if path == self.last_path then return self.last_url, path, false end
+    local url = self.base_url .. path
+    if fast_paths.on then self.last_path, self.last_url = path, url end
+    return url, path, false
   end
   if not lower(path):find("^https?://") then
     -- (printed without a userinfo or query, which may hold a credential)

@@ -32,19 +32,29 @@ local cache = {}
 
 local WEAK_KEYS = { __mode = "k" }
 
+-- The testing aid RATEWISE_FAST_PATHS=off (read once, as this module
+-- loads): every fast-path cache keeps nothing, so that each lookup misses
+-- and every call takes the general path. spec/fast_paths_spec.lua runs the
+-- same calls both ways and compares what the server saw and what the
+-- callers got. Not the client's `cache` and `dedupe`: those are features.
+local getenv = os and os.getenv
+cache.on = not (getenv and getenv("RATEWISE_FAST_PATHS") == "off")
+local KEEPS_NOTHING = { __newindex = function() end }
+
 --- t = cache.weak(): a table whose keys (callers' tables) do not keep them alive.
 function cache.weak()
-  return setmetatable({}, WEAK_KEYS)
+  return setmetatable({}, cache.on and WEAK_KEYS or KEEPS_NOTHING)
 end
 
 -- The number of entries and the limit of each bounded table (weak: a
--- bounded table made for an rw.client goes with the client).
-local held, limit_of = cache.weak(), cache.weak()
+-- bounded table made for an rw.client goes with the client). Bookkeeping,
+-- not a cache: kept whatever the switch says.
+local held, limit_of = setmetatable({}, WEAK_KEYS), setmetatable({}, WEAK_KEYS)
 
 --- t = cache.bounded(limit): a table read with t[key] and written with
 -- cache.keep, emptied when it holds `limit` entries.
 function cache.bounded(limit)
-  local t = {}
+  local t = cache.on and {} or setmetatable({}, KEEPS_NOTHING)
   held[t], limit_of[t] = 0, limit
   return t
 end
