@@ -90,9 +90,6 @@ cache.checked = cache.weak()
 cache.lines_made = cache.weak()
 cache.lines_made_json = cache.weak()
 
--- A limiter's optional methods, looked up once (plan.limiter_methods).
-cache.limiter_methods = cache.weak()
-
 -- How many paths' calls an rw.client keeps for each method (client.lua,
 -- Client:_keep_plain).
 cache.PLAIN_PATHS_KEPT = 256

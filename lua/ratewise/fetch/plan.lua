@@ -259,22 +259,33 @@ for _, name in ipairs(transport_options) do
   if name ~= "stream" then not_planned[name] = true end
 end
 
+-- The options whose check reads what a table holds (an array of names, an
+-- object's methods), not the value alone: one changed in place since
+-- fetch.check passed it is checked again.
+local reads_contents = {}
+for name, entry in pairs(fetch_options) do
+  local kind = entry.kind
+  if kind == "names" or kind == "policy" or options.required_methods[kind] then reads_contents[name] = true end
+end
+
 -- Reads the options a call gives, its table's own and those it inherits
--- through __index tables (a per-call table over a base): checks each
--- (unless `check` is false: fetch.check did), and lists in `request` (when
--- given) the transport options among them, which the engine reads as they
--- are. Options behind an __index function cannot be walked: they go
--- unchecked, and the transport options are looked up by name. Returns the
--- request's list of names (list_field's), and whether the call may give
--- options beyond those read by every call, at a retry or by the engine.
--- `depth` is check_option's.
-local function read_options(opts, check, depth, request)
+-- through __index tables (a per-call table over a base): checks each,
+-- but one that fetch.check passed with the same value (passed: its values
+-- by name, or nil), and lists in `request` (when given) the transport
+-- options among them, which the engine reads as they are; `seen` (when
+-- given) gets each value checked, by name. Options behind an __index
+-- function cannot be walked: they go unchecked, and the transport options
+-- are looked up by name. Returns the request's list of names
+-- (list_field's), and whether the call may give options beyond those read
+-- by every call, at a retry or by the engine. `depth` is check_option's.
+local function read_options(opts, passed, depth, request, seen)
   local names, others = nil, false
   local t = opts
   for _ = 1, 16 do -- a loop of __index tables ends here too
     for k, v in pairs(t) do
       if t == opts or rawget(opts, k) == nil then -- an own option hides an inherited one
-        if check then check_option(k, v, depth) end
+        if passed == nil or passed[k] ~= v or reads_contents[k] then check_option(k, v, depth) end
+        if seen and seen[k] == nil then seen[k] = v end
         -- (the first seen of a name is the one opts[name] gives)
         if request and is_transport_option[k] and request[k] == nil then names = list_field(request, names, k, v) end
         if not not_planned[k] then others = true end
@@ -324,21 +335,19 @@ end
 -- limiter -> { wait_time = method or false, observe = method or false,
 -- honors_max_wait = boolean }. A limiter may be any object with acquire
 -- (an __index that raises means "no such method"), so the lookups are
--- guarded, and made once per limiter (fetch.cache).
-local limiter_methods_of = cache.limiter_methods
+-- guarded. Looked up at each call: a limiter may gain or lose a method
+-- between calls.
+local function field_of(object, name)
+  return object[name]
+end
 local function optional_method(object, name)
-  local ok, found = pcall(function() return object[name] end)
+  local ok, found = pcall(field_of, object, name)
   return ok and type(found) == "function" and found or false
 end
 local function limiter_methods(limiter)
-  local m = limiter_methods_of[limiter]
-  if not m then
-    local ok, honors = pcall(function() return limiter.honors_max_wait == true end)
-    m = { wait_time = optional_method(limiter, "wait_time"), observe = optional_method(limiter, "observe"),
-      honors_max_wait = ok and honors }
-    limiter_methods_of[limiter] = m
-  end
-  return m
+  local ok, honors = pcall(field_of, limiter, "honors_max_wait")
+  return { wait_time = optional_method(limiter, "wait_time"), observe = optional_method(limiter, "observe"),
+    honors_max_wait = ok and honors == true }
 end
 
 -- (a method call, for pcall)
@@ -347,26 +356,26 @@ local function limiter_capacity(limiter)
 end
 
 -- Options tables fetch.check has passed (fetch.cache), for the fetch that
--- follows to take instead of checking them again: a client checks each
--- call's table where it is made, then fetches with it. true: taken by that
--- fetch; "kept": for every fetch with the table (a client's own table for
--- calls that add no options, which nobody else holds and the client never
--- changes).
+-- follows to check only what changed since: a client checks each call's
+-- table where it is made, then fetches with it. { values = the values it
+-- checked, by name, kept = whether they serve every fetch with the table
+-- (a client's own table for calls that add no options) or only the next }.
 local checked = cache.checked
 
 --- fetch.check(url, opts [, depth [, kept]]): raises, as fetch would, for a
 -- bad URL or option. For callers that run the fetch elsewhere (a shared
 -- task) and want misuse reported at the call. The next fetch.fetch with
--- opts (a table its caller leaves as it was) does not check them again;
--- with kept, no fetch with it does (for a table its owner never changes).
+-- opts checks only the options changed since (and those whose check reads
+-- what a table holds); with kept, every fetch with it does.
 function plan.check(url, opts, depth, kept)
   depth = depth or 0
   url_facts(url)
   if type(opts) ~= "table" then bad_options_type(url, opts, 4 + depth) end
-  read_options(opts, true, depth + 2)
+  local values = {}
+  read_options(opts, nil, depth + 2, nil, values)
   request_method(opts, 4 + depth)
   if opts.query ~= nil then headers.with_query(url, opts.query, "fetch", 3 + depth) end
-  checked[opts] = kept and "kept" or true
+  checked[opts] = { values = values, kept = kept and true or false }
 end
 
 -- Puts into plan p the header lines of a call (from its header table,
@@ -447,8 +456,8 @@ function plan.make(url, opts, counters)
     shown_url = false, origin = false, safe = true, opts = opts,
     attempt_timeout = opts.timeout or DEFAULT_TIMEOUT, max_elapsed = opts.max_elapsed or DEFAULT_MAX_ELAPSED }
   local mark = checked[opts] -- fetch.check's
-  if mark == true then checked[opts] = nil end
-  local names, others = read_options(opts, not mark, 2, p)
+  if mark and not mark.kept then checked[opts] = nil end
+  local names, others = read_options(opts, mark and mark.values, 2, p)
   local method, body, json_value, header_table, key, extra_secrets = "GET", nil, nil, opts.headers, nil, nil
   local policy, secret_headers, stream
   local query = others and opts.query -- (others: else every option below is nil)
