@@ -174,11 +174,13 @@ do
   q.bad = nil
   local userinfo = base:gsub("^http://", "http://user:secret@")
   for i = 1, 2 do call("userinfo " .. i, rw.fetch, userinfo .. "/echo") end
-  local long = "/long?" .. string.rep("x", 600)
+  local long = "/long?" .. string.rep("x", cache.URL_KEPT_MAX)
   for i = 1, 2 do get("long url " .. i, long) end
-  for i = 1, 300 do get("distinct " .. i, "/distinct/" .. i) end
+  -- more than are kept: the bounded table is emptied on the way
+  local distinct = cache.URLS_KEPT + 44
+  for i = 1, distinct do get("distinct " .. i, "/distinct/" .. i) end
   get("distinct 1 again", "/distinct/1")
-  get("distinct 300 again", "/distinct/300")
+  get("distinct last again", "/distinct/" .. distinct)
   for i = 1, 2 do call("not http " .. i, rw.fetch, "ftp://127.0.0.1/x") end
   for i = 1, 2 do call("space in url " .. i, rw.fetch, base .. "/a b") end
   call("options not a table", rw.fetch, base .. "/echo", "fast")
@@ -273,8 +275,9 @@ do
   local route_limiter = { acquire = function(_, cost) taken[#taken + 1] = cost return true end }
   local h = { Authorization = "Bearer c" }
   local c = rw.client { base_url = base, headers = h, routes = { ["/routed/"] = route_limiter } }
-  for i = 1, 300 do call("client path " .. i, c.get, c, "/p/" .. i) end
-  for _, i in ipairs { 1, 2, 299, 300 } do call("client path again " .. i, c.get, c, "/p/" .. i) end
+  local paths = cache.PLAIN_PATHS_KEPT + 44
+  for i = 1, paths do call("client path " .. i, c.get, c, "/p/" .. i) end
+  for _, i in ipairs { 1, 2, paths - 1, paths } do call("client path again " .. i, c.get, c, "/p/" .. i) end
   for i = 1, 3 do call("client echo " .. i, c.get, c, "/echo") end
   h["X-Client"] = "added"
   call("client header added", c.get, c, "/echo")
@@ -319,14 +322,14 @@ do
     for _ in pairs(t) do n = n + 1 end
     return n
   end
-  local paths = 0
-  for _, known in pairs(c.plain_paths) do paths = paths + count(known) end
+  local paths_kept = 0
+  for _, known in pairs(c.plain_paths) do paths_kept = paths_kept + count(known) end
   local plain = 0
   for _, by_limiter in pairs(c.plain_calls) do plain = plain + count(by_limiter) end
   lines[#lines + 1] = "probe\t" .. serialize {
     switch = cache.on, url_facts = count(cache.url_facts), checked = count(cache.checked),
     lines_made = count(cache.lines_made), lines_made_json = count(cache.lines_made_json),
-    plain_paths = paths, plain_calls = plain,
+    plain_paths = paths_kept, plain_calls = plain,
     last_path = c.last_path ~= false,
   }
 end

@@ -73,12 +73,12 @@ end
 
 -- How many URLs are kept, and the longest URL kept (a query carrying a
 -- payload is not worth keeping).
-local URLS_KEPT = 256
+cache.URLS_KEPT = 256
 cache.URL_KEPT_MAX = 512
 
 -- What is printed of each URL without credentials and its origin, by URL
 -- (plan.url_facts): { shown, origin } by URL.
-cache.url_facts = cache.bounded(URLS_KEPT)
+cache.url_facts = cache.bounded(cache.URLS_KEPT)
 
 -- Options tables fetch.check has passed, by table: true, taken by the
 -- fetch that follows, or "kept", for every fetch with a table its owner
