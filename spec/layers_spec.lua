@@ -3,11 +3,10 @@
 -- requires one of a higher layer. The layers are read from the page, so
 -- the page and the code cannot drift apart.
 
+local read_file = require("spec.support.server").read_file
+
 local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local text = f:read("*a")
-  f:close()
-  return text
+  return assert(read_file(path), path)
 end
 
 -- Every module under lua/ratewise, by name ("ratewise.fetch.plan") -> path.

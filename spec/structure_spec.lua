@@ -14,10 +14,10 @@ local function lua_files()
   return files
 end
 
+local read_file = require("spec.support.server").read_file
+
 local function lines_of(path)
-  local f = assert(io.open(path, "rb"))
-  local text = f:read("*a")
-  f:close()
+  local text = assert(read_file(path), path)
   local lines = {}
   for line in (text .. "\n"):gmatch("(.-)\n") do lines[#lines + 1] = line end
   return lines
