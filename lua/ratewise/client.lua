@@ -172,10 +172,10 @@ function client.new(opts)
     secret_headers = opts.secret_headers ~= nil and secret_list(opts.secret_headers) or nil,
     -- the responses kept (fetch.cache.responses), the requests in flight
     -- that identical ones join, both by the request's identity
-    -- (fetch.cache.request_key, with the client's random salt)
+    -- (fetch.cache.request_key, by the client's digester: fetch.cache.digester)
     responses = cache
       and fast_paths.responses(cache.ttl, cache.max_entries or cache_fields["cache.max_entries"].default),
-    in_flight = {}, salt = false,
+    in_flight = {}, digester = false,
     on_event = opts.on_event,
     defaults = {},
     -- fetch counts the attempts, retries and waits into them (fetch.counters)
@@ -197,7 +197,7 @@ function client.new(opts)
   -- the object options a call must share with the client to be shared or
   -- cached (options.identity's "object": its policy)
   c.own = { policy = c.policy }
-  if c.dedupe or c.responses then c.salt = fast_paths.salt() end
+  if c.dedupe or c.responses then c.digester = fast_paths.digester() end
   -- The defaults and objects are checked now, where they were given, not at the first request.
   local checked = {}
   for k, v in pairs(c.defaults) do checked[k] = v end
@@ -567,7 +567,7 @@ function Client:request(method, path, opts)
   -- the header fields it leaves out, which a response's Vary may name.
   local key, unkeyed
   if share or cacheable then
-    key, unkeyed = fast_paths.request_key(self.salt, method, url, call.body, h, call, self.own)
+    key, unkeyed = fast_paths.request_key(self.digester, method, url, call.body, h, call, self.own)
   end
   -- Neither shared nor cached: nothing is left to do here once fetch has
   -- answered (a tail call: the task waiting in it keeps no frame of this one).
