@@ -20,15 +20,17 @@ describe("core.digest", function()
 end)
 
 describe("core.digester", function()
-  -- Each part as its length (8 bytes, most significant first), then its bytes.
+  -- Each part as its length (LEB128: 7 bits a byte, least significant
+  -- first, the high bit set on all but the last), then its bytes.
   local function framed(parts)
     local out = {}
     for i, s in ipairs(parts) do
       local len, bytes = #s, {}
-      for j = 8, 1, -1 do
-        bytes[j] = string.char(len % 256)
-        len = math.floor(len / 256)
+      while len >= 128 do
+        bytes[#bytes + 1] = string.char(128 + len % 128)
+        len = math.floor(len / 128)
       end
+      bytes[#bytes + 1] = string.char(len)
       out[i] = table.concat(bytes) .. s
     end
     return table.concat(out)
@@ -42,6 +44,7 @@ describe("core.digester", function()
       { "Hi There" },
       { "GET", "http://h/", "no body", "headers", "authorization", "Bearer x" },
       { "", "" },
+      { string.rep("b", 127), string.rep("b", 128), string.rep("c", 16384) }, -- lengths of one, two, three bytes
       { string.rep("b", 1000), "c", string.rep("d", 5000) }, -- past the digester's buffer
     } do
       assert.equal(hex(core.digest(key, framed(parts))), hex(d(parts)))

@@ -19,7 +19,7 @@
 #define DIGEST_MT "ratewise.digester"
 #define DIGEST_BLOCK 64 /* SHA-256's block */
 #define DIGEST_SIZE 32  /* and its output */
-#define DIGEST_LENGTH_BYTES 8
+#define DIGEST_LENGTH_BYTES 10 /* the most a 64-bit length takes, 7 bits a byte */
 
 static int digest_l_digest(lua_State *L)
 {
@@ -117,8 +117,9 @@ static int digest_l_new(lua_State *L)
 }
 
 /* mac = d(parts): HMAC-SHA256 under d's key of the strings of the array
- * parts, each taken as its length (8 bytes, most significant first) and
- * then its bytes, so that no two lists of strings give the same data: the
+ * parts, each taken as its length (LEB128: 7 bits a byte, least
+ * significant first, the high bit set on all but the last) and then its
+ * bytes, so that no two lists of strings give the same data: the
  * same as core.digest(key, data) of those bytes. */
 static int digest_l_call(lua_State *L)
 {
@@ -135,13 +136,16 @@ static int digest_l_call(lua_State *L)
     f.ok = EVP_MD_CTX_copy_ex(d->work, d->inner);
     for (i = 1; i <= n; i++) {
         unsigned char length[DIGEST_LENGTH_BYTES];
-        size_t len, j;
+        size_t len, rest, j = 0;
         const char *s;
         lua_rawgeti(L, 2, i);
         if (lua_type(L, -1) != LUA_TSTRING) return luaL_error(L, "digest: part %d is not a string", (int)i);
         s = lua_tolstring(L, -1, &len);
-        for (j = 0; j < DIGEST_LENGTH_BYTES; j++) length[j] = (unsigned char)((uint64_t)len >> (8 * (7 - j)));
-        digest_feed_add(&f, length, sizeof length);
+        /* 7 bits a byte, least significant first, the high bit set on all
+         * but the last (LEB128): a short part takes one byte */
+        for (rest = len; rest >= 0x80; rest >>= 7) length[j++] = (unsigned char)(0x80 | (rest & 0x7f));
+        length[j++] = (unsigned char)rest;
+        digest_feed_add(&f, length, j);
         digest_feed_add(&f, s, len);
         lua_pop(L, 1);
     }

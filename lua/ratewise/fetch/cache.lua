@@ -183,7 +183,8 @@ function cache.request_key(digester, method, url, body, h, call, own)
     local name = objects[i]
     if call[name] ~= own[name] then return nil end
   end
-  local d, n = { method, url }, 3
+  -- (made with room for the parts of a request with a few headers)
+  local d, n = { method, url, nil, nil, nil, nil, nil, nil }, 3
   if body == nil then
     d[3] = "no body"
   else
