@@ -372,7 +372,10 @@ function Client:_call(method, opts, url, route_path, foreign, kept)
   local call = {}
   for k, v in pairs(self.defaults) do call[k] = v end
   copy_options(call, opts)
-  call.method = method
+  -- GET is fetch's own default: a call table without it is read as a
+  -- plain rw.fetch's is (fetch plans a call that gives only the options
+  -- every call reads the short way)
+  call.method = method ~= "GET" and method or nil
   -- The client's secret header names and the call's, together.
   local secret_names = self.secret_headers
   if opts.secret_headers ~= nil and secret_names then
@@ -651,7 +654,7 @@ function Client:_budget_error(url, call, waited)
   return nil, setmetatable({
     kind = "budget", attempts = 0, elapsed = waited,
     message = format("%s %s: its turn under the client's concurrency limit did not come within the %.2f s "
-      .. "of max_elapsed; nothing was sent", call.method, headers_mod.redact_url(url),
+      .. "of max_elapsed; nothing was sent", call.method or "GET", headers_mod.redact_url(url),
       call.max_elapsed or fetch.DEFAULT_MAX_ELAPSED),
   }, fetch.error_mt)
 end
