@@ -18,6 +18,17 @@ describe("rw.client", function()
   end
 
   describe("requests", function()
+    -- (a GET's call table leaves the method to fetch's default: a method
+    -- the options give must not come through in its place)
+    it("sends the method it is called with, whatever the options say", function()
+      local c = new()
+      assert(c:get("/echo", { method = "DELETE" }))
+      assert(c:request("OPTIONS", "/echo", { method = "GET" }))
+      local methods = {}
+      for i, r in ipairs(s:log("/echo")) do methods[i] = r.method end
+      assert.same({ "GET", "OPTIONS" }, methods)
+    end)
+
     it("joins base_url and path, adds the query, and merges headers", function()
       local c = new { headers = { Authorization = "Bearer client", ["X-Client"] = "1" } }
       local res = assert(c:get("/echo", { query = { q = "a b", page = 2, flag = true },

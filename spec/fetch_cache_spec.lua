@@ -64,17 +64,21 @@ describe("fetch.cache", function()
   end)
 
   it("reads each part of a request's identity in its own section", function()
-    local salt = assert(cache.salt())
-    local function key(body, h, call) return (cache.request_key(salt, "GET", "http://h/", body, h, call or {}, {})) end
+    local digester = assert(cache.digester())
+    local function key(body, h, call)
+      return (cache.request_key(digester, "GET", "http://h/", body, h, call or {}, {}))
+    end
     assert.are_not.equal(key(nil, {}), key("", {}))
     assert.are_not.equal(key(nil, { decompress = "false" }), key(nil, {}, { decompress = false }))
     assert.equal(key(nil, { Accept = "x" }), key(nil, { accept = "x" }))
     -- the fields left out of the key are told apart for a Vary
-    local k1, unkeyed = cache.request_key(salt, "GET", "http://h/", nil, { ["User-Agent"] = "a" }, {}, {})
+    local k1, unkeyed = cache.request_key(digester, "GET", "http://h/", nil, { ["User-Agent"] = "a" }, {}, {})
     assert.equal(key(nil, {}), k1)
     assert.same({ ["user-agent"] = "a" }, unkeyed)
     -- a header name fetch refuses makes no key (fetch then says why)
     assert.is_nil(key(nil, { [true] = "x" }))
+    assert.is_nil(key(nil, { Accept = "x", accept = "y" })) -- fetch refuses a name given twice
+    assert.is_nil(key(nil, { ["User-Agent"] = "x", ["user-agent"] = "y" }))
   end)
 
   it("lets a weak table's key go when its owner drops it", function()

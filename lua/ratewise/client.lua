@@ -172,10 +172,10 @@ function client.new(opts)
     secret_headers = opts.secret_headers ~= nil and secret_list(opts.secret_headers) or nil,
     -- the responses kept (fetch.cache.responses), the requests in flight
     -- that identical ones join, both by the request's identity
-    -- (fetch.cache.request_key, with the client's random salt)
+    -- (fetch.cache.request_key, by the client's digester: fetch.cache.digester)
     responses = cache
       and fast_paths.responses(cache.ttl, cache.max_entries or cache_fields["cache.max_entries"].default),
-    in_flight = {}, salt = false,
+    in_flight = {}, digester = false,
     on_event = opts.on_event,
     defaults = {},
     -- fetch counts the attempts, retries and waits into them (fetch.counters)
@@ -197,7 +197,7 @@ function client.new(opts)
   -- the object options a call must share with the client to be shared or
   -- cached (options.identity's "object": its policy)
   c.own = { policy = c.policy }
-  if c.dedupe or c.responses then c.salt = fast_paths.salt() end
+  if c.dedupe or c.responses then c.digester = fast_paths.digester() end
   -- The defaults and objects are checked now, where they were given, not at the first request.
   local checked = {}
   for k, v in pairs(c.defaults) do checked[k] = v end
@@ -374,7 +374,10 @@ function Client:_call(method, opts, url, route_path, foreign, kept)
   local call = {}
   for k, v in pairs(self.defaults) do call[k] = v end
   copy_options(call, opts)
-  call.method = method
+  -- GET is fetch's own default: a call table without it is read as a
+  -- plain rw.fetch's is (fetch plans a call that gives only the options
+  -- every call reads the short way)
+  call.method = method ~= "GET" and method or nil
   -- The client's secret header names and the call's, together.
   local secret_names = self.secret_headers
   if opts.secret_headers ~= nil and secret_names then
@@ -569,7 +572,7 @@ function Client:request(method, path, opts)
   -- the header fields it leaves out, which a response's Vary may name.
   local key, unkeyed
   if share or cacheable then
-    key, unkeyed = fast_paths.request_key(self.salt, method, url, call.body, h, call, self.own)
+    key, unkeyed = fast_paths.request_key(self.digester, method, url, call.body, h, call, self.own)
   end
   -- Neither shared nor cached: nothing is left to do here once fetch has
   -- answered (a tail call: the task waiting in it keeps no frame of this one).
@@ -653,7 +656,7 @@ function Client:_budget_error(url, call, waited)
   return nil, setmetatable({
     kind = "budget", attempts = 0, elapsed = waited,
     message = format("%s %s: its turn under the client's concurrency limit did not come within the %.2f s "
-      .. "of max_elapsed; nothing was sent", call.method, headers_mod.redact_url(url),
+      .. "of max_elapsed; nothing was sent", call.method or "GET", headers_mod.redact_url(url),
       call.max_elapsed or fetch.DEFAULT_MAX_ELAPSED),
   }, fetch.error_mt)
 end

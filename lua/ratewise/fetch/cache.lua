@@ -20,11 +20,11 @@
 local core = require "ratewise.core"
 local options = require "ratewise.options"
 
-local setmetatable, getmetatable, next, type, tostring, tonumber = setmetatable, getmetatable, next, type,
-  tostring, tonumber
+local setmetatable, getmetatable, next, type, tostring, tonumber, ipairs = setmetatable, getmetatable, next,
+  type, tostring, tonumber, ipairs
 local format, lower, gmatch, match = string.format, string.lower, string.gmatch, string.match
 local concat, sort = table.concat, table.sort
-local random_bytes, digest = core.random_bytes, core.digest
+local random_bytes, new_digester = core.random_bytes, core.digester
 local parse_http_date, wall_clock = core.parse_http_date, core.time
 local identity = options.identity
 
@@ -116,19 +116,13 @@ end
 -- The bytes of a client's digest key.
 local SALT_BYTES = 32
 
---- salt = cache.salt(): the random key of a client's request keys, or
--- false when the kernel gives no randomness (its calls are then neither
--- shared nor cached: a key anyone could compute ahead could be made to
--- collide).
-function cache.salt()
-  return random_bytes(SALT_BYTES) or false
-end
-
--- Appends string s to parts, its length first, so that no two sequences of
--- strings read alike.
-local function absorb(parts, s)
-  local n = #parts
-  parts[n + 1], parts[n + 2] = #s .. ":", s
+--- digester = cache.digester(): what makes a client's request keys
+-- (core.digester, under a random key of the client's own), or false when
+-- the kernel gives no randomness (its calls are then neither shared nor
+-- cached: a key anyone could compute ahead could be made to collide).
+function cache.digester()
+  local key = random_bytes(SALT_BYTES)
+  return key and new_digester(key) or false
 end
 
 -- The header fields that do not change what the server answers, left out
@@ -136,12 +130,29 @@ end
 local not_in_key = { ["user-agent"] = true, ["x-request-id"] = true, traceparent = true, tracestate = true }
 cache.not_in_key = not_in_key
 
-local function by_lower_name(a, b) return lower(a) < lower(b) end
+-- The identity's options (options.identity) by how they take part: those
+-- compared by value, in schema order, those of them whose `true` makes a
+-- call like no other, and the objects compared by reference.
+local by_value, fresh_when_true, objects = {}, {}, {}
+for _, option in ipairs(identity) do
+  if option.how == "object" then
+    objects[#objects + 1] = option.name
+  else
+    by_value[#by_value + 1] = option.name
+    if option.how == "fresh" then fresh_when_true[option.name] = true end
+  end
+end
+local HEADERS = "headers"
+for _, name in ipairs(by_value) do
+  -- (request_key's sections are told apart by this name: see there)
+  if name == HEADERS then error("fetch.cache: an identity option named '" .. HEADERS .. "'") end
+end
 
 -- An option's value as the key reads it.
 local function canonical(v)
   local t = type(v)
   if t == "string" then return v end
+  if t == "boolean" then return v and "true" or "false" end
   if t == "number" then return format("%.17g", v) end
   if t == "table" then -- secret_headers: an array of names
     local parts = {}
@@ -151,70 +162,77 @@ local function canonical(v)
   return tostring(v)
 end
 
---- key, unkeyed | nil = cache.request_key(salt, method, url, body, h, call, own):
+--- key, unkeyed | nil = cache.request_key(digester, method, url, body, h, call, own):
 -- the identity of a request (options.identity): its method, URL, body and
 -- header fields (h; names compared case-insensitively, not_in_key left
 -- out) and each option that changes what is sent or how the answer is read
 -- (call: the request's options). An HMAC-SHA256 digest under the client's
--- random key (core.digest), so that a secret (a header's credential, a
+-- random key (cache.digester), so that a secret (a header's credential, a
 -- URL's userinfo, a proxy's password) takes part in the comparison but is
 -- never kept nor printed, and no one can make two requests collide.
 -- unkeyed: the values of the fields left out, by lower-case name (nil when
 -- there are none), which a response's Vary may name (cache.fits).
 -- nil for a request that is like no other: a fresh idempotency key, an
--- object option (a policy) other than its client's own (own), no salt; and
--- for one fetch will refuse (a header name that is not a string).
+-- object option (a policy) other than its client's own (own), no digester;
+-- and for one fetch will refuse (a header name that is not a string, or
+-- one given twice).
 --
--- Each part is absorbed with its length, and each section with a tag (the
--- body's says whether there is one; the header fields' is followed by their
--- count), so that no part of one section can be read as a part of another:
--- a header named like an option is not that option, an empty body is not none.
-function cache.request_key(salt, method, url, body, h, call, own)
-  if not salt then return nil end
-  local d = {}
-  absorb(d, method)
-  absorb(d, url)
-  if body == nil then
-    absorb(d, "no body")
-  else
-    absorb(d, "body")
-    absorb(d, body)
+-- The digester takes each part with its length, so that no two lists of
+-- parts read alike. The parts are: the method, the URL, a tag that says
+-- whether there is a body (then the body: an empty body is not none), the
+-- options as name and value, the tag "headers" (no option is named so,
+-- and it stands where an option's name would), then the header fields as
+-- lower-case name and value, sorted, to the end: a header named like an
+-- option is not that option.
+function cache.request_key(digester, method, url, body, h, call, own)
+  if not digester then return nil end
+  for i = 1, #objects do
+    local name = objects[i]
+    if call[name] ~= own[name] then return nil end
   end
-  local names, n, unkeyed = {}, 0, nil
+  -- (made with room for the parts of a request with a few headers)
+  local d, n = { method, url, nil, nil, nil, nil, nil, nil }, 3
+  if body == nil then
+    d[3] = "no body"
+  else
+    d[3], d[4], n = "body", body, 4
+  end
+  for i = 1, #by_value do
+    local name = by_value[i]
+    local v = call[name]
+    if v ~= nil then
+      if v == true and fresh_when_true[name] then return nil end
+      d[n + 1], d[n + 2], n = name, canonical(v), n + 2
+    end
+  end
+  n = n + 1
+  d[n] = HEADERS
+  local names, values, count, unkeyed = nil, nil, 0, nil
   for k, v in next, h do
     if type(k) ~= "string" then return nil end
     local name = lower(k)
+    if type(v) ~= "string" then v = tostring(v) end
     if not_in_key[name] then
       unkeyed = unkeyed or {}
-      unkeyed[name] = tostring(v)
+      if unkeyed[name] then return nil end
+      unkeyed[name] = v
+    elseif count == 0 then
+      count, d[n + 1], d[n + 2] = 1, name, v
     else
-      n = n + 1
-      names[n] = k
+      if count == 1 then names, values = { d[n + 1] }, { [d[n + 1]] = d[n + 2] } end
+      if values[name] then return nil end
+      count = count + 1
+      names[count], values[name] = name, v
     end
   end
-  if n > 1 then sort(names, by_lower_name) end
-  absorb(d, "headers")
-  absorb(d, tostring(n))
-  for i = 1, n do
-    local k = names[i]
-    absorb(d, lower(k))
-    absorb(d, tostring(h[k]))
-  end
-  -- (the options run to the end: the counted headers cannot reach them)
-  absorb(d, "options")
-  for i = 1, #identity do
-    local option = identity[i]
-    local name, how = option.name, option.how
-    local v = call[name]
-    if how == "object" then
-      if v ~= own[name] then return nil end
-    elseif v ~= nil then
-      if how == "fresh" and v == true then return nil end
-      absorb(d, name)
-      absorb(d, canonical(v))
+  if count > 1 then
+    sort(names)
+    for i = 1, count do
+      local name = names[i]
+      d[n + 1], d[n + 2], n = name, values[name], n + 2
     end
   end
-  return digest(salt, concat(d)), unkeyed
+  return digester(d), unkeyed
 end
 
 -- Whether a list of Cache-Control directives holds one of the names.
