@@ -52,6 +52,7 @@ end
 -- function that checks (0 for fetch itself), so that the error names the
 -- caller's line.
 local fetch_options = options.fetch
+local lua_type_of, checker_of = options.fits.fetch.lua_type, options.fits.fetch.checker
 local check_value = options.check
 local function check_option(name, v, depth)
   check_value("fetch", fetch_options, name, v, 3 + (depth or 0))
@@ -274,7 +275,14 @@ local function read_options(opts, check, depth, request)
   for _ = 1, 16 do -- a loop of __index tables ends here too
     for k, v in pairs(t) do
       if t == opts or rawget(opts, k) == nil then -- an own option hides an inherited one
-        if check then check_option(k, v, depth) end
+        if check then
+          -- (what does not fit, options.check raises for, naming the problem)
+          local kind = type(v)
+          if kind ~= lua_type_of[k] then
+            local checker = checker_of[k]
+            if not (checker and checker(v, kind)) then check_option(k, v, depth) end
+          end
+        end
         -- (the first seen of a name is the one opts[name] gives)
         if request and is_transport_option[k] and request[k] == nil then names = list_field(request, names, k, v) end
         if not not_planned[k] then others = true end
@@ -428,7 +436,8 @@ end
 --   url, method, headers (the header lines), body, timeout, transport: the
 --     request the engine reads (runtime.transfer), with the rarer fields
 --     listed in transport (false: none); timeout is set by each attempt
---   shown_url, url_secrets, origin: plan.url_facts' of url
+--   shown_url, url_secrets, origin: plan.url_facts' of url (origin: for
+--     a call with a circuit)
 --   header_secrets: the secret values among the header lines, or nil
 --   safe: whether the request may be sent again (replay-safe)
 --   attempt_timeout, max_elapsed: an attempt's timeout, the call's budget
@@ -444,7 +453,7 @@ end
 function plan.make(url, opts, counters)
   if type(opts) ~= "table" then bad_options_type(url, opts, 4) end
   local p = { url = false, method = "GET", headers = default_lines, timeout = false, transport = false,
-    shown_url = false, origin = false, safe = true, opts = opts,
+    shown_url = false, safe = true, opts = opts,
     attempt_timeout = opts.timeout or DEFAULT_TIMEOUT, max_elapsed = opts.max_elapsed or DEFAULT_MAX_ELAPSED }
   local mark = checked[opts] -- fetch.check's
   if mark == true then checked[opts] = nil end
@@ -471,7 +480,7 @@ function plan.make(url, opts, counters)
     extra_secrets = secret_headers and headers.secret_set(secret_headers, "fetch")
     stream = opts.stream == true
   end
-  p.url, p.method, p.shown_url, p.origin = url, method, shown_url, origin
+  p.url, p.method, p.shown_url = url, method, shown_url
   if url_secrets then p.url_secrets = url_secrets end
   if body ~= nil then p.body = body end
   if counters ~= nil then p.counters = counters end
@@ -494,6 +503,7 @@ function plan.make(url, opts, counters)
   if others then
     local limiter, circuit, budget, on_event = opts.limiter, opts.circuit, opts.budget, opts.on_event
     p.policy, p.limiter, p.circuit, p.budget, p.on_event = policy, limiter, circuit, budget, on_event
+    if circuit then p.origin = origin end -- (what the circuit is asked and told of)
     p.sleep, p.retry_after, p.retry_after_max = opts.sleep, opts.retry_after, opts.retry_after_max
     p.hooked = (policy or limiter or circuit or budget or on_event or stream) and true or false
     local retry_after = p.retry_after -- nil: honor
