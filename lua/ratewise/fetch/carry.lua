@@ -150,7 +150,7 @@ function carry.after(state, res, terr, sent_at, streaming, budget_cut)
     printable(state, terr)
     state.budget_cut = budget_cut -- (what the decision reads of a transport error)
   end
-  state.answers = nil
+  if state.answers ~= nil then state.answers = nil end
   local d = decide(state, res, terr)
   while d.action == "ask" do
     local answers = state.answers

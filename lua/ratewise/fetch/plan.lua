@@ -440,7 +440,7 @@ end
 --     a call with a circuit)
 --   header_secrets: the secret values among the header lines, or nil
 --   safe: whether the request may be sent again (replay-safe)
---   attempt_timeout, max_elapsed: an attempt's timeout, the call's budget
+--   max_elapsed: the call's time budget
 --   opts, counters: the call's options and an rw.client's counters
 --   policy, limiter, circuit, budget, on_event, sleep, cost, retry_after,
 --     retry_after_max, max_body, stream: the options the attempts and the
@@ -454,7 +454,7 @@ function plan.make(url, opts, counters)
   if type(opts) ~= "table" then bad_options_type(url, opts, 4) end
   local p = { url = false, method = "GET", headers = default_lines, timeout = false, transport = false,
     shown_url = false, safe = true, opts = opts,
-    attempt_timeout = opts.timeout or DEFAULT_TIMEOUT, max_elapsed = opts.max_elapsed or DEFAULT_MAX_ELAPSED }
+    max_elapsed = opts.max_elapsed or DEFAULT_MAX_ELAPSED }
   local mark = checked[opts] -- fetch.check's
   if mark == true then checked[opts] = nil end
   local names, others = read_options(opts, not mark, 2, p)
@@ -537,7 +537,7 @@ function plan.make(url, opts, counters)
     if stream then
       -- the bound on the time to its headers (cut to the time left by each
       -- attempt), and on a silence in its body
-      p.first_byte = opts.first_byte_timeout or p.attempt_timeout
+      p.first_byte = opts.first_byte_timeout or opts.timeout or DEFAULT_TIMEOUT
       p.idle = opts.idle_timeout or STREAM_IDLE_TIMEOUT
       names = list_field(p, names, "first_byte_timeout", p.first_byte)
       names = list_field(p, names, "idle_timeout", p.idle)
