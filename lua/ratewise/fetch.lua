@@ -18,7 +18,7 @@ local admit, send, after = attempt.admit, attempt.send, carry.after
 local guarded, call_hook, budget_error = report.guarded, report.call_hook, report.budget_error
 local check_counters = report.counting.check
 local redact_url = headers.redact_url
-local DEFAULT_MAX_ELAPSED = plan.DEFAULT_MAX_ELAPSED
+local DEFAULT_MAX_ELAPSED, DEFAULT_TIMEOUT = plan.DEFAULT_MAX_ELAPSED, plan.DEFAULT_TIMEOUT
 
 local fetch = {}
 
@@ -53,7 +53,8 @@ function fetch.fetch(url, opts, counters)
   -- the call's plan, which is its state too
   local state, err = make_plan(url, opts, counters)
   if not state then return nil, err end -- no idempotency key could be made
-  local request_url, shown_url, timeout = state.url, state.shown_url, state.attempt_timeout
+  local request_url, shown_url = state.url, state.shown_url
+  local timeout = opts.timeout or DEFAULT_TIMEOUT
   local started = now()
   local deadline = started + state.max_elapsed
   local hooked = state.hooked
@@ -78,7 +79,7 @@ function fetch.fetch(url, opts, counters)
       state.started, state.attempts = started, attempts
       return budget_error(state, "no time left for another attempt", state.last_response)
     end
-    local res, terr, streaming = send(state, left)
+    local res, terr, streaming = send(state, left, timeout)
     attempts = attempts + 1
     if res then
       -- shown_url, unless a redirect was followed (or the response is a

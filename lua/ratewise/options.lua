@@ -328,9 +328,29 @@ local function valid(entry, v)
   local kind, t = entry.kind, type(v)
   local checker = checkers[kind]
   if checker then return checker(v, t) end
-  return t == kind, "a " .. kind
+  if t == kind then return true end
+  return false, "a " .. kind
 end
 options.valid = valid
+
+--- options.fits.fetch (and .client, .call): what each option of the
+-- scope takes, by name, for a walk over a table of options to look up:
+--   lua_type[name]  the Lua type its value must have, for a kind that is
+--                   one (a value of that type fits)
+--   checker[name]   for any other kind, its checker: checker(v, type(v))
+--                   answers first whether v fits
+-- A name in neither is not the scope's. What does not fit is left to
+-- options.check, which raises naming the problem.
+local fits = {}
+for scope, known in pairs({ fetch = fetch_names, client = client_names, call = call_names }) do
+  local lua_type, checker = {}, {}
+  for name, entry in pairs(known) do
+    local check = checkers[entry.kind]
+    if check then checker[name] = check else lua_type[name] = entry.kind end
+  end
+  fits[scope] = { lua_type = lua_type, checker = checker }
+end
+options.fits = fits
 
 --- options.check(who, known, name, v, level): raises, naming the option,
 -- for a name not in known (a set: options.fetch, options.client...) or a

@@ -43,7 +43,7 @@ local bad_seconds = scheduler.bad_seconds
 local run_transfer = scheduler.run_transfer
 local isyieldable, pcall, running = compat.isyieldable, compat.pcall, compat.running
 local yield = coroutine.yield
-local format, sort = string.format, table.sort
+local format, sort, remove = string.format, table.sort, table.remove
 local type, error, pairs, setmetatable = type, error, pairs, setmetatable
 
 local runtime = {}
@@ -131,6 +131,7 @@ end
 
 local configured -- rw.configure{sleep = fn [, wait = fn]}
 
+-- (registered while rw.configure has set a host: configure)
 local configured_host = {
   name = "configured",
   rank = 20,
@@ -182,6 +183,9 @@ local hosts, hosts_n = {}, 0
 --                          says is logged once, and the next host down the
 --                          ranks serves the wait (the main thread's block)
 -- A host registered again (a module loaded anew) replaces the one of its name.
+-- A host module registers its host only where it can be there (its API is
+-- there as the module loads, or what makes it one has been said): a wait
+-- asks every host registered.
 function runtime.register_host(host)
   if type(host) ~= "table" or type(host.name) ~= "string" or type(host.rank) ~= "number"
       or type(host.claims) ~= "function" then
@@ -199,7 +203,28 @@ function runtime.register_host(host)
   sort(hosts, function(a, b) return a.rank < b.rank end)
 end
 
-for _, host in pairs({ main_host, protocol_host, configured_host, nested_host, foreign_host }) do
+-- The host of that name is asked no more (one that cannot be there now).
+local function unregister_host(name)
+  for i = 1, hosts_n do
+    if hosts[i].name == name then
+      remove(hosts, i)
+      hosts_n = hosts_n - 1
+      return
+    end
+  end
+end
+
+local function registered(host)
+  for i = 1, hosts_n do
+    if hosts[i] == host then return true end
+  end
+  return false
+end
+
+-- (the protocol's host from the first coroutine said to speak it,
+-- runtime.speaks_protocol; the configured one while there is one,
+-- runtime.configure)
+for _, host in pairs({ main_host, nested_host, foreign_host }) do
   runtime.register_host(host)
 end
 
@@ -211,6 +236,7 @@ function runtime.speaks_protocol(co, yes)
     error(format("speaks_protocol: expected a coroutine (got %s)", type(co)), 2)
   end
   protocol_host.speakers[co] = (yes ~= false) or nil
+  if yes ~= false and not registered(protocol_host) then runtime.register_host(protocol_host) end
   return co
 end
 
@@ -312,6 +338,7 @@ function runtime.configure(opts)
   elseif opts.wait ~= nil and configured then
     configured = host_of(configured.sleep, opts.wait or nil)
   end
+  if configured then runtime.register_host(configured_host) else unregister_host("configured") end
   if limits then scheduler.engine(limits) end
   if opts.log ~= nil then log.configure(opts.log) end
 end

@@ -77,16 +77,17 @@ function attempt.admit(state)
   return true
 end
 
---- res, terr, streaming = attempt.send(p, left): one transfer of the
--- request of plan p (plan.make's), within the `left` seconds of its time
--- budget. res: the response (a stream's reader in streaming), whose url is
+--- res, terr, streaming = attempt.send(p, left, timeout): one transfer
+-- of the request of plan p (plan.make's), within the `left` seconds of
+-- its time budget, `timeout` being an attempt's own (the option's, or its
+-- default). res: the response (a stream's reader in streaming), whose url is
 -- p.shown_url unless a redirect was followed (but a stream's), or terr:
 -- the transport error. A stream's p.budget_cut: whether the time budget
 -- cut its timeouts ("after_headers": only its time read whole).
-function attempt.send(p, left)
+function attempt.send(p, left, timeout)
   -- The plan is the request the engine reads: it copies what it needs as
   -- the transfer starts, so the plan serves every attempt.
-  local timeout, sleep = p.attempt_timeout, p.sleep
+  local sleep = p.sleep
   local res, terr, streaming
   if p.stream then
     -- No total timeout for a 2xx: `timeout` bounds the time to the

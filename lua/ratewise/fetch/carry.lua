@@ -148,8 +148,9 @@ function carry.after(state, res, terr, sent_at, streaming, budget_cut)
     if policy and policy.observe then call_hook("observe", policy.observe, res, state.limiter) end
   else
     printable(state, terr)
+    state.budget_cut = budget_cut -- (what the decision reads of a transport error)
   end
-  state.budget_cut, state.answers = budget_cut, nil
+  if state.answers ~= nil then state.answers = nil end
   local d = decide(state, res, terr)
   while d.action == "ask" do
     local answers = state.answers

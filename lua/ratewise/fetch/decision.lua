@@ -210,8 +210,6 @@ local function after_response(call, res, clock)
   if policy and policy.classify then
     answer = call.answers and call.answers.classify
     if answer == nil then return ask("classify") end
-  elseif status >= 200 and status < 300 then
-    return RETURNED -- an answer with nothing more to ask
   end
   if not call then return ASK_CALL end
   local answers = call.answers
@@ -266,9 +264,17 @@ end
 -- number call.attempts, which gave the response res or the transport error
 -- terr (see the top of this file).
 function decision.decide(call, res, terr, clock)
-  clock = clock or decision.clock
-  if res then return after_response(call, res, clock) end
-  return after_error(call, terr, clock)
+  if res then
+    -- A 2xx is an answer, with nothing more to ask, unless the policy
+    -- classifies responses itself.
+    local status = res.status
+    if status >= 200 and status < 300 then
+      local policy = call and call.policy
+      if not (policy and policy.classify) then return RETURNED end
+    end
+    return after_response(call, res, clock or decision.clock)
+  end
+  return after_error(call, terr, clock or decision.clock)
 end
 
 return decision

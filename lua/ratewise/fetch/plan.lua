@@ -52,6 +52,7 @@ end
 -- function that checks (0 for fetch itself), so that the error names the
 -- caller's line.
 local fetch_options = options.fetch
+local lua_type_of, checker_of = options.fits.fetch.lua_type, options.fits.fetch.checker
 local check_value = options.check
 local function check_option(name, v, depth)
   check_value("fetch", fetch_options, name, v, 3 + (depth or 0))
@@ -284,7 +285,14 @@ local function read_options(opts, passed, depth, request, seen)
   for _ = 1, 16 do -- a loop of __index tables ends here too
     for k, v in pairs(t) do
       if t == opts or rawget(opts, k) == nil then -- an own option hides an inherited one
-        if passed == nil or passed[k] ~= v or reads_contents[k] then check_option(k, v, depth) end
+        if passed == nil or passed[k] ~= v or reads_contents[k] then
+          -- (what does not fit, options.check raises for, naming the problem)
+          local kind = type(v)
+          if kind ~= lua_type_of[k] then
+            local checker = checker_of[k]
+            if not (checker and checker(v, kind)) then check_option(k, v, depth) end
+          end
+        end
         if seen and seen[k] == nil then seen[k] = v end
         -- (the first seen of a name is the one opts[name] gives)
         if request and is_transport_option[k] and request[k] == nil then names = list_field(request, names, k, v) end
@@ -437,10 +445,11 @@ end
 --   url, method, headers (the header lines), body, timeout, transport: the
 --     request the engine reads (runtime.transfer), with the rarer fields
 --     listed in transport (false: none); timeout is set by each attempt
---   shown_url, url_secrets, origin: plan.url_facts' of url
+--   shown_url, url_secrets, origin: plan.url_facts' of url (origin: for
+--     a call with a circuit)
 --   header_secrets: the secret values among the header lines, or nil
 --   safe: whether the request may be sent again (replay-safe)
---   attempt_timeout, max_elapsed: an attempt's timeout, the call's budget
+--   max_elapsed: the call's time budget
 --   opts, counters: the call's options and an rw.client's counters
 --   policy, limiter, circuit, budget, on_event, sleep, cost, retry_after,
 --     retry_after_max, max_body, stream: the options the attempts and the
@@ -453,8 +462,8 @@ end
 function plan.make(url, opts, counters)
   if type(opts) ~= "table" then bad_options_type(url, opts, 4) end
   local p = { url = false, method = "GET", headers = default_lines, timeout = false, transport = false,
-    shown_url = false, origin = false, safe = true, opts = opts,
-    attempt_timeout = opts.timeout or DEFAULT_TIMEOUT, max_elapsed = opts.max_elapsed or DEFAULT_MAX_ELAPSED }
+    shown_url = false, safe = true, opts = opts,
+    max_elapsed = opts.max_elapsed or DEFAULT_MAX_ELAPSED }
   local mark = checked[opts] -- fetch.check's
   if mark and not mark.kept then checked[opts] = nil end
   local names, others = read_options(opts, mark and mark.values, 2, p)
@@ -480,7 +489,7 @@ function plan.make(url, opts, counters)
     extra_secrets = secret_headers and headers.secret_set(secret_headers, "fetch")
     stream = opts.stream == true
   end
-  p.url, p.method, p.shown_url, p.origin = url, method, shown_url, origin
+  p.url, p.method, p.shown_url = url, method, shown_url
   if url_secrets then p.url_secrets = url_secrets end
   if body ~= nil then p.body = body end
   if counters ~= nil then p.counters = counters end
@@ -503,6 +512,7 @@ function plan.make(url, opts, counters)
   if others then
     local limiter, circuit, budget, on_event = opts.limiter, opts.circuit, opts.budget, opts.on_event
     p.policy, p.limiter, p.circuit, p.budget, p.on_event = policy, limiter, circuit, budget, on_event
+    if circuit then p.origin = origin end -- (what the circuit is asked and told of)
     p.sleep, p.retry_after, p.retry_after_max = opts.sleep, opts.retry_after, opts.retry_after_max
     p.hooked = (policy or limiter or circuit or budget or on_event or stream) and true or false
     local retry_after = p.retry_after -- nil: honor
@@ -536,7 +546,7 @@ function plan.make(url, opts, counters)
     if stream then
       -- the bound on the time to its headers (cut to the time left by each
       -- attempt), and on a silence in its body
-      p.first_byte = opts.first_byte_timeout or p.attempt_timeout
+      p.first_byte = opts.first_byte_timeout or opts.timeout or DEFAULT_TIMEOUT
       p.idle = opts.idle_timeout or STREAM_IDLE_TIMEOUT
       names = list_field(p, names, "first_byte_timeout", p.first_byte)
       names = list_field(p, names, "idle_timeout", p.idle)

@@ -150,14 +150,18 @@ do
   if vim and type(vim.json) == "table" then json.set_fallback(vim.json) end
 end
 
-runtime.register_host {
-  name = "nvim",
-  rank = 70,
-  claims = nvim.active,
-  blocking = "warn",
-  says = "ratewise: a wait outside a task blocks Neovim (its keys, its screen) until it ends: call ratewise "
-    .. "from rw.spawn(function() ... end), whose tasks the editor's loop runs (docs/hosts.md#neovim)",
-}
+-- Registered where `vim` is there as this module loads: Neovim sets it up
+-- before any plugin's Lua code runs, and a wait elsewhere need not ask.
+if nvim.active() then
+  runtime.register_host {
+    name = "nvim",
+    rank = 70,
+    claims = nvim.active,
+    blocking = "warn",
+    says = "ratewise: a wait outside a task blocks Neovim (its keys, its screen) until it ends: call ratewise "
+      .. "from rw.spawn(function() ... end), whose tasks the editor's loop runs (docs/hosts.md#neovim)",
+  }
+end
 
 -- Inside Neovim the editor's loop runs ratewise's tasks: a task spawned by
 -- any plugin runs with nothing more to set up.

@@ -88,16 +88,20 @@ function openresty.kick()
   if host then host.kick() end
 end
 
--- Asked first: `ngx` is looked for in package.loaded (OpenResty puts it
--- there as it starts) before the phase is asked.
-runtime.register_host {
-  name = "openresty",
-  rank = 10,
-  claims = function()
-    if loaded.ngx ~= nil and openresty.active() then return openresty.host() end
-    return nil
-  end,
-}
+-- Registered where `ngx` is in package.loaded as this module loads:
+-- OpenResty puts it there as it starts, before any module of its Lua code
+-- is loaded, and nothing else does. Asked first; the phase is asked at
+-- each wait.
+if loaded.ngx ~= nil then
+  runtime.register_host {
+    name = "openresty",
+    rank = 10,
+    claims = function()
+      if openresty.active() then return openresty.host() end
+      return nil
+    end,
+  }
+end
 scheduler.add_kick(openresty.kick)
 
 return openresty

@@ -23,14 +23,19 @@ function tarantool.active()
     and type(rawget(_G, "box")) == "table"
 end
 
-runtime.register_host {
-  name = "tarantool",
-  rank = 72,
-  claims = tarantool.active,
-  blocking = "warn",
-  says = "ratewise: a wait outside a task blocks Tarantool's event loop (every fiber, every request) until it "
-    .. "ends: call rw.configure{sleep = require('fiber').sleep} once, so that a wait sleeps its own fiber and "
-    .. "the others run meanwhile (docs/hosts.md#tarantool)",
-}
+-- Registered where Tarantool is there as this module loads: its `fiber`
+-- module and `box` are there from the start, before any Lua code of the
+-- instance runs, and a wait elsewhere need not ask.
+if tarantool.active() then
+  runtime.register_host {
+    name = "tarantool",
+    rank = 72,
+    claims = tarantool.active,
+    blocking = "warn",
+    says = "ratewise: a wait outside a task blocks Tarantool's event loop (every fiber, every request) until it "
+      .. "ends: call rw.configure{sleep = require('fiber').sleep} once, so that a wait sleeps its own fiber and "
+      .. "the others run meanwhile (docs/hosts.md#tarantool)",
+  }
+end
 
 return tarantool

@@ -19,15 +19,20 @@ function weechat.active()
   return type(api) == "table" and type(api.hook_fd) == "function" and type(api.hook_timer) == "function"
 end
 
-runtime.register_host {
-  name = "weechat",
-  rank = 74,
-  claims = weechat.active,
-  blocking = "warn",
-  says = "ratewise: a wait outside a task blocks WeeChat (its input, its screen, every other script) until it "
-    .. "ends: call ratewise from rw.spawn(function() ... end), and step the tasks from WeeChat's loop with "
-    .. "weechat.hook_fd on rw.pollable:pollfd() and weechat.hook_timer, each calling rw.step(0) "
-    .. "(docs/hosts.md#weechat)",
-}
+-- Registered where WeeChat's API is there as this module loads: WeeChat
+-- sets the global up before a script runs, and a wait elsewhere need not
+-- ask.
+if weechat.active() then
+  runtime.register_host {
+    name = "weechat",
+    rank = 74,
+    claims = weechat.active,
+    blocking = "warn",
+    says = "ratewise: a wait outside a task blocks WeeChat (its input, its screen, every other script) until it "
+      .. "ends: call ratewise from rw.spawn(function() ... end), and step the tasks from WeeChat's loop with "
+      .. "weechat.hook_fd on rw.pollable:pollfd() and weechat.hook_timer, each calling rw.step(0) "
+      .. "(docs/hosts.md#weechat)",
+  }
+end
 
 return weechat
