@@ -113,8 +113,8 @@ function cache.copy(v)
   return copy(v, {})
 end
 
--- The bytes of a client's digest key.
-local SALT_BYTES = 32
+-- The bytes of a client's digest key (SipHash's key).
+local SALT_BYTES = 16
 
 --- digester = cache.digester(): what makes a client's request keys
 -- (core.digester, under a random key of the client's own), or false when
@@ -166,10 +166,12 @@ end
 -- the identity of a request (options.identity): its method, URL, body and
 -- header fields (h; names compared case-insensitively, not_in_key left
 -- out) and each option that changes what is sent or how the answer is read
--- (call: the request's options). An HMAC-SHA256 digest under the client's
--- random key (cache.digester), so that a secret (a header's credential, a
--- URL's userinfo, a proxy's password) takes part in the comparison but is
--- never kept nor printed, and no one can make two requests collide.
+-- (call: the request's options). A SipHash-2-4 digest (128 bits) under the
+-- client's random key (cache.digester): a keyed pseudorandom function made
+-- for the keys of a table, so that a secret (a header's credential, a URL's
+-- userinfo, a proxy's password) takes part in the comparison but is never
+-- kept nor printed, and no one without the key can make two requests
+-- collide.
 -- unkeyed: the values of the fields left out, by lower-case name (nil when
 -- there are none), which a response's Vary may name (cache.fits).
 -- nil for a request that is like no other: a fresh idempotency key, an
