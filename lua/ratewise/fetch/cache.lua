@@ -131,21 +131,21 @@ local not_in_key = { ["user-agent"] = true, ["x-request-id"] = true, traceparent
 cache.not_in_key = not_in_key
 
 -- The identity's options (options.identity) by how they take part: those
--- compared by value, in schema order, those of them whose `true` makes a
--- call like no other, and the objects compared by reference.
-local by_value, fresh_when_true, objects = {}, {}, {}
-for _, option in ipairs(identity) do
-  if option.how == "object" then
-    objects[#objects + 1] = option.name
-  else
-    by_value[#by_value + 1] = option.name
-    if option.how == "fresh" then fresh_when_true[option.name] = true end
-  end
-end
+-- compared by value, each by its place in schema order (rank), those of
+-- them whose `true` makes a call like no other, and the objects compared
+-- by reference.
+local rank, fresh_when_true, objects = {}, {}, {}
 local HEADERS = "headers"
-for _, name in ipairs(by_value) do
-  -- (request_key's sections are told apart by this name: see there)
-  if name == HEADERS then error("fetch.cache: an identity option named '" .. HEADERS .. "'") end
+for i, option in ipairs(identity) do
+  local name = option.name
+  if option.how == "object" then
+    objects[#objects + 1] = name
+  else
+    -- (request_key's sections are told apart by this name: see there)
+    if name == HEADERS then error("fetch.cache: an identity option named '" .. HEADERS .. "'") end
+    rank[name] = i
+    if option.how == "fresh" then fresh_when_true[name] = true end
+  end
 end
 
 -- An option's value as the key reads it.
@@ -199,12 +199,20 @@ function cache.request_key(digester, method, url, body, h, call, own)
   else
     d[3], d[4], n = "body", body, 4
   end
-  for i = 1, #by_value do
-    local name = by_value[i]
-    local v = call[name]
-    if v ~= nil then
+  -- The options the call gives (a call holds few of the schema's), each
+  -- put in its place by rank: whatever order `next` gives them in, the
+  -- same options make the same parts.
+  local first = n + 1
+  for name, v in next, call do
+    local r = rank[name]
+    if r then
       if v == true and fresh_when_true[name] then return nil end
-      d[n + 1], d[n + 2], n = name, canonical(v), n + 2
+      local at = n + 1
+      while at > first and rank[d[at - 2]] > r do
+        d[at], d[at + 1] = d[at - 2], d[at - 1]
+        at = at - 2
+      end
+      d[at], d[at + 1], n = name, canonical(v), n + 2
     end
   end
   n = n + 1
