@@ -65,7 +65,7 @@ REDIS_LIB := $(if $(filter 1,$(REDIS)),-lhiredis)
 # zlib, libbrotlidec and libzstd: the engine decodes Content-Encoding itself
 # (src/decode.c).
 DECODE_LIBS := -lz -lbrotlidec -lzstd
-# libcrypto (OpenSSL): rw.client's request keys are HMAC-SHA256 digests (src/digest.c).
+# libcrypto (OpenSSL): rw.client's request keys are SipHash digests (src/digest.c).
 CRYPTO_LIBS := -lcrypto
 LIBS      = $(PKG_CURL_LIBS) $(REDIS_LIB) $(DECODE_LIBS) $(CRYPTO_LIBS) -lm
 # A module is a bundle on macOS, whose symbols from Lua are found at load.

@@ -1,21 +1,41 @@
--- core.digest: HMAC-SHA256 by libcrypto, rw.client's request keys.
+-- core.digest: SipHash-2-4 (128-bit output) by libcrypto, rw.client's request keys.
 local core = require "ratewise.core"
 
 local function hex(s)
   return (s:gsub(".", function(c) return string.format("%02x", c:byte()) end))
 end
 
+-- The bytes 0, 1, ..., n - 1.
+local function counting(n)
+  local bytes = {}
+  for i = 1, n do bytes[i] = string.char(i - 1) end
+  return table.concat(bytes)
+end
+
 describe("core.digest", function()
-  it("is HMAC-SHA256 (RFC 4231, test cases 1 and 3)", function()
-    assert.equal("b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7",
-      hex(core.digest(string.rep("\11", 20), "Hi There")))
-    assert.equal("773ea91e36800e46854db8ebd09181a72959098b3ef8c122d9635514ced565fe",
-      hex(core.digest(string.rep("\170", 20), string.rep("\221", 50))))
+  it("is SipHash-2-4 with a 128-bit output (the SipHash paper's vectors)", function()
+    -- key 00 01 .. 0f, messages 00 01 .. n-1 (vectors_sip128 of the
+    -- reference implementation; `openssl mac -macopt size:16 SIPHASH`)
+    local key = counting(16)
+    for n, mac in pairs {
+      [0] = "a3817f04ba25a8e66df67214c7550293",
+      [1] = "da87c1d86b99af44347659119b22fc45",
+      [2] = "8177228da4a45dc7fca38bdef60affe4",
+      [3] = "9c70b60c5267a94e5f33b6b02985ed51",
+      [7] = "a1f1ebbed8dbc153c0b84aa61ff08239",
+      [8] = "3b62a9ba6258f5610f83e264f31497b4",
+      [15] = "5493e99933b0a8117e08ec0f97cfc3d9",
+      [16] = "6ee2a4ca67b054bbfd3315bf85230577",
+      [63] = "5150d1772f50834a503e069a973fbd7c",
+    } do
+      assert.equal(mac, hex(core.digest(key, counting(n))), "message of " .. n .. " bytes")
+    end
   end)
 
-  it("refuses a key too short to be secret, or what is not a string", function()
-    assert.error_matches(function() core.digest("short", "x") end, "must be 16 to 64 bytes")
-    assert.error_matches(function() core.digest(string.rep("k", 32), nil) end, "string expected")
+  it("refuses a key that is not SipHash's 16 bytes, or what is not a string", function()
+    assert.error_matches(function() core.digest("short", "x") end, "must be 16 bytes")
+    assert.error_matches(function() core.digest(string.rep("k", 32), "x") end, "must be 16 bytes")
+    assert.error_matches(function() core.digest(string.rep("k", 16), nil) end, "string expected")
   end)
 end)
 
@@ -37,7 +57,7 @@ describe("core.digester", function()
   end
 
   it("is core.digest of its parts, each framed by its length, under its key", function()
-    local key = string.rep("\11", 20)
+    local key = string.rep("\11", 16)
     local d = assert(core.digester(key))
     for _, parts in ipairs {
       {},
@@ -52,12 +72,13 @@ describe("core.digester", function()
     -- used again, it starts over from its key
     assert.equal(d { "a", "b" }, d { "a", "b" })
     assert.are_not.equal(d { "ab" }, d { "a", "b" })
-    assert.are_not.equal(d { "a" }, core.digester(string.rep("\12", 20)) { "a" })
+    assert.are_not.equal(d { "a" }, core.digester(string.rep("\12", 16)) { "a" })
   end)
 
-  it("refuses a key too short to be secret, or a part that is not a string", function()
-    assert.error_matches(function() core.digester("short") end, "must be 16 to 64 bytes")
-    local d = core.digester(string.rep("k", 32))
+  it("refuses a key that is not 16 bytes, or a part that is not a string", function()
+    assert.error_matches(function() core.digester("short") end, "must be 16 bytes")
+    assert.error_matches(function() core.digester(string.rep("k", 32)) end, "must be 16 bytes")
+    local d = core.digester(string.rep("k", 16))
     assert.error_matches(function() d { "a", 1 } end, "part 2 is not a string")
     assert.error_matches(function() d "a" end, "table expected")
   end)

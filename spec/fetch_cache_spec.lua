@@ -81,6 +81,36 @@ describe("fetch.cache", function()
     assert.is_nil(key(nil, { ["User-Agent"] = "x", ["user-agent"] = "y" }))
   end)
 
+  it("reads a call's options alike whatever order its table holds them in", function()
+    local digester = assert(cache.digester())
+    local options = {
+      { "verify_tls", false }, { "decompress", false }, { "max_body", 1024 }, { "proxy", "http://p:1" },
+      { "ca_file", "/ca.pem" }, { "follow_redirects", false }, { "tls_min_version", "1.2" },
+      { "secret_headers", { "X-Key" } }, { "timeout", 5 }, { "method", "GET" },
+    }
+    local function key(order)
+      local call = {}
+      for _, i in ipairs(order) do call[options[i][1]] = options[i][2] end
+      return (cache.request_key(digester, "GET", "http://h/", nil, {}, call, {}))
+    end
+    local forward, backward, shuffled = {}, {}, { 3, 9, 1, 7, 5, 10, 2, 8, 4, 6 }
+    for i = 1, #options do forward[i], backward[#options + 1 - i] = i, i end
+    local k = key(forward)
+    assert.equal(k, key(backward))
+    assert.equal(k, key(shuffled))
+    -- and each option takes part: one left out is another request
+    for leave = 1, #options do
+      local some = {}
+      for i = 1, #options do if i ~= leave then some[#some + 1] = i end end
+      local name = options[leave][1]
+      if name == "timeout" or name == "method" then
+        assert.equal(k, key(some), name .. " is no part of the identity")
+      else
+        assert.are_not.equal(k, key(some), name)
+      end
+    end
+  end)
+
   it("lets a weak table's key go when its owner drops it", function()
     local t = cache.weak()
     t[{}] = true

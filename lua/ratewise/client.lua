@@ -506,8 +506,8 @@ end
 -- at each turn.
 
 -- set = await_shared(shared, seconds, per_call_sleep): waits at most
--- seconds for the request in flight that a call joined (Client:_send_shared's
--- entry) to end.
+-- seconds for the request in flight that a call joined (Client:request's
+-- entry in in_flight) to end.
 local function await_shared(shared, seconds, per_call)
   local done = shared.done
   if not done then -- the first to join: most shared calls have none
@@ -632,7 +632,13 @@ function Client:request(method, path, opts)
     elseif share and not shared then
       -- The first of identical calls makes the request itself, in its own
       -- task: the client starts no task of its own that could outlive it.
-      res, err = self:_send_shared(key, unkeyed, deadline, url, call)
+      -- done: the event of the tasks that join it; ended: whether it has;
+      -- unkeyed: what its request sent of the header fields its identity
+      -- leaves out (ended is there from the start: the entry is not grown
+      -- when it ends)
+      local entry = { deadline = deadline, unkeyed = unkeyed, ended = false }
+      self.in_flight[key] = entry
+      res, err = self:_send(url, call, key, entry)
       break
     else
       res, err = self:_send(url, call)
@@ -645,7 +651,6 @@ function Client:request(method, path, opts)
   return res, err
 end
 
--- One fetch, inside the client's concurrency limit.
 -- A call that ends before fetch runs (its turn under `concurrency` did not
 -- come within max_elapsed), told as fetch tells a spent budget.
 function Client:_budget_error(url, call, waited)
@@ -661,44 +666,11 @@ function Client:_budget_error(url, call, waited)
   }, fetch.error_mt)
 end
 
-function Client:_send(url, call)
-  local sem, counters = self.semaphore, self.counters
-  if sem then
-    -- The wait for a turn counts against the call's max_elapsed; fetch gets
-    -- what is left.
-    local max_elapsed = call.max_elapsed or fetch.DEFAULT_MAX_ELAPSED
-    local started = now()
-    if not take_turn(sem, max_elapsed, call.sleep) then return self:_budget_error(url, call, now() - started) end
-    local left = max_elapsed - (now() - started)
-    if left <= 0 then
-      sem:release()
-      return self:_budget_error(url, call, now() - started)
-    end
-    call.max_elapsed = left
-  end
-  counters.in_flight = counters.in_flight + 1
-  local ok, res, err = compat.pcall(fetch.fetch, url, call, counters)
-  counters.in_flight = counters.in_flight - 1
-  if sem then sem:release() end
-  if not ok then error(res, 0) end
-  if res then
-    counters.successes = counters.successes + 1
-  else
-    counters.failures = counters.failures + 1
-    bump(counters.errors, err.kind)
-  end
-  return res, err
-end
-
--- The call in flight that identical ones join (Client:request): what it
--- ended with is theirs too, or, if it was cancelled, they go on by themselves.
-function Client:_send_shared(key, unkeyed, deadline, url, call)
-  -- done: the event of the tasks that join it; ended: whether it has; unkeyed:
-  -- what its request sent of the header fields its identity leaves out
-  local entry = { deadline = deadline, unkeyed = unkeyed }
-  local in_flight = self.in_flight
-  in_flight[key] = entry
-  local ok, res, err = compat.pcall(self._send, self, url, call)
+-- ended(in_flight, key, entry, ok, res, err): tells the calls that joined
+-- the request in flight under key (entry: Client:request's) what it ended
+-- with (ok false: what it raised), or, if it was cancelled, that they go on
+-- by themselves.
+local function ended(in_flight, key, entry, ok, res, err)
   if in_flight[key] == entry then in_flight[key] = nil end
   if ok then
     -- Those that joined copy what it ended with, as it was: its caller
@@ -711,6 +683,48 @@ function Client:_send_shared(key, unkeyed, deadline, url, call)
   end
   entry.ended = true
   if entry.done then entry.done:set() end
+end
+
+-- res, err = Client:_send(url, call, key, entry): one fetch, inside the
+-- client's concurrency limit. entry: the request in flight under key that
+-- identical calls join (Client:request), told how it ended (ended) before
+-- this returns or raises.
+function Client:_send(url, call, key, entry)
+  local sem, counters = self.semaphore, self.counters
+  local ok, res, err = true, nil, nil
+  local turn = not sem
+  if sem then
+    -- The wait for a turn counts against the call's max_elapsed; fetch gets
+    -- what is left.
+    local max_elapsed = call.max_elapsed or fetch.DEFAULT_MAX_ELAPSED
+    local started = now()
+    -- (the wait may raise, its task cancelled: caught, so that entry is told)
+    ok, res = compat.pcall(take_turn, sem, max_elapsed, call.sleep)
+    if ok and res then
+      local left = max_elapsed - (now() - started)
+      if left > 0 then
+        call.max_elapsed, turn = left, true
+      else
+        sem:release()
+      end
+    end
+    if ok and not turn then res, err = self:_budget_error(url, call, now() - started) end
+  end
+  if turn then
+    counters.in_flight = counters.in_flight + 1
+    ok, res, err = compat.pcall(fetch.fetch, url, call, counters)
+    counters.in_flight = counters.in_flight - 1
+    if sem then sem:release() end
+    if not ok then
+      err = nil
+    elseif res then
+      counters.successes = counters.successes + 1
+    else
+      counters.failures = counters.failures + 1
+      bump(counters.errors, err.kind)
+    end
+  end
+  if entry then ended(self.in_flight, key, entry, ok, res, err) end
   if not ok then error(res, 0) end
   return res, err
 end

@@ -113,8 +113,8 @@ function cache.copy(v)
   return copy(v, {})
 end
 
--- The bytes of a client's digest key.
-local SALT_BYTES = 32
+-- The bytes of a client's digest key (SipHash's key).
+local SALT_BYTES = 16
 
 --- digester = cache.digester(): what makes a client's request keys
 -- (core.digester, under a random key of the client's own), or false when
@@ -131,21 +131,21 @@ local not_in_key = { ["user-agent"] = true, ["x-request-id"] = true, traceparent
 cache.not_in_key = not_in_key
 
 -- The identity's options (options.identity) by how they take part: those
--- compared by value, in schema order, those of them whose `true` makes a
--- call like no other, and the objects compared by reference.
-local by_value, fresh_when_true, objects = {}, {}, {}
-for _, option in ipairs(identity) do
-  if option.how == "object" then
-    objects[#objects + 1] = option.name
-  else
-    by_value[#by_value + 1] = option.name
-    if option.how == "fresh" then fresh_when_true[option.name] = true end
-  end
-end
+-- compared by value, each by its place in schema order (rank), those of
+-- them whose `true` makes a call like no other, and the objects compared
+-- by reference.
+local rank, fresh_when_true, objects = {}, {}, {}
 local HEADERS = "headers"
-for _, name in ipairs(by_value) do
-  -- (request_key's sections are told apart by this name: see there)
-  if name == HEADERS then error("fetch.cache: an identity option named '" .. HEADERS .. "'") end
+for i, option in ipairs(identity) do
+  local name = option.name
+  if option.how == "object" then
+    objects[#objects + 1] = name
+  else
+    -- (request_key's sections are told apart by this name: see there)
+    if name == HEADERS then error("fetch.cache: an identity option named '" .. HEADERS .. "'") end
+    rank[name] = i
+    if option.how == "fresh" then fresh_when_true[name] = true end
+  end
 end
 
 -- An option's value as the key reads it.
@@ -166,10 +166,12 @@ end
 -- the identity of a request (options.identity): its method, URL, body and
 -- header fields (h; names compared case-insensitively, not_in_key left
 -- out) and each option that changes what is sent or how the answer is read
--- (call: the request's options). An HMAC-SHA256 digest under the client's
--- random key (cache.digester), so that a secret (a header's credential, a
--- URL's userinfo, a proxy's password) takes part in the comparison but is
--- never kept nor printed, and no one can make two requests collide.
+-- (call: the request's options). A SipHash-2-4 digest (128 bits) under the
+-- client's random key (cache.digester): a keyed pseudorandom function made
+-- for the keys of a table, so that a secret (a header's credential, a URL's
+-- userinfo, a proxy's password) takes part in the comparison but is never
+-- kept nor printed, and no one without the key can make two requests
+-- collide.
 -- unkeyed: the values of the fields left out, by lower-case name (nil when
 -- there are none), which a response's Vary may name (cache.fits).
 -- nil for a request that is like no other: a fresh idempotency key, an
@@ -197,12 +199,20 @@ function cache.request_key(digester, method, url, body, h, call, own)
   else
     d[3], d[4], n = "body", body, 4
   end
-  for i = 1, #by_value do
-    local name = by_value[i]
-    local v = call[name]
-    if v ~= nil then
+  -- The options the call gives (a call holds few of the schema's), each
+  -- put in its place by rank: whatever order `next` gives them in, the
+  -- same options make the same parts.
+  local first = n + 1
+  for name, v in next, call do
+    local r = rank[name]
+    if r then
       if v == true and fresh_when_true[name] then return nil end
-      d[n + 1], d[n + 2], n = name, canonical(v), n + 2
+      local at = n + 1
+      while at > first and rank[d[at - 2]] > r do
+        d[at], d[at + 1] = d[at - 2], d[at - 1]
+        at = at - 2
+      end
+      d[at], d[at + 1], n = name, canonical(v), n + 2
     end
   end
   n = n + 1

@@ -35,12 +35,18 @@ function core.malloc_in_use() end
 ---@return string? err
 function core.random_bytes(n) end
 
----HMAC-SHA256 of `data` under `key` (32 raw bytes), or nil, err.
----@param key string 16 to 64 bytes
+---SipHash-2-4 (128-bit output) of `data` under `key` (16 raw bytes), or nil, err.
+---@param key string 16 bytes
 ---@param data string
 ---@return string|nil digest
 ---@return string? err
 function core.digest(key, data) end
+
+---A digester under `key` (`ratewise.Digester`): the request keys of an `rw.client`, or nil, err.
+---@param key string 16 bytes
+---@return ratewise.Digester|nil digester
+---@return string? err
+function core.digester(key) end
 
 ---A number in [0, 1) from the kernel's generator, or nil, err.
 ---@return number|nil
@@ -293,6 +299,11 @@ local SSEParser = {}
 function SSEParser:feed(chunk) end
 
 function SSEParser:close() end
+
+---SipHash-2-4 (128-bit output) under a digester's key of a list of strings, each framed by its
+---length (LEB128), as `core.digest` of those bytes; nil, err when libcrypto fails.
+---@class ratewise.Digester
+---@overload fun(parts: string[]): string|nil, string?
 
 ---A connection to Redis (`core.redis_connect`).
 ---@class ratewise.Redis
