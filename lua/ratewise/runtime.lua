@@ -42,7 +42,7 @@ local engine_start, transfer_result = core.engine_methods.start, core.transfer_m
 local bad_seconds = scheduler.bad_seconds
 local run_transfer = scheduler.run_transfer
 local isyieldable, pcall, running = compat.isyieldable, compat.pcall, compat.running
-local yield = coroutine.yield
+local yield, coroutine_running = coroutine.yield, coroutine.running
 local format, sort, remove = string.format, table.sort, table.remove
 local type, error, pairs, setmetatable = type, error, pairs, setmetatable
 
@@ -110,6 +110,7 @@ local protocol_host = {
   end,
   await = function(done, deadline) return scheduler.drive(PROTOCOL_WAY, call, done, deadline) end,
 }
+protocol_host.in_coroutine_only = true
 function protocol_host.claims()
   local co = running()
   return co ~= nil and protocol_host.speakers[co] ~= nil
@@ -145,6 +146,8 @@ local configured_host = {
 local nested_host = {
   name = "nested in a task",
   rank = 60,
+  -- (a task is being run only while the thread is inside a coroutine)
+  in_coroutine_only = true,
   claims = function(in_task) return in_task end,
   blocking = "raise",
   says = "ratewise: a coroutine of your own inside a task (coroutine.wrap, say) called ratewise, "
@@ -159,6 +162,7 @@ local nested_host = {
 local foreign_host = {
   name = "coroutine",
   rank = 80,
+  in_coroutine_only = true,
   claims = function() return isyieldable() end,
   blocking = "warn",
   says = "ratewise: a wait in a coroutine that is not a ratewise task blocks the whole thread until it ends: "
@@ -167,8 +171,25 @@ local foreign_host = {
     .. "from the host's loop (docs/hosts.md)",
 }
 
--- The registered hosts, by rank.
+-- The registered hosts, by rank; and those of them whose claim can be
+-- true on the main thread, by rank (what the main thread asks).
 local hosts, hosts_n = {}, 0
+local main_thread_hosts, main_thread_n = {}, 0
+
+local function by_rank(a, b) return a.rank < b.rank end
+
+-- (after each change of hosts)
+local function list_main_thread_hosts()
+  main_thread_n = 0
+  for i = 1, hosts_n do
+    local host = hosts[i]
+    if not host.in_coroutine_only then
+      main_thread_n = main_thread_n + 1
+      main_thread_hosts[main_thread_n] = host
+    end
+  end
+  for i = main_thread_n + 1, #main_thread_hosts do main_thread_hosts[i] = nil end
+end
 
 --- runtime.register_host(host): host is
 --   name, rank             what it is, and where it is asked (lower first)
@@ -182,6 +203,9 @@ local hosts, hosts_n = {}, 0
 --   blocking, says         "raise": a wait there raises says; "warn":
 --                          says is logged once, and the next host down the
 --                          ranks serves the wait (the main thread's block)
+--   in_coroutine_only      optional: true when claims can answer yes only
+--                          inside a coroutine; code on the main thread
+--                          then does not ask it
 -- A host registered again (a module loaded anew) replaces the one of its name.
 -- A host module registers its host only where it can be there (its API is
 -- there as the module loads, or what makes it one has been said): a wait
@@ -194,13 +218,15 @@ function runtime.register_host(host)
   for i = 1, hosts_n do
     if hosts[i].name == host.name then
       hosts[i] = host
-      sort(hosts, function(a, b) return a.rank < b.rank end)
+      sort(hosts, by_rank)
+      list_main_thread_hosts()
       return
     end
   end
   hosts_n = hosts_n + 1
   hosts[hosts_n] = host
-  sort(hosts, function(a, b) return a.rank < b.rank end)
+  sort(hosts, by_rank)
+  list_main_thread_hosts()
 end
 
 -- The host of that name is asked no more (one that cannot be there now).
@@ -209,6 +235,7 @@ local function unregister_host(name)
     if hosts[i].name == name then
       remove(hosts, i)
       hosts_n = hosts_n - 1
+      list_main_thread_hosts()
       return
     end
   end
@@ -251,13 +278,25 @@ local function per_call_host(sleep)
   return host
 end
 
+-- Whether the code running now is on the main thread. Lua 5.1's
+-- coroutine.running gives no second value, and a coroutine there (one
+-- compat.pcall runs a function in, say) is taken for a coroutine: every
+-- host is asked then, as in any coroutine.
+local function on_main_thread()
+  local co, main = coroutine_running()
+  return co == nil or main == true
+end
+
 -- The host of the code running now, outside a task: the one place that
--- picks. in_task: whether a task is being run (scheduler.in_task), asked
--- by the caller, which may know it already.
+-- picks, asking the registered hosts by rank (on the main thread, those
+-- whose claim can be true there). in_task: whether a task is being run
+-- (scheduler.in_task), asked by the caller, which may know it already.
 local function host_outside_task(per_call, in_task)
   if per_call then return per_call_host(per_call) end
-  for i = 1, hosts_n do
-    local host = hosts[i]
+  local asked, n = hosts, hosts_n
+  if on_main_thread() then asked, n = main_thread_hosts, main_thread_n end
+  for i = 1, n do
+    local host = asked[i]
     local claimed = host.claims(in_task)
     if claimed then
       local blocking = host.blocking

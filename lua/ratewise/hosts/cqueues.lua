@@ -63,6 +63,8 @@ end
 runtime.register_host {
   name = "cqueues",
   rank = 40,
+  -- a controller runs the code of its own in coroutines only
+  in_coroutine_only = true,
   claims = function()
     if package.loaded.cqueues ~= nil and cqueues_host.active() then return cqueues_host.host() end
     return nil
