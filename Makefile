@@ -99,7 +99,7 @@ DEB_CHECK := clang libclang-rt-14-dev clang-tidy cppcheck valgrind \
 
 .PHONY: all deps deps-build deps-check test demo bench examples install lint clean soak nvim \
         fuzz test-asan test-valgrind luajit-core bench-hosts bench-rate bench-redis bench-http2 \
-        bench-openresty bench-baseline bench-instructions
+        bench-openresty bench-baseline bench-instructions bench-fast-paths
 
 all: $(CORE)
 
@@ -193,6 +193,13 @@ bench-baseline: deps $(CORE)
 bench-instructions: deps $(CORE) luajit-core
 	@$(MAKE) -s -C bench
 	@$(LUA_ENV) $(LUA) bench/instructions.lua
+
+# What fetch's and rw.client's fast-path caches are worth in wall time:
+# ratewise against itself with RATEWISE_FAST_PATHS=off, in alternating
+# rounds (bench/fast_paths.lua). Issue 38 keeps a cache only where this
+# shows more than 5 %.
+bench-fast-paths: deps $(CORE)
+	@$(LUA_ENV) $(LUA) bench/fast_paths.lua
 
 # The share of a rate-limited server's rate each limiter gets, and the
 # share of 429s (bench/ratelimit.lua): a private nginx at 200 requests/s

@@ -9,6 +9,9 @@
 --            for a row that only measures, such as the engine's floor)
 --   plain    function(n) -> measure of the plain C contender
 --   ours     function(n) -> measure of ratewise
+--   names    (optional) { ours = ..., plain = ... }: what the rounds call
+--            the two contenders (default "ratewise" and "plain"), for a
+--            pair that is not ratewise against plain libcurl
 -- A measure is { rate = requests/s, failed = count, cpu_us = CPU per
 -- request or nil, faults = minor page faults per request or nil }.
 --
@@ -70,6 +73,8 @@ rounds.thousands = thousands
 function rounds.compare(shape, collect)
   io.write(format("%s: %d requests x %d rounds\n", shape.name, shape.n, shape.rounds))
   io.flush()
+  local names = shape.names or {}
+  local plain_name, our_name = names.plain or "plain", names.ours or "ratewise"
   local row = { shape = shape, plain_failed = 0, our_failed = 0,
     requests = shape.n * shape.rounds + shape.warmup }
   local function plain(n)
@@ -102,8 +107,8 @@ function rounds.compare(shape, collect)
     p_cpus[#p_cpus + 1] = p.cpu_us
     o_cpus[#o_cpus + 1] = o.cpu_us
     o_faults[#o_faults + 1] = o.faults
-    io.write(format("  round %d: plain %7.0f req/s, %s us CPU/req | ratewise %7.0f req/s, %s us CPU/req, "
-      .. "%s page faults/req | ratio %.3f\n", r, p.rate, opt(p.cpu_us, "%5.1f"), o.rate,
+    io.write(format("  round %d: %s %7.0f req/s, %s us CPU/req | %s %7.0f req/s, %s us CPU/req, "
+      .. "%s page faults/req | ratio %.3f\n", r, plain_name, p.rate, opt(p.cpu_us, "%5.1f"), our_name, o.rate,
       opt(o.cpu_us, "%5.1f"), opt(o.faults, "%.2f"), ratios[r]))
     io.flush()
   end
@@ -123,17 +128,18 @@ function rounds.compare(shape, collect)
   io.write(format("  => ratio %.2f (rounds %.2f - %.2f), %s; best rounds %.0f / %.0f req/s, ratio %.2f\n",
     row.ratio, low, high, verdict(row), o_best, p_best, row.best))
   if row.plain_failed > 0 or row.our_failed > 0 then
-    io.write(format("  => failures: plain %d, ratewise %d of %d each\n", row.plain_failed, row.our_failed,
-      row.requests))
+    io.write(format("  => failures: %s %d, %s %d of %d each\n", plain_name, row.plain_failed, our_name,
+      row.our_failed, row.requests))
   end
   io.flush()
   return row
 end
 
--- The table of every row, one line each.
-function rounds.report(rows)
-  io.write(format("  %-48s %8s %8s  %-18s  %-4s  %s\n", "shape (req/s, then CPU)", "ratewise", "plain",
-    "ratio (rounds)", "best", "target"))
+-- The table of every row, one line each; names: the rows' shape.names.
+function rounds.report(rows, names)
+  names = names or {}
+  io.write(format("  %-48s %8s %8s  %-18s  %-4s  %s\n", "shape (req/s, then CPU)", names.ours or "ratewise",
+    names.plain or "plain", "ratio (rounds)", "best", "target"))
   for _, row in ipairs(rows) do
     io.write(format("  %-48s %8s %8s  %.2f (%.2f - %.2f)  %.2f  %s\n", row.shape.name, thousands(row.ours),
       thousands(row.plain), row.ratio, row.low, row.high, row.best, verdict(row, true)))
