@@ -25,6 +25,9 @@
 --   BENCH_PEERS_WARMUP   warm-up calls per run, off the clock (default N / 10)
 --   BENCH_PEERS_ROUNDS   rounds per shape (default 5)
 --   BENCH_PEERS_CONC     calls in flight in loop64 (default 64)
+--   BENCH_PEERS_PIN      1 (default, on 2 cores or more): nginx's worker on
+--                        CPU 0, this script and so every contender on CPU 1;
+--                        0: where the kernel puts them
 --   BENCH_ONLY           shapes (sequential, loop64) and peers (undici,
 --                        httpx, curl) to run, comma-separated; ratewise
 --                        always runs (default: all)
@@ -205,11 +208,30 @@ end
 
 local failed = 0
 
-local function bench(port)
+-- Unpinned, a client and nginx that take turns (the sequential shape) run
+-- on one core in some runs and on two in others, and a wake-up across cores
+-- costs more than a call: the same contender's rate then jumps between two
+-- modes from one run to the next, and a round's ratio compares unlike
+-- runs. Pinned, every run has nginx on one core and the client on the
+-- other, as `make bench` means them to. Returns what to print.
+local function pin(dir)
+  if os.getenv("BENCH_PEERS_PIN") == "0" then return "not pinned (BENCH_PEERS_PIN=0)" end
+  if (tonumber(capture("nproc")) or 1) < 2 then return "not pinned (one core)" end
+  if not out_of("command -v taskset") then return "not pinned (no taskset)" end
+  local f = assert(io.open("/proc/self/stat", "r"))
+  local me = f:read("*l"):match("^(%d+)")
+  f:close()
+  local workers = capture(format("pgrep -P %s", sh_quote(capture("cat " .. sh_quote(dir .. "/nginx.pid")))))
+  for worker in workers:gmatch("%d+") do capture(format("taskset -pc 0 %s >/dev/null", worker)) end
+  capture(format("taskset -pc 1 %s >/dev/null", me))
+  return "pinned: nginx's worker on CPU 0, every contender on CPU 1"
+end
+
+local function bench(port, dir)
   local url = format("http://127.0.0.1:%d/", port)
   local here, absent = {}, {}
-  io.write(format("%s, commit %s, %s cores; nginx on 127.0.0.1:%d\n", os.date("!%Y-%m-%d %H:%M UTC"),
-    capture("git rev-parse --short HEAD 2>/dev/null || echo unknown"), capture("nproc"), port))
+  io.write(format("%s, commit %s, %s cores; nginx on 127.0.0.1:%d; %s\n", os.date("!%Y-%m-%d %H:%M UTC"),
+    capture("git rev-parse --short HEAD 2>/dev/null || echo unknown"), capture("nproc"), port, pin(dir)))
   for _, c in ipairs(CONTENDERS) do
     if c.key == "ratewise" or peer_wanted(c.key) then
       local what, why = c.present()
@@ -242,7 +264,7 @@ local dir = capture("mktemp -d -t ratewise-bench-peers.XXXXXX")
 local ok, err = xpcall(function()
   local port = tonumber(capture(format("bash %s start %s", sh_quote(common.here .. "/nginx.sh"), sh_quote(dir))))
   if not port then error("nginx.sh start printed no port", 0) end
-  bench(port)
+  bench(port, dir)
 end, debug.traceback)
 -- Stopped whatever happened above (an error, a failed call, ^C).
 os.execute(format("bash %s stop %s", sh_quote(common.here .. "/nginx.sh"), sh_quote(dir)))
