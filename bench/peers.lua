@@ -25,9 +25,9 @@
 --   BENCH_PEERS_WARMUP   warm-up calls per run, off the clock (default N / 10)
 --   BENCH_PEERS_ROUNDS   rounds per shape (default 5)
 --   BENCH_PEERS_CONC     calls in flight in loop64 (default 64)
---   BENCH_PEERS_PIN      1 (default, on 2 cores or more): nginx's worker on
---                        CPU 0, this script and so every contender on CPU 1;
---                        0: where the kernel puts them
+--   BENCH_PEERS_PIN      which shapes run pinned, nginx's worker on CPU 0 and
+--                        every contender on CPU 1 (2 cores or more):
+--                        sequential (default), all or none
 --   BENCH_ONLY           shapes (sequential, loop64) and peers (undici,
 --                        httpx, curl) to run, comma-separated; ratewise
 --                        always runs (default: all)
@@ -150,9 +150,9 @@ local CONTENDERS = {
 -- The rounds
 
 -- Runs one shape's rounds; returns { [key] = { rates, cpus, ratios, failed } }.
-local function run_shape(shape, url, here)
-  io.write(format("\n%s: %s calls after %s warm-up, %d rounds\n", shape.label, thousands(N), thousands(WARMUP),
-    ROUNDS))
+local function run_shape(shape, url, here, placed)
+  io.write(format("\n%s: %s calls after %s warm-up, %d rounds; %s\n", shape.label, thousands(N),
+    thousands(WARMUP), ROUNDS, placed))
   local got = {}
   for _, c in ipairs(here) do got[c.key] = { rates = {}, cpus = {}, ratios = {}, failed = 0 } end
   for r = 1, ROUNDS do
@@ -187,8 +187,9 @@ local function range(t)
   return low, high
 end
 
-local function report(shape, got, here)
-  io.write(format("%s\n", shape.label))
+local function report(result, here)
+  local got = result.got
+  io.write(format("%s; %s\n", result.shape.label, result.placed))
   io.write(format("  %-9s %9s  %-19s %11s  %-24s %s\n", "", "req/s", "(rounds)", "us CPU/req",
     "ratewise/peer (rounds)", "failed"))
   for _, c in ipairs(here) do
@@ -208,30 +209,53 @@ end
 
 local failed = 0
 
--- Unpinned, a client and nginx that take turns (the sequential shape) run
--- on one core in some runs and on two in others, and a wake-up across cores
--- costs more than a call: the same contender's rate then jumps between two
--- modes from one run to the next, and a round's ratio compares unlike
--- runs. Pinned, every run has nginx on one core and the client on the
--- other, as `make bench` means them to. Returns what to print.
-local function pin(dir)
-  if os.getenv("BENCH_PEERS_PIN") == "0" then return "not pinned (BENCH_PEERS_PIN=0)" end
-  if (tonumber(capture("nproc")) or 1) < 2 then return "not pinned (one core)" end
-  if not out_of("command -v taskset") then return "not pinned (no taskset)" end
+-- Where the processes run. Unpinned, a client and nginx that take turns
+-- (the sequential shape) share one core in some runs and not in others,
+-- and a wake-up across cores costs more than a call: a contender's rate
+-- jumps between two modes from one run to the next, and a round's ratio
+-- compares unlike runs. Pinned, nginx's worker has CPU 0 and the client
+-- CPU 1 in every run. The 64-in-flight shape keeps both cores for
+-- everyone by default: pinned, Node's helper threads (its garbage
+-- collector, its compiler) would share the one core of its main thread,
+-- which a Node user's machine does not do to it.
+local function placement(dir)
+  local want = os.getenv("BENCH_PEERS_PIN") or "sequential"
+  if want ~= "sequential" and want ~= "all" and want ~= "none" then
+    error("BENCH_PEERS_PIN must be sequential, all or none (got " .. want .. ")", 0)
+  end
+  local why
+  if want == "none" then
+    why = "BENCH_PEERS_PIN=none"
+  elseif (tonumber(capture("nproc")) or 1) < 2 then
+    why = "one core"
+  elseif not out_of("command -v taskset") then
+    why = "no taskset"
+  end
+  if why then return function() return "not pinned (" .. why .. ")" end end
   local f = assert(io.open("/proc/self/stat", "r"))
   local me = f:read("*l"):match("^(%d+)")
   f:close()
-  local workers = capture(format("pgrep -P %s", sh_quote(capture("cat " .. sh_quote(dir .. "/nginx.pid")))))
-  for worker in workers:gmatch("%d+") do capture(format("taskset -pc 0 %s >/dev/null", worker)) end
-  capture(format("taskset -pc 1 %s >/dev/null", me))
-  return "pinned: nginx's worker on CPU 0, every contender on CPU 1"
+  local every = capture("taskset -pc " .. me):match(":%s*(%S+)$")
+  local workers = {}
+  for worker in capture("pgrep -P " .. capture("cat " .. sh_quote(dir .. "/nginx.pid"))):gmatch("%d+") do
+    workers[#workers + 1] = worker
+  end
+  local function set(cpus, pid) capture(format("taskset -pc %s %s >/dev/null", cpus, pid)) end
+  return function(shape)
+    local pinned = want == "all" or shape.key == "sequential"
+    for _, worker in ipairs(workers) do set(pinned and "0" or every, worker) end
+    set(pinned and "1" or every, me)
+    return pinned and "pinned: nginx's worker on CPU 0, every contender on CPU 1"
+      or format("not pinned: nginx and every contender on CPUs %s", every)
+  end
 end
 
 local function bench(port, dir)
   local url = format("http://127.0.0.1:%d/", port)
   local here, absent = {}, {}
-  io.write(format("%s, commit %s, %s cores; nginx on 127.0.0.1:%d; %s\n", os.date("!%Y-%m-%d %H:%M UTC"),
-    capture("git rev-parse --short HEAD 2>/dev/null || echo unknown"), capture("nproc"), port, pin(dir)))
+  local place = placement(dir)
+  io.write(format("%s, commit %s, %s cores; nginx on 127.0.0.1:%d\n", os.date("!%Y-%m-%d %H:%M UTC"),
+    capture("git rev-parse --short HEAD 2>/dev/null || echo unknown"), capture("nproc"), port))
   for _, c in ipairs(CONTENDERS) do
     if c.key == "ratewise" or peer_wanted(c.key) then
       local what, why = c.present()
@@ -248,13 +272,14 @@ local function bench(port, dir)
   local results = {}
   for _, shape in ipairs(SHAPES) do
     if shape_wanted(shape.key) then
-      local got = run_shape(shape, url, here)
-      results[#results + 1] = { shape = shape, got = got }
+      local placed = place(shape)
+      local got = run_shape(shape, url, here, placed)
+      results[#results + 1] = { shape = shape, got = got, placed = placed }
       for _, g in pairs(got) do failed = failed + g.failed end
     end
   end
   io.write("\n")
-  for _, r in ipairs(results) do report(r.shape, r.got, here) end
+  for _, r in ipairs(results) do report(r, here) end
   if #absent > 0 then
     io.write(format("not run (not installed, so no figure): %s\n", table.concat(absent, ", ")))
   end
