@@ -230,6 +230,8 @@ local function placement(dir)
     why = "one core"
   elseif not out_of("command -v taskset") then
     why = "no taskset"
+  elseif not out_of("command -v pgrep") then
+    why = "no pgrep to find nginx's worker"
   end
   if why then return function() return "not pinned (" .. why .. ")" end end
   local f = assert(io.open("/proc/self/stat", "r"))
