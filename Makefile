@@ -99,7 +99,7 @@ DEB_CHECK := clang libclang-rt-14-dev clang-tidy cppcheck valgrind \
 
 .PHONY: all deps deps-build deps-check test demo bench examples install lint clean soak nvim \
         fuzz test-asan test-valgrind luajit-core bench-hosts bench-rate bench-redis bench-http2 \
-        bench-openresty bench-baseline bench-instructions bench-fast-paths
+        bench-openresty bench-baseline bench-instructions bench-fast-paths bench-peers
 
 all: $(CORE)
 
@@ -217,6 +217,25 @@ bench-rate: deps $(CORE)
 	@test -d bench/fixed_window/node_modules || \
 	  (cd bench/fixed_window && npm ci --no-audit --no-fund --loglevel=error)
 	@$(LUA_ENV) $(SPEC_ENV) $(LUA) bench/ratelimit.lua
+
+# ratewise against the peers users of other languages write, in wall time
+# on a private loopback nginx (bench/peers.lua): Node's undici in p-retry
+# (bench/peers, npm ci installs the versions of its package-lock.json),
+# Python's httpx in tenacity (Debian's python3-httpx and python3-tenacity)
+# and plain libcurl, one call at a time and 64 in flight. Node as for
+# bench-rate. When the Python packages cannot be installed, make says the
+# error is ignored and bench/peers.lua reports the Python peer as not run.
+DEB_BENCH_PEERS_PY := python3-httpx python3-tenacity
+bench-peers: deps $(CORE)
+	@$(MAKE) -s -C bench
+	@if ! command -v node >/dev/null || ! command -v npm >/dev/null; then \
+	  echo "installing Debian packages: $(DEB_BENCH_RATE)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEB_BENCH_RATE) >/dev/null; \
+	fi
+	@test -d bench/peers/node_modules || \
+	  (cd bench/peers && npm ci --no-audit --no-fund --loglevel=error)
+	-$(call install_missing,$(DEB_BENCH_PEERS_PY))
+	@$(LUA_ENV) $(LUA) bench/peers.lua
 
 # What one acquire of rw.redis_bucket costs next to redis-benchmark's
 # EVALSHA on the same private redis-server (bench/redis.lua).
