@@ -16,8 +16,8 @@ local options = require "ratewise.options"
 local now = core.now
 local format, lower, upper = string.format, string.lower, string.upper
 local find = string.find
-local type, tostring, pcall, pairs, ipairs, getmetatable, rawget, error =
-  type, tostring, pcall, pairs, ipairs, getmetatable, rawget, error
+local type, tostring, pcall, pairs, ipairs, next, getmetatable, rawget, error =
+  type, tostring, pcall, pairs, ipairs, next, getmetatable, rawget, error
 local call_hook, fetch_error = report.call_hook, report.fetch_error
 
 local plan = {}
@@ -242,8 +242,11 @@ end
 -- request's list so far, or nil for none yet); returns the list.
 local function list_field(request, names, name, v)
   if request[name] == nil then
-    names = names or {}
-    names[#names + 1] = name
+    if names == nil then
+      names = { name }
+    else
+      names[#names + 1] = name
+    end
   end
   request[name] = v
   return names
@@ -260,13 +263,19 @@ for _, name in ipairs(transport_options) do
   if name ~= "stream" then not_planned[name] = true end
 end
 
--- The options whose check reads what a table holds (an array of names, an
--- object's methods), not the value alone: one changed in place since
--- fetch.check passed it is checked again.
-local reads_contents = {}
+-- Each option's facts, by name, for read_options' walk: one lookup a
+-- name. lua_type, checker: options.fits' (what its value may be);
+-- transport: the engine reads it as it is; planned: plan.make looks for it
+-- (not in not_planned); reads_contents: its check reads what a table holds
+-- (an array of names, an object's methods), not the value alone, so one
+-- changed in place since fetch.check passed it is checked again.
+local option_of = {}
 for name, entry in pairs(fetch_options) do
   local kind = entry.kind
-  if kind == "names" or kind == "policy" or options.required_methods[kind] then reads_contents[name] = true end
+  option_of[name] = { lua_type = lua_type_of[name], checker = checker_of[name],
+    false_fits = kind == "callback_or_false", -- (a function, or false for none)
+    transport = is_transport_option[name] or false, planned = not not_planned[name],
+    reads_contents = kind == "names" or kind == "policy" or options.required_methods[kind] ~= nil }
 end
 
 -- Reads the options a call gives, its table's own and those it inherits
@@ -281,22 +290,24 @@ end
 -- by every call, at a retry or by the engine. `depth` is check_option's.
 local function read_options(opts, passed, depth, request, seen)
   local names, others = nil, false
-  local t = opts
+  local t, own = opts, true
   for _ = 1, 16 do -- a loop of __index tables ends here too
-    for k, v in pairs(t) do
-      if t == opts or rawget(opts, k) == nil then -- an own option hides an inherited one
-        if passed == nil or passed[k] ~= v or reads_contents[k] then
-          -- (what does not fit, options.check raises for, naming the problem)
+    for k, v in next, t do
+      if own or rawget(opts, k) == nil then -- an own option hides an inherited one
+        local option = option_of[k]
+        -- (what does not fit, options.check raises for, naming the problem)
+        if not option then check_option(k, v, depth) end
+        if not passed or passed[k] ~= v or option.reads_contents then
           local kind = type(v)
-          if kind ~= lua_type_of[k] then
-            local checker = checker_of[k]
+          if kind ~= option.lua_type and not (v == false and option.false_fits) then
+            local checker = option.checker
             if not (checker and checker(v, kind)) then check_option(k, v, depth) end
           end
         end
         if seen and seen[k] == nil then seen[k] = v end
         -- (the first seen of a name is the one opts[name] gives)
-        if request and is_transport_option[k] and request[k] == nil then names = list_field(request, names, k, v) end
-        if not not_planned[k] then others = true end
+        if option.transport and request and request[k] == nil then names = list_field(request, names, k, v) end
+        if option.planned then others = true end
       end
     end
     local mt = getmetatable(t)
@@ -304,7 +315,7 @@ local function read_options(opts, passed, depth, request, seen)
     local index = type(mt) == "table" and rawget(mt, "__index")
     if index == nil then return names, others end
     if type(index) ~= "table" then break end
-    t = index
+    t, own = index, false
   end
   if request then
     for i = 1, #transport_options do
@@ -456,13 +467,18 @@ end
 --     decision act on; first_byte, idle: a stream's bounds;
 --     limiter_methods: the limiter's optional methods
 --   hooked: whether anything is to be told of an attempt or asked before
---     one (a policy, limiter, circuit, budget, hook or stream)
--- It is also the call's state: fetch.fetch adds started, deadline,
--- attempts and retries, the decision what it keeps between attempts.
+--     one (a policy, limiter, circuit, budget, hook or stream), or the
+--     call waits through a sleep of its own: without, every field of the
+--     list above from policy on is nil
+--   retries: the retries made so far (0)
+-- It is also the call's state: fetch.fetch adds started, deadline and
+-- attempts, the decision what it keeps between attempts.
 function plan.make(url, opts, counters)
   if type(opts) ~= "table" then bad_options_type(url, opts, 4) end
-  local p = { url = false, method = "GET", headers = default_lines, timeout = false, transport = false,
-    shown_url = false, safe = true, opts = opts,
+  -- (every field a plain call sets is here, so that the table is made at
+  -- its size)
+  local p = { url = url, method = "GET", headers = default_lines, timeout = false, transport = false,
+    shown_url = false, safe = true, hooked = false, retries = 0, opts = opts,
     max_elapsed = opts.max_elapsed or DEFAULT_MAX_ELAPSED }
   local mark = checked[opts] -- fetch.check's
   if mark and not mark.kept then checked[opts] = nil end
@@ -489,11 +505,14 @@ function plan.make(url, opts, counters)
     extra_secrets = secret_headers and headers.secret_set(secret_headers, "fetch")
     stream = opts.stream == true
   end
-  p.url, p.method, p.shown_url = url, method, shown_url
+  p.shown_url = shown_url
+  if query then p.url = url end
   if url_secrets then p.url_secrets = url_secrets end
-  if body ~= nil then p.body = body end
   if counters ~= nil then p.counters = counters end
-  p.safe = replay_safe[method] or others and opts.retry_non_idempotent or false
+  if others then
+    if body ~= nil then p.body = body end
+    p.method, p.safe = method, replay_safe[method] or opts.retry_non_idempotent or false
+  end
   if header_table ~= nil or key ~= nil or json_value ~= nil then
     local made, err = request_lines(p, header_table, key, extra_secrets, json_value)
     if not made then
@@ -514,7 +533,7 @@ function plan.make(url, opts, counters)
     p.policy, p.limiter, p.circuit, p.budget, p.on_event = policy, limiter, circuit, budget, on_event
     if circuit then p.origin = origin end -- (what the circuit is asked and told of)
     p.sleep, p.retry_after, p.retry_after_max = opts.sleep, opts.retry_after, opts.retry_after_max
-    p.hooked = (policy or limiter or circuit or budget or on_event or stream) and true or false
+    p.hooked = (policy or limiter or circuit or budget or on_event or stream or p.sleep) and true or false
     local retry_after = p.retry_after -- nil: honor
     if (retry_after == "clamp" or retry_after == "fail_fast") and not p.retry_after_max then
       error(format("fetch: option 'retry_after' = %q needs retry_after_max, the longest wait to accept",
