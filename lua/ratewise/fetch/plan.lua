@@ -262,11 +262,14 @@ local not_planned = { headers = true, timeout = true, max_elapsed = true, max_re
 for _, name in ipairs(transport_options) do
   if name ~= "stream" then not_planned[name] = true end
 end
+-- The options that make a request's method and body: a call that gives
+-- these beside those above has nothing else for plan.make to read.
+local makes_body = { method = true, body = true, json = true }
 
 -- Each option's facts, by name, for read_options' walk: one lookup a
 -- name. lua_type, checker: options.fits' (what its value may be);
 -- transport: the engine reads it as it is; planned: plan.make looks for it
--- (not in not_planned); reads_contents: its check reads what a table holds
+-- (not in not_planned: "body" for one of makes_body); reads_contents: its check reads what a table holds
 -- (an array of names, an object's methods), not the value alone, so one
 -- changed in place since fetch.check passed it is checked again.
 local option_of = {}
@@ -274,7 +277,8 @@ for name, entry in pairs(fetch_options) do
   local kind = entry.kind
   option_of[name] = { lua_type = lua_type_of[name], checker = checker_of[name],
     false_fits = kind == "callback_or_false", -- (a function, or false for none)
-    transport = is_transport_option[name] or false, planned = not not_planned[name],
+    transport = is_transport_option[name] or false,
+    planned = makes_body[name] and "body" or not not_planned[name],
     reads_contents = kind == "names" or kind == "policy" or options.required_methods[kind] ~= nil }
 end
 
@@ -287,7 +291,8 @@ end
 -- function cannot be walked: they go unchecked, and the transport options
 -- are looked up by name. Returns the request's list of names
 -- (list_field's), and whether the call may give options beyond those read
--- by every call, at a retry or by the engine. `depth` is check_option's.
+-- by every call, at a retry or by the engine: false, "body" (only those
+-- of makes_body) or true. `depth` is check_option's.
 local function read_options(opts, passed, depth, request, seen)
   local names, others = nil, false
   local t, own = opts, true
@@ -307,7 +312,8 @@ local function read_options(opts, passed, depth, request, seen)
         if seen and seen[k] == nil then seen[k] = v end
         -- (the first seen of a name is the one opts[name] gives)
         if option.transport and request and request[k] == nil then names = list_field(request, names, k, v) end
-        if option.planned then others = true end
+        local planned = option.planned
+        if planned and others ~= true then others = planned end
       end
     end
     local mt = getmetatable(t)
@@ -485,7 +491,8 @@ function plan.make(url, opts, counters)
   local names, others = read_options(opts, mark and mark.values, 2, p)
   local method, body, json_value, header_table, key, extra_secrets = "GET", nil, nil, opts.headers, nil, nil
   local policy, secret_headers, stream
-  local query = others and opts.query -- (others: else every option below is nil)
+  -- (others: else every option below is nil; "body": all but the method, body and json)
+  local query = others == true and opts.query
   if query then
     url_facts(url, 1)
     url = headers.with_query(url, query, "fetch", 3)
@@ -495,6 +502,8 @@ function plan.make(url, opts, counters)
     json_value, body = opts.json, opts.body
     if opts.method ~= nil or body ~= nil or json_value ~= nil then method = request_method(opts, 4) end
     if json_value ~= nil then body = json.encode(json_value, "fetch: option 'json'", 3) end
+  end
+  if others == true then
     policy = opts.policy
     if policy and policy.prepare then
       header_table, key = prepared(opts, method, url, body)
@@ -511,7 +520,7 @@ function plan.make(url, opts, counters)
   if counters ~= nil then p.counters = counters end
   if others then
     if body ~= nil then p.body = body end
-    p.method, p.safe = method, replay_safe[method] or opts.retry_non_idempotent or false
+    p.method, p.safe = method, replay_safe[method] or others == true and opts.retry_non_idempotent or false
   end
   if header_table ~= nil or key ~= nil or json_value ~= nil then
     local made, err = request_lines(p, header_table, key, extra_secrets, json_value)
@@ -528,14 +537,23 @@ function plan.make(url, opts, counters)
   -- out to be dead; only a replay-safe request may take that chance (the
   -- engine keeps any other from it: src/request.c, no_replay).
   if not p.safe then names = list_field(p, names, "no_replay", true) end
-  if others then
+  if others == true then
     local limiter, circuit, budget, on_event = opts.limiter, opts.circuit, opts.budget, opts.on_event
-    p.policy, p.limiter, p.circuit, p.budget, p.on_event = policy, limiter, circuit, budget, on_event
-    if circuit then p.origin = origin end -- (what the circuit is asked and told of)
-    p.sleep, p.retry_after, p.retry_after_max = opts.sleep, opts.retry_after, opts.retry_after_max
-    p.hooked = (policy or limiter or circuit or budget or on_event or stream or p.sleep) and true or false
-    local retry_after = p.retry_after -- nil: honor
-    if (retry_after == "clamp" or retry_after == "fail_fast") and not p.retry_after_max then
+    local sleep, retry_after, retry_after_max = opts.sleep, opts.retry_after, opts.retry_after_max
+    -- (each set only when given: a nil makes no field, but costs the look for one)
+    if policy ~= nil then p.policy = policy end
+    if limiter ~= nil then p.limiter = limiter end
+    if circuit ~= nil then
+      p.circuit = circuit
+      p.origin = origin -- (what the circuit is asked and told of)
+    end
+    if budget ~= nil then p.budget = budget end
+    if on_event ~= nil then p.on_event = on_event end
+    if sleep ~= nil then p.sleep = sleep end
+    if retry_after ~= nil then p.retry_after = retry_after end -- nil: honor
+    if retry_after_max ~= nil then p.retry_after_max = retry_after_max end
+    p.hooked = (policy or limiter or circuit or budget or on_event or stream or sleep) and true or false
+    if (retry_after == "clamp" or retry_after == "fail_fast") and not retry_after_max then
       error(format("fetch: option 'retry_after' = %q needs retry_after_max, the longest wait to accept",
         retry_after), 3)
     end
