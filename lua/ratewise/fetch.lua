@@ -57,9 +57,10 @@ function fetch.fetch(url, opts, counters)
   local timeout = opts.timeout or DEFAULT_TIMEOUT
   local started = now()
   local deadline = started + state.max_elapsed
+  -- (what the decision, the attempts and the errors read of the call so far)
+  state.started, state.deadline, state.attempts = started, deadline, 0
   local hooked = state.hooked
   if hooked then
-    state.started, state.deadline, state.attempts = started, deadline, 0
     local budget, on_event = state.budget, state.on_event
     if budget then guarded("budget", "request", budget.request, budget) end
     if on_event then
@@ -76,11 +77,11 @@ function fetch.fetch(url, opts, counters)
     local sent_at = attempts == 0 and not hooked and started or now()
     local left = deadline - sent_at
     if left <= 0 then
-      state.started, state.attempts = started, attempts
       return budget_error(state, "no time left for another attempt", state.last_response)
     end
     local res, terr, streaming = send(state, left, timeout)
     attempts = attempts + 1
+    state.attempts = attempts
     if res then
       -- shown_url, unless a redirect was followed (or the response is a
       -- stream's, which has no url then)
@@ -95,12 +96,9 @@ function fetch.fetch(url, opts, counters)
       res.attempts = attempts
       res.elapsed = now() - started
     end
-    -- (what the decision and its errors read of the call so far)
-    state.attempts, state.started, state.deadline = attempts, started, deadline
-    if attempts == 1 then state.retries = 0 end
     -- whether the time budget cut the attempt's own timeouts (a stream's: attempt.send's)
     local budget_cut = left < timeout
-    if state.stream then budget_cut = state.budget_cut end
+    if hooked and state.stream then budget_cut = state.budget_cut end
     local done, a, b = after(state, res, terr, sent_at, streaming, budget_cut)
     if done then return a, b end
   end

@@ -171,23 +171,31 @@ local foreign_host = {
     .. "from the host's loop (docs/hosts.md)",
 }
 
--- The registered hosts, by rank; and those of them whose claim can be
--- true on the main thread, by rank (what the main thread asks).
+-- The registered hosts, by rank; and those asked for a wait: the ones
+-- ranked before the main thread's host (asked_n of them), which claims
+-- every wait that reaches it and so answers when none of them does; and
+-- of those, the ones whose claim can be true on the main thread (what the
+-- main thread asks).
 local hosts, hosts_n = {}, 0
+local asked_hosts, asked_n = {}, 0
 local main_thread_hosts, main_thread_n = {}, 0
 
 local function by_rank(a, b) return a.rank < b.rank end
 
 -- (after each change of hosts)
-local function list_main_thread_hosts()
-  main_thread_n = 0
+local function list_asked_hosts()
+  asked_n, main_thread_n = 0, 0
   for i = 1, hosts_n do
     local host = hosts[i]
+    if host == main_host then break end
+    asked_n = asked_n + 1
+    asked_hosts[asked_n] = host
     if not host.in_coroutine_only then
       main_thread_n = main_thread_n + 1
       main_thread_hosts[main_thread_n] = host
     end
   end
+  for i = asked_n + 1, #asked_hosts do asked_hosts[i] = nil end
   for i = main_thread_n + 1, #main_thread_hosts do main_thread_hosts[i] = nil end
 end
 
@@ -219,14 +227,14 @@ function runtime.register_host(host)
     if hosts[i].name == host.name then
       hosts[i] = host
       sort(hosts, by_rank)
-      list_main_thread_hosts()
+      list_asked_hosts()
       return
     end
   end
   hosts_n = hosts_n + 1
   hosts[hosts_n] = host
   sort(hosts, by_rank)
-  list_main_thread_hosts()
+  list_asked_hosts()
 end
 
 -- The host of that name is asked no more (one that cannot be there now).
@@ -235,7 +243,7 @@ local function unregister_host(name)
     if hosts[i].name == name then
       remove(hosts, i)
       hosts_n = hosts_n - 1
-      list_main_thread_hosts()
+      list_asked_hosts()
       return
     end
   end
@@ -278,23 +286,18 @@ local function per_call_host(sleep)
   return host
 end
 
--- Whether the code running now is on the main thread. Lua 5.1's
--- coroutine.running gives no second value, and a coroutine there (one
--- compat.pcall runs a function in, say) is taken for a coroutine: every
--- host is asked then, as in any coroutine.
-local function on_main_thread()
-  local co, main = coroutine_running()
-  return co == nil or main == true
-end
-
 -- The host of the code running now, outside a task: the one place that
 -- picks, asking the registered hosts by rank (on the main thread, those
 -- whose claim can be true there). in_task: whether a task is being run
 -- (scheduler.in_task), asked by the caller, which may know it already.
+-- On the main thread: Lua 5.1's coroutine.running gives no second value,
+-- and a coroutine there (one compat.pcall runs a function in, say) is
+-- taken for a coroutine: every host is asked then, as in any coroutine.
 local function host_outside_task(per_call, in_task)
   if per_call then return per_call_host(per_call) end
-  local asked, n = hosts, hosts_n
-  if on_main_thread() then asked, n = main_thread_hosts, main_thread_n end
+  local asked, n = asked_hosts, asked_n
+  local co, main = coroutine_running()
+  if co == nil or main == true then asked, n = main_thread_hosts, main_thread_n end
   for i = 1, n do
     local host = asked[i]
     local claimed = host.claims(in_task)

@@ -87,9 +87,10 @@ end
 function attempt.send(p, left, timeout)
   -- The plan is the request the engine reads: it copies what it needs as
   -- the transfer starts, so the plan serves every attempt.
-  local sleep = p.sleep
+  local sleep, stream
+  if p.hooked then sleep, stream = p.sleep, p.stream end
   local res, terr, streaming
-  if p.stream then
+  if stream then
     -- No total timeout for a 2xx: `timeout` bounds the time to the
     -- headers (unless first_byte_timeout does), which fits what is left
     -- of max_elapsed. An answer read whole (not a 2xx) is bounded as a

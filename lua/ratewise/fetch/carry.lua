@@ -72,7 +72,8 @@ end
 -- attempt's response, and what the caller's response says of it.
 local function record_response(state, d, res, sent_at, streaming)
   res.throttled = d.throttled
-  local limiter, circuit, counters, on_event = state.limiter, state.circuit, state.counters, state.on_event
+  local counters, limiter, circuit, on_event = state.counters, nil, nil, nil
+  if state.hooked then limiter, circuit, on_event = state.limiter, state.circuit, state.on_event end
   local status = res.status
   if limiter then
     local observe = state.limiter_methods.observe
@@ -144,22 +145,22 @@ end
 -- attempt is over, try again.
 function carry.after(state, res, terr, sent_at, streaming, budget_cut)
   if res then
-    local policy = state.policy
+    local policy = state.hooked and state.policy
     if policy and policy.observe then call_hook("observe", policy.observe, res, state.limiter) end
   else
     printable(state, terr)
     state.budget_cut = budget_cut -- (what the decision reads of a transport error)
   end
-  if state.answers ~= nil then state.answers = nil end
   local d = decide(state, res, terr)
-  while d.action == "ask" do
-    local answers = state.answers
-    if not answers then
-      answers = {}
-      state.answers = answers
-    end
-    answers[d.hook] = answer(state, d.hook, res, terr)
-    d = decide(state, res, terr)
+  if d.action == "ask" then
+    -- the answers of this attempt's decision, which the next does not see
+    local answers = {}
+    state.answers = answers
+    repeat
+      answers[d.hook] = answer(state, d.hook, res, terr)
+      d = decide(state, res, terr)
+    until d.action ~= "ask"
+    state.answers = nil
   end
   if res then
     record_response(state, d, res, sent_at, streaming)

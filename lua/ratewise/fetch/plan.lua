@@ -16,8 +16,8 @@ local options = require "ratewise.options"
 local now = core.now
 local format, lower, upper = string.format, string.lower, string.upper
 local find = string.find
-local type, tostring, pcall, pairs, ipairs, getmetatable, rawget, error =
-  type, tostring, pcall, pairs, ipairs, getmetatable, rawget, error
+local type, tostring, pcall, pairs, ipairs, next, getmetatable, rawget, error =
+  type, tostring, pcall, pairs, ipairs, next, getmetatable, rawget, error
 local call_hook, fetch_error = report.call_hook, report.fetch_error
 
 local plan = {}
@@ -242,8 +242,11 @@ end
 -- request's list so far, or nil for none yet); returns the list.
 local function list_field(request, names, name, v)
   if request[name] == nil then
-    names = names or {}
-    names[#names + 1] = name
+    if names == nil then
+      names = { name }
+    else
+      names[#names + 1] = name
+    end
   end
   request[name] = v
   return names
@@ -259,14 +262,24 @@ local not_planned = { headers = true, timeout = true, max_elapsed = true, max_re
 for _, name in ipairs(transport_options) do
   if name ~= "stream" then not_planned[name] = true end
 end
+-- The options that make a request's method and body: a call that gives
+-- these beside those above has nothing else for plan.make to read.
+local makes_body = { method = true, body = true, json = true }
 
--- The options whose check reads what a table holds (an array of names, an
--- object's methods), not the value alone: one changed in place since
--- fetch.check passed it is checked again.
-local reads_contents = {}
+-- Each option's facts, by name, for read_options' walk: one lookup a
+-- name. lua_type, checker: options.fits' (what its value may be);
+-- transport: the engine reads it as it is; planned: plan.make looks for it
+-- (not in not_planned: "body" for one of makes_body); reads_contents: its check reads what a table holds
+-- (an array of names, an object's methods), not the value alone, so one
+-- changed in place since fetch.check passed it is checked again.
+local option_of = {}
 for name, entry in pairs(fetch_options) do
   local kind = entry.kind
-  if kind == "names" or kind == "policy" or options.required_methods[kind] then reads_contents[name] = true end
+  option_of[name] = { lua_type = lua_type_of[name], checker = checker_of[name],
+    false_fits = kind == "callback_or_false", -- (a function, or false for none)
+    transport = is_transport_option[name] or false,
+    planned = makes_body[name] and "body" or not not_planned[name],
+    reads_contents = kind == "names" or kind == "policy" or options.required_methods[kind] ~= nil }
 end
 
 -- Reads the options a call gives, its table's own and those it inherits
@@ -278,25 +291,29 @@ end
 -- function cannot be walked: they go unchecked, and the transport options
 -- are looked up by name. Returns the request's list of names
 -- (list_field's), and whether the call may give options beyond those read
--- by every call, at a retry or by the engine. `depth` is check_option's.
+-- by every call, at a retry or by the engine: false, "body" (only those
+-- of makes_body) or true. `depth` is check_option's.
 local function read_options(opts, passed, depth, request, seen)
   local names, others = nil, false
-  local t = opts
+  local t, own = opts, true
   for _ = 1, 16 do -- a loop of __index tables ends here too
-    for k, v in pairs(t) do
-      if t == opts or rawget(opts, k) == nil then -- an own option hides an inherited one
-        if passed == nil or passed[k] ~= v or reads_contents[k] then
-          -- (what does not fit, options.check raises for, naming the problem)
+    for k, v in next, t do
+      if own or rawget(opts, k) == nil then -- an own option hides an inherited one
+        local option = option_of[k]
+        -- (what does not fit, options.check raises for, naming the problem)
+        if not option then check_option(k, v, depth) end
+        if not passed or passed[k] ~= v or option.reads_contents then
           local kind = type(v)
-          if kind ~= lua_type_of[k] then
-            local checker = checker_of[k]
+          if kind ~= option.lua_type and not (v == false and option.false_fits) then
+            local checker = option.checker
             if not (checker and checker(v, kind)) then check_option(k, v, depth) end
           end
         end
         if seen and seen[k] == nil then seen[k] = v end
         -- (the first seen of a name is the one opts[name] gives)
-        if request and is_transport_option[k] and request[k] == nil then names = list_field(request, names, k, v) end
-        if not not_planned[k] then others = true end
+        if option.transport and request and request[k] == nil then names = list_field(request, names, k, v) end
+        local planned = option.planned
+        if planned and others ~= true then others = planned end
       end
     end
     local mt = getmetatable(t)
@@ -304,7 +321,7 @@ local function read_options(opts, passed, depth, request, seen)
     local index = type(mt) == "table" and rawget(mt, "__index")
     if index == nil then return names, others end
     if type(index) ~= "table" then break end
-    t = index
+    t, own = index, false
   end
   if request then
     for i = 1, #transport_options do
@@ -456,20 +473,26 @@ end
 --     decision act on; first_byte, idle: a stream's bounds;
 --     limiter_methods: the limiter's optional methods
 --   hooked: whether anything is to be told of an attempt or asked before
---     one (a policy, limiter, circuit, budget, hook or stream)
--- It is also the call's state: fetch.fetch adds started, deadline,
--- attempts and retries, the decision what it keeps between attempts.
+--     one (a policy, limiter, circuit, budget, hook or stream), or the
+--     call waits through a sleep of its own: without, every field of the
+--     list above from policy on is nil
+--   retries: the retries made so far (0)
+-- It is also the call's state: fetch.fetch adds started, deadline and
+-- attempts, the decision what it keeps between attempts.
 function plan.make(url, opts, counters)
   if type(opts) ~= "table" then bad_options_type(url, opts, 4) end
-  local p = { url = false, method = "GET", headers = default_lines, timeout = false, transport = false,
-    shown_url = false, safe = true, opts = opts,
+  -- (every field a plain call sets is here, so that the table is made at
+  -- its size)
+  local p = { url = url, method = "GET", headers = default_lines, timeout = false, transport = false,
+    shown_url = false, safe = true, hooked = false, retries = 0, opts = opts,
     max_elapsed = opts.max_elapsed or DEFAULT_MAX_ELAPSED }
   local mark = checked[opts] -- fetch.check's
   if mark and not mark.kept then checked[opts] = nil end
   local names, others = read_options(opts, mark and mark.values, 2, p)
   local method, body, json_value, header_table, key, extra_secrets = "GET", nil, nil, opts.headers, nil, nil
   local policy, secret_headers, stream
-  local query = others and opts.query -- (others: else every option below is nil)
+  -- (others: else every option below is nil; "body": all but the method, body and json)
+  local query = others == true and opts.query
   if query then
     url_facts(url, 1)
     url = headers.with_query(url, query, "fetch", 3)
@@ -479,6 +502,8 @@ function plan.make(url, opts, counters)
     json_value, body = opts.json, opts.body
     if opts.method ~= nil or body ~= nil or json_value ~= nil then method = request_method(opts, 4) end
     if json_value ~= nil then body = json.encode(json_value, "fetch: option 'json'", 3) end
+  end
+  if others == true then
     policy = opts.policy
     if policy and policy.prepare then
       header_table, key = prepared(opts, method, url, body)
@@ -489,11 +514,14 @@ function plan.make(url, opts, counters)
     extra_secrets = secret_headers and headers.secret_set(secret_headers, "fetch")
     stream = opts.stream == true
   end
-  p.url, p.method, p.shown_url = url, method, shown_url
+  p.shown_url = shown_url
+  if query then p.url = url end
   if url_secrets then p.url_secrets = url_secrets end
-  if body ~= nil then p.body = body end
   if counters ~= nil then p.counters = counters end
-  p.safe = replay_safe[method] or others and opts.retry_non_idempotent or false
+  if others then
+    if body ~= nil then p.body = body end
+    p.method, p.safe = method, replay_safe[method] or others == true and opts.retry_non_idempotent or false
+  end
   if header_table ~= nil or key ~= nil or json_value ~= nil then
     local made, err = request_lines(p, header_table, key, extra_secrets, json_value)
     if not made then
@@ -509,14 +537,23 @@ function plan.make(url, opts, counters)
   -- out to be dead; only a replay-safe request may take that chance (the
   -- engine keeps any other from it: src/request.c, no_replay).
   if not p.safe then names = list_field(p, names, "no_replay", true) end
-  if others then
+  if others == true then
     local limiter, circuit, budget, on_event = opts.limiter, opts.circuit, opts.budget, opts.on_event
-    p.policy, p.limiter, p.circuit, p.budget, p.on_event = policy, limiter, circuit, budget, on_event
-    if circuit then p.origin = origin end -- (what the circuit is asked and told of)
-    p.sleep, p.retry_after, p.retry_after_max = opts.sleep, opts.retry_after, opts.retry_after_max
-    p.hooked = (policy or limiter or circuit or budget or on_event or stream) and true or false
-    local retry_after = p.retry_after -- nil: honor
-    if (retry_after == "clamp" or retry_after == "fail_fast") and not p.retry_after_max then
+    local sleep, retry_after, retry_after_max = opts.sleep, opts.retry_after, opts.retry_after_max
+    -- (each set only when given: a nil makes no field, but costs the look for one)
+    if policy ~= nil then p.policy = policy end
+    if limiter ~= nil then p.limiter = limiter end
+    if circuit ~= nil then
+      p.circuit = circuit
+      p.origin = origin -- (what the circuit is asked and told of)
+    end
+    if budget ~= nil then p.budget = budget end
+    if on_event ~= nil then p.on_event = on_event end
+    if sleep ~= nil then p.sleep = sleep end
+    if retry_after ~= nil then p.retry_after = retry_after end -- nil: honor
+    if retry_after_max ~= nil then p.retry_after_max = retry_after_max end
+    p.hooked = (policy or limiter or circuit or budget or on_event or stream or sleep) and true or false
+    if (retry_after == "clamp" or retry_after == "fail_fast") and not retry_after_max then
       error(format("fetch: option 'retry_after' = %q needs retry_after_max, the longest wait to accept",
         retry_after), 3)
     end

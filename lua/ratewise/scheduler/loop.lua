@@ -218,7 +218,8 @@ end
 --   turns    block is a turn of the scheduler itself, blocking in the
 --            engine's poll (the main thread): no step, no nap; with no
 --            deadline, a wait that nothing could end raises (a deadlock)
---   busy     (with turns) the caller knows a transfer is in flight
+--   busy     (with turns) the caller knows a transfer is in flight, not
+--            done yet: done is first asked after a turn
 --   block(seconds | nil, arg)  waits at most that long (nil: until the
 --            descriptor is readable, or a kick)
 --   sees_fd  block wakes when the engine's descriptor is readable
@@ -227,8 +228,10 @@ end
 --            true when something new may be due soon (a kick)
 function loop.drive(way, done, arg, deadline)
   if way.turns then
+    -- (what a busy wait waits for has just started: it is not done before a turn)
     local busy = way.busy
-    while not done(arg) do
+    if not busy and done(arg) then return true end
+    repeat
       local left = deadline and deadline - now()
       if left then
         if left <= 0 then return false end
@@ -236,7 +239,7 @@ function loop.drive(way, done, arg, deadline)
         error(DEADLOCK, 0)
       end
       turn(left or huge, nil, busy)
-    end
+    until done(arg)
     return true
   end
   local step, block, sees_fd, idle = way.step or step_all, way.block, way.sees_fd, way.idle
