@@ -16,9 +16,22 @@ local function slurp(path)
 end
 
 -- The ratewise command line as a shell command (under timeout: a hang
--- fails one spec).
+-- fails one spec; timeout's SIGTERM is one the command handles, so a KILL
+-- follows it).
 local function command(args)
-  return subprocess.env .. "timeout 30 " .. subprocess.lua .. " bin/ratewise " .. args
+  return subprocess.env .. "timeout -k 10 30 " .. subprocess.lua .. " bin/ratewise " .. args
+end
+
+-- Runs args in the background, sends sig once the server has seen a
+-- request to path (and after pause seconds more), and waits: stdout,
+-- stderr, exit status.
+local function signalled(args, s, path, sig, pause)
+  local out_file, err_file = os.tmpname(), os.tmpname()
+  local _, code = subprocess.shell(command(args) .. " >" .. out_file .. " 2>" .. err_file .. " & pid=$!; "
+    .. "for i in $(seq 200); do curl -s " .. quote(s:url("/_log?path=" .. path)) .. " | grep -q " .. quote(path)
+    .. " && break; sleep 0.05; done; " .. (pause and ("sleep " .. pause .. "; ") or "")
+    .. "kill -" .. sig .. " $pid; wait $pid")
+  return slurp(out_file), slurp(err_file), code
 end
 
 -- out, err, code: stdout and stderr apart
@@ -185,17 +198,17 @@ describe("the ratewise command", function()
       assert.is_nil(s:log("/pay")[2].headers["idempotency-key"])
     end)
 
-    it("on Ctrl-C stops the request, says so and exits 130", function()
-      s:script("/stuck", { { status = 200, delay = 20 } })
-      local err_file = os.tmpname()
-      local t0 = require("ratewise").now()
-      local _, code = subprocess.shell(command("get " .. s:url("/stuck")) .. " >/dev/null 2>" .. err_file
-        .. " & pid=$!; for i in $(seq 200); do curl -s " .. quote(s:url("/_log?path=/stuck"))
-        .. " | grep -q stuck && break; sleep 0.05; done; kill -INT $pid; wait $pid")
-      local err = slurp(err_file)
-      assert.equal(130, code, err)
-      assert.equal("ratewise: interrupted\n", err)
-      assert.is_true(require("ratewise").now() - t0 < 5)
+    it("on Ctrl-C, SIGTERM or SIGHUP stops the request, says so and exits 128 + the signal", function()
+      for _, case in ipairs { { "INT", 130, "interrupted" }, { "TERM", 143, "stopped by SIGTERM" },
+        { "HUP", 129, "stopped by SIGHUP" } } do
+        s:reset()
+        s:script("/stuck", { { status = 200, delay = 20 } })
+        local t0 = require("ratewise").now()
+        local _, err, code = signalled("get " .. s:url("/stuck"), s, "/stuck", case[1])
+        assert.equal(case[2], code, err)
+        assert.equal("ratewise: " .. case[3] .. "\n", err)
+        assert.is_true(require("ratewise").now() - t0 < 5)
+      end
     end)
 
     it("takes rates per second, minute, hour or day", function()
@@ -258,8 +271,9 @@ describe("the ratewise command", function()
       assert.matches("neither a URL nor a JSON object", rows[5].error.message)
       -- no terminal: no bar, a summary
       assert.is_nil(err:find("\r", 1, true))
+      -- (a 503 with Retry-After refused for now: a throttle)
       assert.matches("5 requests in [%d.]+ s %([%d.]+/s%): 3 ok, 2 failed %(input 1, terminal 1%); 1 retry, "
-        .. "0 throttled %(429%)", err)
+        .. "1 throttled\n$", err)
     end)
 
     it("keeps to --rate, counts 429s, and reads stdin", function()
@@ -273,7 +287,7 @@ describe("the ratewise command", function()
       assert.equal(0, code, err)
       assert.equal(6, #json_lines(out))
       assert.is_nil(json_lines(out)[1].body)
-      assert.matches("1 throttled %(429%)", err)
+      assert.matches("1 throttled\n$", err)
       -- 7 requests through a bucket of 1 at 10/s: 0.6 s at least
       assert.is_true(took >= 0.55, ("took %.2f s"):format(took))
     end)
@@ -286,7 +300,7 @@ describe("the ratewise command", function()
       os.remove(file)
       assert.equal(0, code, shown)
       assert.matches("\r%[[#.]+%] %d/8 +%d+%% [%d.]+/s ETA", shown)
-      assert.matches("%[" .. string.rep("#", 24) .. "%] 8/8 100%%", shown)  -- 24 wide at 80 columns
+      assert.matches("%[" .. string.rep("#", 19) .. "%] 8/8 100%% [%d.]+/s ETA %S+ retries 0 throttled 0", shown)
       assert.matches("8 requests in [%d.]+ s", shown)
       local f = assert(io.open(result))
       assert.equal(8, #json_lines(f:read("*a")))
@@ -387,7 +401,11 @@ describe("the ratewise command", function()
         local shown, code = subprocess.shell(command(args))
         assert.equal(23, code, args .. ": " .. shown)
         assert.matches("ratewise: cannot write to .*: No space left on device", shown)
-        assert.matches("6 requests in [%d.]+ s .*; 6 results not written", shown)
+        -- those sent before the write failed, and the others never sent
+        local sent = shown:match("(%d+) requests? in [%d.]+ s ")
+        local unsent = shown:match("; (%d+) not sent;") or 0
+        assert.matches("; 6 results not written\n", shown)
+        assert.equal(6, tonumber(sent) + tonumber(unsent), shown)
       end
       -- one result at a time, 0.15 s apart: head has gone by the second
       local slow = slow_batch(4)
@@ -487,15 +505,10 @@ describe("the ratewise command", function()
         s:reset()
         s:script("/slow", { { status = 200, delay = 1, body = "done" } })
         s:script("/stuck", { { status = 200, delay = 20 } })
-        local out_file, err_file = os.tmpname(), os.tmpname()
         local t0 = require("ratewise").now()
-        local _, code = subprocess.shell(command("batch --concurrency 4 " .. flag .. " " .. file)
-          .. " >" .. out_file .. " 2>" .. err_file .. " & pid=$!; "
-          -- Ctrl-C once the requests are in flight (not before the command has started)
-          .. "for i in $(seq 200); do curl -s " .. quote(s:url("/_log?path=/stuck")) .. " | grep -q stuck && break; "
-          .. "sleep 0.05; done; sleep 0.2; kill -INT $pid; wait $pid")
+        -- Ctrl-C once the requests are in flight (not before the command has started)
+        local out, err, code = signalled("batch --concurrency 4 " .. flag .. " " .. file, s, "/stuck", "INT", 0.2)
         local took = require("ratewise").now() - t0
-        local out, err = slurp(out_file), slurp(err_file)
         assert.equal(130, code, err)
         local rows = json_lines(out)
         assert.equal(10, #rows, out .. err)
@@ -509,7 +522,15 @@ describe("the ratewise command", function()
           assert.equal("cancelled", rows[i].error.kind)
           assert.matches("not sent", rows[i].error.message)
         end
-        assert.matches("10 requests in [%d.]+ s %([%d.]+/s%): 3 ok, 7 failed %(cancelled 7%)", err)
+        -- the 4 sent (as many as the server saw), and the 6 never sent apart
+        assert.matches("\n?4 requests in [%d.]+ s %([%d.]+/s%): 3 ok, 1 failed %(cancelled 1%); 0 retries, "
+          .. "0 throttled; 6 not sent\n$", err)
+        assert.equal(4, #s:log())
+        if flag == "--progress" then
+          -- the last bar: 4 of the 10 lines done, none of the 6 unsent counted
+          local last = err:match("([^\r]*)\n[^\n]*\n$")
+          assert.matches("%] 4/10  40%% ", last)
+        end
         assert.is_nil(err:find("interrupted!", 1, true), err)
         assert.equal(0, #s:log("/never"))
         -- the grace, then the stuck one is cancelled
@@ -539,6 +560,164 @@ describe("the ratewise command", function()
         assert.matches("^not sent", rows[i].error.message)
       end
       assert.equal(1, #s:log("/slow"))
+    end)
+
+    it("on SIGTERM or SIGHUP stops as on Ctrl-C: every POST the server received has its result line", function()
+      local lines = {}
+      for i = 1, 6 do
+        local path = i <= 2 and "/slow" or i == 3 and "/stuck" or "/never"
+        lines[i] = cjson.encode { url = s:url(path), method = "POST", body = "p" .. i, id = "p" .. i }
+      end
+      local file = write_file(table.concat(lines, "\n"))
+      for _, case in ipairs { { "TERM", 143, "stopped by SIGTERM" }, { "HUP", 129, "stopped by SIGHUP" } } do
+        s:reset()
+        s:script("/slow", { { status = 200, delay = 1, body = "done" } })
+        s:script("/stuck", { { status = 200, delay = 20 } })
+        local out, err, code = signalled("batch --no-progress --concurrency 3 " .. file, s, "/stuck", case[1], 0.2)
+        assert.equal(case[2], code, err)
+        local rows = json_lines(out)
+        assert.equal(6, #rows, out .. err)
+        local by_id = {}
+        for _, row in ipairs(rows) do by_id[row.id] = row end
+        -- each POST the server saw: its answer, or cancelled in flight
+        local seen = s:log()
+        assert.equal(3, #seen)
+        for _, req in ipairs(seen) do
+          local row = by_id[req.body]
+          assert.is_truthy(row, req.body .. " has no result line: " .. out)
+          if req.path == "/slow" then
+            assert.is_true(row.ok, out)
+          else
+            assert.equal("cancelled", row.error.kind)
+            assert.equal("the batch was " .. case[3] .. " while it was in flight: the server may have received it",
+              row.error.message)
+          end
+        end
+        for i = 4, 6 do assert.equal("not sent: the batch was " .. case[3], by_id["p" .. i].error.message) end
+        assert.matches("^3 requests in [%d.]+ s %([%d.]+/s%): 2 ok, 1 failed %(cancelled 1%); 0 retries, 0 throttled; "
+          .. "3 not sent\n$", err)
+      end
+      os.remove(file)
+    end)
+
+    it("counts the answers a provider reads as throttled (GitHub's 403s), not only 429s", function()
+      s:script("/secondary", { { status = 403, headers = { ["Retry-After"] = "0.2" }, body = "slow down" },
+        { status = 200 } })
+      s:script("/primary", { { status = 403, headers = { ["X-RateLimit-Remaining"] = "0",
+        ["X-RateLimit-Reset"] = "1" } }, { status = 200 } })
+      s:script("/denied", { { status = 403, body = "no access" } })
+      local out, err, code = ratewise("batch --no-progress --no-body --provider github -", { stdin =
+        s:url("/secondary") .. "\n" .. s:url("/primary") .. "\n" .. s:url("/denied") .. "\n" })
+      assert.equal(1, code, err)
+      local rows = json_lines(out)
+      assert.same({ true, true, false }, { rows[1].ok, rows[2].ok, rows[3].ok })
+      assert.equal(2, #s:log("/secondary"))
+      assert.equal(2, #s:log("/primary"))
+      assert.equal(1, #s:log("/denied"))
+      -- the permission error is no throttle
+      assert.matches("3 requests in [%d.]+ s %([%d.]+/s%): 2 ok, 1 failed %(terminal 1%); 2 retries, 2 throttled\n$",
+        err)
+    end)
+
+    it("skips a UTF-8 byte order mark at the start of the input", function()
+      local bom = "\239\187\191"
+      local file = write_file(bom .. s:url("/bom1") .. "\n" .. s:url("/bom2") .. "\n")
+      local out, err, code = ratewise("batch --no-progress --no-body " .. file)
+      os.remove(file)
+      assert.equal(0, code, err)
+      local rows = json_lines(out)
+      assert.equal(2, #rows)
+      assert.same({ 1, true }, { rows[1].line, rows[1].ok })
+      assert.equal(1, #s:log("/bom1"))
+      out, err, code = ratewise("batch --no-progress --no-body -", { stdin = bom .. cjson.encode { url = s:url("/bom3"),
+        id = "first" } .. "\n" })
+      assert.equal(0, code, err)
+      assert.equal("first", json_lines(out)[1].id)
+      assert.equal(1, #s:log("/bom3"))
+    end)
+
+    it("names --rate or --burst in their errors, with no place in ratewise's source", function()
+      local file = write_file(s:url("/x") .. "\n")
+      for args, option in pairs { ["get --rate 1e-300 " .. s:url("/x")] = "%-%-rate",
+        ["get --rate 1e300 " .. s:url("/x")] = "%-%-rate",
+        ["batch --rate 5 --burst 100000000000000000000 " .. file] = "%-%-rate .* %(with %-%-burst 1e%+20%)" } do
+        local _, err, code = ratewise(args)
+        assert.equal(2, code, args .. ": " .. err)
+        assert.matches("^ratewise: option " .. option, err)
+        assert.is_nil(err:find("%.lua:%d+:"), err)
+      end
+      os.remove(file)
+      assert.equal(0, #s:log())
+    end)
+
+    it("writes URLs without \\/ escapes and elapsed times to the millisecond", function()
+      s:script("/a/b", { { status = 200, delay = 0.05, body = "see https://example.com/x" } })
+      local out, err, code = ratewise("batch --no-progress -", { stdin = s:url("/a/b") })
+      assert.equal(0, code, err)
+      assert.is_nil(out:find("\\/", 1, true), out)
+      assert.is_truthy(out:find('"url":"' .. s:url("/a/b") .. '"', 1, true), out)
+      local row = json_lines(out)[1]
+      assert.equal("see https://example.com/x", row.body)
+      local elapsed = out:match('"elapsed":([%d.e+-]+)')
+      assert.matches("^%d+%.?%d?%d?%d?$", elapsed)
+      assert.is_true(row.elapsed >= 0.05, elapsed)
+    end)
+
+    it("after an interrupt, --resume sends only the lines not answered, with their own line numbers", function()
+      local lines = {
+        cjson.encode { url = s:url("/fast"), id = "a" },
+        s:url("/gone"),
+        cjson.encode { url = s:url("/stuck"), method = "POST", body = "c", id = "c", idempotency_key = "c" },
+        s:url("/later?n=4"), s:url("/later?n=5"), s:url("/later?n=6"),
+      }
+      local file = write_file(table.concat(lines, "\n") .. "\n")
+      local results = os.tmpname()
+      s:script("/gone", { { status = 404, body = "gone" } })
+      s:script("/stuck", { { status = 200, delay = 20 } })
+      local _, err, code = signalled("batch --no-progress --no-body --concurrency 1 -o " .. results .. " " .. file, s,
+        "/stuck", "INT")
+      assert.equal(130, code, err)
+      assert.matches("^3 requests in [%d.]+ s %([%d.]+/s%): 1 ok, 2 failed %(cancelled 1, terminal 1%); "
+        .. "0 retries, 0 throttled; 3 not sent\n$", err)
+      -- a line cut short (a process killed as it wrote) is not run into
+      local f = assert(io.open(results, "ab"))
+      f:write('{"line":9,"ok":tr')
+      f:close()
+      s:reset()
+      local out
+      out, err, code = ratewise("batch --no-progress --no-body --concurrency 1 --resume -o " .. results .. " " .. file)
+      assert.equal(0, code, err)
+      assert.equal("", out)
+      assert.matches("^4 requests in [%d.]+ s %([%d.]+/s%): 4 ok, 0 failed; 0 retries, 0 throttled; "
+        .. "2 skipped %(answered before%)\n$", err)
+      -- the server saw the unanswered ones only
+      assert.equal(0, #s:log("/fast"))
+      assert.equal(0, #s:log("/gone"))
+      assert.equal(1, #s:log("/stuck"))
+      assert.equal("c", s:log("/stuck")[1].headers["idempotency-key"])
+      assert.equal(3, #s:log("/later"))
+      f = assert(io.open(results, "rb"))
+      local all = f:read("*a")
+      f:close()
+      local first, second = all:match('^(.-\n){"line":9,"ok":tr\n(.*)$')
+      assert.is_truthy(first, all)
+      assert.equal(6, #json_lines(first))
+      local rows = json_lines(second)
+      assert.same({ 3, 4, 5, 6 }, { rows[1].line, rows[2].line, rows[3].line, rows[4].line })
+      for _, row in ipairs(rows) do assert.is_true(row.ok) end
+      assert.equal("c", rows[1].id)
+      -- a second resume finds every line answered
+      s:reset()
+      out, err, code = ratewise("batch --no-progress --resume -o " .. results .. " " .. file)
+      os.remove(results)
+      assert.equal("", out)
+      assert.equal(0, code, err)
+      assert.matches("^0 requests in .*; 6 skipped", err)
+      assert.equal(0, #s:log())
+      os.remove(file)
+      _, err, code = ratewise("batch --resume " .. s:url("/x"))
+      assert.equal(2, code, err)
+      assert.matches("option %-%-resume needs %-o FILE", err)
     end)
 
     it("fits the bar to the terminal's width and clears it before a result line on the same terminal", function()

@@ -1,9 +1,9 @@
 /*
  * What the command-line tool (lua/ratewise/cli*.lua) needs of the operating
- * system and no Lua can ask for: the terminal's width, an interrupt (SIGINT)
- * turned into a flag that the batch polls, SIGPIPE ignored (so that a closed
- * pipe is a write error, as it is to curl), and one read of a descriptor
- * that the scheduler saw readable.
+ * system and no Lua can ask for: the terminal's width, a stop signal
+ * (SIGINT, SIGTERM, SIGHUP) turned into a flag that the batch polls,
+ * SIGPIPE ignored (so that a closed pipe is a write error, as it is to
+ * curl), and one read of a descriptor that the scheduler saw readable.
  */
 #include <errno.h>
 #include <limits.h>
@@ -19,52 +19,80 @@
  * reaches nothing but a static sig_atomic_t. The stand-alone interpreters
  * turn SIGINT into an "interrupted!" error raised from a hook at whatever
  * Lua code runs next (inside a fetch, a scheduler turn or a pcall meant for
- * something else); a flag lets the batch decide where it stops. */
+ * something else), and SIGTERM and SIGHUP end the process where it stands
+ * (a request the server received then gets no result line); a flag lets
+ * the batch decide where it stops. It holds the number of the first stop
+ * signal that came, 0 while none has. */
 static volatile sig_atomic_t term_interrupted = 0;
 
-static void term_on_sigint(int sig)
+static void term_on_stop_signal(int sig)
 {
-    (void)sig;
-    term_interrupted = 1;
+    if (term_interrupted == 0) {
+        term_interrupted = sig;
+    }
 }
 
-#define TERM_SAVED "ratewise.term_saved_sigint"
+/* The signals that ask a command to stop: Ctrl-C, kill(1)'s default and a
+ * closed terminal. */
+static const int term_stop_signals[] = { SIGINT, SIGTERM, SIGHUP };
+#define TERM_STOP_SIGNALS (sizeof term_stop_signals / sizeof term_stop_signals[0])
 
-/* core.trap_sigint() -> saved: from now on SIGINT sets the flag that
- * core.interrupted() reads, however many come (timeout(1) relays one to
- * the process and again to its group: a second one must not kill). saved
- * holds the action that was in place, for core.release_sigint. */
-static int term_l_trap_sigint(lua_State *L)
+#define TERM_SAVED "ratewise.term_saved_signals"
+
+/* core.trap_stop_signals() -> saved: from now on SIGINT, SIGTERM and SIGHUP
+ * set the flag that core.interrupted() reads, however many come (timeout(1)
+ * relays one to the process and again to its group: a second one must not
+ * kill). saved holds the actions that were in place, for
+ * core.release_stop_signals. */
+static int term_l_trap_stop_signals(lua_State *L)
 {
     struct sigaction action;
-    struct sigaction *saved = (struct sigaction *)lua_newuserdata(L, sizeof *saved);
+    size_t i;
+    struct sigaction *saved = (struct sigaction *)lua_newuserdata(L, TERM_STOP_SIGNALS * sizeof *saved);
     memset(&action, 0, sizeof action);
-    action.sa_handler = term_on_sigint;
+    action.sa_handler = term_on_stop_signal;
     action.sa_flags = 0;
     (void)sigemptyset(&action.sa_mask);
     term_interrupted = 0;
-    if (sigaction(SIGINT, &action, saved) != 0) {
-        lua_pop(L, 1);
-        lua_pushnil(L);
-        lua_pushstring(L, strerror(errno));
-        return 2;
+    for (i = 0; i < TERM_STOP_SIGNALS; i++) {
+        if (sigaction(term_stop_signals[i], &action, &saved[i]) != 0) {
+            int err = errno;
+            while (i-- > 0) {
+                (void)sigaction(term_stop_signals[i], &saved[i], NULL);
+            }
+            lua_pop(L, 1);
+            lua_pushnil(L);
+            lua_pushstring(L, strerror(err));
+            return 2;
+        }
     }
     luaL_setmetatable(L, TERM_SAVED);
     return 1;
 }
 
-/* core.release_sigint(saved): SIGINT does what it did before the trap. */
-static int term_l_release_sigint(lua_State *L)
+/* core.release_stop_signals(saved): the stop signals do what they did
+ * before the trap. */
+static int term_l_release_stop_signals(lua_State *L)
 {
     const struct sigaction *saved = (const struct sigaction *)luaL_checkudata(L, 1, TERM_SAVED);
-    (void)sigaction(SIGINT, saved, NULL);
+    size_t i;
+    for (i = 0; i < TERM_STOP_SIGNALS; i++) {
+        (void)sigaction(term_stop_signals[i], &saved[i], NULL);
+    }
     return 0;
 }
 
-/* core.interrupted() -> whether SIGINT came since core.trap_sigint(). */
+/* core.interrupted() -> false, or the number of the first stop signal that
+ * came since core.trap_stop_signals() (a command exits 128 + it, as a
+ * shell reports a command that signal ended). */
 static int term_l_interrupted(lua_State *L)
 {
-    lua_pushboolean(L, term_interrupted != 0);
+    int sig = (int)term_interrupted;
+    if (sig == 0) {
+        lua_pushboolean(L, 0);
+    } else {
+        lua_pushinteger(L, (lua_Integer)sig);
+    }
     return 1;
 }
 
@@ -121,8 +149,8 @@ static int term_l_read_fd(lua_State *L)
 void rw_term_register(lua_State *L)
 {
     static const luaL_Reg funcs[] = {
-        { "trap_sigint", term_l_trap_sigint },
-        { "release_sigint", term_l_release_sigint },
+        { "trap_stop_signals", term_l_trap_stop_signals },
+        { "release_stop_signals", term_l_release_stop_signals },
         { "interrupted", term_l_interrupted },
         { "ignore_sigpipe", term_l_ignore_sigpipe },
         { "terminal_width", term_l_terminal_width },

@@ -45,14 +45,16 @@ options:
       --concurrency N         requests in flight at once (batch; default 4)
       --provider NAME         github, openai, anthropic, stripe or ietf
       --no-body               leave the bodies out of batch's results
+      --resume                skip the lines already answered in -o FILE, and add
+                              the other results to it (batch)
       --progress, --no-progress   draw the progress bar, or not (default: on a terminal)
   -k, --insecure              do not verify TLS certificates
   -s, --silent                no retry lines on stderr
   -h, --help                  this text
 
 exit status: 0 when every request succeeded, 1 when one failed, 2 for bad usage,
-23 when the output could not be written or encoded as JSON, 130 when interrupted
-(Ctrl-C).
+23 when the output could not be written or encoded as JSON, 128 + the signal's
+number when stopped by one: 130 for Ctrl-C (SIGINT), 143 for SIGTERM, 129 for SIGHUP.
 ]]
 
 -- Raised for a command that cannot run; main() prints its message, with a
@@ -104,6 +106,7 @@ local OPTIONS = {
   ["--concurrency"] = { "concurrency", "integer" },
   ["--provider"] = { "provider", "string" },
   ["--no-body"] = { "no_body", "flag" },
+  ["--resume"] = { "resume", "flag" },
   ["--progress"] = { "progress", "flag" }, ["--no-progress"] = { "no_progress", "flag" },
   ["-k"] = { "insecure", "flag" }, ["--insecure"] = { "insecure", "flag" },
   ["-s"] = { "silent", "flag" }, ["--silent"] = { "silent", "flag" },
@@ -172,6 +175,12 @@ function cli.parse(args)
     usage_error("unknown provider %q (github, openai, anthropic, stripe or ietf)", o.provider)
   end
   if o.burst and not o.rate then usage_error("option --burst needs --rate") end
+  if o.resume then
+    if command ~= "batch" then usage_error("option --resume is batch's") end
+    if not o.output or o.output == "-" then
+      usage_error("option --resume needs -o FILE, the results file of the run it resumes")
+    end
+  end
   if o.idempotency_key ~= nil then
     if command == "batch" then
       usage_error("option --idempotency-key is get's: give each line of a batch its own \"idempotency_key\"")
@@ -196,7 +205,18 @@ local function fetch_options(o)
   -- (not `x and false or nil`: that is always nil)
   if o.insecure then opts.verify_tls = false end
   if o.silent then opts.on_retry = false end
-  if o.rate then opts.limiter = rw.bucket { capacity = o.burst or 1, rate = o.rate } end
+  if o.rate then
+    local made, limiter = pcall(rw.bucket, { capacity = o.burst or 1, rate = o.rate })
+    if not made then
+      -- the bucket's words for it, with the options' names and without
+      -- where in ratewise it was raised
+      local why = tostring(limiter):gsub("^[^\n]-:%d+: ", ""):gsub("^bucket: ", "")
+        :gsub("option 'rate'", "option --rate"):gsub("option 'capacity'", "option --burst")
+      if o.burst and not why:find("--burst", 1, true) then why = why .. format(" (with --burst %.15g)", o.burst) end
+      usage_error("%s", why)
+    end
+    opts.limiter = limiter
+  end
   if o.insecure then rw.configure { tls_warning = false } end
   return opts
 end
@@ -204,11 +224,12 @@ end
 ---------------------------------------------------------------------------
 -- ratewise get
 
--- fn's result, run as a task that Ctrl-C cancels (nil then); fn's error is
--- raised. The interpreter's own handler would raise "interrupted!" from
--- whatever Lua code runs next, inside the scheduler or a transfer's wait.
+-- fn's result, run as a task that a stop signal (Ctrl-C, SIGTERM, SIGHUP)
+-- cancels (nil and the signal's number then); fn's error is raised. The
+-- interpreter's own handler would raise "interrupted!" from whatever Lua
+-- code runs next, inside the scheduler or a transfer's wait.
 local function until_interrupted(fn)
-  local trap = core.trap_sigint()
+  local trap = core.trap_stop_signals()
   local ok, ran, result = compat.pcall(rw.run, function()
     local worker = rw.spawn(function() return compat.pcall(fn) end)
     local watcher = rw.spawn(function()
@@ -219,9 +240,10 @@ local function until_interrupted(fn)
     watcher:cancel()
     return fn_ok, value
   end)
-  if trap then core.release_sigint(trap) end
+  local signal = core.interrupted() or nil
+  if trap then core.release_stop_signals(trap) end
   if not ok then error(ran, 0) end
-  if ran == nil or result == scheduler.CANCELLED then return nil end
+  if ran == nil or result == scheduler.CANCELLED then return nil, signal end
   if ran == false then error(result, 0) end
   return result
 end
@@ -256,7 +278,7 @@ local function run_get(url, o, err_out)
   opts.stream = o.stream or nil
   local out, why = output.open(o.output)
   if not out then fail(output.WRITE_FAILED, "%s", why) end
-  local err = until_interrupted(function()
+  local err, signal = until_interrupted(function()
     local res, fetch_err = rw.fetch(url, opts)
     local shown = res or (fetch_err and fetch_err.response)
     if shown then
@@ -277,8 +299,8 @@ local function run_get(url, o, err_out)
   end)
   out:close()
   if err == nil then
-    err_out:write("ratewise: interrupted\n")
-    return batch.INTERRUPTED
+    err_out:write("ratewise: ", batch.stopped_by(signal), "\n")
+    return batch.SIGNAL_EXIT + (signal or 2)
   end
   if out.failed then
     err_out:write("ratewise: ", out.failed, "\n")

@@ -1,10 +1,13 @@
 -- `ratewise batch`: one request per line of the input, started as the lines
 -- arrive, at most --concurrency at a time, one JSON line per result. Every
 -- line read gets its result line, whatever happens to the others: a line
--- that is not a request, an interrupt (Ctrl-C) or a write that fails stops
--- the starting of new ones, the requests in flight get a short grace, and
--- those still running after it and those never started are written as
--- cancelled.
+-- that is not a request gets its own error; a stop signal (Ctrl-C, SIGTERM,
+-- SIGHUP) or a write that fails stops the starting of new ones, the
+-- requests in flight get a short grace, and those still running after it
+-- and those never started are written as cancelled. The bar and the
+-- summary count what was sent or answered; the lines never sent are
+-- counted apart. With --resume, the lines already answered in the output
+-- file are skipped.
 local rw = require "ratewise"
 local core = require "ratewise.core"
 local compat = require "ratewise.compat"
@@ -22,14 +25,27 @@ local batch = {}
 -- write before they are cancelled.
 batch.GRACE = 2
 
--- The exit status after an interrupt: 128 + SIGINT, as a shell reports a
--- command that SIGINT ended.
-batch.INTERRUPTED = 130
+-- The exit status after a stop signal: 128 + its number, as a shell reports
+-- a command that signal ended (130 for Ctrl-C's SIGINT).
+batch.SIGNAL_EXIT = 128
 
-local CANCEL_MESSAGES = {
-  interrupt = "the batch was interrupted",
-  write = "the results could not be written",
-}
+-- The stop signals' numbers (the same on every POSIX system).
+local SIGNAL_NAMES = { [1] = "SIGHUP", [2] = "SIGINT", [15] = "SIGTERM" }
+
+--- What a stop signal did, said: "interrupted" for Ctrl-C's SIGINT.
+function batch.stopped_by(signal)
+  if signal == 2 then return "interrupted" end
+  return "stopped by " .. (SIGNAL_NAMES[signal] or ("signal " .. tostring(signal)))
+end
+
+-- A result's key in the output file, the same when --resume reads it back:
+-- the line's "id" when it has one, else its line number, method and URL as
+-- the result shows them.
+local function result_key(n, id, method, url)
+  if id ~= nil then return type(id) .. " " .. tostring(id) end
+  if url == nil then return nil end
+  return format("line %d %s %s", n, method, url)
+end
 
 --- status = batch.run(path, o, err_out, base, fail): base: the fetch
 -- options every request shares; fail(status, message) raises the command's
@@ -42,13 +58,23 @@ function batch.run(path, o, err_out, base, fail)
   if not has_codec then fail(output.WRITE_FAILED, "batch writes its results as JSON, and %s", no_codec) end
   local reader, why = input.open(path)
   if not reader then fail(2, why) end
+  local answered, unfinished_line -- --resume: the keys answered before
+  if o.resume then
+    answered, unfinished_line = output.answered(o.output, result_key)
+    if not answered then fail(2, unfinished_line) end
+  end
   local out
-  out, why = output.open(o.output)
+  out, why = output.open(o.output, o.resume)
   if not out then fail(output.WRITE_FAILED, why) end
+  -- (a line cut short by a process killed mid-write is not run into)
+  if unfinished_line then out:write("\n") end
 
-  local st = { done = 0, ok = 0, failed = 0, retries = 0, throttled = 0, errors = {}, waits = {},
-    started = rw.now(), unwritten = 0, unencoded = 0 }
-  local stop_reason -- "interrupt" or "write" once the batch stops starting requests
+  -- done: results of requests sent or answered; not_sent: those of lines
+  -- a stop left unsent, counted apart; skipped: lines --resume found answered
+  local st = { done = 0, ok = 0, failed = 0, not_sent = 0, skipped = 0, retries = 0, throttled = 0, errors = {},
+    waits = {}, started = rw.now(), unwritten = 0, unencoded = 0 }
+  local stop_reason -- "signal" or "write" once the batch stops starting requests
+  local signal -- the stop signal's number
   local function stopping() return stop_reason ~= nil end
 
   local show_progress = o.progress or (not o.no_progress and core.isatty(2))
@@ -56,7 +82,8 @@ function batch.run(path, o, err_out, base, fail)
   local shares_terminal = show_progress and out.file == io.stdout and core.isatty(1)
   local drawn = false
   local function draw()
-    st.total = reader:total()
+    local total = reader:total()
+    st.total = total and total - st.skipped
     err_out:write("\r", progress.line(st, progress.width(2)), "\27[K")
     err_out:flush()
     drawn = true
@@ -68,7 +95,9 @@ function batch.run(path, o, err_out, base, fail)
       st.waits[compat.running() or "main"] = rw.now() + ev.delay
     elseif ev.type == "response" then
       st.waits[compat.running() or "main"] = nil
-      if ev.status == 429 then st.throttled = st.throttled + 1 end
+      -- a 429, or an answer the policy read as a throttle (a 503 with
+      -- Retry-After, GitHub's 403 with its quota spent)
+      if ev.throttled or ev.status == 429 then st.throttled = st.throttled + 1 end
     end
   end
   base.on_event, base.on_retry = events, false
@@ -99,15 +128,28 @@ function batch.run(path, o, err_out, base, fail)
     end })
   end
 
+  -- The line's request (parsed once), or nil and why it is not one.
+  local function request_of(item)
+    if item.req == nil and item.why == nil then
+      item.req, item.why = input.parse_line(item.text, item.n, item.too_long)
+    end
+    return item.req, item.why
+  end
+
   -- One result: counted, then written (unless a write failed before).
-  local function record(item, req, res, err)
+  -- never_sent: a line a stop left unsent, counted apart.
+  local function record(item, req, res, err, never_sent)
     st.waits[compat.running() or "main"] = nil
-    st.done = st.done + 1
-    if res then
-      st.ok = st.ok + 1
+    if never_sent then
+      st.not_sent = st.not_sent + 1
     else
-      st.failed = st.failed + 1
-      st.errors[err.kind or "input"] = (st.errors[err.kind or "input"] or 0) + 1
+      st.done = st.done + 1
+      if res then
+        st.ok = st.ok + 1
+      else
+        st.failed = st.failed + 1
+        st.errors[err.kind or "input"] = (st.errors[err.kind or "input"] or 0) + 1
+      end
     end
     local encoded, line = pcall(output.result_line, item, req, res, err, o.no_body)
     if not encoded then
@@ -129,15 +171,24 @@ function batch.run(path, o, err_out, base, fail)
   end
 
   local function cancelled(item, in_flight)
-    local req = input.parse_line(item.text, item.n, item.too_long)
-    local reason = CANCEL_MESSAGES[stop_reason]
+    local req = request_of(item)
+    local reason = stop_reason == "write" and "the results could not be written"
+      or "the batch was " .. batch.stopped_by(signal)
     record(item, req, nil, { kind = "cancelled", message = in_flight
       and format("%s while it was in flight: the server may have received it", reason)
-      or format("not sent: %s", reason) })
+      or format("not sent: %s", reason) }, not in_flight)
+  end
+
+  -- Whether --resume found the line answered before.
+  local function answered_before(item)
+    if not answered then return false end
+    local req = request_of(item)
+    local key = req and result_key(item.n, req.id, output.shown_method(req), output.shown_url(req))
+    return key ~= nil and answered[key] == true
   end
 
   local function send(item)
-    local req, line_why = input.parse_line(item.text, item.n, item.too_long)
+    local req, line_why = request_of(item)
     if not req then return record(item, nil, nil, { kind = "input", message = line_why }) end
     local me = compat.running() or "main"
     if not limited then started[me] = true end
@@ -153,21 +204,28 @@ function batch.run(path, o, err_out, base, fail)
     record(item, req, nil, { kind = "input", message = tostring(res) })
   end
 
-  local trap = core.trap_sigint()
+  local trap = core.trap_stop_signals()
   local ok, err = compat.pcall(rw.run, function()
     local slots = rw.semaphore(o.concurrency or 4)
     local in_flight = {} -- task -> item
     local coroutine_of = {} -- task -> its coroutine (the key of started)
     local watcher = rw.spawn(function()
       while true do
-        if not stop_reason and core.interrupted() then stop_reason = "interrupt" end
+        if not stop_reason then
+          signal = core.interrupted() or nil
+          if signal then stop_reason = "signal" end
+        end
         if show_progress then draw() end
         rw.sleep(0.1)
       end
     end)
     local function free_slot()
       while not stop_reason do
-        if slots:acquire(0.1) then return true end
+        if slots:acquire(0.1) then
+          -- (the result that freed it may have been the one whose write failed)
+          if not stop_reason then return true end
+          slots:release()
+        end
       end
       return false
     end
@@ -175,25 +233,28 @@ function batch.run(path, o, err_out, base, fail)
     while not stop_reason do
       local item = reader:next(stopping)
       if not item then break end
-      if not free_slot() then
+      if answered_before(item) then
+        st.skipped = st.skipped + 1
+      elseif not free_slot() then
         unsent = item
         break
+      else
+        local task
+        task = rw.spawn(function()
+          local me = compat.running()
+          coroutine_of[task] = me
+          local sent, why_not = compat.pcall(send, item)
+          in_flight[task], coroutine_of[task] = nil, nil
+          slots:release()
+          if why_not == scheduler.CANCELLED then
+            cancelled(item, started[me])
+          elseif not sent then
+            record(item, nil, nil, { kind = "internal", message = tostring(why_not) })
+          end
+          started[me], refused[me] = nil, nil
+        end)
+        in_flight[task] = item
       end
-      local task
-      task = rw.spawn(function()
-        local me = compat.running()
-        coroutine_of[task] = me
-        local sent, why_not = compat.pcall(send, item)
-        in_flight[task], coroutine_of[task] = nil, nil
-        slots:release()
-        if why_not == scheduler.CANCELLED then
-          cancelled(item, started[me])
-        elseif not sent then
-          record(item, nil, nil, { kind = "internal", message = tostring(why_not) })
-        end
-        started[me], refused[me] = nil, nil
-      end)
-      in_flight[task] = item
     end
     -- The requests in flight end; after a stop, within the grace.
     local grace_ends
@@ -217,12 +278,16 @@ function batch.run(path, o, err_out, base, fail)
       if unsent then cancelled(unsent, false) end
       -- what is left of a file (standard input is left unread: it may never end)
       if reader.lines then
-        for item in function() return reader:next(function() return false end) end do cancelled(item, false) end
+        for item in function() return reader:next(function() return false end) end do
+          if answered_before(item) then st.skipped = st.skipped + 1 else cancelled(item, false) end
+        end
       end
     end
     watcher:cancel()
   end)
-  if trap then core.release_sigint(trap) end
+  -- (one that came as the last result was written still ends the command so)
+  signal = signal or core.interrupted() or nil
+  if trap then core.release_stop_signals(trap) end
   if not ok then error(err, 0) end
   if show_progress then
     draw()
@@ -234,14 +299,13 @@ function batch.run(path, o, err_out, base, fail)
   if st.unencoded_why then
     err_out:write("ratewise: a result could not be written as JSON: ", st.unencoded_why, "\n")
   end
-  st.total = st.done
   local line = progress.summary(st)
   if st.unwritten > 0 then line = line .. format("; %d result%s not written", st.unwritten,
     st.unwritten == 1 and "" or "s") end
   if st.unencoded > 0 then line = line .. format("; %d result%s not written as JSON", st.unencoded,
     st.unencoded == 1 and "" or "s") end
   err_out:write(line, "\n")
-  if stop_reason == "interrupt" then return batch.INTERRUPTED end
+  if signal then return batch.SIGNAL_EXIT + signal end
   if out.failed or st.unencoded > 0 then return output.WRITE_FAILED end
   if reader.failed then return 2 end
   return st.failed == 0 and 0 or 1

@@ -12,6 +12,9 @@ local format, find, sub, gsub = string.format, string.find, string.sub, string.g
 local concat = table.concat
 local huge = math.huge
 local EBADF = 9 -- POSIX systems' number for a descriptor that is not open
+-- The UTF-8 byte order mark some editors (Windows' Notepad, Excel's "CSV
+-- UTF-8") put at the start of a file: not part of its first line.
+local BOM = "\239\187\191"
 
 local input = {}
 
@@ -160,7 +163,7 @@ function input.open(path)
   local all, read_err = f:read("*a")
   f:close()
   if not all then return nil, format("cannot read %s: %s", path, tostring(read_err)) end
-  local from, total = 1, 0
+  local from, total = sub(all, 1, 3) == BOM and 4 or 1, 0
   while from <= #all do
     local stop = find(all, "\n", from, true) or #all + 1
     local line = sub(all, from, stop - 1)
@@ -245,6 +248,7 @@ function Reader:next(stop)
       return nil
     end
     self.line_number = self.line_number + 1
+    if self.line_number == 1 and sub(line, 1, 3) == BOM then line = sub(line, 4) end
     if too_long then
       self.count = self.count + 1
       return { n = self.line_number, text = "", too_long = true }

@@ -5,7 +5,9 @@ local headers = require "ratewise.headers"
 local json = require "ratewise.json"
 local text = require "ratewise.cli.text"
 
-local format = string.format
+local format, find, gsub, sub = string.format, string.find, string.gsub, string.sub
+local floor = math.floor
+local ENOENT = 2 -- POSIX systems' number for a file that does not exist
 
 local output = {}
 
@@ -15,10 +17,11 @@ output.WRITE_FAILED = 23
 local Writer = {}
 Writer.__index = Writer
 
---- writer | nil, why = output.open(path): path nil or "-" is standard output.
-function output.open(path)
+--- writer | nil, why = output.open(path [, append]): path nil or "-" is
+-- standard output; append adds to the end of a file rather than replace it.
+function output.open(path, append)
   if not path or path == "-" then return setmetatable({ file = io.stdout, name = "standard output" }, Writer) end
-  local f, err = io.open(path, "wb")
+  local f, err = io.open(path, append and "ab" or "wb")
   if not f then return nil, "cannot write " .. tostring(err) end
   return setmetatable({ file = f, name = path }, Writer)
 end
@@ -58,6 +61,35 @@ local function put_body(r, body)
   if text.is_utf8(body) then r.body = body else r.body_base64 = text.base64(body) end
 end
 
+-- lua-cjson writes "/" as "\/" (which JSON allows and never needs), so that
+-- a grep for a URL finds nothing; Debian's lua-cjson 2.1.0 has no switch
+-- for it. In a run of backslashes before a "/", those in pairs are escaped
+-- backslashes and an odd one out is the slash's own escape, which goes:
+-- right whichever codec wrote the text, escaping "/" or not.
+local function without_slash_escapes(encoded)
+  if not find(encoded, "\\/") then return encoded end
+  return (gsub(encoded, "(\\+)/", function(run)
+    if #run % 2 == 1 then return sub(run, 2) .. "/" end
+  end))
+end
+
+-- Seconds to the millisecond: what a clock's difference holds past that
+-- is noise (3.3471213610001).
+local function milliseconds(seconds)
+  if type(seconds) ~= "number" then return seconds end
+  return floor(seconds * 1000 + 0.5) / 1000
+end
+
+--- The method of a request as its result shows it.
+function output.shown_method(req)
+  return text.printable((req.method or ((req.body or req.json) and "POST" or "GET")):upper())
+end
+
+--- The URL of a request as its result shows it (userinfo redacted).
+function output.shown_url(req)
+  return text.printable(headers.redact_url(req.url))
+end
+
 --- line = output.result_line(item, req, res, err, no_body): the JSON line of
 -- one result: the request's line number, id, method and URL (userinfo
 -- redacted), then its response or error.
@@ -65,19 +97,52 @@ function output.result_line(item, req, res, err, no_body)
   local r = { line = item.n }
   if req then
     r.id = req.id
-    r.url = text.printable(headers.redact_url(req.url))
-    r.method = text.printable((req.method or ((req.body or req.json) and "POST" or "GET")):upper())
+    r.url = output.shown_url(req)
+    r.method = output.shown_method(req)
   end
   if res then
-    r.ok, r.status, r.attempts, r.elapsed = true, res.status, res.attempts, res.elapsed
+    r.ok, r.status, r.attempts, r.elapsed = true, res.status, res.attempts, milliseconds(res.elapsed)
     if not no_body then put_body(r, res.body) end
   else
     r.ok = false
     r.error = { kind = err.kind or "input", message = text.printable(tostring(err.message or err)) }
-    r.status, r.attempts, r.elapsed = err.status, err.attempts, err.elapsed
+    r.status, r.attempts, r.elapsed = err.status, err.attempts, milliseconds(err.elapsed)
     if err.response and not no_body then put_body(r, err.response.body) end
   end
-  return json.encode(r, "ratewise batch: a result")
+  return without_slash_escapes(json.encode(r, "ratewise batch: a result"))
+end
+
+-- Whether a result holds an answer that --resume keeps: one that
+-- succeeded, or a terminal one (a 404 stays a 404). A result that was
+-- throttled, cut short, cancelled (even in flight, which the server may
+-- have received) or never sent is sent again.
+local function is_answer(r)
+  return r.ok == true or (type(r.error) == "table" and r.error.kind == "terminal")
+end
+
+--- answered, unfinished | nil, why = output.answered(path, key): the set
+-- of the keys, key(line, id, method, url), of the results in the file at
+-- path that hold an answer (none when there is no file yet); unfinished
+-- when its last line has no end (a process killed while it wrote), which
+-- is not read.
+function output.answered(path, key)
+  local answered = {}
+  local f, err, code = io.open(path, "rb")
+  if not f then
+    if code == ENOENT then return answered, false end
+    return nil, format("--resume cannot read %s", tostring(err))
+  end
+  local all, read_err = f:read("*a")
+  f:close()
+  if not all then return nil, format("--resume cannot read %s: %s", path, tostring(read_err)) end
+  for line in string.gmatch(all, "([^\n]*)\n") do
+    local r = find(line, "^{") and json.decode(line)
+    if type(r) == "table" and type(r.line) == "number" and is_answer(r) then
+      local k = key(r.line, r.id, r.method, r.url)
+      if k then answered[k] = true end
+    end
+  end
+  return answered, #all > 0 and sub(all, -1) ~= "\n"
 end
 
 return output

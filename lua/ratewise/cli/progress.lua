@@ -25,14 +25,16 @@ end
 
 --- The progress bar's line, at most width - 1 columns (a line as wide as
 -- the terminal wraps on some): done/total (total "?" until the input has
--- ended), rate, ETA, retries and 429s so far, and the longest wait under
--- way. st.total is nil while the input is still being read.
+-- ended), rate, ETA, retries and throttled answers so far, and the longest
+-- wait under way. st.total is nil while the input is still being read;
+-- done and total count the requests sent or answered, not the lines a stop
+-- left unsent nor those --resume skipped.
 function progress.line(st, width)
   local elapsed = max(rw.now() - st.started, 1e-9)
   local rate = st.done / elapsed
   local total = st.total
   local eta = total and rate > 0 and (total - st.done) / rate or nil
-  local info = format(" %d/%s %s %.1f/s ETA %s retries %d 429s %d", st.done, total or "?",
+  local info = format(" %d/%s %s %.1f/s ETA %s retries %d throttled %d", st.done, total or "?",
     total and format("%3d%%", total > 0 and floor(st.done * 100 / total) or 100) or "  ?%", rate,
     eta and duration(eta) or "?", st.retries, st.throttled)
   local wait = 0
@@ -41,23 +43,29 @@ function progress.line(st, width)
   if wait > 0 then info = info .. format(" waiting %.1fs", wait) end
   -- the bar keeps one width all run long, whatever the figures' lengths,
   -- and is left out on a terminal too narrow for it
-  local bar = min(30, width - 56)
+  local bar = min(30, width - 61)
   if bar < 10 then return sub(info, 2, width - 1) end
   local filled = total and (total > 0 and floor(bar * st.done / total) or bar) or 0
   return sub("[" .. rep("#", filled) .. rep(".", bar - filled) .. "]" .. info, 1, width - 1)
 end
 
---- The summary line.
+--- The summary line: the requests sent or answered (a line that is not a
+-- request among them, answered with its error), then the lines never sent
+-- and those --resume skipped, when there are any. Throttled: the answers
+-- that refused for rate (a 429, a 503 with Retry-After, a provider's
+-- spent quota such as GitHub's 403).
 function progress.summary(st)
   local elapsed = rw.now() - st.started
   local kinds = {}
   for kind, count in pairs(st.errors) do kinds[#kinds + 1] = format("%s %d", kind, count) end
   table.sort(kinds)
-  local total = st.total or st.done
-  return format("%d request%s in %.1f s (%.1f/s): %d ok, %d failed%s; %d retr%s, %d throttled (429)",
-    total, total == 1 and "" or "s", elapsed, st.done / max(elapsed, 1e-9), st.ok, st.failed,
+  local line = format("%d request%s in %.1f s (%.1f/s): %d ok, %d failed%s; %d retr%s, %d throttled",
+    st.done, st.done == 1 and "" or "s", elapsed, st.done / max(elapsed, 1e-9), st.ok, st.failed,
     #kinds > 0 and " (" .. concat(kinds, ", ") .. ")" or "", st.retries, st.retries == 1 and "y" or "ies",
     st.throttled)
+  if st.not_sent > 0 then line = line .. format("; %d not sent", st.not_sent) end
+  if st.skipped > 0 then line = line .. format("; %d skipped (answered before)", st.skipped) end
+  return line
 end
 
 return progress

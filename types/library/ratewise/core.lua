@@ -64,20 +64,20 @@ function core.random() end
 ---@return any v3
 function core.few_fields(t) end
 
----The SIGINT action `core.trap_sigint` replaced (src/term.c).
----@class ratewise.term_saved_sigint
+---The actions for SIGINT, SIGTERM and SIGHUP that `core.trap_stop_signals` replaced (src/term.c).
+---@class ratewise.term_saved_signals
 
----From now on SIGINT sets the flag `core.interrupted` reads (the CLI's Ctrl-C); the action it replaced, for `core.release_sigint`, or nil, err.
----@return ratewise.term_saved_sigint|nil saved
+---From now on SIGINT, SIGTERM and SIGHUP set the flag `core.interrupted` reads (the CLI's Ctrl-C, kill, a closed terminal); the actions they replaced, for `core.release_stop_signals`, or nil, err.
+---@return ratewise.term_saved_signals|nil saved
 ---@return string? err
-function core.trap_sigint() end
+function core.trap_stop_signals() end
 
----SIGINT does again what it did before `core.trap_sigint`.
----@param saved ratewise.term_saved_sigint
-function core.release_sigint(saved) end
+---SIGINT, SIGTERM and SIGHUP do again what they did before `core.trap_stop_signals`.
+---@param saved ratewise.term_saved_signals
+function core.release_stop_signals(saved) end
 
----Whether SIGINT came since `core.trap_sigint`.
----@return boolean
+---false, or the number of the first stop signal (SIGINT, SIGTERM, SIGHUP) that came since `core.trap_stop_signals`.
+---@return false|integer
 function core.interrupted() end
 
 ---A write to a closed pipe fails with EPIPE instead of ending the process.
