@@ -1,0 +1,111 @@
+-- What a limiter takes from an answer's quota headers (a provider's
+-- observe -> limiter:sync), against hostile or careless servers: the wait
+-- is the server's reset, never stretched by a rate that drops meanwhile,
+-- never past sync_horizon nor the call's time budget, and only answers
+-- from the origin the request went to may sync the limiter (a redirect
+-- target elsewhere has quotas of its own). Against the loopback server,
+-- asserting what it saw and when.
+local rw = require "ratewise"
+local server = require "spec.support.server"
+
+local github, ietf = rw.providers.github, rw.providers.ietf
+
+-- A GitHub answer whose quota is spent, the reset `reset` seconds from now.
+local function spent(reset, limit)
+  return { status = 200, body = "ok", headers = { ["x-ratelimit-remaining"] = "0",
+    ["x-ratelimit-reset"] = tostring(reset), ["x-ratelimit-limit"] = tostring(limit or 1) } }
+end
+
+describe("a wait a limiter takes from a header", function()
+  local s
+  setup(function() s = server.start() end)
+  teardown(function() s:stop() end)
+  before_each(function() s:reset() end)
+
+  it("is the reset the server states, not stretched by the stated rate rw.adaptive drops to (github)", function()
+    -- "1 request per window, resets in 2 s": the rate falls from 10 a
+    -- second to its floor of 0.5 at once; counted in tokens at 10 a second,
+    -- the reset became 40 s.
+    s:script("/q", { spent(2, 1), { status = 200, body = "ok" } })
+    local limiter = rw.adaptive {}
+    local opts = { policy = github, limiter = limiter, max_elapsed = 10 }
+    assert.equal(200, assert(rw.fetch(s:url("/q"), opts)).status)
+    assert.is_true(limiter:wait_time() <= 2.05, "wait " .. limiter:wait_time())
+    local started = rw.now()
+    local res, err = rw.fetch(s:url("/q"), opts)
+    assert.is_not_nil(res, tostring(err))
+    local took = rw.now() - started
+    assert.is_true(took >= 1.5 and took < 3.5, "the second call went after " .. took .. " s")
+    local log = s:log("/q")
+    assert.equal(2, #log)
+    assert.is_true(log[2].t - log[1].t >= 1.5, "the server saw them " .. (log[2].t - log[1].t) .. " s apart")
+  end)
+
+  it("is the reset the server states for the ietf fields too, the window given", function()
+    s:script("/q", { { status = 200, headers = { ratelimit = '"default";r=0;t=2',
+      ["ratelimit-policy"] = '"default";q=1;w=3600' } } })
+    local limiter = rw.adaptive { max_rate = 100 }
+    assert(rw.fetch(s:url("/q"), { policy = ietf, limiter = limiter }))
+    assert.near(1 / 3600 < 0.5 and 0.5 or 1 / 3600, limiter:rate(), 1e-9)
+    local wait = limiter:wait_time()
+    assert.is_true(wait > 1.5 and wait <= 2.05, "wait " .. wait)
+  end)
+
+  it("stops at sync_horizon, and past the budget ends the call at once", function()
+    -- "1 request a day, resets in a day": a rate from 1000 a second to 0.5,
+    -- which stretched it to 5.5 years
+    s:script("/q", { spent(86400, 1), { status = 200, body = "ok" } })
+    local limiter = rw.adaptive { max_rate = 1000 }
+    local opts = { policy = github, limiter = limiter, max_elapsed = 1 }
+    assert(rw.fetch(s:url("/q"), opts))
+    local wait = limiter:wait_time()
+    assert.is_true(wait > 86300 and wait <= 86400, "wait " .. wait)
+    local started = rw.now()
+    local res, err = rw.fetch(s:url("/q"), opts)
+    assert.is_nil(res)
+    assert.equal("budget", err.kind)
+    assert.matches("the limiter would wait 86%d%d%d%.%d%d s", err.message)
+    assert.is_true(rw.now() - started < 0.5, "the call ended at once")
+    assert.equal(1, #s:log("/q"), "nothing more was sent")
+    -- and a reset thirty years off is believed a day
+    limiter = rw.adaptive { max_rate = 1000 }
+    s:script("/far", { spent(999999999, 1) })
+    assert(rw.fetch(s:url("/far"), { policy = github, limiter = limiter }))
+    wait = limiter:wait_time()
+    assert.is_true(wait > 86300 and wait <= 86400, "wait " .. wait)
+  end)
+
+  it("ends a call waiting in the limiter's queue when it would pass the call's budget", function()
+    -- B queues for the token A took; A's answer then says the quota is
+    -- spent for 30 s, more than B has left
+    s:script("/a", { spent(30, 60) })
+    s:script("/b", { { status = 200, body = "b" } })
+    local limiter = rw.bucket { capacity = 1, rate = 1 }
+    local b_res, b_err, b_took
+    rw.run(function()
+      local a = rw.spawn(function() return rw.fetch(s:url("/a"), { policy = github, limiter = limiter }) end)
+      rw.spawn(function()
+        local started = rw.now()
+        b_res, b_err = rw.fetch(s:url("/b"), { policy = github, limiter = limiter, max_elapsed = 2 })
+        b_took = rw.now() - started
+      end)
+      assert(a:join())
+    end)
+    assert.is_nil(b_res)
+    assert.equal("budget", b_err.kind)
+    assert.is_true(b_took < 2.5, "B ended within its budget: " .. b_took .. " s")
+    assert.equal(0, #s:log("/b"))
+  end)
+
+  it("is not stretched in rw.bucket by the slow-down of a throttle that said the quota is spent", function()
+    s:script("/q", { { status = 429, headers = { ["x-ratelimit-remaining"] = "0",
+      ["x-ratelimit-reset"] = "3000", ["x-ratelimit-limit"] = "5000" } } })
+    local limiter = rw.bucket { capacity = 1, rate = 1 }
+    local res, err = rw.fetch(s:url("/q"), { policy = github, limiter = limiter, max_elapsed = 1 })
+    assert.is_nil(res)
+    assert.equal("budget", err.kind)
+    assert.is_true(limiter:rate() < 1, "the throttle slowed the bucket down: " .. limiter:rate())
+    local wait = limiter:wait_time()
+    assert.is_true(wait > 2990 and wait <= 3000, "wait " .. wait)
+  end)
+end)
