@@ -109,3 +109,49 @@ describe("a wait a limiter takes from a header", function()
     assert.is_true(wait > 2990 and wait <= 3000, "wait " .. wait)
   end)
 end)
+
+describe("quota headers from another origin", function()
+  local api, elsewhere
+  setup(function()
+    api = server.start()
+    elsewhere = server.start()
+  end)
+  teardown(function()
+    api:stop()
+    elsewhere:stop()
+  end)
+  before_each(function()
+    api:reset()
+    elsewhere:reset()
+  end)
+
+  for _, case in ipairs {
+    { name = "rw.bucket", limiter = function() return rw.bucket { capacity = 2, rate = 2 } end },
+    { name = "rw.adaptive", limiter = function() return rw.adaptive {} end },
+  } do
+    it("do not sync the API's own limiter after a redirect to them (" .. case.name .. ")", function()
+      api:script("/download", { { action = "redirect", location = elsewhere:url("/blob") } })
+      api:script("/items", { { status = 200, body = "items" } })
+      -- the storage host's own quota, spent for a day
+      elsewhere:script("/blob", { spent(86400, 60) })
+      local limiter = case.limiter()
+      local opts = { policy = github, limiter = limiter, max_elapsed = 2 }
+      local res = assert(rw.fetch(api:url("/download"), opts))
+      assert.equal(1, res.redirects)
+      local started = rw.now()
+      local items, err = rw.fetch(api:url("/items"), opts)
+      assert.is_not_nil(items, tostring(err))
+      assert.equal("items", items.body)
+      assert.is_true(rw.now() - started < 1, "the next call was not stalled")
+      assert.equal(1, #api:log("/items"))
+    end)
+  end
+
+  it("of the API itself still sync it when a redirect stayed on its origin", function()
+    api:script("/old", { { action = "redirect", location = "/new" } })
+    api:script("/new", { spent(86400, 60) })
+    local limiter = rw.bucket { capacity = 2, rate = 2 }
+    assert(rw.fetch(api:url("/old"), { policy = github, limiter = limiter }))
+    assert.is_true(limiter:wait_time() > 86000, "the API's quota is spent: " .. limiter:wait_time())
+  end)
+end)
