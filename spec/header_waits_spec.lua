@@ -3,8 +3,9 @@
 -- is the server's reset, never stretched by a rate that drops meanwhile,
 -- never past sync_horizon nor the call's time budget, and only answers
 -- from the origin the request went to may sync the limiter (a redirect
--- target elsewhere has quotas of its own). Against the loopback server,
--- asserting what it saw and when.
+-- target elsewhere has quotas of its own); and a Retry-After too small to
+-- be a wait backs off. Against the loopback server, asserting what it saw
+-- and when.
 local rw = require "ratewise"
 local server = require "spec.support.server"
 
@@ -107,6 +108,29 @@ describe("a wait a limiter takes from a header", function()
     assert.is_true(limiter:rate() < 1, "the throttle slowed the bucket down: " .. limiter:rate())
     local wait = limiter:wait_time()
     assert.is_true(wait > 2990 and wait <= 3000, "wait " .. wait)
+  end)
+end)
+
+describe("a Retry-After below the backoff's first step", function()
+  local s
+  setup(function() s = server.start() end)
+  teardown(function() s:stop() end)
+
+  it("backs off as a zero one does, instead of retrying within a millisecond", function()
+    local tiny = { status = 503, headers = { ["retry-after"] = "0.000001" } }
+    s:script("/tiny", { tiny, tiny, tiny, { status = 200, body = "ok" } })
+    local sources = {}
+    local res, err = rw.fetch(s:url("/tiny"), { base = 0.1, jitter = "none", max_elapsed = 10,
+      on_retry = function(info) sources[#sources + 1] = info.source end })
+    assert.is_not_nil(res, tostring(err))
+    assert.same({ "backoff", "backoff", "backoff" }, sources)
+    local log = s:log("/tiny")
+    assert.equal(4, #log)
+    -- 0.1, 0.2 and 0.4 s apart, as the backoff's steps
+    for i = 2, 4 do
+      local gap, step = log[i].t - log[i - 1].t, 0.1 * 2 ^ (i - 2)
+      assert.is_true(gap >= step * 0.9, ("retry %d came %.4f s after, not %.1f s"):format(i - 1, gap, step))
+    end
   end)
 end)
 
