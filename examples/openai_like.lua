@@ -17,8 +17,8 @@ api:script("/v1/chat/completions", {
   completion("Hello!"),
   -- Rate limited: the precise wait is in retry-after-ms. (A Retry-After
   -- beside it would be the least ratewise waits, whatever the policy reads.)
-  { status = 429, headers = { ["retry-after-ms"] = "700",
-    ["x-ratelimit-remaining-requests"] = "0", ["x-ratelimit-reset-requests"] = "700ms" },
+  { status = 429, headers = { ["retry-after-ms"] = "1200",
+    ["x-ratelimit-remaining-requests"] = "0", ["x-ratelimit-reset-requests"] = "1200ms" },
     body = '{"error":{"message":"Rate limit reached"}}' },
   completion("Second answer"),
   -- A 500 the server says is not worth retrying.

@@ -38,7 +38,7 @@ describe("examples", function()
   it("openai_like.lua waits out retry-after-ms and stops on x-should-retry: false", function()
     local out = run("openai_like.lua")
     assert.matches("request 1: Hello!", out)
-    assert.matches("waiting 0%.[78]%d s after 429 %(source: policy%)", out) -- 0.7 s, spread up to 20%
+    assert.matches("waiting 1%.[234]%d s after 429 %(source: policy%)", out) -- 1.2 s, spread up to 20%
     assert.matches("request 2: Second answer %(2 attempts", out)
     assert.matches("request 3: terminal: invalid request shape", out)
     assert.is_nil(out:find("sk-demo-not-a-real-key", 1, true))

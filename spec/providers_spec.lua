@@ -575,7 +575,8 @@ describe("rw.policy", function()
     }
     s:script("/eventually", { { status = 404 }, { status = 200, body = "there" } })
     local res = assert(rw.fetch(s:url("/eventually"), {
-      policy = p, hint_jitter = 0, on_retry = function(info) delays[#delays + 1] = info.delay end,
+      -- (a wait below the backoff's first step, base, would be backed off)
+      policy = p, hint_jitter = 0, base = 0.1, on_retry = function(info) delays[#delays + 1] = info.delay end,
     }))
     assert.equal("there", res.body)
     local log = s:log("/eventually")
@@ -600,7 +601,7 @@ describe("rw.policy", function()
       prepare = function(request) request.headers["X-Second"] = "2" end,
     }
     s:script("/chain", { { status = 404 }, { status = 200 } })
-    local seen, o = recording(rw.policy.chain(retry_404, stop_404))
+    local seen, o = recording(rw.policy.chain(retry_404, stop_404), { base = 0.01 })
     local res = assert(rw.fetch(s:url("/chain"), o))
     assert.equal(2, res.attempts)
     assert.same({ { delay = 0.01, source = "policy" } }, seen) -- retry_404 has no delay: stop_404's answers

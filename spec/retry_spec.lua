@@ -50,6 +50,14 @@ describe("ratewise.retry: hints", function()
     assert.equal(1.5, wait("1.5"))
   end)
 
+  it("backs off from a hint below the backoff's first step, as from a zero one, never shorter than it", function()
+    assert.same({ 1, "backoff" }, { rw.retry_delay({ ["Retry-After"] = "0.000001" }, 0, none) })
+    assert.same({ 4, "backoff" }, { rw.retry_delay({ ["Retry-After"] = "0.000001" }, 2, none) })
+    local low = { jitter = "full", random = function() return 0.001 end }
+    assert.same({ 0.5, "backoff" }, { rw.retry_delay({ ["Retry-After"] = "0.5" }, 0, low) })
+    assert.same({ 0.5, "retry-after" }, { rw.retry_delay({ ["Retry-After"] = "0.5" }, 0, { base = 0.5 }) })
+  end)
+
   it("never shortens a hint for max_delay: seconds, an HTTP-date and a reset alike", function()
     local tight = { max_delay = 0.5, now = 1700000000 }
     assert.equal(3600, (rw.retry_delay({ ["Retry-After"] = "3600" }, 0, tight)))

@@ -52,6 +52,7 @@ typedef struct bucket {
     double queued;    /* tokens ever reserved by waiters (see above) */
     double served;    /* of those, taken or given up */
     double horizon;   /* sync never puts the next token further off than this */
+    double held_until; /* monotonic time a sync put the next token off to (0: none) */
     int slow_down;    /* slows down after a throttle (bucket.lua's observe) */
     int closed;
 } bucket;
@@ -247,6 +248,7 @@ static int bucket_l_new(lua_State *L)
     b->updated = rw_core_monotonic();
     b->queued = b->served = 0.0;
     b->horizon = horizon;
+    b->held_until = 0.0;
     b->slow_down = slow_down;
     b->closed = 0;
     luaL_setmetatable(L, BUCKET_MT);
@@ -402,8 +404,12 @@ static int bucket_l_sync(lua_State *L)
         if (b->tokens > remaining) b->tokens = remaining;
     } else {
         /* The next token comes reset_in from now. */
-        double held = 1.0 - (reset_in > b->horizon ? b->horizon : reset_in) * b->rate;
-        if (b->tokens > held) b->tokens = held;
+        double reset = reset_in > b->horizon ? b->horizon : reset_in;
+        double held = 1.0 - reset * b->rate;
+        if (b->tokens > held) {
+            b->tokens = held;
+            b->held_until = b->updated + reset;
+        }
     }
     return 0;
 }
@@ -419,7 +425,10 @@ static int bucket_l_tokens(lua_State *L)
 }
 
 /* b:set_rate(rate): the rate from now on (what came in at the old rate
- * stays). The adaptive limiters move it; anyone may. */
+ * stays). The adaptive limiters move it; anyone may. A next token that a
+ * sync put off until the server's reset still comes then: the server's
+ * wait is a time, not a number of tokens, and counted in tokens at a rate
+ * that drops it would stretch past the reset and the sync_horizon. */
 static int bucket_l_set_rate(lua_State *L)
 {
     bucket *b = bucket_check(L);
@@ -428,6 +437,10 @@ static int bucket_l_set_rate(lua_State *L)
     luaL_argcheck(L, rate <= BUCKET_MAX_RATE, 2, "rate is too large");
     luaL_argcheck(L, (b->capacity > 1 ? b->capacity : 1) / rate <= RW_MAX_SECONDS, 2, "rate is too small");
     bucket_refill(b);
+    if (b->held_until > b->updated) {
+        b->tokens += (b->held_until - b->updated) * (b->rate - rate);
+        if (b->tokens > b->capacity) b->tokens = b->capacity;
+    }
     b->rate = rate;
     return 0;
 }

@@ -8,7 +8,7 @@ local runtime = require "ratewise.runtime"
 
 local methods = core.bucket_methods
 local now = core.now
-local type = type
+local type, setmetatable = type, setmetatable
 local shown = errors.shown
 
 -- After a throttle a bucket drops to SLOW_DOWN times its rate, and comes
@@ -57,16 +57,47 @@ local function check_acquire(self, n, host_sleep, max_wait, level)
   end
 end
 
+-- A waiter's pace (runtime.claim) when it may wait no longer than
+-- max_wait: a sync while it waits (another caller's answer says the
+-- server's quota is spent) may put its tokens past that, and it then
+-- gives its place up instead of waiting out the server's reset past its
+-- call's budget. It wraps the pace it was given, if any.
+local Deadline = {}
+Deadline.__index = Deadline
+
+function Deadline:follow()
+  self.armed = true -- (the first nap is the wait that queue found fits)
+  local pace = self.pace
+  if pace then pace:follow() end
+end
+
+function Deadline:nap(wait)
+  if self.armed and now() + wait > self.give_up_at then
+    self.gave_up = wait
+    self.bucket:cancel(self.place)
+    return false
+  end
+  local pace = self.pace
+  if pace then return pace:nap(wait) end
+  return wait
+end
+
 -- Waits in the bucket's queue for n tokens (see acquire). A pace, when
 -- given, moves the bucket's rate while the waiter waits (runtime.claim).
 local function queue(self, n, host_sleep, max_wait, pace)
+  local give_up_at = max_wait and now() + max_wait
   local wait, place = self:reserve(n)
   if wait <= 0 then return true end
   if max_wait and wait > max_wait then
     self:cancel(place)
     return false, wait
   end
-  return runtime.claim(self, place, wait, host_sleep, n, pace)
+  if not max_wait then return runtime.claim(self, place, wait, host_sleep, n, pace) end
+  local deadline = setmetatable({ pace = pace, bucket = self, place = place, give_up_at = give_up_at,
+    armed = false, gave_up = false }, Deadline)
+  runtime.claim(self, place, wait, host_sleep, n, deadline)
+  if deadline.gave_up then return false, deadline.gave_up end
+  return true
 end
 
 --- true | false, wait = bucket:acquire([n [, sleep [, max_wait]]])

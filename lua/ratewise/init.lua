@@ -1,7 +1,18 @@
 --- ratewise: calls to rate-limited web APIs that wait the way the server asks.
 -- The C core (ratewise.core) parses, classifies, counts tokens and runs
 -- transfers; the Lua modules here wire that into the public API.
+-- The version of these Lua modules, which the C core they are written
+-- against states too (src/ratewise.h). A core from another build (an older
+-- core.so earlier on package.cpath, a luarocks tree beside a checkout)
+-- would otherwise fail later with an error that names neither.
+local VERSION = "0.1.0"
 local core = require "ratewise.core"
+if core.version ~= VERSION then
+  error(string.format("ratewise: the C core (ratewise.core) is version %s but these Lua modules are %s: "
+    .. "they come from different builds. Rebuild the core from the same source as the modules (`make`, "
+    .. "or `luarocks make` in the source tree), or put the matching core.so first on package.cpath",
+    type(core.version) == "string" and core.version or "unknown", VERSION), 2)
+end
 local adaptive = require "ratewise.adaptive"
 local bucket = require "ratewise.bucket"
 local redis_bucket = require "ratewise.redis_bucket"

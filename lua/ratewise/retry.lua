@@ -193,9 +193,13 @@ function retry.delay(h, attempt, opts)
   end
   local seconds, source = retry.hint(h, opts.now)
   -- A zero hint (a reset already past, "Retry-After: 0") would send the
-  -- retry at once, and the one after it: backoff instead, as urllib3 does.
-  if seconds and seconds > 0 then return seconds, source end
-  return backoff("retry_delay", attempt, opts), "backoff"
+  -- retry at once, and the one after it: backoff instead, as urllib3 does;
+  -- so would one below the backoff's first step ("Retry-After: 0.000001"),
+  -- which is the backoff's floor.
+  if seconds and seconds >= (opts.base or 1) then return seconds, source end
+  local wait = backoff("retry_delay", attempt, opts)
+  if seconds and wait < seconds then wait = seconds end
+  return wait, "backoff"
 end
 
 return retry

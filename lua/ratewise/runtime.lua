@@ -426,7 +426,8 @@ end
 -- are claimed, or the seconds to wait on are answered (a claim comes early
 -- when a waiter before it woke late). A pace, when given, moves the
 -- bucket's rate while the waiter waits: pace:follow() sets it before each
--- claim, and pace:nap(wait) answers how long to wait before looking again.
+-- claim, and pace:nap(wait) answers how long to wait before looking again,
+-- or false when the waiter gave its place up (it will not wait that long).
 -- The one claim of a bucket's waiter, wherever it waits.
 local function claim(bucket, place, _, pace)
   if pace then pace:follow() end
@@ -437,9 +438,10 @@ local function claim(bucket, place, _, pace)
 end
 
 -- A waiter that is gone gives its place up, or, when its tokens were
--- claimed for it before it ran (let_go: see scheduler.park), gives them back.
-local function give_back(bucket, place, n, _, let_go)
-  if let_go then
+-- claimed for it before it ran (let_go: see scheduler.park), gives them back
+-- (none were, when its pace gave the place up instead).
+local function give_back(bucket, place, n, pace, let_go)
+  if let_go and not (pace and pace.gave_up) then
     bucket:refund(n)
   else
     bucket:cancel(place)

@@ -68,14 +68,24 @@ local function printable(state, terr)
   terr.message = headers.scrub_proxies(message, opts.proxy)
 end
 
+-- Whether the response came from an origin other than the request's: a
+-- redirect took it elsewhere (a download host, a CDN), whose quotas and
+-- throttles are its own, not the API's the limiter paces.
+local function elsewhere(state, res)
+  local redirects = res.redirects
+  if not redirects or redirects == 0 or type(res.url) ~= "string" then return false end
+  return headers.origin(res.url) ~= headers.origin(state.shown_url)
+end
+
 -- What the limiter, the circuit, the counters and a listener learn of the
--- attempt's response, and what the caller's response says of it.
-local function record_response(state, d, res, sent_at, streaming)
+-- attempt's response, and what the caller's response says of it. foreign:
+-- the response came from another origin, which the limiter does not hear.
+local function record_response(state, d, res, sent_at, streaming, foreign)
   res.throttled = d.throttled
   local counters, limiter, circuit, on_event = state.counters, nil, nil, nil
   if state.hooked then limiter, circuit, on_event = state.limiter, state.circuit, state.on_event end
   local status = res.status
-  if limiter then
+  if limiter and not foreign then
     local observe = state.limiter_methods.observe
     if observe then guarded("limiter", "observe", observe, limiter, res, sent_at) end
   end
@@ -144,9 +154,13 @@ end
 -- done: the call ends with what follows; false: the wait before the next
 -- attempt is over, try again.
 function carry.after(state, res, terr, sent_at, streaming, budget_cut)
+  local foreign = res and state.hooked and state.limiter and elsewhere(state, res)
   if res then
     local policy = state.hooked and state.policy
-    if policy and policy.observe then call_hook("observe", policy.observe, res, state.limiter) end
+    -- (only the request's origin may sync the limiter with its quota)
+    if policy and policy.observe then
+      call_hook("observe", policy.observe, res, not foreign and state.limiter or nil)
+    end
   else
     printable(state, terr)
     state.budget_cut = budget_cut -- (what the decision reads of a transport error)
@@ -163,7 +177,7 @@ function carry.after(state, res, terr, sent_at, streaming, budget_cut)
     state.answers = nil
   end
   if res then
-    record_response(state, d, res, sent_at, streaming)
+    record_response(state, d, res, sent_at, streaming, foreign)
     if d.action == "return" then return true, res end
     state.last_response, state.last_transport, state.hint = res, nil, d.hint
   else

@@ -5,7 +5,7 @@
 --
 --   { action = "return", class, throttled }: return the response
 --   { action = "retry", delay = seconds, source = "retry-after" | "x-ratelimit-reset" | "policy" | "delay"
---     | "backoff", class, throttled, hint, hint_source, backoff }
+--     | "backoff", class, throttled, hint, hint_source, floor, backoff }
 --   { action = "fail", kind = "terminal" | "network" | "unsafe" | "exhausted" | "deferred" | "throttled"
 --     | "budget", message, class, throttled, hint, refused }
 --   { action = "ask", hook = "classify" | "policy_delay" | "replayable" | "delay" | "budget" | "call" }
@@ -150,7 +150,8 @@ local function retry_or_fail(call, res, terr, clock, why, d)
   if opts.delay then
     local asked = answers and answers.delay
     if asked == nil then return ask("delay") end
-    if asked and (not hint or asked >= hint) then delay, source = asked, "delay" end
+    local least = hint or d.floor
+    if asked and (not least or asked >= least) then delay, source = asked, "delay" end
   end
   if not delay then
     if hint then
@@ -160,6 +161,8 @@ local function retry_or_fail(call, res, terr, clock, why, d)
       local u = jitter == "none" and 0 or clock.random()
       local base = opts.base or DEFAULT_BASE
       delay = backoff(retries, base, opts.max_delay or DEFAULT_MAX_DELAY, jitter, u, call.previous_backoff or base)
+      local floor = d.floor
+      if floor and delay < floor then delay = floor end
       source, d.backoff = "backoff", delay
     end
   end
@@ -229,8 +232,16 @@ local function after_response(call, res, clock)
   end
   local d = { class = class, throttled = status == 429 or hint ~= nil }
   -- A zero hint (a reset already past, "Retry-After: 0") would send the
-  -- retry at once, and the one after it: backoff instead.
-  if hint ~= 0 then d.hint, d.hint_source = hint, hint_source end
+  -- retry at once, and the one after it, and so would one below the
+  -- backoff's first step ("Retry-After: 0.000001"): backoff instead, never
+  -- shorter than such a hint (its floor).
+  if hint and hint > 0 then
+    if hint >= (call.opts.base or DEFAULT_BASE) then
+      d.hint, d.hint_source = hint, hint_source
+    else
+      d.floor = hint
+    end
+  end
   -- A redirect that was not followed, or a 304, is an answer, not a failure.
   if class == "success" or class ~= "retryable" and status >= 300 and status < 400 then
     d.action = "return"
