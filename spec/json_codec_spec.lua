@@ -246,7 +246,8 @@ describe("JSON encoded by ratewise", function()
     assert.same({ ["0"] = "z", ["1.5"] = "h" }, json.decode(encode { [0] = "z", [1.5] = "h" }))
     assert.error_matches(function() encode { 1, nil, nil, nil, nil, nil, nil, nil, nil, nil, 2 } end,
       "a sparse array %(2 values up to index 11%)")
-    assert.error_matches(function() encode { [true] = 1 } end, "a table key that is a boolean, not a string or a number")
+    assert.error_matches(function() encode { [true] = 1 } end,
+      "a table key that is a boolean, not a string or a number")
   end)
 
   it("escapes what JSON must, writes / and UTF-8 as they are", function()
