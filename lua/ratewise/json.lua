@@ -130,60 +130,76 @@ function json.number_text(n)
   return codec.number_text(n)
 end
 
--- Numbers no larger than this are exact in a double, so that a whole one
--- was an integer in the text (or written as 3.0, which JSON does not tell
--- apart from 3).
+-- Whole numbers below this are exact in a double, so that a whole one was
+-- that integer in the text (or written as 3.0, which JSON does not tell
+-- apart from 3); 2^53 itself may be 2^53 + 1 rounded.
 local EXACT = 2 ^ 53
 
+-- Whole numbers from 2^53 and below 2^63: a Lua integer holds them
+-- exactly where a double (lua-cjson reads doubles) may have rounded them.
+local INT64 = 2 ^ 63
+
 -- What lua-cjson or a host's codec decoded, made what the pure decoder
--- gives: on Lua 5.3 and later the whole numbers within ±2^53 become
+-- gives: on Lua 5.3 and later the whole numbers below ±2^53 become
 -- integers again (lua-cjson 2.1 reads every number as a float), so that an
 -- id prints as 3, not 3.0, and indexes a table as 3 does; a host's null
--- becomes rw.null.
+-- becomes rw.null. The second answer: a whole number from 2^53 that fits a
+-- Lua integer was met, which the double may have rounded.
 local function normalized(value, host_null)
-  if value == host_null and host_null ~= nil then return json.null end
+  if value == host_null and host_null ~= nil then return json.null, false end
   local t = type(value)
   if t == "number" then
-    if math_type and math_type(value) == "float" and value % 1 == 0 and value >= -EXACT and value <= EXACT then
-      return tointeger(value)
+    if math_type and math_type(value) == "float" and value % 1 == 0 then
+      if value > -EXACT and value < EXACT then return tointeger(value), false end
+      return value, value > -INT64 and value < INT64
     end
-    return value
-  end
-  if t == "table" then
+  elseif t == "table" then
+    local rounded = false
     for k, v in pairs(value) do
-      -- (3.0 == 3: a float is replaced whatever == says)
-      if type(v) ~= "string" and type(v) ~= "boolean" then value[k] = normalized(v, host_null) end
+      local tv = type(v)
+      if tv == "table" or (host_null ~= nil and v == host_null) then
+        local normal, deep = normalized(v, host_null)
+        value[k] = normal
+        rounded = rounded or deep
+      elseif tv == "number" and math_type and math_type(v) == "float" and v % 1 == 0 then
+        if v > -EXACT and v < EXACT then
+          value[k] = tointeger(v)
+        elseif v > -INT64 and v < INT64 then
+          rounded = true
+        end
+      end
     end
+    return value, rounded
   end
-  return value
+  return value, false
 end
-
--- On Lua 5.3 and later, an integer literal of 16 digits or more may be
--- past 2^53, which lua-cjson would round (it reads doubles): such text
--- goes to the pure decoder, which reads 64-bit integers exactly.
-local LONG_INTEGER = "%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d"
 
 --- value | nil, err = json.decode(text): a body that is not JSON is a
 -- runtime failure (the server's doing), answered, not raised.
 function json.decode(text)
   if cjson_decoder == nil then load_cjson() end
-  local exact_here = not (math_type and type(text) == "string" and find(text, LONG_INTEGER))
   local value, err, host_null
-  if cjson_decoder and exact_here then
+  if cjson_decoder then
     value, err = cjson_decoder.decode(text)
-  elseif fallback and exact_here then
+  elseif fallback then
     value, err = fallback.decode(text)
     host_null = fallback.null
-  else
-    local codec, why_not = pure, nil
-    if not codec then codec, why_not = load_pure() end
-    if not codec then return nil, "not decoded: " .. why_not end
-    value, err = codec.decode(text, json.null)
-    if value == nil then return nil, "not valid JSON: " .. err end
-    return value
   end
-  if value == nil then return nil, "not valid JSON: " .. tostring(err) end
-  if math_type or host_null ~= nil then value = normalized(value, host_null) end
+  if value ~= nil then
+    if not math_type and host_null == nil then return value end
+    local rounded
+    value, rounded = normalized(value, host_null)
+    if not rounded then return value end
+    -- (Lua 5.3 and later) an integer the double may have rounded: the
+    -- pure decoder reads it exactly
+  elseif err ~= nil then
+    return nil, "not valid JSON: " .. tostring(err)
+  end
+  local codec, why_not = pure, nil
+  if not codec then codec, why_not = load_pure() end
+  if not codec then return nil, "not decoded: " .. why_not end
+  value, err = codec.decode(text, json.null)
+  if value == nil then return nil, "not valid JSON: " .. err end
   return value
 end
 

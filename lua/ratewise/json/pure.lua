@@ -302,9 +302,9 @@ function pure.decode(text, null)
 end
 
 ---------------------------------------------------------------------------
--- Encoding. Each writer appends to the state's buffer and answers nothing,
--- or why the value cannot be written (the writers return rather than raise,
--- so that no pcall is needed around them).
+-- Encoding. Each writer appends to buf after index n and answers the new n,
+-- or nil once state.why says why the value cannot be written (the writers
+-- return rather than raise, so that no pcall is needed around them).
 
 local ESCAPES = { ['"'] = '\\"', ["\\"] = "\\\\", ["\b"] = "\\b", ["\f"] = "\\f", ["\n"] = "\\n", ["\r"] = "\\r",
   ["\t"] = "\\t" }
@@ -316,6 +316,7 @@ end
 -- Where the value being written is, as a path from the top (.name[2]),
 -- for an error message.
 local function where(state, depth)
+  if depth == 0 then return "" end
   local path = {}
   for level = 1, depth do
     local key = state.keys[level]
@@ -327,21 +328,22 @@ local function where(state, depth)
       path[level] = "[" .. tostring(key) .. "]"
     end
   end
-  if depth == 0 then return "" end
   return " (at " .. concat(path) .. ")"
 end
 
-local function write_string(state, s, depth)
-  if find(s, "[\128-\255]") and invalid_utf8_at(s) then
-    return "a string that is not UTF-8" .. where(state, depth)
-  end
-  local n = state.n + 1
-  if find(s, '[%z\1-\31"\\]') then s = gsub(s, '[%z\1-\31"\\]', ESCAPES) end
-  state.buf[n] = '"' .. s .. '"'
-  state.n = n
+local function refuse(state, depth, what)
+  state.why = what .. where(state, depth)
+  return nil
 end
 
-local write_value -- (state, value, depth) -> nil | why
+local function write_string(s, buf, n, depth, state)
+  if find(s, "[\128-\255]") and invalid_utf8_at(s) then return refuse(state, depth, "a string that is not UTF-8") end
+  if find(s, '[%z\1-\31"\\]') then s = gsub(s, '[%z\1-\31"\\]', ESCAPES) end
+  buf[n + 1], buf[n + 2], buf[n + 3] = '"', s, '"'
+  return n + 3
+end
+
+local write_value -- (v, buf, n, depth, state) -> n | nil
 
 -- The array's length when t is one as lua-cjson decides (every key a whole
 -- number from 1, holes no more than half of it beyond the first ten, which
@@ -360,94 +362,100 @@ local function array_length(t)
   return max
 end
 
-local function write_table(state, t, depth)
-  if state.open[t] then return "a table that contains itself" .. where(state, depth) end
-  if depth >= pure.MAX_DEPTH then return format("nesting deeper than %d levels", pure.MAX_DEPTH) end
-  local length, sparse = array_length(t)
-  if length == nil then return sparse .. where(state, depth) end
-  state.open[t] = true
-  local buf, keys, inner = state.buf, state.keys, depth + 1
-  if length and length > 0 then
-    state.n = state.n + 1
-    buf[state.n] = "["
-    for i = 1, length do
-      if i > 1 then
-        state.n = state.n + 1
-        buf[state.n] = ","
+local function write_members(t, buf, n, depth, state)
+  local keys, inner = state.keys, depth + 1
+  local sep = "{"
+  for k, v in pairs(t) do
+    keys[inner] = k
+    local tk = type(k)
+    if tk == "string" then
+      buf[n + 1] = sep
+      n = write_string(k, buf, n + 1, inner, state)
+      if not n then return nil end
+    elseif tk == "number" then
+      local text = number_text(k)
+      if not text then
+        return refuse(state, depth, format("a table key that is not a finite number (%s)", tostring(k)))
       end
-      keys[inner] = i
-      local v = t[i]
-      local why
-      if v == nil then
-        state.n = state.n + 1
-        buf[state.n] = "null"
-      else
-        why = write_value(state, v, inner)
-      end
-      if why then return why end
+      buf[n + 1], buf[n + 2] = sep, '"' .. text .. '"'
+      n = n + 2
+    else
+      return refuse(state, depth, format("a table key that is a %s, not a string or a number", tk))
     end
-    state.n = state.n + 1
-    buf[state.n] = "]"
-  else
-    -- An empty table is {} as lua-cjson writes it: Lua cannot tell an empty
-    -- array from an empty object.
-    state.n = state.n + 1
-    buf[state.n] = "{"
-    local first = true
-    for k, v in pairs(t) do
-      if not first then
-        state.n = state.n + 1
-        buf[state.n] = ","
-      end
-      first = false
-      keys[inner] = k
-      local tk, why = type(k), nil
-      if tk == "string" then
-        why = write_string(state, k, inner)
-      elseif tk == "number" then
-        local text = number_text(k)
-        if not text then
-          return format("a table key that is not a finite number (%s)", tostring(k)) .. where(state, depth)
-        end
-        state.n = state.n + 1
-        buf[state.n] = '"' .. text .. '"'
-      else
-        why = format("a table key that is a %s, not a string or a number", tk) .. where(state, depth)
-      end
-      if why then return why end
-      state.n = state.n + 1
-      buf[state.n] = ":"
-      why = write_value(state, v, inner)
-      if why then return why end
-    end
-    state.n = state.n + 1
-    buf[state.n] = "}"
+    buf[n + 1] = ":"
+    n = write_value(v, buf, n + 1, inner, state)
+    if not n then return nil end
+    sep = ","
   end
-  state.open[t] = nil
+  -- An empty table is {} as lua-cjson writes it: Lua cannot tell an empty
+  -- array from an empty object.
+  if sep == "{" then
+    buf[n + 1], buf[n + 2] = "{", "}"
+    return n + 2
+  end
+  buf[n + 1] = "}"
+  return n + 1
 end
 
-function write_value(state, v, depth)
+local function write_table(t, buf, n, depth, state)
+  local open = state.open
+  if open[t] then return refuse(state, depth, "a table that contains itself") end
+  if depth >= pure.MAX_DEPTH then
+    state.why = format("nesting deeper than %d levels", pure.MAX_DEPTH)
+    return nil
+  end
+  local length, sparse = array_length(t)
+  if length == nil then return refuse(state, depth, sparse) end
+  open[t] = true
+  if length and length > 0 then
+    local keys, inner = state.keys, depth + 1
+    local sep = "["
+    for i = 1, length do
+      buf[n + 1] = sep
+      n = n + 1
+      keys[inner] = i
+      local v = t[i]
+      if v == nil then
+        n = n + 1
+        buf[n] = "null"
+      else
+        n = write_value(v, buf, n, inner, state)
+        if not n then return nil end
+      end
+      sep = ","
+    end
+    n = n + 1
+    buf[n] = "]"
+  else
+    n = write_members(t, buf, n, depth, state)
+    if not n then return nil end
+  end
+  open[t] = nil
+  return n
+end
+
+function write_value(v, buf, n, depth, state)
   local t = type(v)
-  if t == "string" then return write_string(state, v, depth) end
+  if t == "string" then return write_string(v, buf, n, depth, state) end
   local text
-  if v == state.also_null and v ~= nil then
-    text = "null"
-  elseif t == "table" then
-    return write_table(state, v, depth)
-  elseif t == "number" then
+  if t == "number" then
     text = number_text(v)
     if not text then
-      return (v ~= v and "NaN" or "an infinity") .. ", which JSON has no number for" .. where(state, depth)
+      return refuse(state, depth, (v ~= v and "NaN" or "an infinity") .. ", which JSON has no number for")
     end
+  elseif v == state.also_null and v ~= nil then
+    text = "null"
+  elseif t == "table" then
+    return write_table(v, buf, n, depth, state)
   elseif t == "boolean" then
     text = v and "true" or "false"
   elseif v == state.null then
     text = "null"
   else
-    return format("a %s, which JSON has no value for", t) .. where(state, depth)
+    return refuse(state, depth, format("a %s, which JSON has no value for", t))
   end
-  state.n = state.n + 1
-  state.buf[state.n] = text
+  buf[n + 1] = text
+  return n + 1
 end
 
 --- text | nil, why = pure.encode(value, null [, also_null]): value as JSON
@@ -455,10 +463,13 @@ end
 -- as null; why names what cannot be written (a function, NaN, a cycle, a
 -- sparse array, a string that is not UTF-8) and where it is.
 function pure.encode(value, null, also_null)
-  local state = { buf = {}, n = 0, open = {}, keys = {}, null = null, also_null = also_null }
-  local why = write_value(state, value, 0)
-  if why then return nil, why end
-  return concat(state.buf, "", 1, state.n)
+  local t = type(value)
+  if t == "string" and not find(value, '[%z\1-\31"\\\128-\255]') then return '"' .. value .. '"' end
+  local state = { open = {}, keys = {}, null = null, also_null = also_null }
+  local buf = {}
+  local n = write_value(value, buf, 0, 0, state)
+  if not n then return nil, state.why end
+  return concat(buf, "", 1, n)
 end
 
 return pure
