@@ -250,9 +250,10 @@ describe("JSON encoded by ratewise", function()
       "a table key that is a boolean, not a string or a number")
   end)
 
-  it("escapes what JSON must, writes / and UTF-8 as they are", function()
-    assert.equal('"a\\"b\\\\c\\n\\r\\t\\b\\f\\u0001\\u001f\127/é😀"',
+  it("escapes what JSON must (and DEL, as lua-cjson does), writes / and UTF-8 as they are", function()
+    assert.equal('"a\\"b\\\\c\\n\\r\\t\\b\\f\\u0001\\u001f\\u007f/é😀"',
       encode 'a"b\\c\n\r\t\b\f\1\31\127/é😀')
+    assert.equal('"\\u007f"', encode "\127")
     assert.equal('"\\u0000"', encode "\0")
     assert.error_matches(function() encode { name = "caf\233" } end,
       "a string that is not UTF%-8 %(at %.name%)")
@@ -281,6 +282,65 @@ describe("JSON encoded by ratewise", function()
     assert.equal(string.rep("[", 999) .. "{}" .. string.rep("]", 999), encode(deep))
     at[1] = {}
     assert.error_matches(function() encode(deep) end, "nesting deeper than 1000 levels")
+  end)
+
+  -- lua-cjson writes a value where it writes it as the pure encoder does
+  -- (json.lua, cjson_writes_alike): the same bytes either way, and each
+  -- value here goes the way it says. A fresh copy of ratewise.json over a
+  -- lua-cjson whose encoder counts its calls.
+  it("gives the pure encoder's bytes when lua-cjson writes a value, and lets lua-cjson write only those", function()
+    local real = require "cjson.safe"
+    local encoded = 0
+    local counting = { new = function()
+      local instance = real.new()
+      return setmetatable({ encode = function(v)
+        encoded = encoded + 1
+        return instance.encode(v)
+      end }, { __index = instance })
+    end }
+    local saved = { package.loaded["ratewise.json"], package.loaded["cjson.safe"] }
+    package.loaded["ratewise.json"], package.loaded["cjson.safe"] = nil, counting
+    local ok, err = pcall(function()
+      local fresh = require "ratewise.json"
+      local by_cjson = {
+        { model = "m", max_tokens = 16, temperature = 0.7, messages = { { role = "user", content = "Say ok." } } },
+        { url = "https://example.com/a/b", slashes = "\\/\\\\/", quote = 'say "hi"\n\t', ctl = "\1\31\127" },
+        { 1, 2, 3, 99999999999999, -99999999999999, 0.5, -0.0, 1e-7, true, false, rw.null },
+        { [0] = "z", [2.5] = "h", empty = {}, list = { 1, nil, 3 } },
+        "a/b", 42, rw.null,
+      }
+      local by_pure = {
+        { id = 1234567890123456 }, { ratio = 1 / 3 }, { 1e14 }, { 1e300 },
+      }
+      for _, v in ipairs(by_cjson) do
+        local before = encoded
+        local text = fresh.encode(v, "spec")
+        assert.equal(before + 1, encoded, text)
+        assert.equal(pure.encode(v, rw.null), text)
+      end
+      for _, v in ipairs(by_pure) do
+        local before = encoded
+        local text = fresh.encode(v, "spec")
+        assert.equal(before, encoded, text)
+        assert.equal(pure.encode(v, rw.null), text)
+      end
+      -- beyond ASCII (lua-cjson's text is looked at for it), the pure
+      -- encoder's text, which checks UTF-8
+      for _, v in ipairs { { name = "ünï" }, { ["é"] = 1 }, "😀 / ok" } do
+        assert.equal(pure.encode(v, rw.null), fresh.encode(v, "spec"))
+      end
+      assert.error_matches(function() fresh.encode({ name = "caf\233" }, "spec") end, "not UTF%-8 %(at %.name%)")
+      -- a host's null is the pure encoder's to write
+      fresh.set_fallback { null = HOST_NULL, decode = function() end }
+      local before = encoded
+      assert.equal('{"host":null}', fresh.encode({ host = HOST_NULL }, "spec"))
+      assert.equal(before, encoded)
+      -- what lua-cjson refuses, the pure encoder names
+      assert.error_matches(function() fresh.encode({ 1, nil, nil, nil, nil, nil, nil, nil, nil, nil, 2 }, "spec") end,
+        "a sparse array %(2 values up to index 11%)")
+    end)
+    package.loaded["ratewise.json"], package.loaded["cjson.safe"] = saved[1], saved[2]
+    assert(ok, err)
   end)
 
   it("reads back what it wrote, whichever codec reads", function()

@@ -9,7 +9,8 @@
 local compat = require "ratewise.compat"
 local core = require "ratewise.core"
 
-local format, find, tostring, type, pairs, pcall = string.format, string.find, tostring, type, pairs, pcall
+local format, find, gsub, sub = string.format, string.find, string.gsub, string.sub
+local tostring, tonumber, type, pairs, pcall = tostring, tonumber, type, pairs, pcall
 local math_type, tointeger = compat.math_type, compat.tointeger -- nil before Lua 5.3
 
 local json = {}
@@ -23,11 +24,11 @@ json.null = core.null
 -- compile it).
 local pure
 
--- lua-cjson's decoder (an instance of its own, so that a program's
--- settings of the shared cjson do not change what ratewise accepts), false
+-- lua-cjson (an instance of its own, so that a program's settings of the
+-- shared cjson do not change what ratewise accepts or writes), false
 -- once it could not be loaded: the pure decoder then reads everything, as
 -- well, and a package search at every call would only slow it down.
-local cjson_decoder
+local cjson_codec
 local fallback -- json.set_fallback
 
 -- Why no file can be opened when the process has no descriptor left (nil
@@ -67,7 +68,7 @@ local function load_cjson()
     -- Strict as RFC 8259: no NaN, Infinity or hexadecimal numbers, which
     -- lua-cjson 2.1 accepts unless told.
     decoder.decode_invalid_numbers(false)
-    cjson_decoder = decoder
+    cjson_codec = decoder
     return
   end
   -- Lua 5.1 and LuaJIT leave a marker in package.loaded for a module whose
@@ -78,7 +79,7 @@ local function load_cjson()
   if type(loaded.cjson) ~= "table" then loaded.cjson = nil end
   if type(loaded["cjson.safe"]) ~= "table" then loaded["cjson.safe"] = nil end
   -- Not found for want of descriptors is asked again at the next call.
-  if not out_of_descriptors() then cjson_decoder = false end
+  if not out_of_descriptors() then cjson_codec = false end
 end
 
 --- true | nil, why = json.load(): loads what encoding and decoding use now;
@@ -86,7 +87,7 @@ end
 -- is a JSON line) asks at its start, before its own work takes the
 -- descriptors that loading a module needs.
 function json.load()
-  if cjson_decoder == nil then load_cjson() end
+  if cjson_codec == nil then load_cjson() end
   local loaded, why = load_pure()
   if not loaded then return nil, why end
   return true
@@ -108,10 +109,75 @@ function json.set_fallback(given)
   }
 end
 
+-- The testing aid RATEWISE_FAST_PATHS=off (fetch/cache.lua's) turns the
+-- lua-cjson encoding below off too, so that every value goes through the
+-- pure encoder (spec/json_codec_spec.lua, make bench-fast-paths).
+local getenv = os.getenv
+local cjson_encodes = not (getenv and getenv("RATEWISE_FAST_PATHS") == "off")
+
+-- Nesting past this is left to the pure encoder, which finds a cycle and
+-- names where it is.
+local CJSON_DEPTH = 16
+
+-- Whole numbers below this (in magnitude) lua-cjson writes with all their
+-- digits: it writes numbers as "%.14g".
+local CJSON_DIGITS = 1e14
+
+-- Whether lua-cjson writes v as the pure encoder does: every number exact
+-- in lua-cjson's 14 digits, no null but rw.null (host_null, a host's, is
+-- the pure encoder's to write), nesting shallow. Its strings must be ASCII
+-- too (the pure encoder checks UTF-8), which json.encode sees in the text;
+-- lua-cjson's "\/" for "/" is undone there. A value this answers no for
+-- goes to the pure encoder, which writes it, or names what cannot be.
+local function cjson_writes_alike(v, depth, host_null)
+  local t = type(v)
+  if t == "string" then return true end
+  if t == "number" then
+    if v % 1 == 0 then return v > -CJSON_DIGITS and v < CJSON_DIGITS end
+    -- (NaN and the infinities fail here: lua-cjson refuses them too, but
+    -- the pure encoder's error names where they are)
+    return v == v and tonumber(format("%.14g", v)) == v
+  end
+  if t == "table" then
+    if depth >= CJSON_DEPTH or v == host_null then return false end
+    local inner = depth + 1
+    for k, x in pairs(v) do
+      -- (strings are looked at in lua-cjson's text, at once: json.encode)
+      if type(k) ~= "string" and not cjson_writes_alike(k, inner, host_null) then return false end
+      if type(x) ~= "string" and not cjson_writes_alike(x, inner, host_null) then return false end
+    end
+    return true
+  end
+  return t == "boolean" or v == json.null
+end
+
+-- lua-cjson escapes "/" as "\/", which the pure encoder (and a reader of
+-- the command's output, grepping for a URL) does not: a run of
+-- backslashes before "/" that is odd ends in that escape.
+local function unescape_slash(backslashes)
+  if #backslashes % 2 == 1 then return sub(backslashes, 2) .. "/" end
+  return nil
+end
+
 --- text = json.encode(value, who [, level]): raises, naming `who` (for
 -- example "fetch: option 'json'"), when the value cannot be written as JSON
 -- (a function, NaN, a sparse array, a cycle, a string that is not UTF-8).
+-- lua-cjson writes it where it writes it as the pure encoder would (C: a
+-- request's body is encoded at each call), the pure encoder otherwise.
 function json.encode(value, who, level)
+  if cjson_encodes then
+    if cjson_codec == nil then load_cjson() end
+    local host_null = fallback and fallback.null
+    if cjson_codec and cjson_writes_alike(value, 0, host_null) then
+      local text = cjson_codec.encode(value)
+      -- (a byte past ASCII: the pure encoder checks that it is UTF-8)
+      if text and not find(text, "[\128-\255]") then
+        if find(text, "\\/", 1, true) then text = gsub(text, "(\\+)/", unescape_slash) end
+        return text
+      end
+      -- (a sparse array: the pure encoder names it)
+    end
+  end
   local codec, why_not = pure, nil
   if not codec then codec, why_not = load_pure() end
   if not codec then error(format("%s cannot be encoded as JSON: %s", who, why_not), (level or 1) + 1) end
@@ -177,10 +243,10 @@ end
 --- value | nil, err = json.decode(text): a body that is not JSON is a
 -- runtime failure (the server's doing), answered, not raised.
 function json.decode(text)
-  if cjson_decoder == nil then load_cjson() end
+  if cjson_codec == nil then load_cjson() end
   local value, err, host_null
-  if cjson_decoder then
-    value, err = cjson_decoder.decode(text)
+  if cjson_codec then
+    value, err = cjson_codec.decode(text)
   elseif fallback then
     value, err = fallback.decode(text)
     host_null = fallback.null

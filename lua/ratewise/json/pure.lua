@@ -308,6 +308,8 @@ end
 
 local ESCAPES = { ['"'] = '\\"', ["\\"] = "\\\\", ["\b"] = "\\b", ["\f"] = "\\f", ["\n"] = "\\n", ["\r"] = "\\r",
   ["\t"] = "\\t" }
+-- (DEL as lua-cjson writes it, so that both write the same bytes)
+ESCAPES["\127"] = "\\u007f"
 for code = 0, 31 do
   local c = char(code)
   ESCAPES[c] = ESCAPES[c] or format("\\u%04x", code)
@@ -338,7 +340,7 @@ end
 
 local function write_string(s, buf, n, depth, state)
   if find(s, "[\128-\255]") and invalid_utf8_at(s) then return refuse(state, depth, "a string that is not UTF-8") end
-  if find(s, '[%z\1-\31"\\]') then s = gsub(s, '[%z\1-\31"\\]', ESCAPES) end
+  if find(s, '[%z\1-\31"\\\127]') then s = gsub(s, '[%z\1-\31"\\\127]', ESCAPES) end
   buf[n + 1], buf[n + 2], buf[n + 3] = '"', s, '"'
   return n + 3
 end
@@ -464,7 +466,7 @@ end
 -- sparse array, a string that is not UTF-8) and where it is.
 function pure.encode(value, null, also_null)
   local t = type(value)
-  if t == "string" and not find(value, '[%z\1-\31"\\\128-\255]') then return '"' .. value .. '"' end
+  if t == "string" and not find(value, '[%z\1-\31"\\\127-\255]') then return '"' .. value .. '"' end
   local state = { open = {}, keys = {}, null = null, also_null = also_null }
   local buf = {}
   local n = write_value(value, buf, 0, 0, state)
