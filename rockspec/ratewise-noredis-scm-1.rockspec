@@ -16,8 +16,8 @@ keeps a client-side token bucket. A C core on libcurl; the waiting is in Lua.
 ]],
    license = "MIT",
 }
--- lua-cjson is needed by the JSON features only (the json option,
--- res:json()); ratewise loads it on first use. Debian's lua-cjson package is
+-- lua-cjson makes res:json() fast (ratewise loads it on first use); without
+-- it ratewise reads JSON with its own pure-Lua decoder. Debian's lua-cjson package is
 -- not a rock luarocks can see, so an offline install from this tree passes
 -- --deps-mode=none (as `make install` does) and relies on that package.
 dependencies = {
@@ -45,7 +45,7 @@ build = {
    -- The Lua modules need no list: builtin copies the top-level lua/ folder,
    -- whose paths mirror the module names (ratewise/init.lua, ratewise/*.lua,
    -- ratewise/providers/*.lua, ratewise/hosts/*.lua, ratewise/cli/*.lua,
-   -- ratewise/fetch/*.lua).
+   -- ratewise/fetch/*.lua, ratewise/json/pure.lua).
    modules = {
       ["ratewise.core"] = {
          sources = { "src/bucket.c", "src/buf.c", "src/core.c", "src/decode.c", "src/digest.c", "src/engine.c", "src/gate.c", "src/lparse.c", "src/options.c", "src/parse.c",

@@ -224,67 +224,85 @@ describe("json and query options", function()
   describe("json.encode", function()
     local json = require "ratewise.json"
 
-    -- Runs check(json) on a fresh copy of ratewise.json that cannot load
-    -- lua-cjson, as on a host without it (Neovim plugs in vim.json there).
-    local function without_cjson(check)
-      local saved = { package.loaded["ratewise.json"], package.loaded.cjson, package.loaded["cjson.safe"],
-        package.preload.cjson }
-      package.loaded["ratewise.json"], package.loaded.cjson, package.loaded["cjson.safe"] = nil, nil, nil
-      package.preload.cjson = function() error("module 'cjson' not found:\n\thidden by the spec", 0) end
-      local ok, err = pcall(function() check(require "ratewise.json") end)
-      package.loaded["ratewise.json"], package.loaded.cjson, package.loaded["cjson.safe"], package.preload.cjson =
-        saved[1], saved[2], saved[3], saved[4]
-      assert(ok, err)
-    end
-
-    it("names who asked and what lua-cjson found wrong, and nothing else", function()
+    it("names who asked and what cannot be written, and nothing else", function()
       local ok, err = pcall(json.encode, { f = print }, "fetch: option 'json'")
       assert.is_false(ok)
-      assert.equal("fetch: option 'json' cannot be encoded as JSON: Cannot serialise function: type not supported",
+      assert.equal("fetch: option 'json' cannot be encoded as JSON: a function, which JSON has no value for (at .f)",
         err:gsub("^.-:%d+: ", ""))
       ok, err = pcall(json.encode, { 0 / 0 }, "client:request: option 'json'")
       assert.is_false(ok)
-      assert.equal("client:request: option 'json' cannot be encoded as JSON: Cannot serialise number: must not be "
-        .. "NaN or Inf", err:gsub("^.-:%d+: ", ""))
+      assert.equal("client:request: option 'json' cannot be encoded as JSON: NaN, which JSON has no number for "
+        .. "(at [1])", err:gsub("^.-:%d+: ", ""))
       assert.equal('{"a":[1,2]}', json.encode({ a = { 1, 2 } }, "x"))
     end)
+  end)
 
-    it("encodes with a plugged-in codec, its errors told as lua-cjson's are", function()
-      without_cjson(function(fresh)
-        fresh.set_fallback {
-          encode = function(v)
-            if type(v.bad) == "function" then error("cannot encode a function", 1) end
-            return "encoded"
-          end,
-          decode = function() return {} end,
-        }
-        assert.equal("encoded", fresh.encode({ a = 1 }, "x"))
-        local ok, err = pcall(fresh.encode, { bad = print }, "fetch: option 'json'")
-        assert.is_false(ok)
-        assert.equal("fetch: option 'json' cannot be encoded as JSON: cannot encode a function",
-          err:gsub("^.-:%d+: ", ""))
-      end)
+  describe("exact numbers, rw.null and no lua-cjson", function()
+    it("sends whole numbers with all their digits, other numbers so that they read back the same", function()
+      assert(rw.fetch(s.base .. "/echo", { json = { order_id = 1234567890123456 }, on_retry = false }))
+      assert.equal('{"order_id":1234567890123456}', s:log("/echo")[1].body)
+      assert(rw.fetch(s.base .. "/echo", { json = { 9007199254740992, 0.1, 1 / 3, 1e15, -2.5e-8 }, on_retry = false }))
+      assert.equal("[9007199254740992,0.1,0.3333333333333333,1000000000000000,-2.5e-08]", s:log("/echo")[2].body)
+      local c = rw.client { base_url = s.base, on_retry = false }
+      assert(c:post("/echo", { json = { amount = 4.35, id = 1234567890123456 }, idempotency_key = "k" }))
+      assert.same({ amount = 4.35, id = 1234567890123456 }, cjson.decode(s:log("/echo")[3].body))
+      assert.matches('"id":1234567890123456[,}]', s:log("/echo")[3].body)
+      assert.matches('"amount":4.35[,}]', s:log("/echo")[3].body)
+      if integers then
+        assert(rw.fetch(s.base .. "/echo", { json = { math.maxinteger, math.mininteger }, on_retry = false }))
+        assert.equal("[9223372036854775807,-9223372036854775808]", s:log("/echo")[4].body)
+      end
     end)
 
-    it("finds lua-cjson installed after a call that could not (a later package.path)", function()
-      without_cjson(function(fresh)
-        assert.is_nil(fresh.load())
-        assert.has_error(function() fresh.encode({ a = 1 }, "x") end)
-        package.preload.cjson = nil -- now require finds the real one
-        assert.is_true(fresh.load())
-        assert.equal('{"a":1}', fresh.encode({ a = 1 }, "x"))
-        assert.same({ a = 1 }, fresh.decode('{"a":1}'))
-      end)
+    it("puts numbers in the query with all their digits", function()
+      assert(rw.fetch(s.base .. "/echo", { on_retry = false,
+        query = { id = 1234567890123456, r = 1 / 3, big = 2 ^ 53, ids = { 1234567890123457, 0.1 } } }))
+      assert.equal("big=9007199254740992&id=1234567890123456&ids=1234567890123457&ids=0.1&r=0.3333333333333333",
+        s:log("/echo")[1].query)
     end)
 
-    it("says how to install lua-cjson when it is missing and no codec is plugged in", function()
-      without_cjson(function(fresh)
-        local ok, err = pcall(fresh.encode, {}, "fetch: option 'json'")
-        assert.is_false(ok)
-        assert.equal("fetch: option 'json' needs lua-cjson, which cannot be loaded (module 'cjson' not found): "
-          .. "install the Debian package lua-cjson (apt-get install lua-cjson) or the rock lua-cjson "
-          .. "(luarocks install lua-cjson)", err:gsub("^.-:%d+: ", ""))
-      end)
+    it("writes rw.null as null, and / as it is", function()
+      assert(rw.fetch(s.base .. "/echo", { json = { { url = "https://x/y", none = rw.null } }, on_retry = false }))
+      local body = s:log("/echo")[1].body
+      assert.is_nil(body:find("\\/"), body)
+      local sent = cjson.decode(body)
+      assert.equal("https://x/y", sent[1].url)
+      assert.equal(cjson.null, sent[1].none)
+    end)
+
+    it("answers a JSON null as rw.null, and integers past 2^53 exactly on Lua 5.3 and later", function()
+      s:script("/j", { { status = 200, body = '{"none": null, "list": [null, 1], "id": 9007199254740993}' } })
+      local v = assert(assert(rw.fetch(s.base .. "/j", { on_retry = false })):json())
+      assert.equal(rw.null, v.none)
+      assert.equal(rw.null, v.list[1])
+      if integers then
+        assert.equal("integer", math.type(v.id))
+        assert.equal("9007199254740993", string.format("%d", v.id))
+      end
+    end)
+
+    it("reads and writes JSON where lua-cjson cannot be loaded, with ratewise's own codec", function()
+      s:script("/j", { { status = 200, body = '{"none": null, "id": 1234567890123456, "s": "\\u00e9/"}' } })
+      s:script("/bad", { { status = 200, body = "<html>" } })
+      local out, code = subprocess.run_lua([[
+        package.preload.cjson = function() error("module 'cjson' not found: hidden by the spec", 0) end
+        package.preload["cjson.safe"] = package.preload.cjson
+        local rw = require "ratewise"
+        local base = ]] .. string.format("%q", s.base) .. [[
+        local v = assert(assert(rw.fetch(base .. "/j", { on_retry = false })):json())
+        print("decoded", v.none == rw.null, string.format("%.0f", v.id), v.s)
+        local bad, why = assert(rw.fetch(base .. "/bad", { on_retry = false })):json()
+        print("refused", bad, why)
+        assert(rw.fetch(base .. "/echo", { json = { id = 1234567890123456, none = rw.null }, on_retry = false }))
+        print("cjson", package.loaded.cjson, package.loaded["cjson.safe"])
+      ]])
+      assert.equal(0, code, out)
+      assert.matches("decoded\ttrue\t1234567890123456\té/\n", out)
+      assert.matches("refused\tnil\tresponse body is not valid JSON: expected a JSON value but found '<' at line 1, "
+        .. "column 1 (byte 1)", out, 1, true)
+      assert.matches("cjson\tnil\tnil", out)
+      assert.same({ id = 1234567890123456, none = cjson.null }, cjson.decode(s:log("/echo")[1].body))
+      assert.matches('"id":1234567890123456', s:log("/echo")[1].body)
     end)
   end)
 end)

@@ -330,4 +330,26 @@ describe("ratewise in Neovim", function()
     assert.equal("nil", broken[1])
     assert.matches("^response_body_is_not_valid_JSON:_Expected_object_key_string", broken[2])
   end)
+
+  it("answers a JSON null as rw.null whether lua-cjson or vim.json read it, and writes vim.NIL as null", function()
+    local body = '{"a": null, "list": [null, 2]}'
+    s:script("/nulls", { { status = 200, body = body }, { status = 200, body = body } })
+    -- first with lua-cjson, then in a Neovim where it cannot be loaded
+    for _, hide in ipairs { "", 'package.cpath = ""\n' } do
+      local out, err, code = run(hide .. ([[
+        local rw = require "ratewise"
+        rw.spawn(function()
+          local v = assert(assert(rw.fetch("%s/nulls")):json())
+          say("read", tostring(package.loaded["cjson.safe"] ~= nil), tostring(v.a == rw.null),
+            tostring(v.list[1] == rw.null), tostring(v.a == vim.NIL), #v.list)
+          local res = assert(rw.fetch("%s/echo", { json = { vim.NIL, rw.null, 1234567890123456 } }))
+          say("sent", assert(res:json()).body)
+          finish()
+        end)
+      ]]):format(s.base, s.base))
+      check_exit(out, err, code)
+      assert.same({ { tostring(hide == ""), "true", "true", "false", "2" } }, said(out, "read"))
+      assert.same({ { "[null,null,1234567890123456]" } }, said(out, "sent"))
+    end
+  end)
 end)

@@ -321,6 +321,10 @@ int luaopen_ratewise_core(lua_State *L)
     lua_setfield(L, -2, "version");
     lua_pushstring(L, curl_version());
     lua_setfield(L, -2, "curl_version");
+    /* JSON's null as ratewise gives it (rw.null): the light userdata NULL,
+     * the same value as lua-cjson's cjson.null and OpenResty's ngx.null. */
+    lua_pushlightuserdata(L, NULL);
+    lua_setfield(L, -2, "null");
 #ifdef RW_STACK_CHECK
     core_stack_wrap_all(L);
 #endif

@@ -1,6 +1,7 @@
 -- HTTP header tables: case-insensitive lookup, request header validation,
 -- and keeping secrets out of anything that is printed.
 local core = require "ratewise.core"
+local json = require "ratewise.json"
 
 local lower, find, gsub, sub = string.lower, string.find, string.gsub, string.sub
 local format = string.format
@@ -345,7 +346,8 @@ local function query_value(v, who, key, level)
     if v ~= v or v == math.huge or v == -math.huge then
       error(format("%s: query parameter '%s' is not a finite number (%s)", who, key, tostring(v)), level)
     end
-    return tostring(v)
+    -- all its digits (tostring keeps 14 where numbers are doubles)
+    return json.number_text(v)
   end
   error(format("%s: query parameter '%s' must be a string, a number, a boolean or an array of strings and "
     .. "numbers (got %s)", who, key, t), level)

@@ -24,6 +24,7 @@ local limiters = require "ratewise.limiters"
 local retry_budget = require "ratewise.retry_budget"
 local fetch = require "ratewise.fetch"
 local headers = require "ratewise.headers"
+local json = require "ratewise.json"
 local retry = require "ratewise.retry"
 local policy = require "ratewise.policy"
 local runtime = require "ratewise.runtime"
@@ -98,6 +99,9 @@ local ratewise = {
   semaphore = scheduler.semaphore,
   --- p = rw.policy{classify = fn, delay = fn, observe = fn, prepare = fn}; rw.policy.chain(a, b, ...)
   policy = policy,
+  --- rw.null: a JSON null as res:json() gives it, and what the json option writes as null (the light
+  --- userdata NULL: lua-cjson's cjson.null and OpenResty's ngx.null are the same value)
+  null = json.null,
 }
 
 --- rw.providers.NAME: the built-in provider policies, loaded on first use.

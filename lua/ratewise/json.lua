@@ -1,86 +1,106 @@
--- JSON for requests and responses: lua-cjson, loaded on first use by the
--- features that need it (the `json` option, res:json()), so that
--- require "ratewise" and everything else work without it. Where lua-cjson
--- cannot be loaded, a codec a host plugs in (json.set_fallback: Neovim's
--- vim.json) does the work instead.
+-- JSON for requests and responses (the `json` option, res:json(), the
+-- command's results). Text is written by ratewise's own encoder
+-- (ratewise/json/pure.lua) on every host: numbers exact, rw.null as null.
+-- Text is read by lua-cjson where it loads (C, fast), else by a codec the
+-- host plugs in (json.set_fallback: Neovim's vim.json), else by the
+-- pure-Lua decoder, so that a .love game or a machine without lua-cjson
+-- reads JSON all the same. Whichever reads it, a JSON null is rw.null and
+-- whole numbers are integers on Lua 5.3 and later.
 local compat = require "ratewise.compat"
+local core = require "ratewise.core"
 
-local format, tostring, type, pairs, pcall = string.format, tostring, type, pairs, pcall
+local format, find, gsub, sub = string.format, string.find, string.gsub, string.sub
+local tostring, tonumber, type, pairs, pcall = tostring, tonumber, type, pairs, pcall
 local math_type, tointeger = compat.math_type, compat.tointeger -- nil before Lua 5.3
 
 local json = {}
 
--- The codec: what encodes and decodes, answering nil, err rather than
--- raising (lua-cjson's cjson.safe, or the stand-in of a plugged-in codec).
--- Only a codec that loaded is kept: a module once loaded stays loaded. A
--- failure is never remembered, not even "module 'cjson' not found": that is
--- also what require says when every descriptor is in use (it cannot open the
--- file it looks for), and a later package.path may find it. So each call
--- that finds no codec asks require again.
-local codec
+--- rw.null: what a JSON null decodes to, and what encodes as null: the
+-- light userdata NULL, which is lua-cjson's cjson.null and OpenResty's
+-- ngx.null too.
+json.null = core.null
+
+-- The pure-Lua codec, loaded on first use (require "ratewise" need not
+-- compile it).
+local pure
+
+-- lua-cjson (an instance of its own, so that a program's settings of the
+-- shared cjson do not change what ratewise accepts or writes), false
+-- once it could not be loaded: the pure decoder then reads everything, as
+-- well, and a package search at every call would only slow it down.
+local cjson_codec
 local fallback -- json.set_fallback
 
--- Why lua-cjson did not load: the first line of require's message
--- ("module 'cjson' not found:"), not the list of every path it tried, and
--- what to do about it.
-local function why_not_loaded(err)
-  local why = tostring(err):match("^[^\n]*"):gsub(":$", "")
-  -- A file that cannot be opened for want of descriptors reads as a module
-  -- that is not there: installing lua-cjson would not help.
-  local probe, probe_err = io.open("/dev/null", "rb")
+-- Why no file can be opened when the process has no descriptor left (nil
+-- when one can): require then says "module not found" for a module that
+-- is there, as it cannot open its file.
+local function out_of_descriptors()
+  local probe, err = io.open("/dev/null", "rb")
   if probe then
     probe:close()
-  elseif tostring(probe_err):find("Too many open files", 1, true) then
-    return format("(%s; %s): close some, or raise the limit (ulimit -n)", why, probe_err)
+    return nil
   end
-  return format("(%s): install the Debian package lua-cjson (apt-get install lua-cjson) "
-    .. "or the rock lua-cjson (luarocks install lua-cjson)", why)
+  if find(tostring(err), "Too many open files", 1, true) then return tostring(err) end
+  return nil
 end
 
---- codec | nil, why: the codec, or why lua-cjson cannot be loaded now and
--- what to do.
-local function load_codec()
-  if codec then return codec end
-  local ok, m = pcall(require, "cjson")
-  local ok_safe, m_safe = false, nil
-  if ok then ok_safe, m_safe = pcall(require, "cjson.safe") end
-  if ok and ok_safe then
-    codec = m_safe
-    return codec
+--- codec | nil, why: the pure-Lua codec, or why it cannot be loaded now.
+local function load_pure()
+  if pure then return pure end
+  local ok, m = pcall(require, "ratewise.json.pure")
+  if ok then
+    pure = m
+    return pure
+  end
+  local why = tostring(m):match("^[^\n]*"):gsub(":$", "")
+  local starved = out_of_descriptors()
+  if starved then
+    return nil, format("ratewise's JSON codec cannot be loaded (%s; %s): close some, or raise the limit "
+      .. "(ulimit -n)", why, starved)
+  end
+  return nil, format("ratewise's JSON codec cannot be loaded (%s)", why)
+end
+
+local function load_cjson()
+  local ok, m = pcall(require, "cjson.safe")
+  if ok and type(m) == "table" and type(m.new) == "function" then
+    local decoder = m.new()
+    -- Strict as RFC 8259: no NaN, Infinity or hexadecimal numbers, which
+    -- lua-cjson 2.1 accepts unless told.
+    decoder.decode_invalid_numbers(false)
+    cjson_codec = decoder
+    return
   end
   -- Lua 5.1 and LuaJIT leave a marker in package.loaded for a module whose
   -- loader raised (a light userdata, which LuaJIT shows as a number), and
   -- their require then refuses it for good ("loop or previous error"): it
-  -- goes, so that the next call tries again. lua-cjson is a table.
+  -- goes, so that a later require of lua-cjson may still work.
   local loaded = package.loaded
   if type(loaded.cjson) ~= "table" then loaded.cjson = nil end
   if type(loaded["cjson.safe"]) ~= "table" then loaded["cjson.safe"] = nil end
-  if fallback then return fallback end
-  return nil, why_not_loaded(ok and m_safe or m)
+  -- Not found for want of descriptors is asked again at the next call.
+  if not out_of_descriptors() then cjson_codec = false end
 end
 
---- true | nil, why = json.load(): whether a codec can be had now; a
--- program that will need one later (`ratewise batch`, whose every result
+--- true | nil, why = json.load(): loads what encoding and decoding use now;
+-- a program that will need them later (`ratewise batch`, whose every result
 -- is a JSON line) asks at its start, before its own work takes the
--- descriptors that loading lua-cjson needs.
+-- descriptors that loading a module needs.
 function json.load()
-  local loaded, why = load_codec()
-  if not loaded then return nil, "lua-cjson cannot be loaded " .. why end
+  if cjson_codec == nil then load_cjson() end
+  local loaded, why = load_pure()
+  if not loaded then return nil, why end
   return true
 end
 
---- json.set_fallback{encode = fn, decode = fn}: the codec used where
--- lua-cjson cannot be loaded. encode(value) answers the text and raises on
--- what cannot be encoded; decode(text) answers the value and raises on what
--- is not JSON.
+--- json.set_fallback{decode = fn [, null = value]}: the decoder used where
+-- lua-cjson cannot be loaded. decode(text) answers the value and raises on
+-- what is not JSON; null is the value it gives for a JSON null (Neovim's
+-- vim.NIL), which ratewise answers as rw.null, and writes as null.
 function json.set_fallback(given)
-  local encode, decode = given.encode, given.decode
+  local decode = given.decode
   fallback = {
-    encode = function(value)
-      local ok, text = pcall(encode, value)
-      if ok then return text end
-      return nil, text
-    end,
+    null = given.null,
     decode = function(text)
       local ok, value = pcall(decode, text)
       if ok then return value end
@@ -89,63 +109,163 @@ function json.set_fallback(given)
   }
 end
 
+-- The testing aid RATEWISE_FAST_PATHS=off (fetch/cache.lua's) turns the
+-- lua-cjson encoding below off too, so that every value goes through the
+-- pure encoder (spec/json_codec_spec.lua, make bench-fast-paths).
+local getenv = os.getenv
+local cjson_encodes = not (getenv and getenv("RATEWISE_FAST_PATHS") == "off")
+
+-- Nesting past this is left to the pure encoder, which finds a cycle and
+-- names where it is.
+local CJSON_DEPTH = 16
+
+-- Whole numbers below this (in magnitude) lua-cjson writes with all their
+-- digits: it writes numbers as "%.14g".
+local CJSON_DIGITS = 1e14
+
+-- Whether lua-cjson writes v as the pure encoder does: every number exact
+-- in lua-cjson's 14 digits, no null but rw.null (host_null, a host's, is
+-- the pure encoder's to write), nesting shallow. Its strings must be ASCII
+-- too (the pure encoder checks UTF-8), which json.encode sees in the text;
+-- lua-cjson's "\/" for "/" is undone there. A value this answers no for
+-- goes to the pure encoder, which writes it, or names what cannot be.
+local function cjson_writes_alike(v, depth, host_null)
+  local t = type(v)
+  if t == "string" then return true end
+  if t == "number" then
+    if v % 1 == 0 then return v > -CJSON_DIGITS and v < CJSON_DIGITS end
+    -- (NaN and the infinities fail here: lua-cjson refuses them too, but
+    -- the pure encoder's error names where they are)
+    return v == v and tonumber(format("%.14g", v)) == v
+  end
+  if t == "table" then
+    if depth >= CJSON_DEPTH or v == host_null then return false end
+    local inner = depth + 1
+    for k, x in pairs(v) do
+      -- (strings are looked at in lua-cjson's text, at once: json.encode)
+      if type(k) ~= "string" and not cjson_writes_alike(k, inner, host_null) then return false end
+      if type(x) ~= "string" and not cjson_writes_alike(x, inner, host_null) then return false end
+    end
+    return true
+  end
+  return t == "boolean" or v == json.null
+end
+
+-- lua-cjson escapes "/" as "\/", which the pure encoder (and a reader of
+-- the command's output, grepping for a URL) does not: a run of
+-- backslashes before "/" that is odd ends in that escape.
+local function unescape_slash(backslashes)
+  if #backslashes % 2 == 1 then return sub(backslashes, 2) .. "/" end
+  return nil
+end
+
 --- text = json.encode(value, who [, level]): raises, naming `who` (for
--- example "fetch: option 'json'"), when lua-cjson is missing or the value
--- cannot be written as JSON (a function, a sparse array, a cycle).
+-- example "fetch: option 'json'"), when the value cannot be written as JSON
+-- (a function, NaN, a sparse array, a cycle, a string that is not UTF-8).
+-- lua-cjson writes it where it writes it as the pure encoder would (C: a
+-- request's body is encoded at each call), the pure encoder otherwise.
 function json.encode(value, who, level)
-  local encoder = codec -- loaded: most calls ask no more
-  if not encoder then
-    local why
-    encoder, why = load_codec()
-    if not encoder then
-      error(format("%s needs lua-cjson, which cannot be loaded %s", who, why), (level or 1) + 1)
+  if cjson_encodes then
+    if cjson_codec == nil then load_cjson() end
+    local host_null = fallback and fallback.null
+    if cjson_codec and cjson_writes_alike(value, 0, host_null) then
+      local text = cjson_codec.encode(value)
+      -- (a byte past ASCII: the pure encoder checks that it is UTF-8)
+      if text and not find(text, "[\128-\255]") then
+        if find(text, "\\/", 1, true) then text = gsub(text, "(\\+)/", unescape_slash) end
+        return text
+      end
+      -- (a sparse array: the pure encoder names it)
     end
   end
-  -- nil, err rather than a raise to catch: a pcall around lua-cjson's
-  -- encode (a C function) ends LuaJIT's trace there, and the rest of
-  -- the caller (fetch's whole plan of a call with a JSON body) then ran
-  -- interpreted.
-  local text, err = encoder.encode(value)
-  if text == nil then
-    error(format("%s cannot be encoded as JSON: %s", who, tostring(err):gsub("^.-:%d+: ", "")), (level or 1) + 1)
-  end
+  local codec, why_not = pure, nil
+  if not codec then codec, why_not = load_pure() end
+  if not codec then error(format("%s cannot be encoded as JSON: %s", who, why_not), (level or 1) + 1) end
+  local text, why = codec.encode(value, json.null, fallback and fallback.null)
+  if text == nil then error(format("%s cannot be encoded as JSON: %s", who, why), (level or 1) + 1) end
   return text
 end
 
--- Numbers no larger than this are exact in a double, so that a whole one
--- was an integer in the text (or written as 3.0, which JSON does not tell
--- apart from 3).
+--- text | nil = json.number_text(n): n as JSON writes it (the query
+-- option's numbers too): integers with all their digits, other numbers in
+-- the fewest digits that read back the same; nil for NaN and infinities.
+function json.number_text(n)
+  local codec, why_not = pure, nil
+  if not codec then codec, why_not = load_pure() end
+  if not codec then error(why_not, 2) end
+  return codec.number_text(n)
+end
+
+-- Whole numbers below this are exact in a double, so that a whole one was
+-- that integer in the text (or written as 3.0, which JSON does not tell
+-- apart from 3); 2^53 itself may be 2^53 + 1 rounded.
 local EXACT = 2 ^ 53
 
--- lua-cjson 2.1 reads every number as a float: on Lua 5.3 and later the
--- whole ones within ±2^53 become integers again, so that an id or a count
--- prints as 3, not 3.0, and indexes a table as 3 does.
-local function integers(value)
-  for k, v in pairs(value) do
-    local t = type(v)
-    if t == "table" then
-      integers(v)
-    elseif t == "number" and math_type(v) == "float" and v % 1 == 0 and v >= -EXACT and v <= EXACT then
-      value[k] = tointeger(v)
+-- Whole numbers from 2^53 and below 2^63: a Lua integer holds them
+-- exactly where a double (lua-cjson reads doubles) may have rounded them.
+local INT64 = 2 ^ 63
+
+-- What lua-cjson or a host's codec decoded, made what the pure decoder
+-- gives: on Lua 5.3 and later the whole numbers below ±2^53 become
+-- integers again (lua-cjson 2.1 reads every number as a float), so that an
+-- id prints as 3, not 3.0, and indexes a table as 3 does; a host's null
+-- becomes rw.null. The second answer: a whole number from 2^53 that fits a
+-- Lua integer was met, which the double may have rounded.
+local function normalized(value, host_null)
+  if value == host_null and host_null ~= nil then return json.null, false end
+  local t = type(value)
+  if t == "number" then
+    if math_type and math_type(value) == "float" and value % 1 == 0 then
+      if value > -EXACT and value < EXACT then return tointeger(value), false end
+      return value, value > -INT64 and value < INT64
     end
+  elseif t == "table" then
+    local rounded = false
+    for k, v in pairs(value) do
+      local tv = type(v)
+      if tv == "table" or (host_null ~= nil and v == host_null) then
+        local normal, deep = normalized(v, host_null)
+        value[k] = normal
+        rounded = rounded or deep
+      elseif tv == "number" and math_type and math_type(v) == "float" and v % 1 == 0 then
+        if v > -EXACT and v < EXACT then
+          value[k] = tointeger(v)
+        elseif v > -INT64 and v < INT64 then
+          rounded = true
+        end
+      end
+    end
+    return value, rounded
   end
+  return value, false
 end
 
 --- value | nil, err = json.decode(text): a body that is not JSON is a
 -- runtime failure (the server's doing), answered, not raised.
 function json.decode(text)
-  local decoder, why = load_codec()
-  if not decoder then return nil, "not decoded: lua-cjson cannot be loaded " .. why end
-  local value, err = decoder.decode(text)
-  if value == nil then return nil, "not valid JSON: " .. tostring(err) end
-  if math_type then
-    local t = type(value)
-    if t == "table" then
-      integers(value)
-    elseif t == "number" and value % 1 == 0 and value >= -EXACT and value <= EXACT then
-      value = tointeger(value)
-    end
+  if cjson_codec == nil then load_cjson() end
+  local value, err, host_null
+  if cjson_codec then
+    value, err = cjson_codec.decode(text)
+  elseif fallback then
+    value, err = fallback.decode(text)
+    host_null = fallback.null
   end
+  if value ~= nil then
+    if not math_type and host_null == nil then return value end
+    local rounded
+    value, rounded = normalized(value, host_null)
+    if not rounded then return value end
+    -- (Lua 5.3 and later) an integer the double may have rounded: the
+    -- pure decoder reads it exactly
+  elseif err ~= nil then
+    return nil, "not valid JSON: " .. tostring(err)
+  end
+  local codec, why_not = pure, nil
+  if not codec then codec, why_not = load_pure() end
+  if not codec then return nil, "not decoded: " .. why_not end
+  value, err = codec.decode(text, json.null)
+  if value == nil then return nil, "not valid JSON: " .. err end
   return value
 end
 

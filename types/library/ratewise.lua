@@ -9,6 +9,7 @@
 ---@field features ratewise.Features what this build has
 ---@field policy ratewise.PolicyModule `rw.policy{...}` makes a policy; `rw.policy.chain(a, b, ...)` joins several
 ---@field providers ratewise.Providers the built-in provider policies, loaded on first use
+---@field null lightuserdata what a JSON `null` decodes to, and what the `json` option writes as `null`: the light userdata NULL, the same value as lua-cjson's `cjson.null` and OpenResty's `ngx.null` (docs/reference.md#json)
 local ratewise = {}
 
 ---`rw.features`: what this build of ratewise has.

@@ -14,8 +14,8 @@
 --   driver is kept in the Lua registry, where every plugin finds it, and so
 --   does a copy of this module loaded again (a plugin reloader).
 --   ratewise's lines (retries, errors of tasks nobody joined) go to
---   vim.notify (the host's sink, ratewise/log.lua); JSON is vim.json's where lua-cjson cannot
---   be loaded (ratewise/json.lua).
+--   vim.notify (the host's sink, ratewise/log.lua); JSON is read by vim.json where lua-cjson
+--   cannot be loaded, its vim.NIL answered as rw.null (ratewise/json.lua).
 local scheduler = require "ratewise.scheduler"
 local json = require "ratewise.json"
 local log = require "ratewise.log"
@@ -144,10 +144,13 @@ function nvim.start()
   return driver
 end
 
--- vim.json (Neovim's own copy of lua-cjson) where lua-cjson is not installed.
+-- vim.json (Neovim's own copy of lua-cjson) reads JSON where lua-cjson is
+-- not installed; its null, vim.NIL, is answered as rw.null (the value a
+-- plugin sees whichever decoder ran), and a vim.NIL in a `json` option is
+-- written as null.
 do
   local vim = vim_api()
-  if vim and type(vim.json) == "table" then json.set_fallback(vim.json) end
+  if vim and type(vim.json) == "table" then json.set_fallback { decode = vim.json.decode, null = vim.NIL } end
 end
 
 -- Registered where `vim` is there as this module loads: Neovim sets it up

@@ -7,6 +7,7 @@
 ---@class ratewise.core
 ---@field version string ratewise's version
 ---@field curl_version string libcurl's version string
+---@field null lightuserdata the light userdata NULL: `rw.null`, JSON's null
 ---@field redis boolean whether the core has its Redis connection (false when built with `make REDIS=0`)
 ---@field poller "epoll"|"poll" the engine's OS wait, chosen at build time (`make POLLER=poll`)
 ---@field secret_header_names string[] the built-in secret request headers
