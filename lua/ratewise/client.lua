@@ -140,6 +140,14 @@ function client.new(opts)
     error(format("client: option 'base_url' must be an http:// or https:// URL (got %s)",
       type(base) == "string" and "a URL of another scheme" or type(base)), 2)
   end
+  -- Paths are appended to base_url: after a query they would land in it
+  -- ("/v1?key=K/items"), and after a fragment they would never be sent.
+  -- (The URL is not quoted: a query may hold a key.)
+  local cut = find(base, "[?#]")
+  if cut then
+    error(format("client: option 'base_url' must not have a %s (paths are appended to it); give query "
+      .. "parameters with each call's 'query' option", byte(base, cut) == byte("?") and "query" or "fragment"), 2)
+  end
   if opts.headers ~= nil and type(opts.headers) ~= "table" then
     errors.bad_option("client", "headers", "a table", opts.headers, 2, true) -- a string may hold a token
   end
@@ -283,6 +291,28 @@ function Client:_limiter_for(path, explicit)
   return route.both
 end
 
+-- The most of a path's first word an error shows.
+local SHOWN_WORD = 24
+
+-- What an error shows of a path that neither starts with / nor is an
+-- http(s) URL: a URL's scheme alone (as fetch shows one), or the first
+-- word of a path without its "/", which is what the caller needs to find
+-- the call. Never the rest, which may hold a key in any form (a query, a
+-- userinfo, "&key=...", a token as a path segment).
+local function shown_path(path)
+  local scheme = path:match("^(%a[%w+.-]*)://")
+  if scheme then return format("a URL with scheme %q", scheme:sub(1, SHOWN_WORD)) end
+  -- a word that runs into anything but the end of a segment may be a
+  -- user name, a key's name or a token ("sk_live_...:@host", "key=...")
+  local word = path:match("^[%w_.~-]+") or ""
+  local after = path:sub(#word + 1, #word + 1)
+  if word == "" or not (after == "" or after == "/" or after == "?" or after == "#") then
+    return "a string that is neither"
+  end
+  local whole = #word == #path and #word <= SHOWN_WORD
+  return format("%q, a path without its leading /", whole and word or word:sub(1, SHOWN_WORD) .. "...")
+end
+
 --- res | nil, err = client:request(method, path [, opts])
 -- The URL a call names, the path its route is matched on, and whether it
 -- is on another origin than the client's. A path is joined to base_url;
@@ -302,9 +332,8 @@ function Client:_target(path, cross_origin)
     return url, path, false
   end
   if not lower(path):find("^https?://") then
-    -- (printed without a userinfo or query, which may hold a credential)
-    error(format("client:request: path must start with / or be an http:// or https:// URL (got %q)",
-      headers_mod.redact_url(path)), 3)
+    error(format("client:request: path must start with / or be an http:// or https:// URL (got %s)",
+      shown_path(path)), 3)
   end
   local origin = headers_mod.origin(path)
   if origin == self.origin then
