@@ -3,6 +3,34 @@
 local rw = require "ratewise"
 local server = require "spec.support.server"
 
+describe("core.link", function()
+  local core = require "ratewise.core"
+
+  it("finds the first link whose rel names the type, resolved against the base", function()
+    local github = '<https://api.github.com/r/1/issues?page=2>; rel="next", '
+      .. '<https://api.github.com/r/1/issues?page=5>; rel="last"'
+    assert.equal("https://api.github.com/r/1/issues?page=2", core.link(github, "next"))
+    assert.equal("https://api.github.com/r/1/issues?page=5", core.link(github, "last"))
+    assert.is_nil(core.link(github, "prev"))
+    assert.equal("http://h:8/items?page=3", core.link('</items?page=3>; rel="prev next"', "next", "http://h:8/v1/x"))
+    assert.equal("http://h:8/v1/page3", core.link("<page3>; REL=NEXT", "next", "http://h:8/v1/x"))
+    assert.equal("http://h:8/v1/x?page=4", core.link("<?page=4>; rel=next", "next", "http://h:8/v1/x"))
+    assert.equal("http://other/x", core.link("<//other/x>; rel=next", "next", "http://h:8/v1/x"))
+    -- a comma, a semicolon and "<" inside a quoted parameter
+    assert.equal("http://h:8/y", core.link('<../x>; title="a, b; <c>"; rel=prev, </y>; rel=next', "next",
+      "http://h:8/v1/x"))
+    -- a link with an anchor is another resource's; the first rel counts
+    assert.equal("b", core.link('<a>; anchor="#s"; rel=next, <b>; rel=next', "next"))
+    assert.is_nil(core.link("<a>; rel=prev; rel=next", "next"))
+    -- a link-value that does not parse is skipped to the next comma
+    assert.equal("b", core.link('garbage; rel=next, <a> junk; rel=next, <b>; rel="next"', "next"))
+    assert.is_nil(core.link('<a>; rel="next', "next"))
+    local url, why = core.link("<a b>; rel=next", "next", "http://h/")
+    assert.is_nil(url)
+    assert.matches("space or a control character", why)
+  end)
+end)
+
 describe("client:pages", function()
   local s
 
