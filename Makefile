@@ -347,7 +347,7 @@ endif
 # `make fuzz FUZZ_SECONDS=600` for a long run; each target prints one line.
 CLANG        ?= clang
 FUZZ_SECONDS ?= 30
-FUZZ_TARGETS := retry_after http_date seconds duration rfc3339 backoff headers sse redis_reply decode
+FUZZ_TARGETS := retry_after http_date seconds duration rfc3339 backoff headers sse redis_reply decode link
 FUZZ_BUILD   := build-fuzz
 FUZZ_BINS    := $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz_%)
 FUZZ_CFLAGS   = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \

@@ -18,7 +18,7 @@ mkdir -p "$corpus" "$crashes"
 dict=
 case $target in
     http_date|retry_after) dict=fuzz/dict/http_date.dict ;;
-    seconds|duration|rfc3339|headers|sse|decode) dict=fuzz/dict/$target.dict ;;
+    seconds|duration|rfc3339|headers|sse|decode|link) dict=fuzz/dict/$target.dict ;;
 esac
 
 # -max_len: room for long digit strings; -timeout: a parser that takes a

@@ -122,6 +122,55 @@ describe("the ratewise command", function()
       assert.matches("ratewise: terminal: GET .* 404 is a terminal status", err)
     end)
 
+    -- issue 39, 5: as `gh api --paginate`
+    it("prints every page with --paginate, following Link rel=next, the URL's query on the first only", function()
+      local items = s:url("/items")
+      s:script("/items", {
+        { status = 200, body = "[1,2]", headers = { Link = "<" .. items .. '?page=2&per_page=2>; rel="next"' } },
+        { status = 429, headers = { ["Retry-After"] = "0" } },
+        { status = 200, body = "[3,4]\n", headers = { Link = '</items?page=3&per_page=2>; rel="next", '
+          .. '</items?page=1&per_page=2>; rel="first"' } },
+        { status = 200, body = "[5]", headers = { Link = '</items?page=1&per_page=2>; rel="first"' } },
+      })
+      local out, err, code = ratewise("get -s --paginate -H 'Authorization: Bearer cli-token' '" .. items
+        .. "?per_page=2'")
+      assert.equal(0, code, err)
+      assert.equal("[1,2]\n[3,4]\n[5]\n", out)
+      local queries = {}
+      for i, r in ipairs(s:log("/items")) do
+        queries[i] = r.query
+        assert.equal("Bearer cli-token", r.headers.authorization)
+      end
+      assert.same({ "per_page=2", "page=2&per_page=2", "page=2&per_page=2", "page=3&per_page=2" }, queries)
+    end)
+
+    it("with --paginate, prints the pages before a failed one and its body, and exits 1", function()
+      s:script("/items", {
+        { status = 200, body = "[1]", headers = { Link = '</items?page=2>; rel="next"' } },
+        { status = 404, body = "gone" },
+      })
+      local out, err, code = ratewise("get -s --paginate " .. s:url("/items"))
+      assert.equal(1, code)
+      assert.equal("[1]\ngone\n", out)
+      assert.matches("ratewise: terminal: GET .* 404 is a terminal status", err)
+      s:reset()
+      local elsewhere = s:url("/x"):gsub("127%.0%.0%.1", "localhost")
+      s:script("/items", { { status = 200, body = "[1]", headers = { Link = "<" .. elsewhere .. '>; rel="next"' } } })
+      out, err, code = ratewise("get -s --paginate " .. s:url("/items"))
+      assert.equal(1, code)
+      assert.equal("[1]\n", out)
+      assert.matches("ratewise: pagination: .*another origin", err)
+      assert.equal(0, #s:log("/x"))
+      for _, args in ipairs { "--paginate --stream", "--paginate -d x", "--paginate -X POST", "--paginate --json 1" } do
+        local _, usage_err, usage_code = ratewise("get " .. args .. " " .. s:url("/items"))
+        assert.equal(2, usage_code, args .. ": " .. usage_err)
+        assert.matches("paginate", usage_err)
+      end
+      local _, usage_err, usage_code = ratewise("batch --paginate -")
+      assert.equal(2, usage_code, usage_err)
+      assert.equal(1, #s:log("/items"))
+    end)
+
     it("refuses a bad command line with exit status 2, sending nothing", function()
       for _, args in ipairs { "", "frob", "get", "get a b", "get --retries x " .. s:url("/x"),
         "get --rate 0 " .. s:url("/x"), "get -H nocolon " .. s:url("/x"), "get --provider nosuch " .. s:url("/x"),

@@ -131,6 +131,50 @@ describe("rw.client", function()
       assert.error_matches(function() c:get("/echo", { timeout = -1 }) end, "'timeout'")
       assert.equal(0, #s:log("/echo"))
     end)
+
+    -- issue 39, 7.2: the error quoted the path, and with it a key in any
+    -- form the URL redaction does not know (after "&", in a userinfo
+    -- without a scheme, as a path segment after a scheme typo)
+    it("quotes no key from a path without its leading / or with a scheme typo", function()
+      local c = new { headers = { Authorization = "Bearer t0ken-in-header" } }
+      local host = s.base:gsub("^http://", "")
+      local paths = {
+        "echo?api_key=SECRET-1",
+        "echo&api_key=SECRET-2",
+        "api_key=SECRET-3/echo",
+        "sk_live_SECRET-4:@" .. host .. "/echo",
+        "user:SECRET-5@" .. host .. "/echo",
+        "htps://" .. host .. "/bot123:SECRET-6/echo",
+        "htps://user:SECRET-7@" .. host .. "/echo?key=SECRET-7",
+        "bot123:SECRET-8/getMe",
+      }
+      for _, path in ipairs(paths) do
+        local ok, err = pcall(c.get, c, path)
+        assert.is_false(ok, path)
+        assert.matches("path must start with / or be an http:// or https:// URL", err)
+        assert.is_nil(err:find("SECRET", 1, true), err)
+      end
+      -- what a caller needs to find the call is still there
+      assert.error_matches(function() c:get("echo?api_key=SECRET") end, 'got "echo...", a path without its leading /')
+      assert.error_matches(function() c:get("echo") end, 'got "echo", a path without its leading /')
+      assert.error_matches(function() c:get("htps://" .. host .. "/x") end, 'got a URL with scheme "htps"')
+      assert.equal(0, #s:log())
+    end)
+
+    -- issue 39, 7.4: "/v1?key=K" .. "/items" sent the path inside the
+    -- query, and "/v1#docs" .. "/items" sent "/v1"
+    it("refuses a base_url with a query or a fragment, naming which, quoting neither", function()
+      for base, what in pairs { [s.base .. "/v1?key=SECRET-Q"] = "query", [s.base .. "/v1#SECRET-F"] = "fragment",
+        [s.base .. "/v1?"] = "query" } do
+        local ok, err = pcall(rw.client, { base_url = base })
+        assert.is_false(ok, base)
+        assert.matches("option 'base_url' must not have a " .. what, err)
+        assert.is_nil(err:find("SECRET", 1, true), err)
+      end
+      assert(new { base_url = s.base .. "/v1" }:get("/items"))
+      assert.equal(1, #s:log())
+      assert.equal("/v1/items", s:log()[1].path)
+    end)
   end)
 
   describe("limits", function()

@@ -54,4 +54,13 @@ describe("examples", function()
     assert.is_true(t3 - t1 >= 0.99, out) -- two more tokens at 2 per second, at least
     assert.is_nil(out:find("ghp_demo_not_a_real_token", 1, true))
   end)
+
+  it("paginate.lua follows the Link header through every page, waiting out the secondary limit", function()
+    local out = run("paginate.lua")
+    assert.matches("403: waiting [%d.]+ s %(policy%)", out)
+    assert.matches("page 2 issues, 1 attempt%(s%).-page 2 issues, 2 attempt%(s%).-page 1 issues, 1 attempt%(s%)", out)
+    assert.matches("issues 1 2 3 4 5\n", out)
+    assert.matches("requests 3, attempts 4, retries 1", out)
+    assert.is_nil(out:find("ghp_demo_not_a_real_token", 1, true))
+  end)
 end)

@@ -6,6 +6,9 @@
  */
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
+
+#include <curl/curl.h>
 
 #include "compat.h"
 #include "ratewise.h"
@@ -117,6 +120,72 @@ static int lparse_l_backoff(lua_State *L)
     return 1;
 }
 
+/* ---- Link (parse.c) ---- */
+
+/* ref resolved against base (RFC 3986 section 5, by libcurl's URL parser):
+ * a URL to curl_free, or NULL with *why set. */
+static char *lparse_resolve(const char *base, const char *ref, const char **why)
+{
+    CURLU *u = curl_url();
+    char *out = NULL;
+    if (!u) {
+        *why = "out of memory resolving the link";
+        return NULL;
+    }
+    if (curl_url_set(u, CURLUPART_URL, base, 0) != CURLUE_OK) {
+        *why = "the response's URL does not parse";
+    } else if (curl_url_set(u, CURLUPART_URL, ref, 0) != CURLUE_OK
+               || curl_url_get(u, CURLUPART_URL, &out, 0) != CURLUE_OK) {
+        *why = "the link's target is not a URL reference";
+        out = NULL;
+    }
+    curl_url_cleanup(u);
+    return out;
+}
+
+/* core.link(value, rel [, base]) -> url | nil | nil, why: the target of
+ * the first link-value of a Link field value whose rel names rel, resolved
+ * against base when given; nil when there is none; nil and why when its
+ * target does not resolve (why does not quote it: a server's link may hold
+ * a token). */
+static int lparse_l_link(lua_State *L)
+{
+    size_t len, rel_len, base_len, target_len, i;
+    const char *s = luaL_checklstring(L, 1, &len);
+    const char *rel = luaL_checklstring(L, 2, &rel_len);
+    const char *base = luaL_optlstring(L, 3, NULL, &base_len);
+    const char *target, *ref, *why = NULL;
+    char *url;
+    luaL_argcheck(L, rel_len > 0, 2, "rel must not be empty");
+    luaL_argcheck(L, !base || strlen(base) == base_len, 3, "base must not hold a NUL byte");
+    if (!rwp_link_find(s, len, rel, rel_len, &target, &target_len)) {
+        lua_pushnil(L);
+        return 1;
+    }
+    for (i = 0; i < target_len; i++) {
+        unsigned char c = (unsigned char)target[i];
+        if (c <= ' ' || c == 0x7f) {
+            lua_pushnil(L);
+            lua_pushliteral(L, "the link's target holds a space or a control character");
+            return 2;
+        }
+    }
+    if (!base) {
+        lua_pushlstring(L, target, target_len);
+        return 1;
+    }
+    ref = lua_pushlstring(L, target, target_len);
+    url = lparse_resolve(base, ref, &why);
+    if (!url) {
+        lua_pushnil(L);
+        lua_pushstring(L, why);
+        return 2;
+    }
+    lua_pushstring(L, url);
+    curl_free(url);
+    return 1;
+}
+
 /* ---- server-sent events (sse.c) ---- */
 
 #define LPARSE_SSE_MT "ratewise.SSEParser"
@@ -218,6 +287,7 @@ void rw_lparse_register(lua_State *L)
         { "parse_duration", lparse_l_duration },
         { "parse_rfc3339", lparse_l_rfc3339 },
         { "backoff", lparse_l_backoff },
+        { "link", lparse_l_link },
         { "sse_parser", lparse_l_sse_new },
         { NULL, NULL }
     };

@@ -1,5 +1,6 @@
 /*
- * Parsers for the server's rate-limit hints, and the retry arithmetic.
+ * Parsers for the server's rate-limit hints and Link headers, and the
+ * retry arithmetic.
  *
  * Hand-written because no maintained C library parses all three HTTP-date
  * forms without going through the process-global locale and time zone
@@ -456,6 +457,171 @@ int rwp_header_next(const char *block, size_t len, size_t *pos, rwp_header_field
         return 1;
     }
     *pos = len;
+    return 0;
+}
+
+/* ---- Link (RFC 8288) ---- */
+
+static int parse_is_tchar(unsigned char c)
+{
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')
+        || (c != 0 && strchr("!#$%&'*+-.^_`|~", c) != NULL);
+}
+
+/* Past the closing quote of the quoted string that opens at s[at], or 0
+ * when it never closes. A backslash escapes the byte after it. */
+static size_t parse_quoted_end(const char *s, size_t len, size_t at)
+{
+    size_t i = at + 1;
+    while (i < len) {
+        if (s[i] == '\\') {
+            i += 2;
+        } else if (s[i] == '"') {
+            return i + 1;
+        } else {
+            i++;
+        }
+    }
+    return 0;
+}
+
+/* The next comma from s[at] on that is outside a quoted string and
+ * "<...>", or len: where a link-value that does not parse ends. */
+static size_t parse_link_skip(const char *s, size_t len, size_t at)
+{
+    while (at < len && s[at] != ',') {
+        if (s[at] == '"') {
+            at = parse_quoted_end(s, len, at);
+            if (at == 0) return len;
+        } else if (s[at] == '<') {
+            const char *gt = (const char *)memchr(s + at, '>', len - at);
+            if (!gt) return len;
+            at = (size_t)(gt - s) + 1;
+        } else {
+            at++;
+        }
+    }
+    return at;
+}
+
+static size_t parse_skip_ows(const char *s, size_t len, size_t at)
+{
+    while (at < len && parse_is_ows(s[at])) at++;
+    return at;
+}
+
+/* The parameters of a link-value, from s[*at] (just past its ">") to the
+ * comma or the end that closes it, into out. 0 when one does not parse. */
+static int parse_link_params(const char *s, size_t len, size_t *at, rwp_link *out)
+{
+    size_t i = *at;
+    for (;;) {
+        size_t name, name_len, value, value_len = 0;
+        int quoted = 0;
+        i = parse_skip_ows(s, len, i);
+        if (i >= len || s[i] == ',') break;
+        if (s[i] != ';') { *at = i; return 0; }
+        i = parse_skip_ows(s, len, i + 1);
+        name = i;
+        while (i < len && parse_is_tchar((unsigned char)s[i])) i++;
+        name_len = i - name;
+        if (name_len == 0) { *at = i; return 0; }
+        i = parse_skip_ows(s, len, i);
+        value = i;
+        if (i < len && s[i] == '=') {
+            i = parse_skip_ows(s, len, i + 1);
+            if (i < len && s[i] == '"') {
+                size_t end = parse_quoted_end(s, len, i);
+                if (end == 0) { *at = len; return 0; }
+                value = i + 1;
+                value_len = end - i - 2;
+                quoted = 1;
+                i = end;
+            } else {
+                value = i;
+                while (i < len && parse_is_tchar((unsigned char)s[i])) i++;
+                value_len = i - value;
+                if (value_len == 0) { *at = i; return 0; }
+            }
+        }
+        /* Only the first rel counts (RFC 8288 section 3.3). */
+        if (name_len == 3 && parse_ieq(s + name, "rel", 3) && !out->rel) {
+            out->rel = s + value;
+            out->rel_len = value_len;
+            out->rel_quoted = quoted;
+        } else if (name_len == 6 && parse_ieq(s + name, "anchor", 6)) {
+            out->has_anchor = 1;
+        }
+    }
+    *at = i;
+    return 1;
+}
+
+int rwp_link_next(const char *s, size_t len, size_t *pos, rwp_link *out)
+{
+    size_t at = *pos;
+    while (at < len) {
+        const char *gt;
+        while (at < len && (parse_is_ows(s[at]) || s[at] == ',')) at++;
+        if (at >= len) break;
+        if (s[at] != '<') {
+            at = parse_link_skip(s, len, at);
+            continue;
+        }
+        gt = (const char *)memchr(s + at + 1, '>', len - at - 1);
+        if (!gt) break;
+        out->target = s + at + 1;
+        out->target_len = (size_t)(gt - out->target);
+        out->rel = NULL;
+        out->rel_len = 0;
+        out->rel_quoted = 0;
+        out->has_anchor = 0;
+        at = (size_t)(gt - s) + 1;
+        if (!parse_link_params(s, len, &at, out)) {
+            at = parse_link_skip(s, len, at);
+            continue;
+        }
+        *pos = at;
+        return 1;
+    }
+    *pos = len;
+    return 0;
+}
+
+int rwp_link_has_rel(const rwp_link *link, const char *rel, size_t rel_len)
+{
+    const char *v = link->rel;
+    size_t n = link->rel_len, i = 0;
+    if (!v || rel_len == 0) return 0;
+    while (i < n) {
+        size_t j = 0;
+        int same = 1;
+        while (i < n && parse_is_ows(v[i])) i++;
+        if (i >= n) break;
+        while (i < n && !parse_is_ows(v[i])) {
+            char c = v[i];
+            if (link->rel_quoted && c == '\\' && i + 1 < n) c = v[++i];
+            if (j >= rel_len || parse_lower((unsigned char)c) != parse_lower((unsigned char)rel[j])) same = 0;
+            j++;
+            i++;
+        }
+        if (same && j == rel_len) return 1;
+    }
+    return 0;
+}
+
+int rwp_link_find(const char *s, size_t len, const char *rel, size_t rel_len,
+                  const char **target, size_t *target_len)
+{
+    size_t pos = 0;
+    rwp_link link;
+    while (rwp_link_next(s, len, &pos, &link)) {
+        if (!link.has_anchor && rwp_link_has_rel(&link, rel, rel_len)) {
+            *target = link.target;
+            *target_len = link.target_len;
+            return 1;
+        }
+    }
     return 0;
 }
 

@@ -94,6 +94,40 @@ typedef struct rwp_header_field {
  * is returned. Returns 1 and fills *out, or 0 at the end of the block. */
 int rwp_header_next(const char *block, size_t len, size_t *pos, rwp_header_field *out);
 
+/* One link-value of a Link header field (RFC 8288 section 3), as
+ * rwp_link_next reports it. target spans the URI-Reference between "<" and
+ * ">" (never holding ">"); rel spans the first "rel" parameter's value
+ * (without its quotes when rel_quoted, and then possibly holding
+ * backslash escapes), or is NULL when the link has none; has_anchor says
+ * an "anchor" parameter gives it another context than the response. */
+typedef struct rwp_link {
+    const char *target;
+    size_t target_len;
+    const char *rel;
+    size_t rel_len;
+    int rel_quoted;
+    int has_anchor;
+} rwp_link;
+
+/* The next link-value of a Link field value (several fields joined with
+ * ", " read as one), from s[*pos] on. A link-value that does not parse
+ * (no "<", a parameter without a name, text after a parameter, a quoted
+ * string or a "<" that never closes) is skipped up to the next comma that
+ * is outside a quoted string and "<...>". *pos must be 0 at the start; it
+ * only grows, and reaches len when 0 is returned. Returns 1 and fills
+ * *out, or 0 at the end. */
+int rwp_link_next(const char *s, size_t len, size_t *pos, rwp_link *out);
+
+/* Whether a link's rel names the relation type rel[0..rel_len): one of its
+ * types separated by SP or HTAB, compared case-insensitively (RFC 8288
+ * section 2.1). */
+int rwp_link_has_rel(const rwp_link *link, const char *rel, size_t rel_len);
+
+/* The target of the first link-value of s whose rel names rel and that
+ * has no anchor: 1 with *target and *target_len set (spans into s), or 0. */
+int rwp_link_find(const char *s, size_t len, const char *rel, size_t rel_len,
+                  const char **target, size_t *target_len);
+
 /* ---- server-sent events (sse.c) ---- */
 
 /* What rwp_sse_feed answers besides 0, or what an emit callback answered. */

@@ -35,6 +35,8 @@ options:
       --retry-unsafe          retry a POST or PATCH without an idempotency key too
   -i, --include               print the status line and headers before the body (get)
       --stream                print the body as it arrives (get)
+      --paginate              print every page a Link: <...>; rel="next" names, one
+                              body after another, each ending in a newline (get)
   -o, --output FILE           write to FILE instead of stdout
       --retries N             retries after the first attempt (default 3)
       --max-elapsed SECONDS   the time budget of each request, waits included (default 120)
@@ -97,6 +99,7 @@ local OPTIONS = {
   ["--retry-unsafe"] = { "retry_unsafe", "flag" },
   ["-i"] = { "include", "flag" }, ["--include"] = { "include", "flag" },
   ["--stream"] = { "stream", "flag" },
+  ["--paginate"] = { "paginate", "flag" },
   ["-o"] = { "output", "string" }, ["--output"] = { "output", "string" },
   ["--retries"] = { "retries", "count" },
   ["--max-elapsed"] = { "max_elapsed", "number" },
@@ -181,6 +184,13 @@ function cli.parse(args)
       usage_error("option --resume needs -o FILE, the results file of the run it resumes")
     end
   end
+  if o.paginate then
+    if command ~= "get" then usage_error("option --paginate is get's") end
+    if o.stream then usage_error("give --paginate or --stream, not both") end
+    if o.data or o.json or (o.method and o.method:upper() ~= "GET") then
+      usage_error("option --paginate follows the pages of a GET: it takes no -X, -d or --json")
+    end
+  end
   if o.idempotency_key ~= nil then
     if command == "batch" then
       usage_error("option --idempotency-key is get's: give each line of a batch its own \"idempotency_key\"")
@@ -260,6 +270,26 @@ local function print_head(out, res)
   return out:write(table.concat(lines))
 end
 
+-- The exit status of get, once until_interrupted has answered (err: the
+-- call's error, false for none, nil when a signal stopped it), said on
+-- err_out.
+local function finish(out, err, signal, err_out)
+  out:close()
+  if err == nil then
+    err_out:write("ratewise: ", batch.stopped_by(signal), "\n")
+    return batch.SIGNAL_EXIT + (signal or 2)
+  end
+  if out.failed then
+    err_out:write("ratewise: ", out.failed, "\n")
+    return output.WRITE_FAILED
+  end
+  if err then
+    err_out:write(tostring(err), "\n")
+    return 1
+  end
+  return 0
+end
+
 local function run_get(url, o, err_out)
   local opts = fetch_options(o)
   local h = opts.headers
@@ -297,20 +327,43 @@ local function run_get(url, o, err_out)
     end
     return fetch_err or false
   end)
-  out:close()
-  if err == nil then
-    err_out:write("ratewise: ", batch.stopped_by(signal), "\n")
-    return batch.SIGNAL_EXIT + (signal or 2)
+  return finish(out, err, signal, err_out)
+end
+
+-- ratewise get --paginate: a client on the URL's origin (its userinfo
+-- too) walks the pages (client:pages), each a GET with the command line's
+-- options. Bodies are printed as they came, one after another, each ending
+-- in a newline (added when it has none), so that JSON pages read as a
+-- stream of JSON texts (`jq -s add` joins arrays).
+local function run_paginate(url, o, err_out)
+  local base, path = url:match("^(%a[%w+.-]*://[^/?#]*)(.*)$")
+  if not base or not base:lower():find("^https?://") then
+    usage_error("option --paginate needs an http:// or https:// URL")
   end
-  if out.failed then
-    err_out:write("ratewise: ", out.failed, "\n")
-    return output.WRITE_FAILED
-  end
-  if err then
-    err_out:write(tostring(err), "\n")
-    return 1
-  end
-  return 0
+  path = path:gsub("#.*$", "")
+  if path:sub(1, 1) ~= "/" then path = "/" .. path end
+  local opts = fetch_options(o)
+  local c = rw.client { base_url = base }
+  local out, why = output.open(o.output)
+  if not out then fail(output.WRITE_FAILED, "%s", why) end
+  local err, signal = until_interrupted(function()
+    for page, page_err in c:pages(path, opts) do
+      local shown = page or page_err.response
+      -- a failed page's own body is printed, as get prints one; a link
+      -- that cannot be followed ends after the page that named it, printed
+      if shown and (page or page_err.kind ~= "pagination") then
+        local written = not o.include or print_head(out, shown)
+        local body = shown.body or ""
+        if written and body ~= "" then
+          written = out:write(body) and (body:sub(-1) == "\n" or out:write("\n"))
+        end
+        if not written then return false end
+      end
+      if not page then return page_err end
+    end
+    return false
+  end)
+  return finish(out, err, signal, err_out)
 end
 
 --- status = cli.main(args [, stderr]): runs a command line; the exit status.
@@ -327,6 +380,7 @@ function cli.main(args, err_out)
       err_out:write("ratewise: ", out.failed, "\n")
       return output.WRITE_FAILED
     elseif command == "get" then
+      if o.paginate then return run_paginate(target, o, err_out) end
       return run_get(target, o, err_out)
     end
     return batch.run(target, o, err_out, fetch_options(o), fail)

@@ -140,6 +140,14 @@ function client.new(opts)
     error(format("client: option 'base_url' must be an http:// or https:// URL (got %s)",
       type(base) == "string" and "a URL of another scheme" or type(base)), 2)
   end
+  -- Paths are appended to base_url: after a query they would land in it
+  -- ("/v1?key=K/items"), and after a fragment they would never be sent.
+  -- (The URL is not quoted: a query may hold a key.)
+  local cut = find(base, "[?#]")
+  if cut then
+    error(format("client: option 'base_url' must not have a %s (paths are appended to it); give query "
+      .. "parameters with each call's 'query' option", byte(base, cut) == byte("?") and "query" or "fragment"), 2)
+  end
   if opts.headers ~= nil and type(opts.headers) ~= "table" then
     errors.bad_option("client", "headers", "a table", opts.headers, 2, true) -- a string may hold a token
   end
@@ -283,6 +291,28 @@ function Client:_limiter_for(path, explicit)
   return route.both
 end
 
+-- The most of a path's first word an error shows.
+local SHOWN_WORD = 24
+
+-- What an error shows of a path that neither starts with / nor is an
+-- http(s) URL: a URL's scheme alone (as fetch shows one), or the first
+-- word of a path without its "/", which is what the caller needs to find
+-- the call. Never the rest, which may hold a key in any form (a query, a
+-- userinfo, "&key=...", a token as a path segment).
+local function shown_path(path)
+  local scheme = path:match("^(%a[%w+.-]*)://")
+  if scheme then return format("a URL with scheme %q", scheme:sub(1, SHOWN_WORD)) end
+  -- a word that runs into anything but the end of a segment may be a
+  -- user name, a key's name or a token ("sk_live_...:@host", "key=...")
+  local word = path:match("^[%w_.~-]+") or ""
+  local after = path:sub(#word + 1, #word + 1)
+  if word == "" or not (after == "" or after == "/" or after == "?" or after == "#") then
+    return "a string that is neither"
+  end
+  local whole = #word == #path and #word <= SHOWN_WORD
+  return format("%q, a path without its leading /", whole and word or word:sub(1, SHOWN_WORD) .. "...")
+end
+
 --- res | nil, err = client:request(method, path [, opts])
 -- The URL a call names, the path its route is matched on, and whether it
 -- is on another origin than the client's. A path is joined to base_url;
@@ -302,9 +332,8 @@ function Client:_target(path, cross_origin)
     return url, path, false
   end
   if not lower(path):find("^https?://") then
-    -- (printed without a userinfo or query, which may hold a credential)
-    error(format("client:request: path must start with / or be an http:// or https:// URL (got %q)",
-      headers_mod.redact_url(path)), 3)
+    error(format("client:request: path must start with / or be an http:// or https:// URL (got %s)",
+      shown_path(path)), 3)
   end
   local origin = headers_mod.origin(path)
   if origin == self.origin then
@@ -727,6 +756,109 @@ function Client:_send(url, call, key, entry)
   if entry then ended(self.in_flight, key, entry, ok, res, err) end
   if not ok then error(res, 0) end
   return res, err
+end
+
+---------------------------------------------------------------------------
+-- Pagination
+
+-- A pagination error: the page whose Link could not be followed is its
+-- response; nothing more was sent.
+local function pagination_error(res, message)
+  return setmetatable({ kind = "pagination", status = res.status, response = res, attempts = 0, elapsed = 0,
+    message = message }, fetch.error_mt)
+end
+
+-- opts without the options that are the iterator's own (max_pages), and
+-- without `query` for the pages after the first, whose links carry it.
+-- Inherited options stay inherited (the same metatable).
+local function page_options(opts, first)
+  if opts == nil then return nil end
+  local out = {}
+  for k, v in pairs(opts) do
+    if k ~= "max_pages" and (first or k ~= "query") then out[k] = v end
+  end
+  return setmetatable(out, getmetatable(opts))
+end
+
+-- url | nil | false, err: the next page's URL that `last` (a page) names in
+-- its Link header, checked; nil when it names none (the last page).
+function Client:_next_page(last, seen, cross_origin)
+  local link = last.headers and last.headers.link
+  if type(link) ~= "string" or not last.url then return nil end
+  local url, why = core.link(link, "next", last.url)
+  if not url then
+    if why == nil then return nil end
+    return false, pagination_error(last, format("the next page's link in the answer to GET %s cannot be "
+      .. "followed: %s; nothing more was sent", last.url, why))
+  end
+  local shown = headers_mod.redact_url(url)
+  if not lower(url):find("^https?://") then
+    return false, pagination_error(last, format("the next page's link in the answer to GET %s is not an "
+      .. "http:// or https:// URL; nothing more was sent", last.url))
+  end
+  if headers_mod.origin(url) ~= self.origin and not cross_origin then
+    return false, pagination_error(last, format("the next page's link (%s) is on another origin than the "
+      .. "client's (%s); nothing was sent to it: pass cross_origin = true to follow it (the client's secret "
+      .. "headers and limiters stay behind)", shown, self.origin))
+  end
+  if seen[url] then
+    return false, pagination_error(last, format("the next page's link (%s) names a page already fetched: the "
+      .. "pages loop; nothing more was sent", shown))
+  end
+  return url
+end
+
+--- for page, err in client:pages(path [, opts]) do ... end
+-- Each page is a GET through client:request (its limiter, retries,
+-- budget, ...), the next one named by the last one's Link rel="next".
+-- An error is yielded once as false, err (so the loop's body sees it),
+-- then the iteration ends.
+function Client:pages(path, opts)
+  if opts ~= nil and type(opts) ~= "table" then
+    error(format("client:pages: options must be a table (got %s)", type(opts)), 2)
+  end
+  local max_pages = opts and opts.max_pages
+  if max_pages ~= nil and (type(max_pages) ~= "number" or max_pages < 1 or max_pages % 1 ~= 0) then
+    errors.bad_option("client:pages", "max_pages", "a positive integer", max_pages, 2)
+  end
+  local cross_origin = opts and opts.cross_origin
+  if cross_origin ~= nil and type(cross_origin) ~= "boolean" then
+    errors.bad_option("client:pages", "cross_origin", "a boolean", cross_origin, 2)
+  end
+  if cross_origin == nil then cross_origin = self.cross_origin end
+  -- The first page's URL, as the loop guard compares the links with it
+  -- (a bad path or query raises here, at the call).
+  local first_url = self:_target(path, cross_origin)
+  if opts and opts.query ~= nil then first_url = headers_mod.with_query(first_url, opts.query, "client:pages", 2) end
+  local first, rest = page_options(opts, true), page_options(opts, false)
+  if rest and cross_origin then rest.cross_origin = true end
+  local seen, count, last, done = { [first_url] = true }, 0, nil, false
+  return function()
+    if done then return nil end
+    local target, call = path, first
+    if last then
+      if max_pages and count >= max_pages then
+        done = true
+        return nil
+      end
+      local url, err = self:_next_page(last, seen, cross_origin)
+      if not url then
+        done = true
+        return url, err
+      end
+      seen[url] = true
+      target = url
+      call = rest or (cross_origin and { cross_origin = true }) or nil
+    end
+    count = count + 1
+    local res, err = self:request("GET", target, call)
+    if not res then
+      done = true
+      return false, err
+    end
+    last = res
+    return res
+  end
 end
 
 for _, m in ipairs { "get", "post", "put", "delete", "patch", "head" } do

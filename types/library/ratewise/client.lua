@@ -103,6 +103,17 @@ function Client:delete(path, opts) end
 ---@return ratewise.Error|nil err
 function Client:head(path, opts) end
 
+---The options of `client:pages`: a call's, and `max_pages`.
+---@class ratewise.PagesOptions: ratewise.RequestOptions
+---@field max_pages? integer the most pages fetched (default: every one)
+
+---An iterator over the pages `Link: <...>; rel="next"` names, each a GET through the client; a failed
+---page (or a link it cannot follow, kind `"pagination"`) comes once as `false, err`, then it ends.
+---@param path string a path starting with `/`, or an absolute URL
+---@param opts? ratewise.PagesOptions
+---@return fun(): (ratewise.Response|false|nil), ratewise.Error|nil
+function Client:pages(path, opts) end
+
 ---Counters since the client was made.
 ---@return ratewise.ClientStats
 function Client:stats() end

@@ -138,6 +138,16 @@ function core.parse_rfc3339(s) end
 ---@return number seconds
 function core.backoff(attempt, base, max_delay, jitter, u, previous) end
 
+---The target of the first link of a Link field value (RFC 8288) whose `rel` names `rel`, resolved
+---against `base` (RFC 3986) when given; nil when there is none; nil and why when its target does not
+---resolve or holds a space or a control character.
+---@param value string
+---@param rel string
+---@param base? string
+---@return string|nil url
+---@return string|nil why
+function core.link(value, rel, base) end
+
 ---An event-stream parser: a line or an event's data may hold at most `max` bytes (default 1 MiB).
 ---@param max? integer
 ---@return ratewise.SSEParser

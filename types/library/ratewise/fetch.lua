@@ -29,6 +29,7 @@
 ---| "limiter_unavailable" # the limiter could not answer: nothing was sent
 ---| "stream"              # a streamed body broke off (from res:read())
 ---| "entropy"             # no randomness for idempotency_key = true: nothing was sent
+---| "pagination"          # client:pages met a next link it does not follow: nothing more was sent
 
 ---The options of `rw.fetch` (an unknown or bad one raises, naming it).
 ---@class ratewise.FetchOptions
