@@ -22,7 +22,8 @@
 -- The call (fetch/plan.lua's state): method, shown_url, safe (replay-safe),
 -- policy, retry_after (nil: honor) and retry_after_max, budget (an object:
 -- whether there is one), retries (made so far), attempts, previous_backoff,
--- deadline and max_elapsed (the time budget), opts, the caller's options
+-- deadline and max_elapsed (the time budget; by_deadline and started: the
+-- deadline option set its end), opts, the caller's options
 -- (max_retries, base, max_delay, jitter, hint_jitter, delay), and of the
 -- attempt: budget_cut (whether the time budget cut its own timeouts;
 -- "after_headers" for a stream's time read whole) and answers. A call
@@ -64,8 +65,16 @@ local ASK_CALL = { action = "ask", hook = "call" }
 -- wording).
 local function budget_message(call, why)
   local attempts = call.attempts
-  return format("%s: %s (max_elapsed %.2f s, %d attempt%s)", call.method .. " " .. call.shown_url, why,
-    call.max_elapsed, attempts, attempts == 1 and "" or "s")
+  local limit -- what ended the time: max_elapsed, or the deadline option when it came first
+  if not call.by_deadline then
+    limit = format("max_elapsed %.2f s", call.max_elapsed)
+  elseif call.deadline > call.started then
+    limit = format("deadline %.2f s after the call began", call.deadline - call.started)
+  else
+    limit = format("the deadline had passed %.2f s before the call began", call.started - call.deadline)
+  end
+  return format("%s: %s (%s, %d attempt%s)", call.method .. " " .. call.shown_url, why, limit, attempts,
+    attempts == 1 and "" or "s")
 end
 decision.budget_message = budget_message
 
