@@ -79,7 +79,7 @@ end
 -- annotated type.
 local annotation_of_kind = {
   string = "string", table = "table", boolean = "boolean", positive = "number", nonnegative = "number",
-  finite = "number", count = "integer", ["function"] = "fun%(", callback_or_false = "fun%(.*%)|false",
+  finite = "number", time = "number", count = "integer", ["function"] = "fun%(", callback_or_false = "fun%(.*%)|false",
   key = "true|string", names = "string%[%]", jitter = "ratewise%.Jitter", retry_after = "ratewise%.RetryAfterMode",
   tls_version = '"1%.2"|"1%.3"', limiter = "ratewise%.Limiter", policy = "ratewise%.Policy",
   circuit = "ratewise%.Circuit", budget = "ratewise%.RetryBudget",

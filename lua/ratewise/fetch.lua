@@ -40,6 +40,8 @@ fetch.counters = report.counters
 -- only reads its options, and hands the table to no one).
 local NO_OPTIONS = {}
 
+local NO_TIME_FIRST = "no time left for a first attempt; nothing was sent"
+
 --- res | nil, err = fetch.fetch(url [, opts [, counters]])
 -- counters: fetch.counters' (rw.client's), or nil.
 function fetch.fetch(url, opts, counters)
@@ -55,10 +57,9 @@ function fetch.fetch(url, opts, counters)
   if not state then return nil, err end -- no idempotency key could be made
   local request_url, shown_url = state.url, state.shown_url
   local timeout = opts.timeout or DEFAULT_TIMEOUT
-  local started = now()
-  local deadline = started + state.max_elapsed
-  -- (what the decision, the attempts and the errors read of the call so far)
-  state.started, state.deadline, state.attempts = started, deadline, 0
+  -- (when the call began and when it must end: plan.make's, the one place
+  -- that weighs max_elapsed against the deadline option)
+  local started, deadline = state.started, state.deadline
   local hooked = state.hooked
   if hooked then
     local budget, on_event = state.budget, state.on_event
@@ -66,6 +67,9 @@ function fetch.fetch(url, opts, counters)
     if on_event then
       call_hook("on_event", on_event, { type = "request", method = state.method, url = shown_url })
     end
+    -- A deadline already past ends the call before anything is asked of
+    -- the limiter or the circuit (a plain call's first attempt sees it below).
+    if deadline <= started then return budget_error(state, NO_TIME_FIRST) end
   end
   local attempts = 0
   while true do
@@ -77,7 +81,8 @@ function fetch.fetch(url, opts, counters)
     local sent_at = attempts == 0 and not hooked and started or now()
     local left = deadline - sent_at
     if left <= 0 then
-      return budget_error(state, "no time left for another attempt", state.last_response)
+      return budget_error(state, attempts == 0 and NO_TIME_FIRST or "no time left for another attempt",
+        state.last_response)
     end
     local res, terr, streaming = send(state, left, timeout)
     attempts = attempts + 1

@@ -51,6 +51,8 @@ local options = {}
 --   client    "default": rw.client takes it as a default for every call;
 --             "own": rw.client takes it with a meaning of its own
 --   call      true: a client's call takes it though rw.fetch does not
+--   not_client  why rw.client does not take it, though a call does: the
+--             error that names it unknown says so
 local schema = {
   -- what is sent
   { name = "method", kind = "string", default = "GET", layer = "plan", field = "method", identity = "request",
@@ -80,6 +82,9 @@ local schema = {
     client = "default" },
   { name = "max_elapsed", kind = "positive", default = 120, layer = "decision", identity = false, fetch = true,
     client = "default" },
+  { name = "deadline", kind = "time", layer = "plan", identity = false, fetch = true,
+    not_client = "a deadline is when one piece of work must end, and a client outlives it: give it to each call "
+      .. "(client:get(path, {deadline = d})), or max_elapsed here for a budget per call" },
   { name = "max_delay", kind = "finite", default = 60, layer = "decision", identity = false, fetch = true,
     client = "default" },
   { name = "base", kind = "positive", default = 1, layer = "decision", identity = false, fetch = true,
@@ -247,6 +252,11 @@ end
 -- of every table of options; level as error's, seen from the caller.
 -- noun: what the table's keys are called ("option" unless said).
 function options.unknown(who, name, known, level, noun)
+  local entry = known == client_names and type(name) == "string" and by_name[name]
+  if entry and entry.not_client then
+    error(format("%s: unknown option '%s' (a call's, not a client's: %s)", who, name, entry.not_client),
+      level > 0 and level + 1 or 0)
+  end
   local shown = type(name) == "string" and #name <= 40 and not name:find("%c") and name
     or type(name) == "string" and sub(name, 1, 40):gsub("%c", "?") .. "..."
     or tostring(name)
@@ -284,6 +294,9 @@ local checkers = {
   positive = function(v, t) return t == "number" and v == v and v > 0 and v ~= huge, "a positive number" end,
   nonnegative = function(v, t) return t == "number" and v == v and v >= 0, "a non-negative number" end,
   finite = function(v, t) return t == "number" and v == v and v >= 0 and v ~= huge, "a finite non-negative number" end,
+  time = function(v, t)
+    return t == "number" and v == v and v ~= huge and v ~= -huge, "a time on rw.now()'s clock, a finite number"
+  end,
   positive_or_forever = function(v, t) return t == "number" and v == v and v > 0, "a positive number" end,
   positive_integer = function(v, t)
     return t == "number" and v == v and v >= 1 and v ~= huge and v % 1 == 0, "a positive integer"

@@ -32,6 +32,9 @@ local has_body = { POST = true, PUT = true, PATCH = true }
 -- The time budget of a call that gives none, and its attempts' timeout.
 local DEFAULT_MAX_ELAPSED, DEFAULT_TIMEOUT = 120, 30
 plan.DEFAULT_MAX_ELAPSED, plan.DEFAULT_TIMEOUT = DEFAULT_MAX_ELAPSED, DEFAULT_TIMEOUT
+-- How far ahead a deadline may lie (seconds, about 30 years): one further
+-- is a time on the wall clock, given by mistake.
+local OTHER_CLOCK = 1e9
 
 -- Said once per process: a verify_tls = false carried from a test into
 -- production should not go unnoticed.
@@ -467,6 +470,10 @@ end
 --   header_secrets: the secret values among the header lines, or nil
 --   safe: whether the request may be sent again (replay-safe)
 --   max_elapsed: the call's time budget
+--   started: when the call began (rw.now())
+--   deadline: when it must end: started + max_elapsed, or the `deadline`
+--     option when that comes first (by_deadline: true then)
+--   attempts: the attempts made so far (0)
 --   opts, counters: the call's options and an rw.client's counters
 --   policy, limiter, circuit, budget, on_event, sleep, cost, retry_after,
 --     retry_after_max, max_body, stream: the options the attempts and the
@@ -477,15 +484,18 @@ end
 --     call waits through a sleep of its own: without, every field of the
 --     list above from policy on is nil
 --   retries: the retries made so far (0)
--- It is also the call's state: fetch.fetch adds started, deadline and
--- attempts, the decision what it keeps between attempts.
+-- It is also the call's state: fetch.fetch counts its attempts, the
+-- decision keeps what it needs between them.
 function plan.make(url, opts, counters)
   if type(opts) ~= "table" then bad_options_type(url, opts, 4) end
   -- (every field a plain call sets is here, so that the table is made at
   -- its size)
+  -- The call starts here: its time budget runs from now.
+  local started = now()
+  local max_elapsed = opts.max_elapsed or DEFAULT_MAX_ELAPSED
   local p = { url = url, method = "GET", headers = default_lines, timeout = false, transport = false,
-    shown_url = false, safe = true, hooked = false, retries = 0, opts = opts,
-    max_elapsed = opts.max_elapsed or DEFAULT_MAX_ELAPSED }
+    shown_url = false, safe = true, hooked = false, retries = 0, opts = opts, attempts = 0,
+    max_elapsed = max_elapsed, started = started, deadline = started + max_elapsed }
   local mark = checked[opts] -- fetch.check's
   if mark and not mark.kept then checked[opts] = nil end
   local names, others = read_options(opts, mark and mark.values, 2, p)
@@ -524,10 +534,7 @@ function plan.make(url, opts, counters)
   end
   if header_table ~= nil or key ~= nil or json_value ~= nil then
     local made, err = request_lines(p, header_table, key, extra_secrets, json_value)
-    if not made then
-      p.started, p.attempts = now(), 0
-      return nil, fetch_error("entropy", err, p)
-    end
+    if not made then return nil, fetch_error("entropy", err, p) end
   end
 
   -- The request's fields the engine reads only when listed.
@@ -556,6 +563,17 @@ function plan.make(url, opts, counters)
     if (retry_after == "clamp" or retry_after == "fail_fast") and not retry_after_max then
       error(format("fetch: option 'retry_after' = %q needs retry_after_max, the longest wait to accept",
         retry_after), 3)
+    end
+    local given = opts.deadline
+    if given ~= nil then
+      -- A time on another clock (os.time(), ngx.now(): seconds since 1970)
+      -- lies decades past rw.now()'s, and would bound nothing.
+      if given - started > OTHER_CLOCK then
+        error(format("fetch: option 'deadline' is %.0f s away: it is a time on rw.now()'s clock (rw.now() + "
+          .. "seconds), not on os.time()'s or ngx.now()'s", given - started), 3)
+      end
+      -- The earlier end wins: the deadline, or max_elapsed from the start.
+      if given < p.deadline then p.deadline, p.by_deadline = given, true end
     end
     if limiter then
       local cost = opts.cost or 1

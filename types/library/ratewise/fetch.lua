@@ -47,6 +47,7 @@
 ---@field idle_timeout? number seconds the body may go without a byte
 ---@field max_retries? integer retries after the first attempt (default 3)
 ---@field max_elapsed? number seconds for the whole call, waits included (default 120)
+---@field deadline? number a time on `rw.now()`'s clock the call ends by, waits included; the earlier of it and max_elapsed wins
 ---@field max_delay? number caps the fallback backoff only (default 60)
 ---@field base? number the fallback backoff's base, seconds (default 1)
 ---@field jitter? ratewise.Jitter the fallback backoff's jitter (default "full")
