@@ -1,5 +1,5 @@
 -- The `deadline` option (a time on rw.now()'s clock, beside max_elapsed,
--- the earlier of the two winning), against a real
+-- the earlier of the two winning) and task:join(timeout), against a real
 -- loopback server (spec/support/server.py), asserting what it saw.
 local rw = require "ratewise"
 local options = require "ratewise.options"
@@ -149,5 +149,93 @@ describe("the deadline option", function()
   it("is no part of a request's identity", function()
     assert.is_false(options.by_name.deadline.identity)
     for _, part in ipairs(options.identity) do assert.not_equal("deadline", part.name) end
+  end)
+end)
+
+describe("task:join(timeout)", function()
+  local s
+
+  setup(function() s = server.start() end)
+  teardown(function() s:stop() end)
+  before_each(function() s:reset() end)
+
+  it("inside a task: nil, \"timeout\" once the seconds pass, and the task goes on", function()
+    s:script("/slow", { { status = 200, body = "late", delay = 0.5 } })
+    rw.run(function()
+      local t0 = rw.now()
+      local task = rw.spawn(rw.fetch, s:url("/slow"), { on_retry = false })
+      local res, why = task:join(0.15)
+      local waited = rw.now() - t0
+      assert.is_nil(res)
+      assert.equal("timeout", why)
+      assert.is_true(waited >= 0.14 and waited < 0.15 + LATE, "waited " .. waited .. " s")
+      assert.equal("waiting", task:status())
+      -- not cancelled: its request goes on, and a join then has its answer
+      res = assert(task:join())
+      assert.equal(200, res.status)
+      assert.equal("late", res.body)
+      assert.is_true(rw.now() - t0 >= 0.45)
+    end)
+    assert.equal(1, #s:log("/slow"))
+  end)
+
+  it("outside any task: the main thread drives the scheduler until the timeout", function()
+    s:script("/slow", { { status = 200, body = "late", delay = 0.5 } })
+    local t0 = rw.now()
+    local task = rw.spawn(rw.fetch, s:url("/slow"), { on_retry = false })
+    local res, why = task:join(0.15)
+    local waited = rw.now() - t0
+    assert.is_nil(res)
+    assert.equal("timeout", why)
+    assert.is_true(waited >= 0.14 and waited < 0.15 + LATE, "waited " .. waited .. " s")
+    res = assert(task:join(5))
+    assert.equal(200, res.status)
+    local took = rw.now() - t0
+    assert.is_true(took >= 0.45 and took < 0.5 + LATE, "took " .. took .. " s")
+    assert.equal(1, #s:log("/slow"))
+  end)
+
+  it("returns what join returns as soon as the task ends within the timeout", function()
+    s:script("/quick", { { status = 200, body = "ok", delay = 0.1 } })
+    local t0 = rw.now()
+    local task = rw.spawn(function()
+      local res = assert(rw.fetch(s:url("/quick"), { on_retry = false }))
+      return res.status, res.body
+    end)
+    local status, body = task:join(5)
+    assert.equal(200, status)
+    assert.equal("ok", body)
+    assert.is_true(rw.now() - t0 < 0.1 + LATE)
+    local failing = rw.spawn(function() rw.sleep(0.05); error("boom") end)
+    local none, err = failing:join(5)
+    assert.is_nil(none)
+    assert.matches("boom", err)
+  end)
+
+  it("with 0 answers at once, in a task or not", function()
+    local task = rw.spawn(rw.sleep, 0.2)
+    assert.same({ nil, "timeout" }, { task:join(0) })
+    rw.run(function() assert.same({ nil, "timeout" }, { task:join(0) }) end)
+    assert.is_true(select("#", task:join()) >= 0)
+    assert.equal("done", task:status())
+  end)
+
+  it("still reports a failure that nobody joins once a join timed out", function()
+    local ok, err = pcall(rw.run, function()
+      local task = rw.spawn(function() rw.sleep(0.1); error("late failure") end)
+      assert.equal("timeout", select(2, task:join(0.01)))
+    end)
+    assert.is_false(ok)
+    assert.matches("never joined: .*late failure", err)
+  end)
+
+  it("raises for a timeout that is not a finite number", function()
+    local task = rw.spawn(rw.sleep, 0)
+    for _, bad in ipairs { "1", 0 / 0, math.huge } do
+      local ok, err = pcall(task.join, task, bad)
+      assert.is_false(ok)
+      assert.matches("join: timeout must be a finite number of seconds", err)
+    end
+    task:join()
   end)
 end)

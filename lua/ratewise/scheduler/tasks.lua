@@ -330,21 +330,55 @@ local function task_outcome(task)
   return unpack(task.results, 1, task.results.n)
 end
 
---- results... | nil, err = task:join()
-function Task:join()
+-- A task that no longer waits to join `task` (its join timed out, or it
+-- was cancelled) leaves its list of joiners: a failure nobody will see is
+-- still told (finish).
+local function leave_joiners(task, me)
+  local joiners = task.joiners
+  if not joiners then return end
+  for i = #joiners - 1, 1, -2 do
+    if joiners[i] == me then
+      table.remove(joiners, i + 1)
+      table.remove(joiners, i)
+    end
+  end
+  if joiners[1] == nil then task.joiners = nil end
+end
+
+--- results... | nil, err = task:join([timeout]): the task's results once
+-- it has finished; with timeout (seconds), nil, "timeout" when it has not
+-- finished by then. A join that times out leaves the task running.
+function Task:join(timeout)
+  if timeout ~= nil then
+    local bad = bad_seconds(timeout)
+    if bad then error(format("join: timeout must be a finite number of seconds (got %s)", bad), 2) end
+  end
   if self.state ~= "done" then
     local me = current()
     if me == self then error("join: a task cannot join itself", 2) end
     if me then
       local joiners = self.joiners or {}
       self.joiners = joiners
-      me.wait_id = me.wait_id + 1
+      local id = me.wait_id + 1
+      me.wait_id = id
       joiners[#joiners + 1] = me
-      joiners[#joiners + 1] = me.wait_id
-      wait_here(me)
+      joiners[#joiners + 1] = id
+      if timeout then push_timer(now() + timeout, me, id) end
+      wait_here(me, leave_joiners, self, me)
+      -- (woken by its timer, not by the task's end)
+      if self.state ~= "done" then
+        leave_joiners(self, me)
+        return nil, "timeout"
+      end
     else
-      self.awaited = true -- joined from outside a task: its failure is not lost
-      S.outside_wait(function() return self.state == "done" end)
+      -- joined from outside a task: its failure is not lost
+      local awaited = self.awaited
+      self.awaited = true
+      S.outside_wait(function() return self.state == "done" end, timeout and now() + timeout)
+      if self.state ~= "done" then
+        self.awaited = awaited
+        return nil, "timeout"
+      end
     end
   end
   return task_outcome(self)

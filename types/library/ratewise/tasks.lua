@@ -10,9 +10,11 @@
 local Task = {}
 
 ---The task's results, or `nil, err` (`"cancelled"` for a cancelled task;
----otherwise the error with its traceback).
+---otherwise the error with its traceback). With `timeout` (seconds), `nil,
+---"timeout"` when the task has not finished by then; it goes on running.
+---@param timeout? number
 ---@return any ...
-function Task:join() end
+function Task:join(timeout) end
 
 ---Ends a task that is waiting; one that has not started never runs; a
 ---running one is cancelled at its next wait.
