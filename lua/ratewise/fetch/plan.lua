@@ -492,13 +492,13 @@ function plan.make(url, opts, counters)
   -- its size)
   -- The call starts here: its time budget runs from now.
   local started = now()
-  local max_elapsed = opts.max_elapsed or DEFAULT_MAX_ELAPSED
   local p = { url = url, method = "GET", headers = default_lines, timeout = false, transport = false,
     shown_url = false, safe = true, hooked = false, retries = 0, opts = opts, attempts = 0,
-    max_elapsed = max_elapsed, started = started, deadline = started + max_elapsed }
+    max_elapsed = opts.max_elapsed or DEFAULT_MAX_ELAPSED, started = started, deadline = false }
   local mark = checked[opts] -- fetch.check's
   if mark and not mark.kept then checked[opts] = nil end
   local names, others = read_options(opts, mark and mark.values, 2, p)
+  p.deadline = started + p.max_elapsed -- (the options checked)
   local method, body, json_value, header_table, key, extra_secrets = "GET", nil, nil, opts.headers, nil, nil
   local policy, secret_headers, stream
   -- (others: else every option below is nil; "body": all but the method, body and json)
