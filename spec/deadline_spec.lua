@@ -239,3 +239,49 @@ describe("task:join(timeout)", function()
     task:join()
   end)
 end)
+
+describe("the deadline option on a client's call", function()
+  local s
+
+  setup(function() s = server.start() end)
+  teardown(function() s:stop() end)
+  before_each(function() s:reset() end)
+
+  it("does not join an identical request in flight that ends after the call's deadline", function()
+    s:script("/slow", { { status = 200, body = "late", delay = 1.5 }, { status = 200, body = "late", delay = 1.5 } })
+    local c = rw.client { base_url = s.base, on_retry = false }
+    local took, res, err
+    rw.run(function()
+      local first = rw.spawn(function() return c:get("/slow") end)
+      rw.sleep(0.05)
+      local t0 = rw.now()
+      res, err = c:get("/slow", { deadline = t0 + 0.4 })
+      took = rw.now() - t0
+      assert(first:join())
+    end)
+    assert.is_nil(res)
+    assert.equal("budget", err.kind)
+    assert.is_true(took < 0.4 + LATE, "ended after " .. took .. " s")
+    -- it made a request of its own, which its deadline cut
+    assert.equal(2, #s:log("/slow"))
+  end)
+
+  it("waits for its turn under concurrency no longer than its deadline, and says so", function()
+    s:script("/slow", { { status = 200, body = "late", delay = 1.5 } })
+    local c = rw.client { base_url = s.base, on_retry = false, concurrency = 1 }
+    local took, res, err
+    rw.run(function()
+      local first = rw.spawn(function() return c:get("/slow") end)
+      rw.sleep(0.05)
+      local t0 = rw.now()
+      res, err = c:get("/other", { deadline = t0 + 0.3 })
+      took = rw.now() - t0
+      assert(first:join())
+    end)
+    assert.is_nil(res)
+    assert.equal("budget", err.kind)
+    assert.matches("did not come before the call's deadline; nothing was sent", err.message)
+    assert.is_true(took >= 0.25 and took < 0.3 + LATE, "ended after " .. took .. " s")
+    assert.equal(0, #s:log("/other"))
+  end)
+end)

@@ -623,6 +623,8 @@ function Client:request(method, path, opts)
 
   local res, err
   local deadline = share and now() + (call.max_elapsed or fetch.DEFAULT_MAX_ELAPSED)
+  -- (the call's own deadline, when it comes first, ends its budget)
+  if deadline and call.deadline and call.deadline < deadline then deadline = call.deadline end
   local joined = false
   while true do
     local shared = share and self.in_flight[key]
@@ -681,17 +683,19 @@ function Client:request(method, path, opts)
 end
 
 -- A call that ends before fetch runs (its turn under `concurrency` did not
--- come within max_elapsed), told as fetch tells a spent budget.
-function Client:_budget_error(url, call, waited)
+-- come within max_elapsed, or before its deadline: by_deadline), told as
+-- fetch tells a spent budget.
+function Client:_budget_error(url, call, waited, by_deadline)
   local counters = self.counters
   counters.failures = counters.failures + 1
   bump(counters.errors, "budget")
   if self.on_event then self.on_event { type = "error", kind = "budget", attempts = 0 } end
+  local within = by_deadline and "before the call's deadline"
+    or format("within the %.2f s of max_elapsed", call.max_elapsed or fetch.DEFAULT_MAX_ELAPSED)
   return nil, setmetatable({
     kind = "budget", attempts = 0, elapsed = waited,
-    message = format("%s %s: its turn under the client's concurrency limit did not come within the %.2f s "
-      .. "of max_elapsed; nothing was sent", call.method or "GET", headers_mod.redact_url(url),
-      call.max_elapsed or fetch.DEFAULT_MAX_ELAPSED),
+    message = format("%s %s: its turn under the client's concurrency limit did not come %s; nothing was sent",
+      call.method or "GET", headers_mod.redact_url(url), within),
   }, fetch.error_mt)
 end
 
@@ -727,17 +731,23 @@ function Client:_send(url, call, key, entry)
     -- what is left.
     local max_elapsed = call.max_elapsed or fetch.DEFAULT_MAX_ELAPSED
     local started = now()
+    -- (no wait past the call's deadline either, when it comes first)
+    local wait_limit, by_deadline = max_elapsed, false
+    if call.deadline and call.deadline - started < max_elapsed then
+      wait_limit, by_deadline = call.deadline - started, true
+    end
     -- (the wait may raise, its task cancelled: caught, so that entry is told)
-    ok, res = compat.pcall(take_turn, sem, max_elapsed, call.sleep)
+    ok, res = compat.pcall(take_turn, sem, wait_limit > 0 and wait_limit or 0, call.sleep)
     if ok and res then
-      local left = max_elapsed - (now() - started)
-      if left > 0 then
+      local waited = now() - started
+      local left = max_elapsed - waited
+      if left > 0 and waited < wait_limit then
         call.max_elapsed, turn = left, true
       else
         sem:release()
       end
     end
-    if ok and not turn then res, err = self:_budget_error(url, call, now() - started) end
+    if ok and not turn then res, err = self:_budget_error(url, call, now() - started, by_deadline) end
   end
   if turn then
     counters.in_flight = counters.in_flight + 1
