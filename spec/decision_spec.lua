@@ -184,6 +184,21 @@ local cases = {
   { name = "unsafe POST", method = "POST", safe = false, status = 503, want = { action = "fail", kind = "unsafe",
     message = "POST " .. URL .. " was not retried after 503: POST is not replay-safe (give an idempotency_key, "
       .. "or set retry_non_idempotent)" } },
+  { name = "unsafe POST a provider would replay: the provider named first", method = "POST", safe = false,
+    status = 429, want = { action = "fail", kind = "unsafe",
+    message = "POST " .. URL .. " was not retried after 429: POST is not replay-safe (give the API's provider, "
+      .. 'policy = "openai" or "anthropic" (a client\'s provider option), when the API is theirs or speaks their '
+      .. "dialect: its servers did not act on such an answer; else give an idempotency_key, or set "
+      .. "retry_non_idempotent)" } },
+  { name = "unsafe POST of a 500 with x-should-retry: true: the providers named", method = "POST", safe = false,
+    status = 500, headers = { ["x-should-retry"] = "true" },
+    want = { action = "fail", kind = "unsafe", message = 'policy = "openai" or "anthropic"' } },
+  { name = "unsafe POST no provider would replay (x-should-retry: false)", method = "POST", safe = false,
+    status = 429, headers = { ["x-should-retry"] = "false" },
+    want = { action = "fail", kind = "unsafe", message = "(give an idempotency_key, or set retry_non_idempotent)" } },
+  { name = "unsafe POST whose own replayable said no: no provider named", method = "POST", safe = false,
+    status = 429, policy = policy_with { replayable = yes }, answers = { replayable = false },
+    want = { action = "fail", kind = "unsafe", message = "(give an idempotency_key, or set retry_non_idempotent)" } },
   { name = "POST made safe (a key, retry_non_idempotent)", method = "POST", safe = true, status = 503,
     want = { action = "retry" } },
   { name = "unsafe POST answered 200", method = "POST", safe = false, status = 200, want = { action = "return" } },

@@ -338,6 +338,29 @@ describe("rw.providers", function()
       assert.equal(2, #s:log("/v1/messages"))
     end)
 
+    it("openai and anthropic: a POST the server timed out waiting for (408) is sent again", function()
+      for _, name in ipairs { "openai", "anthropic" } do
+        local path = "/v1/timeout-" .. name
+        s:script(path, { { status = 408 }, { status = 200 } })
+        local res = assert(rw.fetch(s:url(path), { method = "POST", body = "{}", policy = name, on_retry = false,
+          sleep = function() end }))
+        assert.equal(200, res.status)
+        assert.equal(2, #s:log(path), name)
+      end
+    end)
+
+    it("openai and anthropic: x-should-retry: false keeps even a 429's POST from a replay", function()
+      for _, name in ipairs { "openai", "anthropic" } do
+        assert.is_nil(rw.providers[name].replayable({ status = 429, headers = { ["x-should-retry"] = "false" } },
+          "POST"), name)
+        assert.is_true(rw.providers[name].replayable({ status = 502, headers = { ["x-should-retry"] = "true" } },
+          "POST"), name)
+        assert.is_nil(rw.providers[name].replayable({ status = 502, headers = {} }, "POST"), name)
+      end
+      assert.is_nil(rw.providers.openai.replayable({ status = 529, headers = {} }, "POST"))
+      assert.is_true(rw.providers.anthropic.replayable({ status = 529, headers = {} }, "POST"))
+    end)
+
     it("without a policy that says so, a POST is never replayed", function()
       s:script("/plain", { { status = 429, headers = { ["Retry-After"] = "0" } }, { status = 200 } })
       local _, err = rw.fetch(s:url("/plain"), { method = "POST", on_retry = false })

@@ -8,6 +8,7 @@ local headers_mod = require "ratewise.headers"
 local json = require "ratewise.json"
 local limiters_mod = require "ratewise.limiters"
 local policy_mod = require "ratewise.policy"
+local providers = require "ratewise.providers.known"
 local retry_budget_mod = require "ratewise.retry_budget"
 local runtime = require "ratewise.runtime"
 local scheduler = require "ratewise.scheduler"
@@ -18,8 +19,8 @@ local options = require "ratewise.options"
 local format, lower, upper, find, byte = string.format, string.lower, string.upper, string.find, string.byte
 local SLASH = byte("/")
 local sort = table.sort
-local type, tostring, pairs, ipairs, setmetatable, getmetatable, rawget, pcall =
-  type, tostring, pairs, ipairs, setmetatable, getmetatable, rawget, pcall
+local type, tostring, pairs, ipairs, setmetatable, getmetatable, rawget =
+  type, tostring, pairs, ipairs, setmetatable, getmetatable, rawget
 local now = core.now
 
 local client = {}
@@ -45,22 +46,14 @@ local shareable = { GET = true, HEAD = true, OPTIONS = true }
 ---------------------------------------------------------------------------
 -- Construction
 
-local function known_providers()
-  return "github, openai, anthropic, stripe, ietf"
-end
-
+-- A provider's name, a policy (or a table of hooks), or false for none
+-- (not even the provider of the API at base_url's host).
 local function resolve_provider(p)
-  if p == nil then return nil end
+  if p == nil or p == false then return p end
   if type(p) ~= "string" and type(p) ~= "table" then
-    errors.bad_option("client", "provider", "a provider's name or a policy", p, 4)
+    errors.bad_option("client", "provider", "a provider's name, a policy or false", p, 4)
   end
-  if type(p) == "string" then
-    local ok, found = pcall(require, "ratewise.providers." .. p)
-    if not ok or not policy_mod.is_policy(found) then
-      error(format("client: unknown provider '%s' (built in: %s)", p, known_providers()), 4)
-    end
-    return found
-  end
+  if type(p) == "string" then return providers.provider(p, "client", 4) end
   return policy_mod.new(p)
 end
 
@@ -417,7 +410,15 @@ function Client:_call(method, opts, url, route_path, foreign, kept)
     secret_names = both
   end
   call.secret_headers = secret_names or opts.secret_headers
-  call.policy = opts.policy or self.policy
+  -- (a call's own policy, a provider's name or false, before the client's)
+  local own_policy = opts.policy
+  if own_policy == nil then
+    call.policy = self.policy
+  elseif type(own_policy) == "string" then
+    call.policy = providers.provider(own_policy, "client:request", 3)
+  else
+    call.policy = own_policy
+  end
   call.circuit = opts.circuit or self.circuit
   call.budget = opts.budget or self.budget
   call.cost = opts.cost

@@ -317,9 +317,11 @@ local checkers = {
     end
     return true
   end,
-  policy = function(v)
+  policy = function(v, t)
     policy_module = policy_module or require "ratewise.policy"
-    return policy_module.is_policy(v), "a policy made by rw.policy"
+    -- (a name is looked up when the call is planned: an unknown one raises there, listing the built-in ones)
+    return v == false or t == "string" or policy_module.is_policy(v),
+      "a policy made by rw.policy, a built-in provider's name, or false for none"
   end,
   callback_or_false = function(v, t) return v == false or t == "function", "a function or false" end,
 }

@@ -158,13 +158,32 @@ function methods:chunks()
   end
 end
 
+-- What an event can do: event:json().
+local event_methods = {}
+local event_mt = { __index = event_methods }
+
+--- value | nil = event:json(): the event's data decoded as JSON; nil for
+-- the data "[DONE]", with which OpenAI-style streams end. Raises for data
+-- that is neither, naming the event: a loop that stops at nil never takes
+-- a broken event for the end.
+function event_methods:json()
+  local data = self.data
+  if data == "[DONE]" then return nil end
+  local value, why = json.decode(data)
+  if value == nil then
+    error(format("event:json(): the data of event '%s' is not JSON: %s", self.event, why), 2)
+  end
+  return value
+end
+
 -- The most bytes of a body parsed for events at once.
 local EVENT_SLICE = 16 * 1024
 
 --- for event in res:events() do ... end: the body read as server-sent
 -- events, each { event = name ("message" unless named), data = its data
 -- lines joined with "\n", id = the stream's last event id (nil until one
--- came), retry = milliseconds, when the event said }. Raises as chunks()
+-- came), retry = milliseconds, when the event said }, and event:json().
+-- Raises as chunks()
 -- does, and for an event-stream line or event over 1 MiB.
 function methods:events()
   local st = streams[self]
@@ -180,7 +199,7 @@ function methods:events()
       local ev = queue[head]
       if ev then
         queue[head], head = nil, head + 1
-        return ev
+        return setmetatable(ev, event_mt)
       end
       if not chunk or at > #chunk then
         local err

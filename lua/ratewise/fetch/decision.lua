@@ -36,6 +36,7 @@
 -- the jitter).
 local core = require "ratewise.core"
 local retry = require "ratewise.retry"
+local providers = require "ratewise.providers.known"
 
 local classify, backoff = core.classify, core.backoff
 local format = string.format
@@ -124,6 +125,23 @@ local function fail(kind, message, d)
   return d
 end
 
+-- Why a request that is not replay-safe was not sent again, and the fix:
+-- first the provider whose servers say such an answer was not acted on
+-- (an API that speaks its dialect at another host: a proxy, a gateway, a
+-- mock), when the call has no policy that answered for it.
+local function unsafe_message(call, res, method_url, why)
+  local policy = call.policy
+  local names = res and not (policy and policy.replayable) and providers.replaying_providers(res, call.method)
+  local fix = "give an idempotency_key, or set retry_non_idempotent"
+  if names then
+    local quoted = format("%q", names[1])
+    for i = 2, #names do quoted = quoted .. format(" or %q", names[i]) end
+    fix = format("give the API's provider, policy = %s (a client's provider option), when the API is theirs or "
+      .. "speaks their dialect: its servers did not act on such an answer; else %s", quoted, fix)
+  end
+  return format("%s was not retried after %s: %s is not replay-safe (%s)", method_url, why, call.method, fix)
+end
+
 -- What follows an attempt that is to be retried if it may: replay safety,
 -- max_retries, the wait and its source, the server's hint against the
 -- retry_after mode, the time budget, the retry budget. why: what failed
@@ -141,8 +159,7 @@ local function retry_or_fail(call, res, terr, clock, why, d)
       if allowed == nil then return ask("replayable") end
     end
     if not allowed then
-      return fail("unsafe", format("%s was not retried after %s: %s is not replay-safe (give an idempotency_key, "
-        .. "or set retry_non_idempotent)", method_url, why, call.method), d)
+      return fail("unsafe", unsafe_message(call, res, method_url, why), d)
     end
   end
   local retries, attempts = call.retries, call.attempts

@@ -12,6 +12,7 @@ local runtime = require "ratewise.runtime"
 local cache = require "ratewise.fetch.cache"
 local report = require "ratewise.fetch.report"
 local options = require "ratewise.options"
+local providers = require "ratewise.providers.known"
 
 local now = core.now
 local format, lower, upper = string.format, string.lower, string.upper
@@ -340,9 +341,8 @@ end
 
 -- What the caller's hooks may change before the first attempt: a policy's
 -- prepare sees (and may add to) the headers and the idempotency key.
-local function prepared(opts, method, url, body)
-  local prepare = opts.policy and opts.policy.prepare
-  if not prepare then return opts.headers, opts.idempotency_key end
+local function prepared(opts, policy, method, url, body)
+  local prepare = policy.prepare
   local h = {}
   for k, v in pairs(opts.headers or {}) do h[k] = v end
   local request = { method = method, url = url, headers = h, idempotency_key = opts.idempotency_key,
@@ -508,15 +508,19 @@ function plan.make(url, opts, counters)
     url = headers.with_query(url, query, "fetch", 3)
   end
   local shown_url, url_secrets, origin = url_facts(url, 1)
+  -- The call's policy (a provider's name, false for none), else the
+  -- provider of the API at its host: a call to one takes the full path.
+  if others == true then policy = opts.policy end
+  policy = providers.resolve(policy, origin, "fetch", 3)
+  if policy and others ~= true then others = true end
   if others then
     json_value, body = opts.json, opts.body
     if opts.method ~= nil or body ~= nil or json_value ~= nil then method = request_method(opts, 4) end
     if json_value ~= nil then body = json.encode(json_value, "fetch: option 'json'", 3) end
   end
   if others == true then
-    policy = opts.policy
     if policy and policy.prepare then
-      header_table, key = prepared(opts, method, url, body)
+      header_table, key = prepared(opts, policy, method, url, body)
     else
       key = opts.idempotency_key
     end

@@ -46,10 +46,13 @@ local function observe(res, limiter)
   end
 end
 
--- A rate-limited (429, 529) or should-retry response was not acted on: the
--- official SDKs send such a POST again, and so may ratewise.
+-- A rate-limited (429), overloaded (529), timed-out (408) or should-retry
+-- response was not acted on: the official SDKs send such a POST again, and
+-- so may ratewise. (The SDKs also replay every 5xx and 409; a 500 may come
+-- after the model ran, so only x-should-retry: true replays one here.)
+local OVERLOADED = { [529] = true }
 local function replayable(res)
-  return common.not_acted_on(res, "x-should-retry") or (type(res) == "table" and res.status == 529) or nil
+  return common.not_acted_on(res, "x-should-retry", OVERLOADED)
 end
 
 return policy.new {

@@ -95,13 +95,19 @@ function common.override(res, name)
   return flag and "retryable" or "terminal"
 end
 
---- true | nil = common.not_acted_on(res, flag_header): the failed attempt
--- was refused before the server acted on it: a 429 (the request was not
--- processed), or a "should retry: true" header (the server says a retry is
--- safe). Then even a POST may be sent again.
-function common.not_acted_on(res, name)
+--- true | nil = common.not_acted_on(res, flag_header [, also]): the failed
+-- attempt was refused before the server acted on it: a 429 (the request
+-- was not processed), a 408 (the server gave up waiting for the request
+-- before it had it whole: RFC 9110 15.5.9), a status of the set `also`, or
+-- a "should retry: true" header (the server says a retry is safe). Then even
+-- a POST may be sent again. A 5xx is not: the server may have run (and
+-- billed) the request before it failed, unless it says should retry.
+function common.not_acted_on(res, name, also)
   if type(res) ~= "table" then return nil end
-  if res.status == 429 or (name and common.flag(res, name) == true) then return true end
+  local flag = name and common.flag(res, name)
+  if flag ~= nil then return flag or nil end -- the server's word decides
+  local status = res.status
+  if status == 429 or status == 408 or (also and also[status]) then return true end
   return nil
 end
 

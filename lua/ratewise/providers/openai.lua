@@ -37,8 +37,10 @@ local function observe(res, limiter)
   end
 end
 
--- A rate-limited (429) or should-retry response was not acted on: the
--- official SDKs send such a POST again, and so may ratewise.
+-- A rate-limited (429), timed-out (408) or should-retry response was not
+-- acted on: the official SDKs send such a POST again, and so may ratewise.
+-- (The SDKs also replay every 5xx and 409; a 500 may come after the model
+-- ran, so only x-should-retry: true replays one here.)
 local function replayable(res)
   return common.not_acted_on(res, "x-should-retry")
 end

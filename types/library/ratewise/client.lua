@@ -8,7 +8,7 @@
 ---@field base_url string required; `http://` or `https://`; request paths are appended to it
 ---@field cross_origin? boolean let calls name absolute URLs on other origins
 ---@field headers? table<string, string|number> sent with every request, read at each request
----@field provider? "github"|"openai"|"anthropic"|"stripe"|"ietf"|ratewise.Policy|ratewise.PolicySpec
+---@field provider? ratewise.ProviderName|ratewise.Policy|ratewise.PolicySpec|false none: the provider of base_url's host; false: none at all
 ---@field limiter? ratewise.Limiter taken before every attempt of every request
 ---@field routes? table<string, ratewise.Limiter>|{[1]: string, [2]: ratewise.Limiter}[] per-endpoint limiters, by path prefix or Lua pattern
 ---@field concurrency? integer the most requests of this client in flight at once

@@ -58,7 +58,7 @@
 ---@field hint_jitter? number a waited-out hint is spread upwards by up to this share (default 0.2)
 ---@field limiter? ratewise.Limiter taken before every attempt, retries included
 ---@field cost? number tokens the limiter takes per attempt (default 1)
----@field policy? ratewise.Policy the API's dialect (`rw.policy{...}` or `rw.providers.NAME`)
+---@field policy? ratewise.Policy|ratewise.ProviderName|false the API's dialect (`rw.policy{...}`, `rw.providers.NAME` or a provider's name); none: the provider of the URL's host (docs/providers.md); false: none at all
 ---@field circuit? ratewise.Circuit an open circuit ends the call with kind "circuit_open"
 ---@field budget? ratewise.RetryBudget a refused retry ends the call with kind "budget"
 ---@field follow_redirects? boolean follow up to 10 redirects (default true)
@@ -122,6 +122,12 @@ function Response:json() end
 ---@field data string the data lines joined with "\n"
 ---@field id? string the stream's last event id
 ---@field retry? integer milliseconds, when the event set it
+local ServerEvent = {}
+
+---The event's data decoded as JSON (`rw.null` for a JSON null); nil for `[DONE]`, the end of
+---OpenAI-style streams. Raises for data that is neither, naming the event.
+---@return any|nil value
+function ServerEvent:json() end
 
 ---What `rw.fetch` answers instead of a response. `tostring(err)` gives
 ---`ratewise: <kind>: <message>`.

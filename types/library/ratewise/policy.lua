@@ -21,6 +21,9 @@
 ---@field prepare? fun(request: ratewise.PreparedRequest)
 ---@field replayable? fun(res: ratewise.Response|nil, method: string): boolean|nil
 
+---A built-in provider's name, as the `policy` option and a client's `provider` take it.
+---@alias ratewise.ProviderName "github"|"openai"|"anthropic"|"stripe"|"ietf"
+
 ---A policy made by `rw.policy{...}`, `rw.policy.chain(...)` or a provider.
 ---@class ratewise.Policy: ratewise.PolicySpec
 
