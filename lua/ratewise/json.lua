@@ -129,26 +129,38 @@ local CJSON_DIGITS = 1e14
 -- too (the pure encoder checks UTF-8), which json.encode sees in the text;
 -- lua-cjson's "\/" for "/" is undone there. A value this answers no for
 -- goes to the pure encoder, which writes it, or names what cannot be.
+-- Whether lua-cjson writes the number n with all its digits.
+local function cjson_number_alike(n)
+  if n % 1 == 0 and n > -CJSON_DIGITS and n < CJSON_DIGITS then return true end
+  -- (NaN and the infinities fail here: lua-cjson refuses them too, but
+  -- the pure encoder's error names where they are)
+  return n == n and n % 1 ~= 0 and tonumber(format("%.14g", n)) == n
+end
+
+local null = json.null
+
 local function cjson_writes_alike(v, depth, host_null)
   local t = type(v)
-  if t == "string" then return true end
-  if t == "number" then
-    if v % 1 == 0 then return v > -CJSON_DIGITS and v < CJSON_DIGITS end
-    -- (NaN and the infinities fail here: lua-cjson refuses them too, but
-    -- the pure encoder's error names where they are)
-    return v == v and tonumber(format("%.14g", v)) == v
-  end
   if t == "table" then
-    if depth >= CJSON_DEPTH or v == host_null then return false end
+    if depth >= CJSON_DEPTH or (host_null ~= nil and v == host_null) then return false end
     local inner = depth + 1
+    -- (each entry looked at here, a call only for a table: most of a
+    -- request's body is strings, and its keys are)
     for k, x in pairs(v) do
-      -- (strings are looked at in lua-cjson's text, at once: json.encode)
-      if type(k) ~= "string" and not cjson_writes_alike(k, inner, host_null) then return false end
-      if type(x) ~= "string" and not cjson_writes_alike(x, inner, host_null) then return false end
+      if type(k) ~= "string" and not (type(k) == "number" and cjson_number_alike(k)) then return false end
+      local tx = type(x)
+      if tx == "table" then
+        if not cjson_writes_alike(x, inner, host_null) then return false end
+      elseif tx == "number" then
+        if not cjson_number_alike(x) then return false end
+      elseif tx ~= "string" and tx ~= "boolean" and x ~= null then
+        return false
+      end
     end
     return true
   end
-  return t == "boolean" or v == json.null
+  if t == "number" then return cjson_number_alike(v) end
+  return t == "string" or t == "boolean" or v == null
 end
 
 -- lua-cjson escapes "/" as "\/", which the pure encoder (and a reader of
