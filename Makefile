@@ -98,7 +98,7 @@ DEB_CHECK := clang libclang-rt-14-dev clang-tidy cppcheck valgrind \
              lua5.1 liblua5.1-0-dev lua5.3 liblua5.3-dev luajit2 libluajit2-5.1-dev lua-compat53-dev
 
 .PHONY: all deps deps-build deps-check test demo bench examples install lint clean soak nvim \
-        fuzz test-asan test-valgrind luajit-core bench-hosts bench-rate bench-redis bench-http2 \
+        fuzz test-asan test-valgrind luajit-core nvim-core bench-hosts bench-rate bench-redis bench-http2 \
         bench-openresty bench-baseline bench-instructions bench-fast-paths bench-peers
 
 all: $(CORE)
@@ -147,9 +147,15 @@ luajit-core:
 # it, lua/ratewise/core.so (git-ignored). A new file takes the old one's
 # name (mv): a Neovim that has the old one loaded keeps it, where writing
 # over it in place would crash that Neovim.
+# Without hiredis unless asked (`make nvim REDIS=1`): a plugin rarely
+# shares a limit through Redis, and an editor's machine seldom has
+# hiredis' headers.
 NVIM_CORE := lua/ratewise/core.so
-nvim: luajit-core
-	@cmp -s $(LUAJIT_CORE) $(NVIM_CORE) || { cp $(LUAJIT_CORE) $(NVIM_CORE).new && mv -f $(NVIM_CORE).new $(NVIM_CORE); }
+NVIM_REDIS := $(if $(filter file,$(origin REDIS)),0,$(REDIS))
+nvim:
+	@$(MAKE) -s --no-print-directory LUA=luajit REDIS=$(NVIM_REDIS) nvim-core
+nvim-core: $(CORE)
+	@cmp -s $(CORE) $(NVIM_CORE) || { cp $(CORE) $(NVIM_CORE).new && mv -f $(NVIM_CORE).new $(NVIM_CORE); }
 
 # SPECS names a part of the suite: `make test SPECS="spec/cli_spec.lua"`.
 SPECS ?= spec/

@@ -84,6 +84,32 @@ local function check_exit(out, err, code)
   assert(code == 0, ("nvim exited with %s\nstdout:\n%s\nstderr:\n%s"):format(tostring(code), out, err))
 end
 
+-- `make nvim` builds the core without hiredis unless asked: an editor's
+-- machine seldom has its headers. Read from make's plan (-n), not built.
+describe("make nvim", function()
+  local function plan(args)
+    return capture("make -n --no-print-directory nvim " .. args .. " 2>&1")
+  end
+  local function compiles(out)
+    return out:match("\n([^\n]-%-shared %-o [^\n]*)") or out:match("^([^\n]-%-shared %-o [^\n]*)")
+  end
+
+  it("builds without hiredis unless asked, into a folder of its own", function()
+    local out = plan("-B")
+    local cc = assert(compiles(out), out)
+    assert.matches("%-DRW_NO_REDIS", cc)
+    assert.not_matches("%-lhiredis", cc)
+    assert.matches("build%-luajit[%w-]*%-noredis/ratewise/core%.so", cc)
+    assert.matches("lua/ratewise/core%.so", out)
+  end)
+
+  it("builds with hiredis when asked (REDIS=1)", function()
+    local cc = assert(compiles(plan("-B REDIS=1")))
+    assert.not_matches("%-DRW_NO_REDIS", cc)
+    assert.matches("%-lhiredis", cc)
+  end)
+end)
+
 if NVIM == "" then
   describe("ratewise in Neovim", function()
     pending("nvim is not installed: `make deps` installs Debian's neovim, which this spec runs")

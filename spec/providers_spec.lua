@@ -187,7 +187,7 @@ describe("rw.providers", function()
       })
       local res = assert(rw.fetch(s:url("/gh-ra"), o))
       assert.equal(2, res.attempts)
-      assert.same({ { delay = 42, source = "policy" } }, seen)
+      assert.same({ { delay = 42, source = "retry-after" } }, seen)
     end)
 
     it("waits at least a minute, then twice as long, on a secondary limit without retry-after", function()
@@ -268,7 +268,8 @@ describe("rw.providers", function()
       })
       assert(rw.fetch(s:url("/oa-order"), o))
       assert.same({ 1.25, 5, 360, 1.5 }, { seen[1].delay, seen[2].delay, seen[3].delay, seen[4].delay })
-      for i = 1, 4 do assert.equal("policy", seen[i].source) end
+      assert.same({ "policy", "retry-after", "policy", "policy" },
+        { seen[1].source, seen[2].source, seen[3].source, seen[4].source })
     end)
 
     it("reads x-ratelimit-reset-* only on a 429", function()
@@ -410,7 +411,7 @@ describe("rw.providers", function()
       assert(rw.fetch(s:url("/an-429"), o))
       assert.equal(7, seen[1].delay)
       assert.is_true(math.abs(seen[2].delay - 5.5) < 1e-6, tostring(seen[2].delay))
-      assert.same({ "policy", "policy" }, { seen[1].source, seen[2].source })
+      assert.same({ "retry-after", "policy" }, { seen[1].source, seen[2].source })
     end)
 
     it("reads offsets and lower-case RFC 3339, and gives 0 for a reset already past", function()

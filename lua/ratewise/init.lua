@@ -13,19 +13,8 @@ if core.version ~= VERSION then
     .. "or `luarocks make` in the source tree), or put the matching core.so first on package.cpath",
     type(core.version) == "string" and core.version or "unknown", VERSION), 2)
 end
-local adaptive = require "ratewise.adaptive"
-local bucket = require "ratewise.bucket"
-local redis_bucket = require "ratewise.redis_bucket"
-local shared_bucket = require "ratewise.shared_bucket"
-local circuit = require "ratewise.circuit"
-local client = require "ratewise.client"
 local compat = require "ratewise.compat"
-local limiters = require "ratewise.limiters"
-local retry_budget = require "ratewise.retry_budget"
-local fetch = require "ratewise.fetch"
-local headers = require "ratewise.headers"
 local json = require "ratewise.json"
-local retry = require "ratewise.retry"
 local policy = require "ratewise.policy"
 local runtime = require "ratewise.runtime"
 local scheduler = require "ratewise.scheduler"
@@ -48,22 +37,6 @@ local ratewise = {
   parse_duration = core.parse_duration,
   --- epoch_seconds | nil = rw.parse_rfc3339(s)
   parse_rfc3339 = core.parse_rfc3339,
-  --- seconds = rw.backoff(attempt [, opts])
-  backoff = retry.backoff,
-  --- seconds, source = rw.retry_delay(headers, attempt [, opts])
-  retry_delay = retry.delay,
-  --- values = rw.header_values(res, name): each line of a repeated response header (Set-Cookie)
-  header_values = headers.values,
-  --- bucket = rw.bucket{capacity = C, rate = R [, slow_down = false]}
-  bucket = bucket.new,
-  --- limiter = rw.adaptive{[rate = r] [, max_rate = m] [, min_rate = f] [, burst = b] [, beta = x] [, near = y]}
-  adaptive = adaptive.new,
-  --- limiter = rw.redis_bucket{redis = url | client, key = name, capacity = C, rate = R [, on_error = "local"]}
-  redis_bucket = redis_bucket.new,
-  --- limiter = rw.shared_bucket{dict = name, [key = name,] capacity = C, rate = R}: nginx workers' shared limit
-  shared_bucket = shared_bucket.new,
-  --- res | nil, err = rw.fetch(url [, opts])
-  fetch = fetch.fetch,
   --- seconds on the monotonic clock
   now = core.now,
   --- results... = rw.run(fn, ...)
@@ -87,22 +60,56 @@ local ratewise = {
   pcall = compat.pcall,
   --- rw.configure{sleep = fn | false, wait = fn | false, log = fn | false | true, max_connections = n, ...}
   configure = runtime.configure,
-  --- c = rw.client{base_url = ..., ...}
-  client = client.new,
-  --- breaker = rw.circuit{failures = 5, cooldown = 30}
-  circuit = circuit.new,
-  --- budget = rw.retry_budget{ratio = 0.1, min_per_second = 10, window = 10}
-  retry_budget = retry_budget.new,
-  --- limiter = rw.limiters{a, b, ..., cost = c}
-  limiters = limiters.new,
   --- sem = rw.semaphore(n): sem:acquire(), sem:release()
   semaphore = scheduler.semaphore,
-  --- p = rw.policy{classify = fn, delay = fn, observe = fn, prepare = fn}; rw.policy.chain(a, b, ...)
-  policy = policy,
   --- rw.null: a JSON null as res:json() gives it, and what the json option writes as null (the light
   --- userdata NULL: lua-cjson's cjson.null and OpenResty's ngx.null are the same value)
   null = json.null,
+  --- p = rw.policy{classify = fn, delay = fn, observe = fn, prepare = fn}; rw.policy.chain(a, b, ...)
+  policy = policy,
 }
+
+-- What the fields below name is loaded on its first use: a program (a
+-- Neovim plugin, loaded as the editor starts) that never makes a client or
+-- a shared limit does not pay for loading them. Each field is then kept in
+-- the table, so the lookup happens once.
+local lazy = {
+  --- seconds = rw.backoff(attempt [, opts])
+  backoff = { "ratewise.retry", "backoff" },
+  --- seconds, source = rw.retry_delay(headers, attempt [, opts])
+  retry_delay = { "ratewise.retry", "delay" },
+  --- values = rw.header_values(res, name): each line of a repeated response header (Set-Cookie)
+  header_values = { "ratewise.headers", "values" },
+  --- bucket = rw.bucket{capacity = C, rate = R [, slow_down = false]}
+  bucket = { "ratewise.bucket", "new" },
+  --- limiter = rw.adaptive{[rate = r] [, max_rate = m] [, min_rate = f] [, burst = b] [, beta = x] [, near = y]}
+  adaptive = { "ratewise.adaptive", "new" },
+  --- limiter = rw.redis_bucket{redis = url | client, key = name, capacity = C, rate = R [, on_error = "local"]}
+  redis_bucket = { "ratewise.redis_bucket", "new" },
+  --- limiter = rw.shared_bucket{dict = name, [key = name,] capacity = C, rate = R}: nginx workers' shared limit
+  shared_bucket = { "ratewise.shared_bucket", "new" },
+  --- res | nil, err = rw.fetch(url [, opts])
+  fetch = { "ratewise.fetch", "fetch" },
+  --- c = rw.client{base_url = ..., ...}
+  client = { "ratewise.client", "new" },
+  --- breaker = rw.circuit{failures = 5, cooldown = 30}
+  circuit = { "ratewise.circuit", "new" },
+  --- budget = rw.retry_budget{ratio = 0.1, min_per_second = 10, window = 10}
+  retry_budget = { "ratewise.retry_budget", "new" },
+  --- limiter = rw.limiters{a, b, ..., cost = c}
+  limiters = { "ratewise.limiters", "new" },
+}
+
+setmetatable(ratewise, {
+  __index = function(t, name)
+    local where = lazy[name]
+    if not where then return nil end
+    local module = require(where[1])
+    local value = module[where[2]]
+    rawset(t, name, value)
+    return value
+  end,
+})
 
 --- rw.providers.NAME: the built-in provider policies, loaded on first use.
 ratewise.providers = setmetatable({}, {

@@ -98,7 +98,7 @@ end
 local function server_hint(policy_hint, h, time)
   if not policy_hint then return retry.hint(h, time) end
   local asked = retry.retry_after(h, retry.server_now(h, time))
-  if asked and asked > policy_hint then return asked, "retry-after" end
+  if asked and asked >= policy_hint then return asked, "retry-after" end
   return policy_hint, "policy"
 end
 

@@ -16,6 +16,7 @@ local scheduler = require "ratewise.scheduler"
 local log = require "ratewise.log"
 
 local now = core.now
+local cpu_clock = os.clock
 local next, pairs, ipairs, pcall, tostring, error, setmetatable = next, pairs, ipairs, pcall,
   tostring, error, setmetatable
 
@@ -26,6 +27,10 @@ local driven = {}
 -- Its naps while transfers are in flight are the scheduler's
 -- (scheduler.drive).
 local IDLE = 0.05
+
+-- A step that ran tasks and spent this much longer than its CPU time,
+-- while the host's loop turned, waited for the host inside a task.
+local HOST_WAIT = 0.005
 
 --- host = driven.new(primitives): primitives are
 --   spawn(fn) -> ok, err     runs fn(premature) apart from the caller
@@ -41,6 +46,14 @@ local IDLE = 0.05
 --                            costs more than waiting (OpenResty's timer)
 --   nap(seconds)             (optional) the waiting code's own sleep, for a
 --                            waiter that drives its transfer alone
+--   loop_time()              (optional) a clock that moves only when the
+--                            host's own loop turns (nginx's cached time):
+--                            one that moved during a step that ran tasks,
+--                            while the driver's thread spent that time off
+--                            the CPU, means a task waited for the host
+--                            itself (ngx.sleep, a cosocket), holding the
+--                            driver and every other task: host_wait_warning
+--                            is written once
 --   tasks_stay               the driver runs while a task has not finished,
 --                            even one that waits for another party (a
 --                            semaphore, a join): the tasks' coroutines
@@ -86,9 +99,24 @@ function driven.new(p)
   end
 
   -- One look: a step that raises is logged, and the driving goes on.
+  -- A task that waits for the host itself suspends the driver's thread
+  -- inside the step, not through ratewise's yields, so the driver cannot
+  -- see the yield: it sees the host's loop clock move (nothing in a step
+  -- turns the loop otherwise) while its thread was off the CPU (which
+  -- tells apart a task that only set the host's clock, as
+  -- ngx.update_time does, while computing).
+  local loop_time, told_host_wait = p.loop_time, false
   local function step()
+    local turned, cpu, wall
+    if loop_time and not told_host_wait and scheduler.live() > 0 then
+      turned, cpu, wall = loop_time(), cpu_clock(), now()
+    end
     local ok, err = pcall(scheduler.step, 0)
     if not ok then log.write("ratewise: the driver's step failed: " .. tostring(err), "error") end
+    if turned and loop_time() ~= turned and (now() - wall) - (cpu_clock() - cpu) > HOST_WAIT then
+      told_host_wait = true
+      log.write(p.host_wait_warning, "warn")
+    end
   end
 
   -- The driver's look: a step, then the waiters whose condition came

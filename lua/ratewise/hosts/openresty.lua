@@ -72,6 +72,11 @@ local function make_host()
     tasks_stay = true,
     linger = LINGER,
     nap = sleep,
+    loop_time = ngx.now,
+    host_wait_warning = "ratewise: a ratewise task waited for nginx itself (ngx.sleep, a cosocket such as "
+      .. "resty.http or resty.redis, ngx.location.capture): it holds the driver that runs every task, so the "
+      .. "tasks run one after another. Run such code in light threads (ngx.thread.spawn), calling rw.fetch "
+      .. "there, or wait with rw.sleep inside tasks (docs/hosts.md)",
   }
   made.sleep = sleep
   return made
