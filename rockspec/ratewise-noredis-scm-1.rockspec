@@ -32,7 +32,7 @@ external_dependencies = {
    ZLIB = { header = "zlib.h", library = "z" },
    BROTLIDEC = { header = "brotli/decode.h", library = "brotlidec" },
    ZSTD = { header = "zstd.h", library = "zstd" },
-   -- rw.client's request keys: HMAC-SHA256 (src/digest.c)
+   -- rw.client's request keys: SipHash-2-4 (src/digest.c)
    OPENSSL = { header = "openssl/hmac.h", library = "crypto" },
 }
 build = {
@@ -48,7 +48,7 @@ build = {
    -- ratewise/fetch/*.lua, ratewise/json/pure.lua).
    modules = {
       ["ratewise.core"] = {
-         sources = { "src/bucket.c", "src/buf.c", "src/core.c", "src/decode.c", "src/digest.c", "src/engine.c", "src/gate.c", "src/lparse.c", "src/options.c", "src/parse.c",
+         sources = { "src/bucket.c", "src/buf.c", "src/core.c", "src/decode.c", "src/digest.c", "src/engine.c", "src/gate.c", "src/json.c", "src/lparse.c", "src/options.c", "src/parse.c",
                      "src/request.c", "src/poller.c", "src/redirect.c", "src/response.c", "src/redis.c", "src/redis_reader.c", "src/sse.c",
                      "src/term.c", "src/transfer.c", "src/watch.c" },
          libraries = { "curl", "z", "brotlidec", "zstd", "crypto" },

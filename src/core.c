@@ -317,6 +317,7 @@ int luaopen_ratewise_core(lua_State *L)
     lua_setfield(L, -2, "poller"); /* the OS wait: "epoll" or "poll" (src/poller.h) */
     rw_term_register(L);
     rw_digest_register(L);
+    rw_json_register(L);
     lua_pushliteral(L, RW_VERSION);
     lua_setfield(L, -2, "version");
     lua_pushstring(L, curl_version());

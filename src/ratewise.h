@@ -191,6 +191,7 @@ void rw_engine_register(struct lua_State *L);
 void rw_redis_register(struct lua_State *L); /* redis.c */
 void rw_term_register(struct lua_State *L);  /* term.c: the command-line tool's */
 void rw_digest_register(struct lua_State *L); /* digest.c */
+void rw_json_register(struct lua_State *L); /* json.c */
 
 /* ---- options.c: tables of options, checked as lua/ratewise/options.lua
  * checks them ---- */

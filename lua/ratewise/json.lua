@@ -10,7 +10,8 @@ local compat = require "ratewise.compat"
 local core = require "ratewise.core"
 
 local format, find, gsub, sub = string.format, string.find, string.gsub, string.sub
-local tostring, tonumber, type, pairs, pcall = tostring, tonumber, type, pairs, pcall
+local tostring, type, pairs, pcall = tostring, type, pairs, pcall
+local json_plain = core.json_plain
 local math_type, tointeger = compat.math_type, compat.tointeger -- nil before Lua 5.3
 
 local json = {}
@@ -115,70 +116,12 @@ end
 local getenv = os.getenv
 local cjson_encodes = not (getenv and getenv("RATEWISE_FAST_PATHS") == "off")
 
--- Nesting past this is left to the pure encoder, which finds a cycle and
--- names where it is.
-local CJSON_DEPTH = 16
-
--- Whole numbers below this (in magnitude) lua-cjson writes with all their
--- digits: it writes numbers as "%.14g".
-local CJSON_DIGITS = 1e14
-
--- Whether lua-cjson writes v as the pure encoder does: every number exact
--- in lua-cjson's 14 digits, no null but rw.null (host_null, a host's, is
--- the pure encoder's to write), nesting shallow. Its strings must be ASCII
--- too (the pure encoder checks UTF-8), which json.encode sees in the text;
--- lua-cjson's "\/" for "/" is undone there. A value this answers no for
--- goes to the pure encoder, which writes it, or names what cannot be.
--- Whether lua-cjson writes the number n with all its digits.
-local function cjson_number_alike(n)
-  if n % 1 == 0 and n > -CJSON_DIGITS and n < CJSON_DIGITS then return true end
-  -- (NaN and the infinities fail here: lua-cjson refuses them too, but
-  -- the pure encoder's error names where they are)
-  return n == n and n % 1 ~= 0 and tonumber(format("%.14g", n)) == n
-end
-
-local null = json.null
-
-local function cjson_writes_alike(v, depth, host_null)
-  local t = type(v)
-  if t == "table" then
-    if depth >= CJSON_DEPTH or (host_null ~= nil and v == host_null) then return false end
-    local inner = depth + 1
-    -- (each entry looked at here, a call only for a table: most of a
-    -- request's body is strings, and its keys are)
-    for k, x in pairs(v) do
-      if type(k) ~= "string" and not (type(k) == "number" and cjson_number_alike(k)) then return false end
-      local tx = type(x)
-      if tx == "table" then
-        if not cjson_writes_alike(x, inner, host_null) then return false end
-      elseif tx == "number" then
-        if not cjson_number_alike(x) then return false end
-      elseif tx ~= "string" and tx ~= "boolean" and x ~= null then
-        return false
-      end
-    end
-    return true
-  end
-  if t == "number" then return cjson_number_alike(v) end
-  return t == "string" or t == "boolean" or v == null
-end
-
 -- lua-cjson escapes "/" as "\/", which the pure encoder (and a reader of
 -- the command's output, grepping for a URL) does not: a run of
 -- backslashes before "/" that is odd ends in that escape.
 local function unescape_slash(backslashes)
   if #backslashes % 2 == 1 then return sub(backslashes, 2) .. "/" end
   return nil
-end
-
--- Whether text is ASCII alone. Lua 5.3's utf8.len counts characters in C,
--- which a pattern's character class walks byte by byte far more slowly: a
--- text with no byte past ASCII has as many characters as bytes.
-local utf8_lib = rawget(_G, "utf8")
-local utf8_len = utf8_lib and utf8_lib.len
-local function all_ascii(text)
-  if utf8_len then return utf8_len(text) == #text end
-  return not find(text, "[\128-\255]")
 end
 
 --- text = json.encode(value, who [, level]): raises, naming `who` (for
@@ -189,11 +132,10 @@ end
 function json.encode(value, who, level)
   if cjson_encodes then
     if cjson_codec == nil then load_cjson() end
-    local host_null = fallback and fallback.null
-    if cjson_codec and cjson_writes_alike(value, 0, host_null) then
+    -- (core.json_plain: whether lua-cjson writes the pure encoder's bytes)
+    if cjson_codec and json_plain(value, fallback and fallback.null) then
       local text = cjson_codec.encode(value)
-      -- (a byte past ASCII: the pure encoder checks that it is UTF-8)
-      if text and all_ascii(text) then
+      if text then
         if find(text, "\\/", 1, true) then text = gsub(text, "(\\+)/", unescape_slash) end
         return text
       end

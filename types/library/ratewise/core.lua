@@ -49,6 +49,12 @@ function core.digest(key, data) end
 ---@return string? err
 function core.digester(key) end
 
+---Whether lua-cjson writes `value` with the bytes ratewise's own JSON encoder writes (but for its `\/`): numbers exact in 14 digits, ASCII strings and keys, plain tables at most 16 deep, no null but rw.null (`host_null`, a host's, answers false).
+---@param value any
+---@param host_null any|nil
+---@return boolean
+function core.json_plain(value, host_null) end
+
 ---A number in [0, 1) from the kernel's generator, or nil, err.
 ---@return number|nil
 ---@return string? err
