@@ -36,7 +36,7 @@ static int json_number_plain(lua_State *L, int idx)
     n = lua_tonumber(L, idx);
     if (isnan(n) || isinf(n)) return 0;
     if (floor(n) == n) return n > -JSON_PLAIN_DIGITS && n < JSON_PLAIN_DIGITS;
-    snprintf(text, sizeof text, "%.14g", (double)n);
+    (void)snprintf(text, sizeof text, "%.14g", (double)n);
     return strtod(text, NULL) == (double)n;
 }
 
