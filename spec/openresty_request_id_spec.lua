@@ -62,11 +62,12 @@ describe("a retry inside OpenResty", function()
   end)
   before_each(function() s:reset() end)
 
-  local function get(path)
+  -- The answer's body, and the request id nginx gave the request.
+  local function request(path)
     local res, err = rw.fetch(n:url(path), { on_retry = false, max_retries = 0, timeout = 20 })
     assert(res, err and tostring(err))
     assert.equal(200, res.status, res.body)
-    return res
+    return res.body, res.headers["x-request-id"]
   end
 
   it("from a task names the request that spawned it, for two requests at once", function()
@@ -75,8 +76,7 @@ describe("a retry inside OpenResty", function()
       s:script("/r" .. i, { { status = 429, headers = { ["Retry-After"] = "0.3" } }, { status = 200 } })
     end
     rw.map({ 1, 2 }, function(i)
-      local res = get("/spawn?key=" .. KEY .. "&url=" .. escape(s:url("/r" .. i)))
-      ids[i], bodies[i] = res.headers["x-request-id"], res.body
+      bodies[i], ids[i] = request("/spawn?key=" .. KEY .. "&url=" .. escape(s:url("/r" .. i)))
     end, { concurrency = 2 })
     -- both ran together: each upstream saw its first attempt before the
     -- other's second
@@ -98,7 +98,7 @@ describe("a retry inside OpenResty", function()
 
   it("made in the handler itself is logged in the request's own context", function()
     s:script("/d", { { status = 429, headers = { ["Retry-After"] = "0.1" } }, { status = 200 } })
-    get("/direct?url=" .. escape(s:url("/d")))
+    assert.equal("200\n", (request("/direct?url=" .. escape(s:url("/d")))))
     local retries = lines_with(n:error_log(), "retrying GET " .. s:url("/d") .. " ")
     assert.equal(1, #retries)
     -- nginx's own suffix names the request; ratewise adds no label there
