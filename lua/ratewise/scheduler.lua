@@ -31,6 +31,8 @@ local scheduler = {
   spawn = tasks.spawn,
   current = tasks.current,
   in_task = tasks.in_task,
+  origin = tasks.origin,
+  set_origin_of_spawn = tasks.set_origin_of_spawn,
   --- n = scheduler.live(): the tasks that have not finished
   live = function() return state.record.live end,
 

@@ -5,9 +5,10 @@ local compat = require "ratewise.compat"
 local core = require "ratewise.core"
 local errors = require "ratewise.errors"
 local log = require "ratewise.log"
-local CANCELLED = require("ratewise.scheduler").CANCELLED
+local scheduler = require "ratewise.scheduler"
 local budget_message = require("ratewise.fetch.decision").budget_message
 
+local CANCELLED, task_origin = scheduler.CANCELLED, scheduler.origin
 local now = core.now
 local format = string.format
 local type, tostring, getmetatable, setmetatable = type, tostring, getmetatable, setmetatable
@@ -87,7 +88,10 @@ end
 
 report.fetch_error, report.budget_error, report.limiter_failed = fetch_error, budget_error, limiter_failed
 
--- The line a retry writes when the call gives no on_retry of its own.
+-- The line a retry writes when the call gives no on_retry of its own. A
+-- retry in a task ends with what caused the task, as its host labelled it
+-- (OpenResty: "request <id>", the client request that spawned it, as the
+-- line is nginx's driver timer's, which names no request).
 local function default_on_retry(info)
   local why
   if info.status then
@@ -95,8 +99,11 @@ local function default_on_retry(info)
   else
     why = "network error: " .. (info.error or "unknown")
   end
-  log.write(format("retrying %s %s in %.2f s (%s, attempt %d/%d, %s)",
-    info.method, info.url, info.delay, why, info.attempt, info.max_retries, info.source), "info")
+  local line = format("retrying %s %s in %.2f s (%s, attempt %d/%d, %s)",
+    info.method, info.url, info.delay, why, info.attempt, info.max_retries, info.source)
+  local origin = task_origin()
+  if origin then line = line .. "; " .. origin end
+  log.write(line, "info")
 end
 report.default_on_retry = default_on_retry
 

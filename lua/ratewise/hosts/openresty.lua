@@ -19,7 +19,9 @@
 --   the phases that cannot yield (init, init_worker, set, header and body
 --   filters, log, balancer) raise a clear error instead of blocking the
 --   worker;
---   ratewise's lines go to nginx's error log (ratewise/log.lua).
+--   ratewise's lines go to nginx's error log (ratewise/log.lua); a task
+--   keeps the $request_id of the request that spawned it (or its parent's
+--   label), which its retry lines end with (openresty.origin).
 local driven = require "ratewise.hosts.driven"
 local runtime = require "ratewise.runtime"
 local scheduler = require "ratewise.scheduler"
@@ -54,6 +56,23 @@ function openresty.active()
   if yielding[phase] then return true end
   error(format("ratewise: cannot wait in nginx's %s phase, where code cannot yield: call it from a "
     .. "rewrite, access or content handler, or from an ngx.timer.at callback", tostring(phase)), 0)
+end
+
+-- The phases that run for a client request, where ngx.var is there.
+local in_request = { set = true, rewrite = true, server_rewrite = true, access = true, content = true,
+  header_filter = true, body_filter = true, log = true, balancer = true }
+
+--- label | nil = openresty.origin(): what a task spawned now comes from,
+-- for its lines (scheduler.set_origin_of_spawn): "request <id>", nginx's
+-- $request_id of the client request spawning it. A task runs in the
+-- driver's timer, whose lines nginx writes naming no request; the id ties
+-- them to the request's own lines and to an access log that logs
+-- $request_id. The request line is not taken: its query may hold a key.
+function openresty.origin()
+  local ngx = ngx_api()
+  if not ngx or not in_request[ngx.get_phase()] then return nil end
+  local id = ngx.var.request_id -- (nil before nginx 1.11)
+  return id and "request " .. id or nil
 end
 
 local host -- made at the first wait: ngx.semaphore is not there in every phase
@@ -96,8 +115,9 @@ end
 -- Registered where `ngx` is in package.loaded as this module loads:
 -- OpenResty puts it there as it starts, before any module of its Lua code
 -- is loaded, and nothing else does. Asked first; the phase is asked at
--- each wait.
+-- each wait (and at each spawn, for the task's origin).
 if loaded.ngx ~= nil then
+  scheduler.set_origin_of_spawn(openresty.origin)
   runtime.register_host {
     name = "openresty",
     rank = 10,

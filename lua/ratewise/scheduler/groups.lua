@@ -10,6 +10,7 @@ local tasks = require "ratewise.scheduler.tasks"
 local S = state.record
 local CANCELLED = state.CANCELLED
 local current, spawn, wait_here = tasks.current, tasks.spawn, tasks.wait_here
+local spawn_in, origin_here = tasks.spawn_in, tasks.origin_here
 local trim = loop.trim
 local unpack = compat.unpack
 local format, min = string.format, math.min
@@ -44,11 +45,7 @@ function groups.run(fn, ...)
   -- members: the tasks of the group not yet finished (a set: a run that
   -- goes on for days spawning tasks must not keep every task it ever had).
   local group = { live = 0, unjoined = {}, members = {} }
-  local outer = S.current
-  S.current = nil -- spawn the root outside any group, then put it in ours
-  local root = spawn(fn, ...)
-  S.current = outer
-  root.group, group.live, group.members[root] = group, 1, true
+  local root = spawn_in(group, origin_here(), fn, ...)
   local ok, err = compat.pcall(await_group, group)
   trim()
   if not ok then

@@ -11,6 +11,7 @@ local state = {}
 local record = {
   -- engine: the libcurl multi handle, made on first use (state.engine)
   -- current: the task running now, or nil
+  -- origin_of_spawn: the host's labeller of a task's origin (tasks.spawn)
   live = 0, -- tasks not finished
 
   -- The ready queue: the tasks to resume, in order, and what to resume

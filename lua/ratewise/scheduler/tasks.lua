@@ -224,17 +224,27 @@ local function first_step(task)
   S.current = previous
 end
 
---- task = tasks.spawn(fn, ...)
-function tasks.spawn(fn, ...)
-  if type(fn) ~= "function" then
-    error(format("spawn: expected a function (got %s)", type(fn)), 2)
+-- What caused a task spawned now, for its lines (a retry's): the host's
+-- label of the code spawning it (S.origin_of_spawn, OpenResty's client
+-- request), or else that of the task spawning it.
+local function origin_here()
+  local origin = S.origin_of_spawn
+  if origin then origin = origin() end
+  if origin == nil then
+    local current = S.current
+    if current then origin = current.origin end
   end
-  local current = S.current
-  local group = current and current.group
+  return origin
+end
+
+--- task = tasks.spawn_in(group, origin, fn, ...): a task of group (or of
+-- none), whose lines name origin (tasks.origin).
+local function spawn_in(group, origin, fn, ...)
   -- (cancel_requested false, not absent: every wait reads it, and a field
-  -- a task lacks is looked for in Task too)
+  -- a task lacks is looked for in Task too; origin nil or not, a field the
+  -- table is made with)
   local task = setmetatable({ co = false, fn = fn, state = "ready", wait_id = 0,
-    group = group, cancel_requested = false }, Task)
+    group = group, cancel_requested = false, origin = origin }, Task)
   if select("#", ...) > 0 then task.args = pack(...) end
   if group then
     group.members[task] = true
@@ -244,6 +254,19 @@ function tasks.spawn(fn, ...)
   make_ready(task)
   return task
 end
+tasks.spawn_in = spawn_in
+
+--- task = tasks.spawn(fn, ...): a task of the group of the task spawning it.
+function tasks.spawn(fn, ...)
+  if type(fn) ~= "function" then
+    error(format("spawn: expected a function (got %s)", type(fn)), 2)
+  end
+  local current = S.current
+  return spawn_in(current and current.group, origin_here(), fn, ...)
+end
+
+--- label = tasks.origin_here(): the origin a task spawned now gets.
+tasks.origin_here = origin_here
 
 --- The task whose coroutine is running now, or nil (main thread, or a plain
 -- coroutine, even one started from inside a task).
@@ -253,6 +276,20 @@ function tasks.current()
   return nil
 end
 local current = tasks.current
+
+--- label = tasks.origin(): what caused the task being run now (the code
+-- running now, or a plain coroutine it resumed), as its host labelled it at
+-- spawn ("request <id>" in OpenResty), or nil.
+function tasks.origin()
+  local task = S.current
+  return task and task.origin
+end
+
+--- tasks.set_origin_of_spawn(fn | nil): fn() labels what a task spawned
+-- now comes from (nil: nothing to say, its parent's label is kept).
+function tasks.set_origin_of_spawn(fn)
+  S.origin_of_spawn = fn
+end
 
 --- Whether a task is being run, by the code running now or by a coroutine
 -- that code resumed (a plain coroutine started from inside a task).
