@@ -247,18 +247,25 @@ describe("the deadline option on a client's call", function()
   teardown(function() s:stop() end)
   before_each(function() s:reset() end)
 
-  it("does not join an identical request in flight that ends after the call's deadline", function()
-    s:script("/slow", { { status = 200, body = "late", delay = 1.5 }, { status = 200, body = "late", delay = 1.5 } })
-    local c = rw.client { base_url = s.base, on_retry = false }
+  -- A GET of `path` by client c with a deadline `within` s away, made while
+  -- another task's GET of /slow is in flight: its result and how long it took.
+  local function behind_a_slow_call(c, path, within)
     local took, res, err
     rw.run(function()
       local first = rw.spawn(function() return c:get("/slow") end)
       rw.sleep(0.05)
       local t0 = rw.now()
-      res, err = c:get("/slow", { deadline = t0 + 0.4 })
+      res, err = c:get(path, { deadline = t0 + within })
       took = rw.now() - t0
       assert(first:join())
     end)
+    return res, err, took
+  end
+
+  it("does not join an identical request in flight that ends after the call's deadline", function()
+    s:script("/slow", { { status = 200, body = "late", delay = 1.5 }, { status = 200, body = "late", delay = 1.5 } })
+    local c = rw.client { base_url = s.base, on_retry = false }
+    local res, err, took = behind_a_slow_call(c, "/slow", 0.4)
     assert.is_nil(res)
     assert.equal("budget", err.kind)
     assert.is_true(took < 0.4 + LATE, "ended after " .. took .. " s")
@@ -269,15 +276,7 @@ describe("the deadline option on a client's call", function()
   it("waits for its turn under concurrency no longer than its deadline, and says so", function()
     s:script("/slow", { { status = 200, body = "late", delay = 1.5 } })
     local c = rw.client { base_url = s.base, on_retry = false, concurrency = 1 }
-    local took, res, err
-    rw.run(function()
-      local first = rw.spawn(function() return c:get("/slow") end)
-      rw.sleep(0.05)
-      local t0 = rw.now()
-      res, err = c:get("/other", { deadline = t0 + 0.3 })
-      took = rw.now() - t0
-      assert(first:join())
-    end)
+    local res, err, took = behind_a_slow_call(c, "/other", 0.3)
     assert.is_nil(res)
     assert.equal("budget", err.kind)
     assert.matches("did not come before the call's deadline; nothing was sent", err.message)
