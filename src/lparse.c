@@ -174,8 +174,9 @@ static int lparse_l_link(lua_State *L)
         lua_pushlstring(L, target, target_len);
         return 1;
     }
-    ref = lua_pushlstring(L, target, target_len);
+    ref = lua_pushlstring(L, target, target_len); /* (a NUL-terminated copy) */
     url = lparse_resolve(base, ref, &why);
+    lua_pop(L, 1); /* ref: the results alone above the arguments */
     if (!url) {
         lua_pushnil(L);
         lua_pushstring(L, why);
