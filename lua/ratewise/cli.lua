@@ -347,7 +347,13 @@ local function run_paginate(url, o, err_out)
   local out, why = output.open(o.output)
   if not out then fail(output.WRITE_FAILED, "%s", why) end
   local err, signal = until_interrupted(function()
-    for page, page_err in c:pages(path, opts) do
+    -- (the iterator called in a loop of its own, not by a generic for: Lua
+    -- 5.1 cannot yield across a for's call of its iterator, and each page
+    -- waits)
+    local next_page = c:pages(path, opts)
+    while true do
+      local page, page_err = next_page()
+      if page == nil then break end
       local shown = page or page_err.response
       -- a failed page's own body is printed, as get prints one; a link
       -- that cannot be followed ends after the page that named it, printed
