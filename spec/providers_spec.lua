@@ -250,7 +250,9 @@ describe("rw.providers", function()
             ["x-ratelimit-remaining-requests"] = "0", ["x-ratelimit-reset-requests"] = "1s" } },
         { status = 200 },
       })
-      local res = assert(rw.fetch(s:url("/oa"), opts(openai)))
+      -- (a base below the hint: a hint shorter than the backoff's first step
+      -- is only the backoff's floor)
+      local res = assert(rw.fetch(s:url("/oa"), opts(openai, { base = 0.2 })))
       assert.equal(2, res.attempts)
       local log = s:log("/oa")
       assert.is_true(gap(log, 1) >= 0.3 - EARLY, "retry after " .. gap(log, 1) .. " s")
