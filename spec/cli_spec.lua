@@ -511,7 +511,7 @@ describe("the ratewise command", function()
       local rows = json_lines(out)
       assert.equal(2, #rows, out)
       assert.is_true(rows[1].ok)
-      assert.matches('"id":1234567890123456,', out)
+      assert.matches('"id":1234567890123456[,}]', out)
       assert.equal('{"none":null,"order_id":1234567890123457}',
         (s:log("/echo")[1].body:gsub('^{("order_id":%d+),("none":null)}$', "{%2,%1}")))
     end)
