@@ -63,13 +63,14 @@ function fetch.fetch(url, opts, counters)
   local hooked = state.hooked
   if hooked then
     local budget, on_event = state.budget, state.on_event
-    if budget then guarded("budget", "request", budget.request, budget) end
     if on_event then
       call_hook("on_event", on_event, { type = "request", method = state.method, url = shown_url })
     end
     -- A deadline already past ends the call before anything is asked of
-    -- the limiter or the circuit (a plain call's first attempt sees it below).
+    -- the retry budget (which would count a request never sent), the
+    -- limiter or the circuit (a plain call's first attempt sees it below).
     if deadline <= started then return budget_error(state, NO_TIME_FIRST) end
+    if budget then guarded("budget", "request", budget.request, budget) end
   end
   local attempts = 0
   while true do
