@@ -802,11 +802,11 @@ function Client:_next_page(last, seen, cross_origin)
     return false, pagination_error(last, format("the next page's link in the answer to GET %s cannot be "
       .. "followed: %s; nothing more was sent", last.url, why))
   end
-  local shown = headers_mod.redact_url(url)
   if not lower(url):find("^https?://") then
     return false, pagination_error(last, format("the next page's link in the answer to GET %s is not an "
       .. "http:// or https:// URL; nothing more was sent", last.url))
   end
+  local shown = headers_mod.redact_url(url)
   if headers_mod.origin(url) ~= self.origin and not cross_origin then
     return false, pagination_error(last, format("the next page's link (%s) is on another origin than the "
       .. "client's (%s); nothing was sent to it: pass cross_origin = true to follow it (the client's secret "

@@ -5,7 +5,7 @@ local headers = require "ratewise.headers"
 local json = require "ratewise.json"
 local text = require "ratewise.cli.text"
 
-local format, find, gsub, sub = string.format, string.find, string.gsub, string.sub
+local format, find, sub = string.format, string.find, string.sub
 local floor = math.floor
 local ENOENT = 2 -- POSIX systems' number for a file that does not exist
 
@@ -61,18 +61,6 @@ local function put_body(r, body)
   if text.is_utf8(body) then r.body = body else r.body_base64 = text.base64(body) end
 end
 
--- lua-cjson writes "/" as "\/" (which JSON allows and never needs), so that
--- a grep for a URL finds nothing; Debian's lua-cjson 2.1.0 has no switch
--- for it. In a run of backslashes before a "/", those in pairs are escaped
--- backslashes and an odd one out is the slash's own escape, which goes:
--- right whichever codec wrote the text, escaping "/" or not.
-local function without_slash_escapes(encoded)
-  if not find(encoded, "\\/") then return encoded end
-  return (gsub(encoded, "(\\+)/", function(run)
-    if #run % 2 == 1 then return sub(run, 2) .. "/" end
-  end))
-end
-
 -- Seconds to the millisecond: what a clock's difference holds past that
 -- is noise (3.3471213610001).
 local function milliseconds(seconds)
@@ -109,7 +97,8 @@ function output.result_line(item, req, res, err, no_body)
     r.status, r.attempts, r.elapsed = err.status, err.attempts, milliseconds(err.elapsed)
     if err.response and not no_body then put_body(r, err.response.body) end
   end
-  return without_slash_escapes(json.encode(r, "ratewise batch: a result"))
+  -- (json.encode writes "/" as it is: a grep for a URL finds it)
+  return json.encode(r, "ratewise batch: a result")
 end
 
 -- Whether a result holds an answer that --resume keeps: one that

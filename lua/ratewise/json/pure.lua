@@ -25,7 +25,8 @@ local pure = {}
 -- than followed to the end of the stack.
 pure.MAX_DEPTH = 1000
 
--- Whole numbers up to this are exact in a double.
+-- Whole numbers below this are exact in a double (2^53 itself may be
+-- 2^53 + 1 rounded).
 local EXACT = 2 ^ 53
 -- Whole numbers below this are written with all their digits, as
 -- JavaScript writes them: a server reading an id into an integer type (Go's
@@ -165,7 +166,7 @@ local function read_number(text, pos)
   -- tonumber gives), and so is a whole number within ±2^53 written another
   -- way (3.0, 1e3): lua-cjson cannot tell them apart, and one codec must
   -- answer what the other does.
-  if math_type and not whole and n % 1 == 0 and n >= -EXACT and n <= EXACT then n = tointeger(n) end
+  if math_type and not whole and n % 1 == 0 and n > -EXACT and n < EXACT then n = tointeger(n) end
   return n, last + 1
 end
 
