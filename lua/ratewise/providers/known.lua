@@ -2,13 +2,16 @@
 -- fetch, rw.client and the decision ask of them (a helper, not a
 -- provider: rw.providers.known is nil).
 local format, find = string.format, string.find
-local type, pairs, require, error = type, pairs, require, error
+local type, pairs, ipairs, require, error = type, pairs, ipairs, require, error
 
 local known = {}
 
--- The built-in providers (lua/ratewise/providers/NAME.lua), as errors list them.
-local BUILT_IN = "github, openai, anthropic, stripe, ietf"
-local built_in = { github = true, openai = true, anthropic = true, stripe = true, ietf = true }
+-- The built-in providers (lua/ratewise/providers/NAME.lua), in the order
+-- errors list them.
+local NAMES = { "github", "openai", "anthropic", "stripe", "ietf" }
+local built_in = {}
+for _, name in ipairs(NAMES) do built_in[name] = true end
+local BUILT_IN = table.concat(NAMES, ", ")
 known.BUILT_IN = BUILT_IN
 
 -- The APIs whose dialect a built-in provider speaks, by origin (as
@@ -66,7 +69,7 @@ end
 -- that names the fix; nil when none does.
 function known.replaying_providers(res, method)
   local names
-  for name in BUILT_IN:gmatch("[%w_]+") do
+  for _, name in ipairs(NAMES) do
     local hook = require("ratewise.providers." .. name).replayable
     if hook and hook(res, method) then
       names = names or {}
