@@ -892,6 +892,44 @@ describe("ratewise.core engine", function()
       assert.matches("first poll\tfalse\tnot enough memory\ttrue\n", out, 1, true)
       assert.matches("next poll\t1\ttrue\t200\t0\n", out, 1, true)
     end)
+
+    -- core.link resolves a relative link with libcurl's URL parser, whose
+    -- result is libcurl's memory until it is copied into a Lua string. When
+    -- that copy raises, the URL used to stay allocated for good.
+    it("core.link leaves none of libcurl's memory behind when Lua's allocation fails", function()
+      local dir = tmpdir()
+      local out, built = sh("cc " .. CFLAGS .. " -o " .. dir .. "/oom_host spec/support/oom_host.c src/*.c "
+        .. subprocess.lua_libs .. " " .. LIBS)
+      assert(built, "the build failed: " .. out)
+      local script = dir .. "/link.lua"
+      local f = assert(io.open(script, "w"))
+      f:write([[
+        local core = require "ratewise.core"
+        -- (a new page each time: a string Lua has already interned needs no allocation)
+        local function link(page) return '<' .. string.rep("p", 300) .. '?page=' .. page .. '>; rel="next"' end
+        local base = "https://api.example/items?page=1"
+        assert(core.link(link(2), "next", base)) -- the call path warmed up
+        local before = curl_blocks()
+        local raised, passed = 0, 0
+        -- each of the call's Lua allocations made to fail in turn, the
+        -- last one (the result's string) too
+        for allowed = 0, 16 do
+          local value = link(100 + allowed)
+          fail_allocations(allowed)
+          local ok = pcall(core.link, value, "next", base)
+          fail_allocations(false)
+          if ok then passed = passed + 1 else raised = raised + 1 end
+        end
+        print("raised", raised > 1, "passed", passed > 0,
+          "curl blocks left", string.format("%d", curl_blocks() - before))
+        print("after", core.link(link(2), "next", base))
+      ]])
+      f:close()
+      out = sh(dir .. "/oom_host " .. script)
+      os.execute("rm -rf " .. dir)
+      assert.matches("raised\ttrue\tpassed\ttrue\tcurl blocks left\t0\n", out, 1, true)
+      assert.matches("after\thttps://api.example/" .. string.rep("p", 300) .. "?page=2\n", out, 1, true)
+    end)
   end)
 end)
 

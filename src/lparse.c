@@ -143,6 +143,13 @@ static char *lparse_resolve(const char *base, const char *ref, const char **why)
     return out;
 }
 
+/* (under lua_pcall) the C string at the light userdata, as a Lua string */
+static int lparse_push_url(lua_State *L)
+{
+    lua_pushstring(L, (const char *)lua_touserdata(L, 1));
+    return 1;
+}
+
 /* core.link(value, rel [, base]) -> url | nil | nil, why: the target of
  * the first link-value of a Link field value whose rel names rel, resolved
  * against base when given; nil when there is none; nil and why when its
@@ -156,6 +163,7 @@ static int lparse_l_link(lua_State *L)
     const char *base = luaL_optlstring(L, 3, NULL, &base_len);
     const char *target, *ref, *why = NULL;
     char *url;
+    int status;
     luaL_argcheck(L, rel_len > 0, 2, "rel must not be empty");
     luaL_argcheck(L, !base || strlen(base) == base_len, 3, "base must not hold a NUL byte");
     if (!rwp_link_find(s, len, rel, rel_len, &target, &target_len)) {
@@ -175,15 +183,23 @@ static int lparse_l_link(lua_State *L)
         return 1;
     }
     ref = lua_pushlstring(L, target, target_len); /* (a NUL-terminated copy) */
+    /* The copy of libcurl's URL into Lua may raise (out of memory): made
+     * under lua_pcall, so that the URL is freed before the error goes on.
+     * Everything the pcall needs is pushed before libcurl allocates. */
+    luaL_checkstack(L, 3, "link");
+    lua_pushcfunction(L, lparse_push_url);
     url = lparse_resolve(base, ref, &why);
-    lua_pop(L, 1); /* ref: the results alone above the arguments */
     if (!url) {
+        lua_pop(L, 2); /* the function and ref: the results alone above the arguments */
         lua_pushnil(L);
         lua_pushstring(L, why);
         return 2;
     }
-    lua_pushstring(L, url);
+    lua_pushlightuserdata(L, url);
+    status = lua_pcall(L, 1, 1, 0);
     curl_free(url);
+    if (status != 0) lua_error(L);
+    lua_remove(L, -2); /* ref */
     return 1;
 }
 
