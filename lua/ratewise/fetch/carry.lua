@@ -74,7 +74,7 @@ end
 local function elsewhere(state, res)
   local redirects = res.redirects
   if not redirects or redirects == 0 or type(res.url) ~= "string" then return false end
-  return headers.origin(res.url) ~= headers.origin(state.shown_url)
+  return headers.origin(res.url) ~= state.origin
 end
 
 -- What the limiter, the circuit, the counters and a listener learn of the

@@ -466,7 +466,7 @@ end
 --     request the engine reads (runtime.transfer), with the rarer fields
 --     listed in transport (false: none); timeout is set by each attempt
 --   shown_url, url_secrets, origin: plan.url_facts' of url (origin: for
---     a call with a circuit)
+--     a call with a circuit or a limiter)
 --   header_secrets: the secret values among the header lines, or nil
 --   safe: whether the request may be sent again (replay-safe)
 --   max_elapsed: the call's time budget
@@ -554,10 +554,10 @@ function plan.make(url, opts, counters)
     -- (each set only when given: a nil makes no field, but costs the look for one)
     if policy ~= nil then p.policy = policy end
     if limiter ~= nil then p.limiter = limiter end
-    if circuit ~= nil then
-      p.circuit = circuit
-      p.origin = origin -- (what the circuit is asked and told of)
-    end
+    if circuit ~= nil then p.circuit = circuit end
+    -- (what the circuit is asked and told of, and what a limiter's
+    -- answers must come from: carry.lua)
+    if circuit ~= nil or limiter ~= nil then p.origin = origin end
     if budget ~= nil then p.budget = budget end
     if on_event ~= nil then p.on_event = on_event end
     if sleep ~= nil then p.sleep = sleep end
