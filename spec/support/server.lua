@@ -322,6 +322,26 @@ function Server:counted(path)
   return counts.ok, counts.limited
 end
 
+--- Requests to path meet an LLM API's rate limits (spec/support/llm_mock.py):
+-- opts.provider ("openai" or "anthropic"), opts.models (model name ->
+-- { rpm =, tpm = } or { rpm =, itpm =, otpm = }), and optionally hold (the
+-- seconds of each per-minute limit a bucket holds), use_min and use_max
+-- (the share of max_tokens an answer uses), speed (tokens a second),
+-- chars_per_token and default_max_tokens. Scripts and /_limit win over it.
+function Server:llm(path, opts)
+  local payload = { path = path }
+  for k, v in pairs(opts) do payload[k] = v end
+  self:_control("POST", "/_llm", payload)
+end
+
+--- counts = s:llm_counts(path): by model, ok and limited (requests),
+-- counted (tokens per limit, corrections included), used (input and output
+-- tokens answered) and first/last (the server's clock at the first and last
+-- admission).
+function Server:llm_counts(path)
+  return self:_control("GET", "/_llm?path=" .. url_encode(path))
+end
+
 --- Request records, oldest first; only those for `path` if given.
 -- Always a plain Lua sequence (an empty log is {}). Fields: seq, path,
 -- query, method, headers (lowercase names), body, t, wall, conn, conn_seq,
@@ -346,7 +366,7 @@ function Server:log(path)
   return out
 end
 
---- Forget all scripts, the log (seq restarts at 1) and the demo limiter.
+--- Forget all scripts, the log (seq restarts at 1), the limits and the demo limiter.
 function Server:reset()
   self:_control("POST", "/_reset")
 end

@@ -55,7 +55,12 @@ What it offers (see spec/support/server.lua for the Lua driver):
   epoch seconds rounded up, Retry-After in fractional seconds).
   ``"retry_after": false`` leaves Retry-After out (fastify's
   ``addHeaders: {'retry-after': false}``).
-* ``POST /_reset``: forget scripts, log and the demo rate limiter.
+* ``POST /_llm`` ``{"path": "/v1/messages", "provider": "anthropic",
+  "models": {"m": {"rpm": R, "itpm": I, "otpm": O}}, ...}``: requests to
+  the path meet the rate limits of OpenAI's or Anthropic's API, as
+  spec/support/llm_mock.py describes; ``GET /_llm?path=`` says what they
+  counted.
+* ``POST /_reset``: forget scripts, log, the limits and the demo rate limiter.
 * ``/echo``: describes the request as JSON.
 * ``/api/...``: a demo rate-limited API (token bucket, random 503s).
 * anything else: ``200 ok``.
@@ -83,6 +88,8 @@ import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs
 
+import llm_mock
+
 ACTIONS = (
     "respond", "drop", "reset", "garbage", "hang", "slow", "truncate",
     "chunked_forever", "redirect", "reset_body", "raw", "stream", "endless",
@@ -108,6 +115,7 @@ class State:
             self.log = []
             self.scripts = {}  # path -> {"steps": [...], "next": index}
             self.limits = {}  # path -> a bucket set with /_limit
+            self.llm = {}  # path -> an llm_mock.LLMMock set with /_llm
             self.tokens = float(self.args.api_capacity)
             self.refilled_at = time.monotonic()
             self.rng = random.Random(self.args.seed)
@@ -463,6 +471,8 @@ class Handler(BaseHTTPRequestHandler):
                 self.scripted(step)
             elif path in state.limits:
                 self.limited(state.limits[path], rec)
+            elif path in state.llm:
+                llm_mock.serve(self, state.llm[path], body)
             elif path == "/echo":
                 self.respond_json(200, {
                     "method": self.command, "path": path, "query": query,
@@ -508,6 +518,20 @@ class Handler(BaseHTTPRequestHandler):
                     self.respond_json(404, {"ok": False, "error": "no limit on %s" % want})
                 else:
                     self.respond_json(200, counts)
+            elif path == "/_llm" and self.command == "POST":
+                spec = read_json(body)
+                mock = llm_mock.validate(spec)
+                with state.lock:
+                    state.llm[spec["path"]] = mock
+                self.respond_json(200, {"ok": True})
+            elif path == "/_llm" and self.command == "GET":
+                want = parse_qs(query).get("path", [None])[0]
+                with state.lock:
+                    mock = state.llm.get(want)
+                if mock is None:
+                    self.respond_json(404, {"ok": False, "error": "no llm limits on %s" % want})
+                else:
+                    self.respond_json(200, mock.counts())
             elif path == "/_reset" and self.command == "POST":
                 state.reset()
                 self.respond_json(200, {"ok": True})
