@@ -32,36 +32,66 @@ redis.MISSING = "ratewise was built without Redis support (REDIS=0): rebuild wit
 -- error messages and log lines, and a broken server may send a megabyte.
 local MAX_SERVER_WORDS = 200
 
---- host, port, db, username, password = redis.parse_url(url) | nil, err
--- redis://[[username]:password@]host[:port][/db]; an IPv6 host in brackets.
--- The userinfo runs to the last "@" (the path, a number, holds none), so
--- that a password holding "@" or "/" is neither cut nor taken for a host.
+--- host, port = redis.parse_address(text, default_port) | nil, err
+-- host[:port], an IPv6 host in brackets ([::1]:6379).
+function redis.parse_address(text, default_port)
+  local host, port = text:match("^%[([^%]]+)%]:?(%d*)$")
+  if not host then host, port = text:match("^([^:/,@%[%]]+):?(%d*)$") end
+  if not host or host == "" then return nil, "an address needs a host (host[:port])" end
+  port = port ~= "" and tonumber(port) or default_port
+  if port < 1 or port > 65535 then return nil, "the port must be from 1 to 65535" end
+  return host, port
+end
+
+-- username, password of a URL's userinfo ("user:password", ":password" or
+-- "password"), %XX decoded.
+local function parse_userinfo(userinfo)
+  local username, password = userinfo:match("^([^:]*):(.*)$")
+  if not username then password = userinfo end
+  if username == "" then username = nil end
+  return username and percent_decode(username), percent_decode(password)
+end
+
+--- target = redis.parse_url(url) | nil, err
+-- redis://[[username]:password@]host[:port][/db], an IPv6 host in brackets:
+--   {host = h, port = p, db = n, username = u, password = pw}
+-- redis+sentinel://[[username]:password@]host[:port][,host[:port]...]/master[/db]
+-- (the sentinels, 26379 by default; the credentials are the master's):
+--   {sentinels = {{host = h, port = p}, ...}, master = name, db = n, username = u, password = pw}
+-- The userinfo runs to the last "@" (the path holds none), so that a
+-- password holding "@" or "/" is neither cut nor taken for a host.
 function redis.parse_url(url)
   if type(url) ~= "string" then return nil, "a redis:// URL must be a string" end
-  local rest = url:match("^redis://(.*)$")
-  if not rest then return nil, "not a redis:// URL" end
+  local scheme, rest = url:match("^(redis%+?%a*)://(.*)$")
+  if scheme ~= "redis" and scheme ~= "redis+sentinel" then
+    return nil, "not a redis:// URL (nor redis+sentinel://)"
+  end
+  local target = { db = 0 }
   local userinfo, hostpart = rest:match("^(.*)@(.*)$")
-  if not userinfo then hostpart = rest end
-  local username, password
-  if userinfo then
-    local u, p = userinfo:match("^([^:]*):(.*)$")
-    if u then username, password = u, p else password = userinfo end
-    if username == "" then username = nil end
-    username = username and percent_decode(username)
-    password = percent_decode(password)
-  end
+  if userinfo then target.username, target.password = parse_userinfo(userinfo) else hostpart = rest end
   local authority, path = hostpart:match("^([^/]*)(.*)$")
-  local host, port = authority:match("^%[([^%]]+)%]:?(%d*)$")
-  if not host then host, port = authority:match("^([^:]+):?(%d*)$") end
-  if not host or host == "" then return nil, "a redis:// URL needs a host" end
-  port = port ~= "" and tonumber(port) or 6379
-  if port < 1 or port > 65535 then return nil, "the port must be from 1 to 65535" end
-  local db = 0
-  if path ~= "" and path ~= "/" then
-    db = tonumber(path:match("^/(%d+)$"))
-    if not db then return nil, "the path of a redis:// URL is a database number (/0)" end
+  if scheme == "redis+sentinel" then
+    local master, db = path:match("^/([^/]+)/?(%d*)$")
+    if not master then
+      return nil, "a redis+sentinel:// URL names the master after the sentinels (/mymaster[/db])"
+    end
+    target.master, target.db = percent_decode(master), tonumber(db) or 0
+    target.sentinels = {}
+    for address in (authority .. ","):gmatch("([^,]*),") do
+      local host, port = redis.parse_address(address, 26379)
+      if not host then return nil, "a sentinel's address: " .. port end
+      target.sentinels[#target.sentinels + 1] = { host = host, port = port }
+    end
+    return target
   end
-  return host, port, db, username, password
+  local host, port = redis.parse_address(authority, 6379)
+  if not host then return nil, "a redis:// URL needs a host" .. (authority ~= "" and ": " .. port or "") end
+  target.host, target.port = host, port
+  if path ~= "" and path ~= "/" then
+    target.db = tonumber(path:match("^/(%d+)$"))
+    if not target.db then return nil, "the path of a redis:// URL is a database number (/0)" end
+  end
+  return target
 end
 
 --- text = redis.described(reply): a reply that is not the one expected,
@@ -78,22 +108,29 @@ end
 local Client = {}
 Client.__index = Client
 
---- client = redis.new{host = h, port = p, db = n, username = u, password = pw, timeout = s}
+--- client = redis.new{host = h, port = p, db = n, username = u, password = pw, timeout = s
+--   [, locate = fn, name = text]}
+-- locate (redis_topology.lua's Sentinel): each connection first asks
+-- locate(deadline) for host, port | nil, err, and the server it reaches
+-- must say with ROLE that it is a master; name ("Redis master 'm'") then
+-- names it in errors, with the address it was found at.
 function redis.new(opts)
   if not redis.available then error(redis.MISSING, 2) end
   -- a server may echo them in its errors (a failed AUTH)
   local secrets = {}
   secrets[#secrets + 1] = opts.password
   secrets[#secrets + 1] = opts.username
+  local name = opts.name or "Redis"
   return setmetatable({
     host = opts.host, port = opts.port, db = opts.db or 0,
     username = opts.username, password = opts.password,
     timeout = opts.timeout,
+    locate = opts.locate, name = name,
     conn = false,
     down_until = -math.huge, down_reason = nil,
     -- one command at a time on the connection; later callers queue
     turn = runtime.semaphore(1),
-    where = format("Redis at %s:%d", opts.host, opts.port),
+    where = opts.host and format("%s at %s:%d", name, opts.host, opts.port) or name,
     secrets = secrets,
   }, Client)
 end
@@ -151,6 +188,11 @@ local function exchange(self, deadline, ...)
 end
 
 local function connect(self, deadline)
+  if self.locate then
+    local host, port = self.locate(deadline)
+    if not host then return nil, format("%s: %s", self.name, port) end
+    self.host, self.port, self.where = host, port, format("%s at %s:%d", self.name, host, port)
+  end
   local conn, err = core.redis_connect(self.host, self.port)
   if not conn then return nil, format("%s: %s", self.where, err) end
   self.conn = conn
@@ -182,6 +224,16 @@ local function connect(self, deadline)
     if rerr then return nil, rerr end
     if reply ~= "OK" then return failed(self, "SELECT " .. self.db, redis.described(reply)) end
   end
+  if self.locate then
+    -- A Sentinel's answer may be stale (a failover under way): the node
+    -- itself says whether it is the master. A user that may not run ROLE
+    -- (NOPERM) is taken at the Sentinel's word; READONLY tells later.
+    local reply, rerr = exchange(self, deadline, "ROLE")
+    if rerr then return nil, rerr end
+    if type(reply) == "table" and reply[1] ~= "master" and not reply.err then
+      return failed(self, "ROLE", format("it is a %s, not the master", tostring(reply[1])))
+    end
+  end
   return true
 end
 
@@ -201,10 +253,12 @@ local function call(self, deadline, ...)
   return exchange(self, deadline, ...)
 end
 
-function Client:call(...)
-  local deadline = now() + self.timeout
-  if not self.turn:acquire(self.timeout) then
-    return nil, format("%s: no answer within %.3g s (waiting for the connection)", self.where, self.timeout)
+--- reply | nil, err = client:call_until(deadline, ...): as call, ending by
+-- deadline (of rw.now()) rather than after the client's timeout.
+function Client:call_until(deadline, ...)
+  local left = deadline - now()
+  if left < 0 or not self.turn:acquire(left) then
+    return nil, format("%s: no answer within %.3g s (waiting for the connection)", self.where, math.max(left, 0))
   end
   -- A caller cancelled mid-command leaves the connection in an unknown
   -- state and the turn taken: both are put right before the error goes on.
@@ -216,6 +270,10 @@ function Client:call(...)
   end
   self.turn:release()
   return reply, err
+end
+
+function Client:call(...)
+  return self:call_until(now() + self.timeout, ...)
 end
 
 --- client:close(): drops the connection (a later call makes a new one).

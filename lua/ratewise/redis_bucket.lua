@@ -10,6 +10,7 @@ local gcra = require "ratewise.gcra"
 local errors = require "ratewise.errors"
 local options = require "ratewise.options"
 local redis = require "ratewise.redis"
+local redis_topology = require "ratewise.redis_topology"
 local runtime = require "ratewise.runtime"
 
 local count = gcra.count
@@ -253,26 +254,26 @@ function redis_bucket.new(opts)
     horizon = gcra.positive("redis_bucket", opts, "sync_horizon", 86400),
   }, RedisBucket)
   local target = opts.redis
-  if type(target) == "string" then
+  if type(target) == "string" or redis_topology.is_config(target) then
     if not redis.available then error("redis_bucket: " .. redis.MISSING, 2) end
-    local host, port, db, username, password = redis.parse_url(target)
-    if not host then
+    local client, err = redis_topology.client(target, timeout)
+    if not client then
       -- the URL is not repeated: it may hold a password
-      error(format("redis_bucket: option 'redis': %s", port), 2)
+      error(format("redis_bucket: option 'redis': %s", err), 2)
     end
-    self.client = redis.new { host = host, port = port, db = db, username = username, password = password,
-      timeout = timeout }
+    self.client = client
     self.run = run_own
   elseif (type(target) == "table" or type(target) == "userdata") then
     local ok, has = pcall(function() return type(target.evalsha) == "function" and type(target.eval) == "function" end)
     if not (ok and has) then
-      error("redis_bucket: option 'redis' must be a redis:// URL or a client with evalsha and eval", 2)
+      error("redis_bucket: option 'redis' must be a redis:// URL or a client with evalsha and eval "
+        .. "(or a table naming 'sentinels' or 'cluster')", 2)
     end
     self.object = target
     self.run = run_object
   else
     error(format("redis_bucket: option 'redis' must be a redis:// URL or a client with evalsha and eval "
-      .. "(got %s)", type(target)), 2)
+      .. "(or a table naming 'sentinels' or 'cluster'; got %s)", type(target)), 2)
   end
   if on_error == "local" then
     self.fallback = bucket.new { capacity = capacity, rate = rate * local_share }

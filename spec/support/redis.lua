@@ -3,6 +3,7 @@
 --
 --   local redis = require "spec.support.redis"
 --   local r = redis.start()
+--   local r = redis.start { "--replicaof", "127.0.0.1", 6379 } -- more arguments
 --   r.url            -- "redis://127.0.0.1:<port>"
 --   r:cli("KEYS", "*") -- redis-cli's answer, as text
 --   r:stop()  r:restart()   -- the same port again
@@ -35,6 +36,7 @@ function Redis:start()
   local cmd = table.concat({
     "redis-server", "--port", self.port, "--bind", "127.0.0.1", "--save", "''", "--appendonly", "no",
     "--daemonize", "yes", "--dir", dir, "--pidfile", dir .. "/redis.pid", "--logfile", dir .. "/redis.log",
+    table.concat(self.args, " "),
   }, " ")
   assert(os.execute(cmd .. " >/dev/null 2>&1"))
   for _ = 1, 100 do
@@ -73,12 +75,14 @@ function Redis:destroy()
   os.execute("rm -rf " .. shell_quote(self.dir))
 end
 
-function M.start()
+function M.start(args)
   local p = assert(io.popen("mktemp -d /tmp/ratewise-redis.XXXXXX"))
   local dir = p:read("*l")
   p:close()
   local port = free_port()
-  local r = setmetatable({ dir = dir, port = port, url = "redis://127.0.0.1:" .. port }, Redis)
+  local quoted = {}
+  for i, a in ipairs(args or {}) do quoted[i] = shell_quote(a) end
+  local r = setmetatable({ dir = dir, port = port, url = "redis://127.0.0.1:" .. port, args = quoted }, Redis)
   return r:start()
 end
 
