@@ -156,8 +156,20 @@ function Adaptive:sync(remaining, reset_in) end
 ---@field evalsha function
 ---@field eval function
 
+---Where the bucket's Redis is, as a table: the master that Sentinels name,
+---or a Redis Cluster (docs/sharing.md).
+---@class ratewise.RedisTopology
+---@field sentinels? string[] the sentinels, "host[:port]" (26379 by default)
+---@field master? string the master's name the sentinels monitor
+---@field cluster? string[] nodes of a Redis Cluster, "host[:port]"
+---@field username? string
+---@field password? string
+---@field db? integer Sentinel only (a cluster has database 0 only)
+---@field sentinel_username? string
+---@field sentinel_password? string
+
 ---@class ratewise.RedisBucketOptions
----@field redis string|ratewise.RedisClient `redis://[[user]:password@]host[:port][/db]`, or a connected client
+---@field redis string|ratewise.RedisTopology|ratewise.RedisClient `redis://[[user]:password@]host[:port][/db]`, `redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/master[/db]`, a table naming sentinels or a cluster, or a connected client
 ---@field key string the name of the limit
 ---@field capacity number at most 1e9
 ---@field rate number tokens per second, at most 1e6
