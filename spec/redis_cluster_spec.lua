@@ -1,7 +1,8 @@
--- rw.redis_bucket on a Redis Cluster of three primaries the suite starts on
--- loopback (spec/support/redis_ha.lua): the bucket's key goes to the node
--- of its slot, and a slot that moves is followed (ASK while it migrates,
--- MOVED once it has), as hiredis-cluster and redis-py follow them.
+-- rw.redis_bucket on a Redis Cluster of three primaries and their replicas
+-- the suite starts on loopback (spec/support/redis_ha.lua): the bucket's key
+-- goes to the node of its slot, and a slot that moves is followed (ASK while
+-- it migrates, MOVED once it has, a replica promoted when its primary
+-- fails), as hiredis-cluster and redis-py follow them.
 local rw = require "ratewise"
 local ha = require "spec.support.redis_ha"
 local topology = require "ratewise.redis_topology"
@@ -12,7 +13,7 @@ describe("rw.redis_bucket on a Redis Cluster", function()
   local c
 
   setup(function()
-    if runs then c = ha.cluster() end
+    if runs then c = ha.cluster { replicas = 1 } end
   end)
   teardown(function()
     if c then c:destroy() end
@@ -31,7 +32,7 @@ describe("rw.redis_bucket on a Redis Cluster", function()
     local key = "ratewise:{routed}"
     local owner = c:owner(key)
     local seed
-    for _, node in ipairs(c.nodes) do
+    for _, node in ipairs(c:primaries()) do
       if node ~= owner then seed = node end
     end
     local b = rw.redis_bucket { redis = { cluster = { "127.0.0.1:" .. seed.port } }, key = "routed",
@@ -50,7 +51,8 @@ describe("rw.redis_bucket on a Redis Cluster", function()
     local slot = topology.key_slot(key)
     local source = c:owner(key)
     local target
-    for _, node in ipairs(c.nodes) do
+    local primaries = c:primaries()
+    for _, node in ipairs(primaries) do
       if node ~= source then target = node end
     end
     local seeds = {}
@@ -74,7 +76,7 @@ describe("rw.redis_bucket on a Redis Cluster", function()
     assert.is_true(tokens >= 3 and tokens < 3.5, tostring(tokens))
 
     -- Migrated: every node says the slot is the target's.
-    for _, node in ipairs(c.nodes) do
+    for _, node in ipairs(primaries) do
       assert.equal("OK", node:cli("CLUSTER", "SETSLOT", slot, "NODE", target_id))
     end
     _, asked = c.calls(source, "evalsha")   -- tokens() was asked too
@@ -92,6 +94,43 @@ describe("rw.redis_bucket on a Redis Cluster", function()
     assert.equal(maps_before + 1, maps)
     local _, after = c.calls(source, "evalsha")
     assert.equal(moved, after)
+    b:close()
+  end)
+
+  -- Last: it leaves the cluster a primary short.
+  test("finds the replica promoted when the primary of its slot fails, each call within its timeout", function()
+    local key = "ratewise:{failover}"
+    local b = rw.redis_bucket { redis = { cluster = { "127.0.0.1:" .. c.nodes[1].port } }, key = "failover",
+      capacity = 100, rate = 100, timeout = 0.25 }
+    assert.is_true((b:take()))
+    local owner = c:owner(key)
+    owner:stop()
+    local stopped = rw.now()
+    local back, failures, slowest, kinds = nil, 0, 0, {}
+    rw.run(function()
+      while rw.now() - stopped < 15 do
+        local t0 = rw.now()
+        local ok, err = b:take()
+        slowest = math.max(slowest, rw.now() - t0)
+        if ok then
+          back = rw.now() - stopped
+          break
+        end
+        failures = failures + 1
+        kinds[err.kind] = true
+        rw.sleep(0.02)
+      end
+    end)
+    assert.is_truthy(back, "the bucket admitted nothing for 15 s after the primary of its slot stopped")
+    -- cluster-node-timeout 1000, then the replicas' election
+    assert.is_true(back < 8, string.format("admitting again %.2f s after the primary stopped", back))
+    assert.is_true(failures > 0)
+    assert.same({ limiter_unavailable = true }, kinds)
+    assert.is_true(slowest < 0.25 + 0.1, string.format("a call took %.3f s against a timeout of 0.25 s", slowest))
+    local promoted = c:owner(key)
+    assert.is_truthy(promoted)
+    assert.are_not.equal(owner, promoted)
+    assert.equal("1", promoted:cli("EXISTS", key))
     b:close()
   end)
 end)

@@ -7,7 +7,7 @@
 --                               -- s.sentinels ("127.0.0.1:port" each), s.master
 --   s:master_port()             -- what the first sentinel names now
 --   s:destroy()
---   local c = ha.cluster()      -- c.nodes (spec.support.redis), c.node_id(node), c:owner(key)
+--   local c = ha.cluster { replicas = 1 } -- c.nodes (spec.support.redis), c.node_id(node), c:owner(key)
 --   c:destroy()
 local socket = require "socket"
 local redis = require "spec.support.redis"
@@ -144,6 +144,15 @@ function Cluster.node_id(node)
   return node:cli("CLUSTER", "MYID")
 end
 
+--- The nodes that are primaries now.
+function Cluster:primaries()
+  local out = {}
+  for _, node in ipairs(self.nodes) do
+    if node:cli("ROLE"):match("^master") then out[#out + 1] = node end
+  end
+  return out
+end
+
 --- The node serving a key's slot (the others answer MOVED).
 function Cluster:owner(key)
   for _, node in ipairs(self.nodes) do
@@ -164,22 +173,29 @@ function Cluster:destroy()
   for _, node in ipairs(self.nodes) do node:destroy() end
 end
 
---- Three primaries sharing the 16384 slots, the cluster state ok on each.
-function M.cluster()
+--- Three primaries sharing the 16384 slots (and a replica each with
+-- {replicas = 1}), the cluster state ok on each.
+function M.cluster(opts)
+  local replicas = opts and opts.replicas or 0
   local self = setmetatable({ nodes = {} }, Cluster)
   local addresses = {}
-  for i = 1, 3 do
+  for i = 1, 3 * (1 + replicas) do
     local node = redis.start { "--cluster-enabled", "yes", "--cluster-node-timeout", "1000",
-      "--cluster-port", tostring(free_port()), "--cluster-config-file", "nodes.conf" }
+      "--cluster-port", tostring(free_port()), "--cluster-config-file", "nodes.conf",
+      "--repl-diskless-sync-delay", "0" }
     self.nodes[i] = node
     addresses[i] = "127.0.0.1:" .. node.port
   end
   local out = cli(self.nodes[1].port, "--cluster create " .. table.concat(addresses, " ")
-    .. " --cluster-replicas 0 --cluster-yes")
+    .. " --cluster-replicas " .. replicas .. " --cluster-yes")
   assert(out:find("All 16384 slots covered", 1, true), out)
   wait_until("the cluster's state ok", 10, function()
     for _, node in ipairs(self.nodes) do
       if not node:cli("CLUSTER", "INFO"):find("cluster_state:ok", 1, true) then return false end
+      local replication = node:cli("INFO", "replication")
+      if replication:find("role:slave", 1, true) and not replication:find("master_link_status:up", 1, true) then
+        return false
+      end
     end
     return true
   end)
