@@ -7,7 +7,7 @@ local rw = require "ratewise"
 local ha = require "spec.support.redis_ha"
 local topology = require "ratewise.redis_topology"
 
-local test, runs = ha.test(it, rw.features.redis)
+local test, runs = ha.test(it, pending, rw.features.redis)
 
 describe("rw.redis_bucket on a Redis Cluster", function()
   local c

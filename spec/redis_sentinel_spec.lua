@@ -5,7 +5,7 @@ local rw = require "ratewise"
 local ha = require "spec.support.redis_ha"
 local fake_redis = require "spec.support.fake_redis"
 
-local test, runs = ha.test(it, rw.features.redis)
+local test, runs = ha.test(it, pending, rw.features.redis)
 
 -- A command's calls on a server, from INFO commandstats.
 local function calls(node, command)

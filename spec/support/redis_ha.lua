@@ -31,8 +31,9 @@ function M.available()
 end
 
 --- it, true | a test that is pending with the reason, false: what a spec
--- of these servers runs its tests with, and whether they run.
-function M.test(it, has_redis)
+-- of these servers runs its tests with, and whether they run (busted's it
+-- and pending are the spec file's own).
+function M.test(it, pending, has_redis)
   if not has_redis then
     return function(name) pending(name .. " [this build has no Redis support: REDIS=0]") end, false
   end
