@@ -17,8 +17,10 @@ local percent_decode = headers.percent_decode
 
 local redis = {}
 
--- After a failed connection, the next attempt waits this long: while Redis
--- is down, callers learn it at once instead of each paying a timeout.
+-- After a failed connection, a reply that did not come in time, or a node
+-- that is no longer the primary, the next attempt waits this long: while
+-- Redis is down or hung, callers learn it at once instead of each paying
+-- a timeout and opening a connection.
 local RECONNECT_AFTER = 0.5
 redis.RECONNECT_AFTER = RECONNECT_AFTER
 
@@ -127,7 +129,10 @@ function redis.new(opts)
     timeout = opts.timeout,
     locate = opts.locate, name = name,
     conn = false,
-    down_until = -math.huge, down_reason = nil,
+    -- down_reason: why the last attempt failed, until one succeeds;
+    -- probing: a call is finding out whether Redis is back (one at a time:
+    -- the others learn down_reason at once instead of queueing behind it)
+    down_until = -math.huge, down_reason = nil, probing = false,
     -- one command at a time on the connection; later callers queue
     turn = runtime.semaphore(1),
     where = opts.host and format("%s at %s:%d", name, opts.host, opts.port) or name,
@@ -154,15 +159,27 @@ local function drop(self)
   end
 end
 
-local function failed(self, what, err)
+-- No new attempt before RECONNECT_AFTER from now; callers meanwhile get
+-- the reason at once.
+local function pause(self, reason)
+  self.down_until, self.down_reason = now() + RECONNECT_AFTER, reason
+end
+
+-- timed_out: the server did not answer in time. A hung server (stopped,
+-- swapping, a long script) accepts connections and leaves them unanswered,
+-- so the pause applies as after a refused connection.
+local function failed(self, what, err, timed_out)
   drop(self)
-  return nil, format("%s: %s: %s", self.where, what, tostring(err))
+  local reason = format("%s: %s: %s", self.where, what, tostring(err))
+  if timed_out then pause(self, reason) end
+  return nil, reason
 end
 
 local function wait_for(self, mode, deadline)
   local ready, err = runtime.await_fd(self.conn:fd(), mode, deadline)
   if ready then return true end
-  return nil, err or format("no answer within %.3g s", self.timeout)
+  if err then return nil, err, false end
+  return nil, format("no answer within %.3g s", self.timeout), true
 end
 
 local function exchange(self, deadline, ...)
@@ -172,8 +189,8 @@ local function exchange(self, deadline, ...)
     local ok, err = conn:flush()
     if ok then break end
     if ok == nil then return failed(self, "sending", err) end
-    local ready, werr = wait_for(self, "w", deadline)
-    if not ready then return failed(self, "sending", werr) end
+    local ready, werr, timed_out = wait_for(self, "w", deadline)
+    if not ready then return failed(self, "sending", werr, timed_out) end
   end
   while true do
     local ok, value = conn:read()
@@ -182,8 +199,8 @@ local function exchange(self, deadline, ...)
       return value, nil
     end
     if ok == nil then return failed(self, "reading", value) end
-    local ready, werr = wait_for(self, "r", deadline)
-    if not ready then return failed(self, "waiting for a reply", werr) end
+    local ready, werr, timed_out = wait_for(self, "r", deadline)
+    if not ready then return failed(self, "waiting for a reply", werr, timed_out) end
   end
 end
 
@@ -244,18 +261,33 @@ end
 local function call(self, deadline, ...)
   if not self.conn then
     if now() < self.down_until then return nil, self.down_reason end
+    self.probing = self.down_reason ~= nil
     local ok, err = connect(self, deadline)
     if not ok then
-      self.down_until, self.down_reason = now() + RECONNECT_AFTER, err
+      pause(self, err)
       return nil, err
     end
   end
-  return exchange(self, deadline, ...)
+  local reply, err = exchange(self, deadline, ...)
+  if type(reply) == "table" and type(reply.err) == "string" and reply.err:find("^READONLY") then
+    -- The node is a replica now (a failover demoted it): the connection
+    -- is dropped and made again after the pause, to whatever answers at
+    -- the address by then. The command did nothing (it could not write).
+    drop(self)
+    pause(self, format("%s: no longer the primary: %s", self.where, reply.err))
+  elseif not err then
+    self.down_reason = nil
+  end
+  return reply, err
 end
 
 --- reply | nil, err = client:call_until(deadline, ...): as call, ending by
 -- deadline (of rw.now()) rather than after the client's timeout.
 function Client:call_until(deadline, ...)
+  -- While one call finds out whether a failed Redis is back, the others
+  -- do not queue behind it (each would pay its timeout): they answer as
+  -- the last failure did.
+  if self.probing then return nil, self.down_reason end
   local left = deadline - now()
   if left < 0 or not self.turn:acquire(left) then
     return nil, format("%s: no answer within %.3g s (waiting for the connection)", self.where, math.max(left, 0))
@@ -263,6 +295,7 @@ function Client:call_until(deadline, ...)
   -- A caller cancelled mid-command leaves the connection in an unknown
   -- state and the turn taken: both are put right before the error goes on.
   local ok, reply, err = compat.pcall(call, self, deadline, ...)
+  self.probing = false
   if not ok then
     drop(self)
     self.turn:release()
