@@ -102,6 +102,42 @@ describe("rw.redis_bucket with a hung Redis", function()
     assert.is_true(admitted <= 50 * span + 2, string.format("%d admitted in %.3f s", admitted, span))
   end)
 
+  needs_redis("a call that timed out takes nothing when the hung Redis resumes and runs it", function()
+    local buckets = {}
+    for i = 1, 5 do
+      -- one connection each, as five processes have
+      buckets[i] = rw.redis_bucket { redis = r.url, key = "k", capacity = 5, rate = 0.5, timeout = 0.1 }
+      assert.near(5, buckets[i]:tokens(), 0.1)
+    end
+    local resume = hang(r)
+    rw.run(function()
+      for i = 1, 5 do
+        rw.spawn(function()
+          local ok, err = buckets[i]:take()
+          assert.is_nil(ok)
+          assert.equal("limiter_unavailable", err.kind)
+        end)
+      end
+    end)
+    resume()
+    assert.equal("PONG", r:cli("PING")) -- after the five takes that were waiting
+    local fresh = rw.redis_bucket { redis = r.url, key = "k", capacity = 5, rate = 0.5 }
+    local t0 = rw.now()
+    assert.is_true(fresh:acquire(5))
+    assert.is_true(rw.now() - t0 < 0.05, "the late scripts drained the bucket: " .. (rw.now() - t0) .. " s")
+  end)
+
+  needs_redis("a server clock that moved forward costs one more round trip, not a refusal", function()
+    local b = rw.redis_bucket { redis = r.url, key = "k", capacity = 5, rate = 0.5, timeout = 0.1 }
+    assert.near(5, b:tokens(), 0.1)
+    -- as if Redis's clock had been set 10 s forward since it was read
+    b.clock_offset = b.clock_offset - 10
+    r:cli("CONFIG", "RESETSTAT")
+    assert.is_true((b:take()))
+    assert.near(4, b:tokens(), 0.1)
+    assert.equal(3, tonumber(r:cli("INFO", "commandstats"):match("cmdstat_evalsha:calls=(%d+)")))
+  end)
+
 end)
 
 describe("rw.redis_bucket when its node is no longer the primary (READONLY)", function()

@@ -471,24 +471,30 @@ describe("rw.redis_bucket against a broken or hostile Redis", function()
     end
   end)
 
-  -- What the script's reply must be: {wait, granted, tokens}, integers.
+  -- What the script's reply must be: {wait, granted, tokens, time}, integers.
+  local T = ":1700000000000000\r\n"
   local ABSURD = {
     { SCRIPT = ":1\r\n" }, { SCRIPT = "*0\r\n" }, { SCRIPT = "$-1\r\n" }, { SCRIPT = "$3\r\nabc\r\n" },
     { SCRIPT = SHA, EVALSHA = ":5\r\n" }, { SCRIPT = SHA, EVALSHA = "$-1\r\n" }, { SCRIPT = SHA, EVALSHA = "+OK\r\n" },
-    { SCRIPT = SHA, EVALSHA = "*2\r\n:0\r\n:1\r\n" }, { SCRIPT = SHA, EVALSHA = "*4\r\n:0\r\n:1\r\n:0\r\n:0\r\n" },
-    { SCRIPT = SHA, EVALSHA = "*3\r\n:-5\r\n:1\r\n:0\r\n" },
-    { SCRIPT = SHA, EVALSHA = "*3\r\n:9223372036854775807\r\n:1\r\n:0\r\n" },
-    { SCRIPT = SHA, EVALSHA = "*3\r\n:9223372036854775807\r\n:0\r\n:0\r\n" },
-    { SCRIPT = SHA, EVALSHA = "*3\r\n:0\r\n:7\r\n:0\r\n" },
-    { SCRIPT = SHA, EVALSHA = "*3\r\n$1\r\n0\r\n:1\r\n:0\r\n" },
-    { SCRIPT = SHA, EVALSHA = "*3\r\n*1\r\n:0\r\n:1\r\n:0\r\n" },
-    { SCRIPT = SHA, EVALSHA = "*3\r\n$-1\r\n:1\r\n:0\r\n" },
-    { SCRIPT = SHA, EVALSHA = "*3\r\n:0\r\n:1\r\n:-9223372036854775808\r\n" },
-    { SCRIPT = SHA, EVALSHA = "*3\r\n:0\r\n:1\r\n:9223372036854775807\r\n" },
+    { SCRIPT = SHA, EVALSHA = "*2\r\n:0\r\n:1\r\n" }, { SCRIPT = SHA, EVALSHA = "*3\r\n:0\r\n:1\r\n:0\r\n" },
+    { SCRIPT = SHA, EVALSHA = "*5\r\n:0\r\n:1\r\n:0\r\n" .. T .. ":0\r\n" },
+    { SCRIPT = SHA, EVALSHA = "*4\r\n:-5\r\n:1\r\n:0\r\n" .. T },
+    { SCRIPT = SHA, EVALSHA = "*4\r\n:9223372036854775807\r\n:1\r\n:0\r\n" .. T },
+    { SCRIPT = SHA, EVALSHA = "*4\r\n:9223372036854775807\r\n:0\r\n:0\r\n" .. T },
+    { SCRIPT = SHA, EVALSHA = "*4\r\n:0\r\n:7\r\n:0\r\n" .. T },
+    { SCRIPT = SHA, EVALSHA = "*4\r\n:0\r\n:-2\r\n:0\r\n" .. T },
+    { SCRIPT = SHA, EVALSHA = "*4\r\n$1\r\n0\r\n:1\r\n:0\r\n" .. T },
+    { SCRIPT = SHA, EVALSHA = "*4\r\n*1\r\n:0\r\n:1\r\n:0\r\n" .. T },
+    { SCRIPT = SHA, EVALSHA = "*4\r\n$-1\r\n:1\r\n:0\r\n" .. T },
+    { SCRIPT = SHA, EVALSHA = "*4\r\n:0\r\n:1\r\n:-9223372036854775808\r\n" .. T },
+    { SCRIPT = SHA, EVALSHA = "*4\r\n:0\r\n:1\r\n:9223372036854775807\r\n" .. T },
+    { SCRIPT = SHA, EVALSHA = "*4\r\n:0\r\n:1\r\n:0\r\n:-1\r\n" },
+    { SCRIPT = SHA, EVALSHA = "*4\r\n:0\r\n:1\r\n:0\r\n:9223372036854775807\r\n" },
+    { SCRIPT = SHA, EVALSHA = "*4\r\n:0\r\n:-1\r\n:0\r\n" .. T }, -- "too late" every time
     { SCRIPT = SHA, EVALSHA = "-NOSCRIPT\r\n", EVAL = ":1\r\n" },
   }
 
-  needs_redis("takes any reply that is not the script's three integers for an unavailable limiter, and never raises",
+  needs_redis("takes any reply that is not the script's four integers for an unavailable limiter, and never raises",
     function()
       for _, replies in ipairs(ABSURD) do
         with_fake(replies, function(fake)
@@ -521,7 +527,7 @@ describe("rw.redis_bucket against a broken or hostile Redis", function()
 
   needs_redis("never waits past the max_wait given, whatever the server grants", function()
     -- granted, with a wait of 5 s: a server that does not run the script
-    with_fake({ SCRIPT = SHA, EVALSHA = "*3\r\n:5000000\r\n:1\r\n:0\r\n" }, function(fake)
+    with_fake({ SCRIPT = SHA, EVALSHA = "*4\r\n:5000000\r\n:1\r\n:0\r\n:1700000000000000\r\n" }, function(fake)
       local b = rw.redis_bucket { redis = fake.url, key = "k", capacity = 1, rate = 1 }
       local t0 = rw.now()
       local ok, wait = b:acquire(1, nil, 1)

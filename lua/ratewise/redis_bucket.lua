@@ -14,8 +14,10 @@ local redis_topology = require "ratewise.redis_topology"
 local runtime = require "ratewise.runtime"
 
 local count = gcra.count
-local format = string.format
+local format, floor = string.format, math.floor
+local now = require("ratewise.core").now
 local type, tostring, pairs, error, setmetatable = type, tostring, pairs, error, setmetatable
+local unpack = require("ratewise.compat").unpack
 
 local redis_bucket = {}
 
@@ -33,17 +35,25 @@ local MAX_QUEUE_MICROS = 1e15
 
 -- The script: GCRA's step (gcra.lua) on the key, at the server's time, in
 -- integer microseconds. ARGV: microseconds a token, capacity, n,
--- operation, and its two arguments. Answers {wait, granted, tokens in
--- millionths}. A key whose bucket is full again is deleted (its expiry is
--- when it would be full): an idle bucket costs Redis nothing.
+-- operation, its two arguments, and the caller's deadline on the
+-- server's clock (-1: none).
+-- Answers {wait, granted, tokens in millionths, the server's time}; past
+-- the deadline it does nothing and answers granted = -1: the caller has
+-- given up (a hung server that resumes runs every command it was sent),
+-- and a reservation nobody waits for would keep the tokens from everyone.
+-- A key whose bucket is full again is deleted (its expiry is when it
+-- would be full): an idle bucket costs Redis nothing.
 local SCRIPT = gcra.SOURCE .. [[
 if redis.replicate_commands then redis.replicate_commands() end
 local key = KEYS[1]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local deadline = tonumber(ARGV[7]) or -1
+if deadline >= 0 and now > deadline then return { 0, -1, 0, now } end
+local interval, capacity = tonumber(ARGV[1]), tonumber(ARGV[2])
 local tat = tonumber(redis.call('GET', key) or now) or now
 local new, wait, granted, tokens = gcra_step(ARGV[4],
-  { tat = tat, now = now, interval = tonumber(ARGV[1]), capacity = tonumber(ARGV[2]) },
+  { tat = tat, now = now, interval = interval, capacity = capacity },
   tonumber(ARGV[3]), tonumber(ARGV[5]), tonumber(ARGV[6]))
 if not wait then return redis.error_reply('ratewise: unknown operation ' .. tostring(ARGV[4])) end
 if new then
@@ -53,7 +63,7 @@ if new then
     redis.call('SET', key, string.format('%.0f', new), 'PX', math.ceil((new - now) / 1000) + 1000)
   end
 end
-return { wait, granted, tokens }
+return { wait, granted, tokens, now }
 ]]
 redis_bucket.SCRIPT = SCRIPT
 
@@ -69,9 +79,40 @@ local function unavailable(self, err)
   return errors.new("limiter_unavailable", format("redis_bucket '%s': %s", self.name, tostring(err)))
 end
 
--- Runs the script through a client of our own (a redis:// URL). Whatever
--- the server answers, nothing here raises: run checks the reply's shape.
-local function run_own(self, ...)
+-- How much later than the client's monotonic clock (now()) the server's
+-- clock (TIME, in the script) may be, as far as the replies show, in
+-- seconds. The caller's deadline is sent on the server's clock, never on
+-- the client's: the hosts' wall clocks may disagree by any amount, while
+-- the server's own TIME, read in a reply, is bound on both sides by the
+-- client's monotonic clock when the command was sent and when the reply
+-- came. Taking its time at the send gives the largest offset that reply
+-- allows, so the deadline sent errs late (by at most a round trip: a late
+-- script is then let through), never early (a script run in time is never
+-- refused). The least offset seen stays the bound, widened by what the
+-- two clocks may drift apart since (DRIFT, above what NTP slews a clock).
+local DRIFT = 1e-3
+
+local function learn_clock(self, sent, server_micros)
+  local offset = server_micros / 1e6 - sent
+  local known = self.clock_offset
+  if known then known = known + (sent - self.clock_at) * DRIFT end
+  if not known or offset < known then known = offset end
+  self.clock_offset, self.clock_at = known, sent
+end
+
+-- The caller's deadline in microseconds on the server's clock (-1: none
+-- known yet). Only with our own client: a client object keeps its own
+-- timeout, which is not known here.
+local function deadline(self, sent)
+  if not (self.client and self.clock_offset) then return -1 end
+  return floor((sent + self.timeout + self.clock_offset) * 1e6)
+end
+
+-- Runs the script through a client of our own (a redis:// URL): reply |
+-- nil, err, and the time the command that answered was sent. Whatever the
+-- server answers, nothing here raises: run checks the reply's shape.
+-- args: the script's ARGV but the deadline, set at each send.
+local function run_own(self, args)
   local client = self.client
   if not self.sha then
     local sha, err = client:call("SCRIPT", "LOAD", SCRIPT)
@@ -82,54 +123,81 @@ local function run_own(self, ...)
     end
     self.sha = sha
   end
-  local reply, err = client:call("EVALSHA", self.sha, 1, self.key, ...)
+  local sent = now()
+  args[7] = deadline(self, sent)
+  local reply, err = client:call("EVALSHA", self.sha, 1, self.key, unpack(args, 1, 7))
   if type(reply) == "table" and type(reply.err) == "string" and reply.err:find("^NOSCRIPT") then
     -- Redis restarted, or its scripts were flushed: EVAL loads it again.
-    reply, err = client:call("EVAL", SCRIPT, 1, self.key, ...)
+    sent = now()
+    args[7] = deadline(self, sent)
+    reply, err = client:call("EVAL", SCRIPT, 1, self.key, unpack(args, 1, 7))
   end
   if err then return nil, err end
   if type(reply) == "table" and type(reply.err) == "string" then return nil, "Redis answered: " .. reply.err end
-  return reply
+  return reply, nil, sent
 end
 
 -- Runs the script through a caller's client object with evalsha and eval
 -- (resty.redis in OpenResty, or one of the same shape): res | nil, err.
-local function run_object(self, ...)
+local function run_object(self, args)
   local object = self.object
+  args[7] = -1
   if self.sha == nil then
     -- resty.redis has script("load", ...); a client without it runs EVAL
     local ok, sha = pcall(function() return object:script("load", SCRIPT) end)
     self.sha = ok and type(sha) == "string" and sha or false
   end
   local reply, err
-  if self.sha then reply, err = object:evalsha(self.sha, 1, self.key, ...) end
+  local sent = now()
+  if self.sha then reply, err = object:evalsha(self.sha, 1, self.key, unpack(args, 1, 7)) end
   if not self.sha or (not reply and type(err) == "string" and err:find("NOSCRIPT", 1, true)) then
-    reply, err = object:eval(SCRIPT, 1, self.key, ...)
+    sent = now()
+    reply, err = object:eval(SCRIPT, 1, self.key, unpack(args, 1, 7))
   end
   if not reply then return nil, format("Redis: %s", tostring(err)) end
-  return reply
+  return reply, nil, sent
 end
 
 local function is_integer(v, least, most)
   return type(v) == "number" and v % 1 == 0 and v >= least and v <= most
 end
 
--- The script's reply, {wait, granted, tokens}, or nil and what is wrong
--- with it: a broken or hostile server's reply is never waited for.
-local function run(self, op, n, arg, arg2)
-  local reply, err = self.run(self, self.interval, self.capacity_n, n, op, arg or -1, arg2 or 0)
-  if err then return nil, err end
-  if type(reply) ~= "table" or #reply ~= 3 or type(reply[1]) ~= "number"
-    or type(reply[2]) ~= "number" or type(reply[3]) ~= "number" then
-    return nil, format("Redis answered the script with %s, not its three integers", redis.described(reply))
+-- The script's reply, or nil and what is wrong with it: a broken or
+-- hostile server's reply is never waited for.
+local function checked(self, reply)
+  if type(reply) ~= "table" or #reply ~= 4 or type(reply[1]) ~= "number" or type(reply[2]) ~= "number"
+    or type(reply[3]) ~= "number" or type(reply[4]) ~= "number" then
+    return nil, format("Redis answered the script with %s, not its four integers", redis.described(reply))
   end
   local most_micros = self.horizon * 1e6 + MAX_QUEUE_MICROS
   local full = self.capacity_n * 1e6
-  if not (is_integer(reply[1], 0, most_micros) and (reply[2] == 0 or reply[2] == 1)
-    and is_integer(reply[3], -full - most_micros / self.interval * 1e6, full + 1)) then
-    return nil, format("Redis answered the script with {%s, %s, %s}: not a wait, a grant and a balance this "
-      .. "bucket could have", tostring(reply[1]), tostring(reply[2]), tostring(reply[3]))
+  if not (is_integer(reply[1], 0, most_micros) and (reply[2] == 0 or reply[2] == 1 or reply[2] == -1)
+    and is_integer(reply[3], -full - most_micros / self.interval * 1e6, full + 1)
+    and is_integer(reply[4], 0, 2 ^ 53)) then
+    return nil, format("Redis answered the script with {%s, %s, %s, %s}: not a wait, a grant, a balance this "
+      .. "bucket could have and a time", tostring(reply[1]), tostring(reply[2]), tostring(reply[3]),
+      tostring(reply[4]))
   end
+  return reply
+end
+
+-- The script's reply, {wait, granted, tokens, the server's time}, or nil
+-- and why not. again: this is the one call made again after a refusal as
+-- late.
+local function run(self, op, n, arg, arg2, again)
+  local reply, err, sent = self.run(self, { self.interval, self.capacity_n, n, op, arg or -1, arg2 or 0, -1 })
+  if not err then reply, err = checked(self, reply) end
+  if err then return nil, err end
+  if reply[2] == -1 then
+    -- Refused as late, yet answered within the timeout: the offset was
+    -- wrong (the server's clock was set forward, or this is another server
+    -- after a failover). Learnt anew from this reply's time, once.
+    self.clock_offset = nil
+    learn_clock(self, sent, reply[4])
+    if again then return nil, "Redis answered the script as past its deadline twice" end
+    return run(self, op, n, arg, arg2, true)
+  end
+  learn_clock(self, sent, reply[4])
   return reply
 end
 
@@ -252,6 +320,9 @@ function redis_bucket.new(opts)
     key = "ratewise:{" .. key .. "}",
     capacity_n = capacity, rate_n = rate, interval = 1e6 / rate,
     horizon = gcra.positive("redis_bucket", opts, "sync_horizon", 86400),
+    timeout = timeout,
+    -- the server's clock, as the replies showed it (learn_clock)
+    clock_offset = nil, clock_at = nil,
   }, RedisBucket)
   local target = opts.redis
   if type(target) == "string" or redis_topology.is_config(target) then
