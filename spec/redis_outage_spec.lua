@@ -36,6 +36,19 @@ local function connections_received(r)
   return tonumber(r:cli("INFO", "stats"):match("total_connections_received:(%d+)"))
 end
 
+-- The most admissions within any `span` seconds from `from` on.
+local function busiest(times, from, span)
+  local most, j = 0, 1
+  for i = 1, #times do
+    if times[i] >= from then
+      if j < i then j = i end
+      while j <= #times and times[j] < times[i] + span do j = j + 1 end
+      if j - i > most then most = j - i end
+    end
+  end
+  return most
+end
+
 describe("rw.redis_bucket with a hung Redis", function()
   local r
 
@@ -138,6 +151,43 @@ describe("rw.redis_bucket with a hung Redis", function()
     assert.equal(3, tonumber(r:cli("INFO", "commandstats"):match("cmdstat_evalsha:calls=(%d+)")))
   end)
 
+  needs_redis("adds no burst when it switches to its local bucket and back", function()
+    -- two processes sharing 20 a second, capacity 10, half each locally
+    local buckets = {}
+    for i = 1, 2 do
+      buckets[i] = rw.redis_bucket { redis = r.url, key = "switch", capacity = 10, rate = 20, timeout = 0.1,
+        on_error = "local", local_share = 0.5 }
+    end
+    local times = {}
+    local t0 = rw.now()
+    local resume
+    rw.run(function()
+      for i = 1, 2 do
+        rw.spawn(function()
+          while rw.now() - t0 < 3.4 do
+            assert.is_true(buckets[i]:acquire())
+            times[#times + 1] = rw.now() - t0
+          end
+        end)
+      end
+      rw.spawn(function()
+        rw.sleep(1)
+        resume = hang(r)
+        rw.sleep(1.2)
+        resume()
+      end)
+    end)
+    table.sort(times)
+    -- the bucket starts full (10), and is drained within the first half second
+    local most = busiest(times, 0.5, 1)
+    local per_second = { 0, 0, 0, 0 }
+    for _, t in ipairs(times) do
+      local s = math.floor(t) + 1
+      if per_second[s] then per_second[s] = per_second[s] + 1 end
+    end
+    assert.is_true(most <= 20 * 1.1 + 2, string.format("%d admitted within one second at 20 a second "
+      .. "(Redis hung from 1 s to 2.2 s; each second: %s)", most, table.concat(per_second, " ")))
+  end)
 end)
 
 describe("rw.redis_bucket when its node is no longer the primary (READONLY)", function()

@@ -35,8 +35,9 @@ local MAX_QUEUE_MICROS = 1e15
 
 -- The script: GCRA's step (gcra.lua) on the key, at the server's time, in
 -- integer microseconds. ARGV: microseconds a token, capacity, n,
--- operation, its two arguments, and the caller's deadline on the
--- server's clock (-1: none).
+-- operation, its two arguments, the caller's deadline on the server's
+-- clock (-1: none), and, back from the local bucket, the balance (in
+-- millionths) the shared one is lowered to first ("": none).
 -- Answers {wait, granted, tokens in millionths, the server's time}; past
 -- the deadline it does nothing and answers granted = -1: the caller has
 -- given up (a hung server that resumes runs every command it was sent),
@@ -52,10 +53,16 @@ local deadline = tonumber(ARGV[7]) or -1
 if deadline >= 0 and now > deadline then return { 0, -1, 0, now } end
 local interval, capacity = tonumber(ARGV[1]), tonumber(ARGV[2])
 local tat = tonumber(redis.call('GET', key) or now) or now
+local level, lowered = tonumber(ARGV[8]), nil
+if level then
+  local least = now + (capacity - level / 1000000) * interval
+  if least > tat then tat, lowered = least, least end
+end
 local new, wait, granted, tokens = gcra_step(ARGV[4],
   { tat = tat, now = now, interval = interval, capacity = capacity },
   tonumber(ARGV[3]), tonumber(ARGV[5]), tonumber(ARGV[6]))
 if not wait then return redis.error_reply('ratewise: unknown operation ' .. tostring(ARGV[4])) end
+new = new or lowered
 if new then
   if new <= now then
     redis.call('DEL', key)
@@ -125,12 +132,12 @@ local function run_own(self, args)
   end
   local sent = now()
   args[7] = deadline(self, sent)
-  local reply, err = client:call("EVALSHA", self.sha, 1, self.key, unpack(args, 1, 7))
+  local reply, err = client:call("EVALSHA", self.sha, 1, self.key, unpack(args, 1, 8))
   if type(reply) == "table" and type(reply.err) == "string" and reply.err:find("^NOSCRIPT") then
     -- Redis restarted, or its scripts were flushed: EVAL loads it again.
     sent = now()
     args[7] = deadline(self, sent)
-    reply, err = client:call("EVAL", SCRIPT, 1, self.key, unpack(args, 1, 7))
+    reply, err = client:call("EVAL", SCRIPT, 1, self.key, unpack(args, 1, 8))
   end
   if err then return nil, err end
   if type(reply) == "table" and type(reply.err) == "string" then return nil, "Redis answered: " .. reply.err end
@@ -149,10 +156,10 @@ local function run_object(self, args)
   end
   local reply, err
   local sent = now()
-  if self.sha then reply, err = object:evalsha(self.sha, 1, self.key, unpack(args, 1, 7)) end
+  if self.sha then reply, err = object:evalsha(self.sha, 1, self.key, unpack(args, 1, 8)) end
   if not self.sha or (not reply and type(err) == "string" and err:find("NOSCRIPT", 1, true)) then
     sent = now()
-    reply, err = object:eval(SCRIPT, 1, self.key, unpack(args, 1, 7))
+    reply, err = object:eval(SCRIPT, 1, self.key, unpack(args, 1, 8))
   end
   if not reply then return nil, format("Redis: %s", tostring(err)) end
   return reply, nil, sent
@@ -181,13 +188,50 @@ local function checked(self, reply)
   return reply
 end
 
+-- The local bucket holds `tokens` from now on (below one: the next token
+-- comes when it would at the local rate), or fewer if it holds fewer.
+local function hand_over(self, tokens)
+  local fallback = self.fallback
+  if tokens >= 1 then
+    fallback:sync(tokens)
+  else
+    fallback:sync(0, (1 - tokens) / fallback:rate())
+  end
+end
+
+-- Each switch hands the state over, so that it adds no burst to what
+-- the processes send together. Redis failed: from now on the local bucket
+-- serves, holding its share of the balance the last reply showed (and of
+-- what the rate has added since), not a full bucket.
+local function to_local(self)
+  self.on_local = true
+  local balance = self.seen_tokens + (now() - self.seen_at) * self.rate_n
+  if balance > self.capacity_n then balance = self.capacity_n end
+  hand_over(self, balance * self.local_share)
+end
+
+-- Back on Redis: the shared balance is lowered to what the local bucket
+-- holds, as if every process had spent alike (the local share scaled up
+-- to the whole), and never raised. The shared bucket refilled meanwhile
+-- as if nobody had spent, and the process back first would otherwise
+-- find it full while the others still spend locally. In millionths.
+local function from_local(self)
+  local level = self.fallback:tokens() / self.local_share
+  if level > self.capacity_n then level = self.capacity_n end
+  return floor(level * 1e6)
+end
+
 -- The script's reply, {wait, granted, tokens, the server's time}, or nil
 -- and why not. again: this is the one call made again after a refusal as
 -- late.
 local function run(self, op, n, arg, arg2, again)
-  local reply, err, sent = self.run(self, { self.interval, self.capacity_n, n, op, arg or -1, arg2 or 0, -1 })
+  local level = self.on_local and from_local(self) or ""
+  local reply, err, sent = self.run(self, { self.interval, self.capacity_n, n, op, arg or -1, arg2 or 0, -1, level })
   if not err then reply, err = checked(self, reply) end
-  if err then return nil, err end
+  if err then
+    if self.fallback and not self.on_local then to_local(self) end
+    return nil, err
+  end
   if reply[2] == -1 then
     -- Refused as late, yet answered within the timeout: the offset was
     -- wrong (the server's clock was set forward, or this is another server
@@ -198,6 +242,8 @@ local function run(self, op, n, arg, arg2, again)
     return run(self, op, n, arg, arg2, true)
   end
   learn_clock(self, sent, reply[4])
+  self.seen_tokens, self.seen_at = reply[3] / 1e6, now()
+  self.on_local = false
   return reply
 end
 
@@ -320,7 +366,11 @@ function redis_bucket.new(opts)
     key = "ratewise:{" .. key .. "}",
     capacity_n = capacity, rate_n = rate, interval = 1e6 / rate,
     horizon = gcra.positive("redis_bucket", opts, "sync_horizon", 86400),
-    timeout = timeout,
+    timeout = timeout, local_share = local_share,
+    -- the shared balance the last reply showed, and when (a new key's: full)
+    seen_tokens = capacity, seen_at = now(),
+    -- serving from the local bucket (Redis failed)
+    on_local = false,
     -- the server's clock, as the replies showed it (learn_clock)
     clock_offset = nil, clock_at = nil,
   }, RedisBucket)
@@ -348,6 +398,7 @@ function redis_bucket.new(opts)
   end
   if on_error == "local" then
     self.fallback = bucket.new { capacity = capacity, rate = rate * local_share }
+    hand_over(self, capacity * local_share)
   end
   return self
 end
