@@ -69,7 +69,9 @@ describe("rw.redis_bucket with a hung Redis", function()
       assert.is_nil(ok)
       assert.equal("limiter_unavailable", err.kind)
       took[#took + 1] = rw.now() - t
-      if took[#took] >= 0.05 then slow = slow + 1 end
+      -- (near the timeout: a loaded machine may hold a quick call up for
+      -- tens of milliseconds)
+      if took[#took] >= 0.09 then slow = slow + 1 end
     end
     resume()
     local opened = connections_received(r) - before
