@@ -856,15 +856,21 @@ describe("ratewise.core engine", function()
       assert.equal("200", status)
     end)
 
+    -- A directory holding spec/support/oom_host built against this Lua.
+    local function build_oom_host()
+      local dir = tmpdir()
+      local out, built = sh("cc " .. CFLAGS .. " -o " .. dir .. "/oom_host spec/support/oom_host.c src/*.c "
+        .. subprocess.lua_libs .. " " .. LIBS)
+      assert(built, "the build failed: " .. out)
+      return dir
+    end
+
     -- oom_host fails Lua's allocations on demand: the first entry of an
     -- empty out table cannot be allocated, so poll raises after libcurl
     -- has handed the finished transfer over. It used to be lost then:
     -- never reported, its task waiting forever.
     it("reports a finished transfer at the next poll after an out-of-memory error", function()
-      local dir = tmpdir()
-      local out, built = sh("cc " .. CFLAGS .. " -o " .. dir .. "/oom_host spec/support/oom_host.c src/*.c "
-        .. subprocess.lua_libs .. " " .. LIBS)
-      assert(built, "the build failed: " .. out)
+      local dir = build_oom_host()
       local script = dir .. "/poll.lua"
       local f = assert(io.open(script, "w"))
       f:write([[
@@ -886,7 +892,7 @@ describe("ratewise.core engine", function()
         print("next poll", n2, out[1] == t, res and res.status, e:running())
       ]])
       f:close()
-      out = sh(dir .. "/oom_host " .. script .. " " .. s:url("/oom"))
+      local out = sh(dir .. "/oom_host " .. script .. " " .. s:url("/oom"))
       os.execute("rm -rf " .. dir)
       -- The transfer had finished when the allocation failed.
       assert.matches("first poll\tfalse\tnot enough memory\ttrue\n", out, 1, true)
@@ -897,10 +903,7 @@ describe("ratewise.core engine", function()
     -- result is libcurl's memory until it is copied into a Lua string. When
     -- that copy raises, the URL used to stay allocated for good.
     it("core.link leaves none of libcurl's memory behind when Lua's allocation fails", function()
-      local dir = tmpdir()
-      local out, built = sh("cc " .. CFLAGS .. " -o " .. dir .. "/oom_host spec/support/oom_host.c src/*.c "
-        .. subprocess.lua_libs .. " " .. LIBS)
-      assert(built, "the build failed: " .. out)
+      local dir = build_oom_host()
       local script = dir .. "/link.lua"
       local f = assert(io.open(script, "w"))
       f:write([[
@@ -925,7 +928,7 @@ describe("ratewise.core engine", function()
         print("after", core.link(link(2), "next", base))
       ]])
       f:close()
-      out = sh(dir .. "/oom_host " .. script)
+      local out = sh(dir .. "/oom_host " .. script)
       os.execute("rm -rf " .. dir)
       assert.matches("raised\ttrue\tpassed\ttrue\tcurl blocks left\t0\n", out, 1, true)
       assert.matches("after\thttps://api.example/" .. string.rep("p", 300) .. "?page=2\n", out, 1, true)

@@ -106,21 +106,7 @@ describe("rw.redis_bucket on a Redis Cluster", function()
     local owner = c:owner(key)
     owner:stop()
     local stopped = rw.now()
-    local back, failures, slowest, kinds = nil, 0, 0, {}
-    rw.run(function()
-      while rw.now() - stopped < 15 do
-        local t0 = rw.now()
-        local ok, err = b:take()
-        slowest = math.max(slowest, rw.now() - t0)
-        if ok then
-          back = rw.now() - stopped
-          break
-        end
-        failures = failures + 1
-        kinds[err.kind] = true
-        rw.sleep(0.02)
-      end
-    end)
+    local back, failures, slowest, kinds = ha.until_admitted(b, stopped)
     assert.is_truthy(back, "the bucket admitted nothing for 15 s after the primary of its slot stopped")
     -- cluster-node-timeout 1000, then the replicas' election
     assert.is_true(back < 8, string.format("admitting again %.2f s after the primary stopped", back))

@@ -71,21 +71,7 @@ describe("rw.redis_bucket through Sentinel", function()
     assert.equal(1, calls(s.primary, "evalsha"))
     s.primary:stop()
     local stopped = rw.now()
-    local back, failures, slowest, kinds = nil, 0, 0, {}
-    rw.run(function()
-      while rw.now() - stopped < 15 do
-        local t0 = rw.now()
-        local ok, err = b:take()
-        slowest = math.max(slowest, rw.now() - t0)
-        if ok then
-          back = rw.now() - stopped
-          break
-        end
-        failures = failures + 1
-        kinds[err.kind] = true
-        rw.sleep(0.02)
-      end
-    end)
+    local back, failures, slowest, kinds = ha.until_admitted(b, stopped)
     assert.is_truthy(back, "the bucket admitted nothing for 15 s after the primary stopped")
     -- down-after-milliseconds 400, an election, the promotion seen by INFO
     -- (every second during a failover), then the reconnect pause

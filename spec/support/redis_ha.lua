@@ -203,4 +203,29 @@ function M.cluster(opts)
   return self
 end
 
+--- back, failures, slowest, kinds = M.until_admitted(bucket, since): takes
+-- from bucket (in a task, every 0.02 s) until it admits or 15 s have passed
+-- since `since` (rw.now()): how long after `since` it admitted (nil: never),
+-- how many takes failed before, the slowest take, and the kinds of the
+-- failures (a set).
+function M.until_admitted(bucket, since)
+  local rw = require "ratewise"
+  local back, failures, slowest, kinds = nil, 0, 0, {}
+  rw.run(function()
+    while rw.now() - since < 15 do
+      local t0 = rw.now()
+      local ok, err = bucket:take()
+      slowest = math.max(slowest, rw.now() - t0)
+      if ok then
+        back = rw.now() - since
+        break
+      end
+      failures = failures + 1
+      kinds[err.kind] = true
+      rw.sleep(0.02)
+    end
+  end)
+  return back, failures, slowest, kinds
+end
+
 return M

@@ -510,14 +510,8 @@ class Handler(BaseHTTPRequestHandler):
                     state.limits[spec["path"]] = bucket
                 self.respond_json(200, {"ok": True})
             elif path == "/_limit" and self.command == "GET":
-                want = parse_qs(query).get("path", [None])[0]
-                with state.lock:
-                    bucket = state.limits.get(want)
-                    counts = bucket and {"ok": bucket["ok"], "limited": bucket["limited"]}
-                if counts is None:
-                    self.respond_json(404, {"ok": False, "error": "no limit on %s" % want})
-                else:
-                    self.respond_json(200, counts)
+                self.counts_of(state.limits, query, "limit",
+                               lambda bucket: {"ok": bucket["ok"], "limited": bucket["limited"]})
             elif path == "/_llm" and self.command == "POST":
                 spec = read_json(body)
                 mock = llm_mock.validate(spec)
@@ -525,13 +519,7 @@ class Handler(BaseHTTPRequestHandler):
                     state.llm[spec["path"]] = mock
                 self.respond_json(200, {"ok": True})
             elif path == "/_llm" and self.command == "GET":
-                want = parse_qs(query).get("path", [None])[0]
-                with state.lock:
-                    mock = state.llm.get(want)
-                if mock is None:
-                    self.respond_json(404, {"ok": False, "error": "no llm limits on %s" % want})
-                else:
-                    self.respond_json(200, mock.counts())
+                self.counts_of(state.llm, query, "llm limits", lambda mock: mock.counts())
             elif path == "/_reset" and self.command == "POST":
                 state.reset()
                 self.respond_json(200, {"ok": True})
@@ -539,6 +527,19 @@ class Handler(BaseHTTPRequestHandler):
                 self.respond_json(404, {"ok": False, "error": "no such control endpoint: %s %s" % (self.command, path)})
         except ValueError as e:  # includes json.JSONDecodeError
             self.respond_json(400, {"ok": False, "error": str(e)})
+
+    def counts_of(self, registry, query, what, counts):
+        """Answers what the limit set on ?path= counted (counts(limit), made
+        under the state's lock), or 404."""
+        state = self.server.state
+        want = parse_qs(query).get("path", [None])[0]
+        with state.lock:
+            limit = registry.get(want)
+            out = counts(limit) if limit is not None else None
+        if out is None:
+            self.respond_json(404, {"ok": False, "error": "no %s on %s" % (what, want)})
+        else:
+            self.respond_json(200, out)
 
     # --- scripted responses --------------------------------------------
 
