@@ -174,6 +174,7 @@ static void engine_drain(engine *e)
         if (!t || t->state != TRANSFER_RUNNING) continue;
         code = msg->data.result; /* msg is invalid once the handle is removed */
         if (code == CURLE_OK && t->follow && rw_redirect_follow(e, t, &code)) continue;
+        if (code == CURLE_ABORTED_BY_CALLBACK && rw_transfer_again(e, t, code)) continue;
         rw_transfer_finish(t, code, ABORT_NONE);
         rw_transfer_queue(e, t);
     }

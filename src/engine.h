@@ -125,6 +125,15 @@ typedef struct engine {
     int gates_answered;   /* a probe's headers came: held transfers go on (rw_gate_release_answered) */
     int gate_next;        /* where the search for a known gate to forget starts (rw_gate_hold) */
     unsigned long long *socket_origin; /* by descriptor: the gate key of its origin (0: none) */
+    /* https origins (gate keys) whose server agreed on no protocol when a
+     * no_replay request offered HTTP/1.1 alone: such requests offer them
+     * HTTP/2 too (rw_transfer_again). A ring, the oldest forgotten first. */
+    unsigned long long h2_only[ENGINE_GATES];
+    int h2_only_next;
+    /* OpenSSL's SSL_get0_alpn_selected, looked up in the process once
+     * (rw_transfer_alpn_none); alpn_looked: it was (NULL: not there). */
+    void (*alpn_selected)(const void *ssl, const unsigned char **data, unsigned int *len);
+    int alpn_looked;
     size_t nsocket_origin;
     transfer *pool[ENGINE_POOL_MAX];
     int npool;
@@ -297,6 +306,11 @@ void rw_transfer_fail(transfer *t, CURLMcode mc);
 /* transfer.c: a hop of t ended (the last, or a redirect followed): its
  * time and the request bytes it sent count in the transfer's. */
 void rw_transfer_hop_ended(transfer *t);
+/* transfer.c: t, ended with code, goes again instead when request.c's
+ * prereq callback ended it before a byte went out because its server did
+ * not agree on HTTP/1.1 (alpn_refused): offering HTTP/2 too, its origin
+ * remembered. Answers 1 when it goes again (or has ended otherwise, queued). */
+int rw_transfer_again(engine *e, transfer *t, CURLcode code);
 /* transfer.c: t, set up by rw_request_configure, starts on engine e (or is
  * held by its gate); what the multi handle said when it refused it. */
 CURLMcode rw_transfer_launch(engine *e, transfer *t);

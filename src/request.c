@@ -68,6 +68,14 @@ static int request_on_prereq(void *ud, char *conn_primary_ip, char *conn_local_i
     if (!t->no_replay) return CURL_PREREQFUNC_OK;
     if (curl_easy_getinfo(t->easy, CURLINFO_REQUEST_SIZE, &sent) != CURLE_OK) sent = 0;
     if (!t->prereq_asked) {
+        /* Offered HTTP/1.1 alone, the server agreed on no protocol: an
+         * HTTP/2-only server (nghttpd) closes the connection without reading
+         * the request. Not a byte has gone out: the engine sends it again at
+         * once offering HTTP/2 too (rw_transfer_again). */
+        if (t->h1_key && rw_transfer_alpn_none(t)) {
+            t->alpn_refused = 1;
+            return CURL_PREREQFUNC_ABORT;
+        }
         t->prereq_asked = 1;
         t->prereq_sent = sent;
         return CURL_PREREQFUNC_OK;
@@ -121,7 +129,8 @@ void rw_request_clear(transfer *t)
     t->timeout = 0;
     t->stream = 0;
     t->gate_key = 0;
-    t->no_replay = t->replay_refused = t->prereq_asked = 0;
+    t->no_replay = t->replay_refused = t->prereq_asked = t->alpn_refused = 0;
+    t->h1_key = 0;
     t->first_byte_timeout = t->idle_timeout = 0;
 }
 
@@ -961,14 +970,16 @@ static void request_apply_timeouts(transfer *t, const request_values *v)
 }
 
 /* Whether libcurl may ever send the request twice. */
-static void request_apply_replay(transfer *t, const request_values *v)
+static void request_apply_replay(const struct engine *e, transfer *t, const request_values *v)
 {
+    unsigned long long key = t->gate_key;
     /* A request that must not be replayed keeps its kept connection; libcurl
      * is kept from sending it twice by request_on_prereq. A libcurl older
      * than 7.80 has no such callback: the request asks for a connection of
      * its own, where libcurl never retries. */
     t->no_replay = v->no_replay;
-    t->replay_refused = t->prereq_asked = 0;
+    t->replay_refused = t->prereq_asked = t->alpn_refused = 0;
+    t->h1_key = 0;
     if (!t->no_replay) return;
 #if LIBCURL_VERSION_NUM < 0x075000
     t->dirty |= DIRTY_FRESH;
@@ -983,11 +994,24 @@ static void request_apply_replay(transfer *t, const request_values *v)
      * connection has no such retry; and libcurl 7.88 loses an HTTP/2
      * answer that comes before the body has gone (docs/http.md). Not on
      * the gate either: such a request never multiplexes, and must not
-     * teach the engine that its origin does not. */
+     * teach the engine that its origin does not.
+     * An origin whose server would not agree on HTTP/1.1 is offered
+     * HTTP/2 as well, and goes through the gate as other requests do:
+     * request_on_prereq still refuses a second sending. */
+    if (key && rw_transfer_h2_only(e, key)) return;
     t->dirty |= DIRTY_HTTP1;
+    t->h1_key = key;
     t->gate_key = 0;
     curl_easy_setopt(t->easy, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
 #endif
+}
+
+void rw_request_offer_h2(transfer *t)
+{
+    /* DIRTY_HTTP1 stays: the next request on the handle gets the default back */
+    curl_easy_setopt(t->easy, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_2TLS);
+    t->alpn_refused = t->prereq_asked = t->replay_refused = 0;
+    t->h1_key = 0;
 }
 
 /* Sets t->easy from what request_read found, in the order the options
@@ -1004,7 +1028,7 @@ static int request_apply(struct engine *e, transfer *t, const request_values *v,
         t->lists_set = 1;
     }
     request_apply_timeouts(t, v);
-    request_apply_replay(t, v);
+    request_apply_replay(e, t, v);
     /* TLS and proxy options (those of the reset signature when they are
      * not the handle's already), and verify_tls. */
     if (!same_reset) refused = request_set_reset_options(t);

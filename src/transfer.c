@@ -11,6 +11,9 @@
  * the collector, and a heap that does not grow and shrink at its top every
  * cycle (with glibc that means page faults on every cycle).
  */
+/* dladdr and RTLD_NOLOAD (glibc's feature macro, reserved for just this). */
+#define _GNU_SOURCE /* NOLINT(bugprone-reserved-identifier,cert-dcl37-c,cert-dcl51-cpp) */
+#include <dlfcn.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,6 +106,69 @@ static long transfer_small_buffer(const engine *e)
     long size = ENGINE_RECV_MIN;
     while (size < ENGINE_RECV_MAX && (double)size * 2 < e->response_bytes) size *= 2;
     return size;
+}
+
+int rw_transfer_h2_only(const engine *e, unsigned long long key)
+{
+    int i;
+    for (i = 0; key && i < ENGINE_GATES; i++)
+        if (e->h2_only[i] == key) return 1;
+    return 0;
+}
+
+/* OpenSSL's SSL_get0_alpn_selected, from the libssl libcurl loaded: this
+ * library's own handle looks it up among its dependencies (the module is
+ * loaded with RTLD_LOCAL, so the process's default scope does not have
+ * it), and nothing links libssl for this one call. NULL when libcurl uses
+ * another TLS library. */
+static void transfer_find_alpn(engine *e)
+{
+    Dl_info self;
+    void *lib, *sym = NULL;
+    e->alpn_looked = 1;
+    if (!dladdr((void *)transfer_find_alpn, &self) || !self.dli_fname) return;
+    lib = dlopen(self.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+    if (!lib) return;
+    sym = dlsym(lib, "SSL_get0_alpn_selected");
+    memcpy(&e->alpn_selected, &sym, sizeof e->alpn_selected);
+    dlclose(lib); /* NOLOAD: the count it took, given back */
+}
+
+int rw_transfer_alpn_none(transfer *t)
+{
+    engine *e = t->engine;
+    struct curl_tlssessioninfo *tls = NULL;
+    const unsigned char *protocol = NULL;
+    unsigned int len = 0;
+    if (!e) return 0;
+    if (!e->alpn_looked) transfer_find_alpn(e);
+    if (!e->alpn_selected) return 0;
+    if (curl_easy_getinfo(t->easy, CURLINFO_TLS_SSL_PTR, &tls) != CURLE_OK || !tls
+        || tls->backend != CURLSSLBACKEND_OPENSSL || !tls->internals)
+        return 0;
+    e->alpn_selected(tls->internals, &protocol, &len);
+    return len == 0;
+}
+
+int rw_transfer_again(engine *e, transfer *t, CURLcode code)
+{
+    CURLMcode mc;
+    if (code != CURLE_ABORTED_BY_CALLBACK || !t->alpn_refused) return 0;
+    if (!rw_transfer_h2_only(e, t->h1_key)) {
+        e->h2_only[e->h2_only_next] = t->h1_key;
+        e->h2_only_next = (e->h2_only_next + 1) % ENGINE_GATES;
+    }
+    curl_multi_remove_handle(e->multi, t->easy);
+    rw_request_offer_h2(t);
+    rw_transfer_may_multiplex(t);
+    mc = curl_multi_add_handle(e->multi, t->easy);
+    if (mc != CURLM_OK) {
+        /* nothing went out: a failure to connect, retried as such */
+        rw_transfer_finish(t, CURLE_COULDNT_CONNECT, ABORT_NONE);
+        rw_transfer_why(t, "libcurl could not start the transfer again (%s)", curl_multi_strerror(mc));
+        rw_transfer_queue(e, t);
+    }
+    return 1;
 }
 
 CURLMcode rw_transfer_launch(engine *e, transfer *t)

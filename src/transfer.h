@@ -134,6 +134,12 @@ typedef struct transfer {
      * libcurl asked it on this hop, and the request bytes counted then. */
     int no_replay, replay_refused, prereq_asked;
     long prereq_sent;
+    /* A no_replay request held to HTTP/1.1 over https: its origin's gate
+     * key (0: not held so), and whether request_on_prereq ended it before a
+     * byte went out, its server having agreed on no protocol when offered
+     * HTTP/1.1 alone (rw_transfer_again sends it again offering HTTP/2). */
+    unsigned long long h1_key;
+    int alpn_refused;
     int follow;                  /* follow redirects (the engine does: rw_redirect_follow) */
     enum transfer_method method; /* as sent on the last hop */
     /* stream: the body is handed to Lua as it arrives (transfer:read); a
@@ -258,6 +264,17 @@ void rw_request_free(transfer *t);
  * stream, and so bounded as a whole read is (max_body, the request's
  * timeout). */
 void rw_request_read_whole(transfer *t);
+
+/* request.c: t, ended by request_on_prereq before a byte went out
+ * (alpn_refused), offers HTTP/2 as well when it goes again. */
+void rw_request_offer_h2(transfer *t);
+
+/* transfer.c: whether e remembers the https origin of gate key `key` as one
+ * that does not speak HTTP/1.1 (rw_transfer_again). */
+int rw_transfer_h2_only(const struct engine *e, unsigned long long key);
+/* transfer.c: whether t's TLS connection agreed on no ALPN protocol (a
+ * libcurl on OpenSSL; 0 when that cannot be known). */
+int rw_transfer_alpn_none(transfer *t);
 
 /* transfer.c: the text of why t ends, as libcurl's error buffer would say
  * it (t->errbuf, which libcurl writes too). */
