@@ -51,13 +51,8 @@ local SERVER = [[
     }
 ]]
 
-local function certificate()
-  local dir = os.tmpname()
-  os.remove(dir)
-  assert(os.execute("mkdir -p " .. dir .. " && openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=127.0.0.1 "
-    .. "-addext subjectAltName=IP:127.0.0.1 -keyout " .. dir .. "/key.pem -out " .. dir .. "/cert.pem 2>/dev/null"))
-  return dir
-end
+-- a self-signed certificate for 127.0.0.1, made for the run
+local certificate = require("spec.support.nghttpd").certificate
 
 -- 64 tasks, 4 requests each: the protocols and the connections seen.
 -- extra: more options for each call (a POST's); per: requests a task (4).

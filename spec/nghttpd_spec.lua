@@ -73,3 +73,39 @@ describe("an HTTP/2-only server (nghttpd)", function()
     assert.equal(1, retries)
   end)
 end)
+
+describe("a server that takes 10 streams a connection (nghttpd -m 10)", function()
+  local s
+
+  setup(function() s = nghttpd.start { max_streams = 10 } end)
+  teardown(function() if s then s:stop() end end)
+
+  -- 64 tasks, `per` GETs each: those that answered 200, and the TLS
+  -- connections the server saw opened meanwhile.
+  local function burst(per)
+    local from, ok = s:mark(), 0
+    rw.run(function()
+      for i = 1, 64 do
+        rw.spawn(function()
+          for j = 1, per do
+            local res = rw.fetch(s:url("/hello?i=" .. i .. "&j=" .. j), { ca_file = s.ca_file })
+            if res and res.status == 200 and res.http_version == "2" then ok = ok + 1 end
+          end
+        end)
+      end
+    end)
+    return ok, s:handshakes(from)
+  end
+
+  it("opens about as many connections as 64 requests in flight need, ceil(64 / 10), not one a request", function()
+    -- before: 46 to 55 connections for the first burst, and a later burst
+    -- larger than the connections left open opened one for each request past them
+    local limit = math.ceil(64 / 10) + 2
+    local ok, opened = burst(1)
+    assert.equal(64, ok)
+    assert.is_true(opened <= limit, opened .. " connections for the first burst")
+    ok, opened = burst(4)
+    assert.equal(256, ok)
+    assert.is_true(opened <= limit, opened .. " connections for the second burst")
+  end)
+end)

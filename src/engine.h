@@ -102,6 +102,9 @@ typedef struct engine_gate {
     transfer *held, *held_tail; /* waiting for the probe's answer, in order */
     int sockets;                /* of this origin's connections, open (rw_gate_socket_opened) */
     double last_start;          /* when a transfer last went through this known gate */
+    int multiplexes;            /* its probe was answered over HTTP/2 (rw_gate_answered) */
+    int pacing;                 /* its held transfers go on one at a time (gate_open_paced) */
+    int launched;               /* multiplexes: a transfer went on since libcurl last ran (rw_gate_hold) */
 } engine_gate;
 
 /* A known origin whose last transfer went through more than this long ago

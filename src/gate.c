@@ -2,8 +2,11 @@
  * The gate: one probe per https origin not yet known. The first transfer
  * to such an origin goes on; those that come before it is answered are
  * held (not on the multi handle yet) until its final headers say whether
- * the connection multiplexes, then go at once. The gate also counts each
- * origin's open connections, to forget an origin whose last one closed.
+ * the connection multiplexes, then go at once; to an origin that does, a
+ * burst goes one transfer at a time, so that libcurl opens a connection
+ * only when those there are have no stream left (gate_open_paced). The
+ * gate also counts each origin's open connections, to forget an origin
+ * whose last one closed.
  */
 /* POLLRDHUP (Linux, as epoll is): a peer that closed its side. The name is
  * glibc's feature macro, reserved for just this. */
@@ -35,6 +38,13 @@ void rw_gate_socket_opened(transfer *t, int fd)
     if (!g) return;
     e->socket_origin[fd] = t->gate_key;
     g->sockets++;
+    if (g->pacing && !t->gate_probe) {
+        /* t opens a connection while the gate lets its transfers go one at
+         * a time: those left wait for this one's first answer */
+        g->state = GATE_PROBING;
+        t->gate_slot = (int)(g - e->gates) + 1;
+        t->gate_probe = 1;
+    }
 }
 
 /* Socket fd of a counted origin is closed, or was found closed by its peer
@@ -104,8 +114,19 @@ int rw_gate_hold(engine *e, transfer *t)
     rw_gate_clear(t);
     if (!t->gate_key) return 0;
     g = gate_find(e, t->gate_key);
-    if (g && g->state == GATE_KNOWN && !gate_stale(e, g)) return 0;
-    if (g && g->state == GATE_PROBING) {
+    if (g && g->state == GATE_KNOWN && !gate_stale(e, g)) {
+        /* To an origin that multiplexes, one transfer goes on at once; those
+         * that come before libcurl runs are let go one at a time after it
+         * has (gate_open_paced), so that a burst larger than its connections
+         * take opens one connection more, not one for each transfer. */
+        if (!g->multiplexes || (!g->launched && !g->held)) {
+            g->launched = g->multiplexes;
+            e->gates_answered |= g->launched;
+            return 0;
+        }
+        e->gates_answered = 1;
+    }
+    if (g && g->state != GATE_FREE) {
         t->gate_slot = (int)(g - e->gates) + 1;
         t->held = 1;
         if (g->held_tail) g->held_tail->held_next = t;
@@ -133,6 +154,7 @@ int rw_gate_hold(engine *e, transfer *t)
     g->state = GATE_PROBING;
     g->held = g->held_tail = NULL;
     g->sockets = 0;
+    g->multiplexes = 0;
     g->last_start = rw_core_monotonic();
     t->gate_slot = free_slot + 1;
     t->gate_probe = 1;
@@ -168,6 +190,32 @@ static void gate_open(engine *e, engine_gate *g)
     }
 }
 
+/* The transfers a gate held go on to an origin that multiplexes: one at a
+ * time, each handed to libcurl at once, until one opens a connection;
+ * those left wait for that connection's first answer (rw_gate_socket_opened
+ * makes it the gate's probe again), then go on the same way. libcurl 7.88
+ * puts a transfer on a connection below the server's
+ * SETTINGS_MAX_CONCURRENT_STREAMS, and opens a new one for every transfer
+ * that finds them all at that limit: it never waits for one it is still
+ * opening, CURLOPT_PIPEWAIT or not: let go all at once, a burst larger
+ * than the connections take opened a connection for nearly every request
+ * past them (docs/http.md). */
+static void gate_open_paced(engine *e, engine_gate *g)
+{
+    int running;
+    CURLMcode mc = CURLM_OK;
+    g->pacing = 1;
+    while (g->held && g->state == GATE_KNOWN && mc == CURLM_OK) {
+        transfer *t = g->held;
+        g->held = t->held_next;
+        if (!g->held) g->held_tail = NULL;
+        rw_gate_go(e, t);
+        mc = curl_multi_socket_action(e->multi, CURL_SOCKET_TIMEOUT, 0, &running);
+    }
+    g->pacing = 0;
+    if (mc != CURLM_OK && g->state == GATE_KNOWN) gate_open(e, g); /* the engine's next drive reports it */
+}
+
 /* Held transfer t leaves its gate's line. */
 void rw_gate_unlink(engine_gate *g, transfer *t)
 {
@@ -185,8 +233,11 @@ void rw_gate_unlink(engine_gate *g, transfer *t)
 void rw_gate_answered(transfer *t)
 {
     engine *e = t->engine;
+    long version = 0;
     if (!e || !t->gate_probe || !t->gate_slot) return;
     e->gates[t->gate_slot - 1].state = GATE_KNOWN;
+    if (curl_easy_getinfo(t->easy, CURLINFO_HTTP_VERSION, &version) == CURLE_OK)
+        e->gates[t->gate_slot - 1].multiplexes = version >= CURL_HTTP_VERSION_2_0;
     t->gate_probe = 0;
     t->gate_slot = 0;
     e->gates_answered = 1;
@@ -199,8 +250,13 @@ void rw_gate_release_answered(engine *e)
     int i;
     if (!e->gates_answered) return;
     e->gates_answered = 0;
-    for (i = 0; i < ENGINE_GATES; i++)
-        if (e->gates[i].state == GATE_KNOWN && e->gates[i].held) gate_open(e, &e->gates[i]);
+    for (i = 0; i < ENGINE_GATES; i++) {
+        e->gates[i].launched = 0;
+        if (e->gates[i].state == GATE_KNOWN && e->gates[i].held) {
+            if (e->gates[i].multiplexes) gate_open_paced(e, &e->gates[i]);
+            else gate_open(e, &e->gates[i]);
+        }
+    }
 }
 
 /* A transfer that ends while its gate still counts on it: a held one
