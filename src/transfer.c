@@ -427,13 +427,23 @@ static engine *transfer_detach(lua_State *L, transfer *t)
     return e;
 }
 
+/* A transfer ended outside a drive of engine e: those its gates held
+ * behind it (rw_gate_hold: to an origin that multiplexes, waiting for
+ * libcurl to have run) go on now, as the drive that would have let them
+ * go may not come while nothing else runs. */
+static void transfer_held_go(engine *e)
+{
+    if (e && e->gates_answered) rw_gate_release_answered(e);
+}
+
 /* transfer:cancel(): aborts a running transfer and closes its connection. */
 static int transfer_l_cancel(lua_State *L)
 {
     transfer *t = transfer_check(L);
     if (t->state == TRANSFER_RUNNING) {
-        transfer_detach(L, t);
+        engine *e = transfer_detach(L, t);
         rw_transfer_finish(t, CURLE_ABORTED_BY_CALLBACK, ABORT_CANCELLED);
+        transfer_held_go(e);
     }
     return 0;
 }
@@ -448,8 +458,12 @@ static void transfer_release(lua_State *L, transfer_box *box)
     if (!t) return;
     box->t = NULL;
     e = transfer_detach(L, t);
-    if (t->state == TRANSFER_RUNNING) rw_transfer_finish(t, CURLE_ABORTED_BY_CALLBACK, ABORT_CANCELLED);
-    else rw_transfer_unqueue(t);
+    if (t->state == TRANSFER_RUNNING) {
+        rw_transfer_finish(t, CURLE_ABORTED_BY_CALLBACK, ABORT_CANCELLED);
+        transfer_held_go(e);
+    } else {
+        rw_transfer_unqueue(t);
+    }
     rw_transfer_give(e, t);
 }
 
