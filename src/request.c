@@ -972,7 +972,6 @@ static void request_apply_timeouts(transfer *t, const request_values *v)
 /* Whether libcurl may ever send the request twice. */
 static void request_apply_replay(const struct engine *e, transfer *t, const request_values *v)
 {
-    unsigned long long key = t->gate_key;
     /* A request that must not be replayed keeps its kept connection; libcurl
      * is kept from sending it twice by request_on_prereq. A libcurl older
      * than 7.80 has no such callback: the request asks for a connection of
@@ -982,6 +981,7 @@ static void request_apply_replay(const struct engine *e, transfer *t, const requ
     t->h1_key = 0;
     if (!t->no_replay) return;
 #if LIBCURL_VERSION_NUM < 0x075000
+    (void)e;
     t->dirty |= DIRTY_FRESH;
     curl_easy_setopt(t->easy, CURLOPT_FRESH_CONNECT, 1L);
 #else
@@ -998,9 +998,9 @@ static void request_apply_replay(const struct engine *e, transfer *t, const requ
      * An origin whose server would not agree on HTTP/1.1 is offered
      * HTTP/2 as well, and goes through the gate as other requests do:
      * request_on_prereq still refuses a second sending. */
-    if (key && rw_transfer_h2_only(e, key)) return;
+    if (t->gate_key && rw_transfer_h2_only(e, t->gate_key)) return;
     t->dirty |= DIRTY_HTTP1;
-    t->h1_key = key;
+    t->h1_key = t->gate_key;
     t->gate_key = 0;
     curl_easy_setopt(t->easy, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
 #endif
