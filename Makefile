@@ -66,7 +66,8 @@ REDIS_LIB := $(if $(filter 1,$(REDIS)),-lhiredis)
 # (src/decode.c).
 DECODE_LIBS := -lz -lbrotlidec -lzstd
 # libcrypto (OpenSSL): rw.client's request keys are SipHash digests (src/digest.c).
-CRYPTO_LIBS := -lcrypto
+# libssl: what ALPN agreed on, read as the TLS handshake ends (src/transfer.c).
+CRYPTO_LIBS := -lssl -lcrypto
 LIBS      = $(PKG_CURL_LIBS) $(REDIS_LIB) $(DECODE_LIBS) $(CRYPTO_LIBS) -lm
 # A module is a bundle on macOS, whose symbols from Lua are found at load.
 SHARED    := $(if $(filter Darwin,$(UNAME)),-bundle -undefined dynamic_lookup,-shared)

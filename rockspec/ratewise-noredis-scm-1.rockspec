@@ -34,6 +34,7 @@ external_dependencies = {
    ZSTD = { header = "zstd.h", library = "zstd" },
    -- rw.client's request keys: SipHash-2-4 (src/digest.c)
    OPENSSL = { header = "openssl/hmac.h", library = "crypto" },
+   LIBSSL = { header = "openssl/ssl.h", library = "ssl" },
 }
 build = {
    type = "builtin",
@@ -51,12 +52,12 @@ build = {
          sources = { "src/bucket.c", "src/buf.c", "src/core.c", "src/decode.c", "src/digest.c", "src/engine.c", "src/gate.c", "src/json.c", "src/lparse.c", "src/options.c", "src/parse.c",
                      "src/request.c", "src/poller.c", "src/redirect.c", "src/response.c", "src/redis.c", "src/redis_reader.c", "src/sse.c",
                      "src/term.c", "src/transfer.c", "src/watch.c" },
-         libraries = { "curl", "z", "brotlidec", "zstd", "crypto" },
+         libraries = { "curl", "z", "brotlidec", "zstd", "ssl", "crypto" },
          -- On Lua 5.1 and LuaJIT the C core needs lua-compat-5.3's header
          -- (Debian's lua-compat53-dev keeps it beside Lua 5.1's own).
          incdirs = { "$(CURL_INCDIR)", "/usr/include/x86_64-linux-gnu", "$(ZLIB_INCDIR)",
-                     "$(BROTLIDEC_INCDIR)", "$(ZSTD_INCDIR)", "$(OPENSSL_INCDIR)", "$(LUA_INCDIR)", "/usr/include/lua5.1" },
-         libdirs = { "$(CURL_LIBDIR)", "$(ZLIB_LIBDIR)", "$(BROTLIDEC_LIBDIR)", "$(ZSTD_LIBDIR)", "$(OPENSSL_LIBDIR)" },
+                     "$(BROTLIDEC_INCDIR)", "$(ZSTD_INCDIR)", "$(OPENSSL_INCDIR)", "$(LIBSSL_INCDIR)", "$(LUA_INCDIR)", "/usr/include/lua5.1" },
+         libdirs = { "$(CURL_LIBDIR)", "$(ZLIB_LIBDIR)", "$(BROTLIDEC_LIBDIR)", "$(ZSTD_LIBDIR)", "$(OPENSSL_LIBDIR)", "$(LIBSSL_LIBDIR)" },
          defines = { "_POSIX_C_SOURCE=200809L", "RW_NO_REDIS" },
       },
    },

@@ -133,10 +133,6 @@ typedef struct engine {
      * HTTP/2 too (rw_transfer_again). A ring, the oldest forgotten first. */
     unsigned long long h2_only[ENGINE_GATES];
     int h2_only_next;
-    /* OpenSSL's SSL_get0_alpn_selected, looked up in the process once
-     * (rw_transfer_alpn_none); alpn_looked: it was (NULL: not there). */
-    void (*alpn_selected)(const void *ssl, const unsigned char **data, unsigned int *len);
-    int alpn_looked;
     size_t nsocket_origin;
     transfer *pool[ENGINE_POOL_MAX];
     int npool;

@@ -11,9 +11,7 @@
  * the collector, and a heap that does not grow and shrink at its top every
  * cycle (with glibc that means page faults on every cycle).
  */
-/* dladdr and RTLD_NOLOAD (glibc's feature macro, reserved for just this). */
-#define _GNU_SOURCE /* NOLINT(bugprone-reserved-identifier,cert-dcl37-c,cert-dcl51-cpp) */
-#include <dlfcn.h>
+#include <openssl/ssl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,37 +114,18 @@ int rw_transfer_h2_only(const engine *e, unsigned long long key)
     return 0;
 }
 
-/* OpenSSL's SSL_get0_alpn_selected, from the libssl libcurl loaded: this
- * library's own handle looks it up among its dependencies (the module is
- * loaded with RTLD_LOCAL, so the process's default scope does not have
- * it), and nothing links libssl for this one call. NULL when libcurl uses
- * another TLS library. */
-static void transfer_find_alpn(engine *e)
-{
-    Dl_info self;
-    void *lib, *sym = NULL;
-    e->alpn_looked = 1;
-    if (!dladdr((void *)transfer_find_alpn, &self) || !self.dli_fname) return;
-    lib = dlopen(self.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
-    if (!lib) return;
-    sym = dlsym(lib, "SSL_get0_alpn_selected");
-    memcpy(&e->alpn_selected, &sym, sizeof e->alpn_selected);
-    dlclose(lib); /* NOLOAD: the count it took, given back */
-}
-
 int rw_transfer_alpn_none(transfer *t)
 {
-    engine *e = t->engine;
+    /* libcurl says what ALPN agreed on only once a response came; OpenSSL
+     * says it as the handshake ends (the libssl libcurl's OpenSSL backend
+     * uses: one library in the process). Another TLS backend: no answer. */
     struct curl_tlssessioninfo *tls = NULL;
     const unsigned char *protocol = NULL;
     unsigned int len = 0;
-    if (!e) return 0;
-    if (!e->alpn_looked) transfer_find_alpn(e);
-    if (!e->alpn_selected) return 0;
     if (curl_easy_getinfo(t->easy, CURLINFO_TLS_SSL_PTR, &tls) != CURLE_OK || !tls
         || tls->backend != CURLSSLBACKEND_OPENSSL || !tls->internals)
         return 0;
-    e->alpn_selected(tls->internals, &protocol, &len);
+    SSL_get0_alpn_selected((const SSL *)tls->internals, &protocol, &len);
     return len == 0;
 }
 
