@@ -109,3 +109,93 @@ describe("a server that takes 10 streams a connection (nghttpd -m 10)", function
     assert.is_true(opened <= limit, opened .. " connections for the second burst")
   end)
 end)
+
+-- The engine's gate (src/gate.c) lets a burst to an origin that answered
+-- over HTTP/2 go one transfer at a time: the first goes on, those started
+-- before libcurl next runs are held until it has. A host waits on the
+-- engine's descriptor at most engine:timeout() seconds before it polls:
+-- when the one transfer in flight is cancelled or closed before that drive,
+-- those held behind it go on at once, not at their hold's expiry (half
+-- their timeout).
+describe("a burst to an origin known to multiplex, its first transfer ended before libcurl runs", function()
+  local core = require "ratewise.core"
+  local socket = require "socket"
+  local s
+
+  setup(function() s = nghttpd.start() end)
+  teardown(function() if s then s:stop() end end)
+
+  -- Polls engine e the way a host does, waiting on its descriptor for what
+  -- engine:timeout() says (luasocket's select takes any object with getfd),
+  -- until every transfer of `transfers` is done or `seconds` have passed.
+  -- Returns when each was seen done (socket.gettime(); nil: not done).
+  local function host_wait(e, transfers, seconds)
+    local waitable = { getfd = function() return e:pollfd() end, dirty = function() return false end }
+    local t0, done, left = socket.gettime(), {}, #transfers
+    while left > 0 and socket.gettime() - t0 < seconds do
+      local wait = math.min(e:timeout() or seconds, seconds - (socket.gettime() - t0))
+      if wait > 0 then socket.select({ waitable }, nil, wait) end
+      e:poll(0)
+      for i, t in ipairs(transfers) do
+        if not done[i] and t:done() then
+          done[i] = socket.gettime()
+          left = left - 1
+        end
+      end
+    end
+    return done
+  end
+
+  -- A new engine that knows s's origin as multiplexing (one GET answered
+  -- over HTTP/2), then a burst: a first GET that goes on and two held behind
+  -- it (timeout 2 s: held at most 1 s). `ends` ends the first one before
+  -- any poll. Asserts that the held ones were answered and seen by the
+  -- server, and the first one not, and returns when each held one was done,
+  -- in seconds after `ends`.
+  local bursts = 0
+  local function burst(ends)
+    bursts = bursts + 1
+    local e = core.engine()
+    local function start(path)
+      return assert(e:start { url = s:url(path), ca_file = s.ca_file, timeout = 2 })
+    end
+    local tag = "/hello?burst=" .. os.time() .. "-" .. bursts
+    local known = start(tag .. "&n=known")
+    host_wait(e, { known }, 5)
+    local res, err = known:result()
+    assert.is_nil(err and err.message)
+    assert.equal("2", res.http_version)
+    known:close()
+    local first = start(tag .. "&n=first")
+    local held = { start(tag .. "&n=1"), start(tag .. "&n=2") }
+    local ended = socket.gettime()
+    ends(first)
+    local done = host_wait(e, held, 3)
+    for i, t in ipairs(held) do
+      assert(done[i], "held transfer " .. i .. " not done within 3 s")
+      local r, why = t:result()
+      assert.is_nil(why and why.message)
+      assert.equal(200, r.status)
+      assert.equal(1, s:seen(":path: " .. tag .. "&n=" .. i))
+      done[i] = done[i] - ended
+    end
+    assert.equal(0, s:seen(":path: " .. tag .. "&n=first")) -- ended before libcurl ran: nothing sent
+    e:close()
+    return done
+  end
+
+  local function assert_prompt(done)
+    for i = 1, 2 do
+      -- not at the hold's expiry, half their timeout
+      assert.is_true(done[i] < 0.4, ("held transfer %d done after %.3f s"):format(i, done[i] or -1))
+    end
+  end
+
+  it("lets the held ones go at once when it is cancelled", function()
+    assert_prompt(burst(function(first) first:cancel() end))
+  end)
+
+  it("lets the held ones go at once when it is closed", function()
+    assert_prompt(burst(function(first) first:close() end))
+  end)
+end)
