@@ -51,7 +51,7 @@ build = {
       ["ratewise.core"] = {
          sources = { "src/bucket.c", "src/buf.c", "src/core.c", "src/decode.c", "src/digest.c", "src/engine.c", "src/gate.c", "src/json.c", "src/lparse.c", "src/options.c", "src/parse.c",
                      "src/request.c", "src/poller.c", "src/redirect.c", "src/response.c", "src/redis.c", "src/redis_reader.c", "src/sse.c",
-                     "src/term.c", "src/transfer.c", "src/watch.c" },
+                     "src/term.c", "src/transfer.c", "src/wake.c", "src/watch.c" },
          libraries = { "curl", "z", "brotlidec", "zstd", "ssl", "crypto" },
          -- On Lua 5.1 and LuaJIT the C core needs lua-compat-5.3's header
          -- (Debian's lua-compat53-dev keeps it beside Lua 5.1's own).

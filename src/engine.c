@@ -712,6 +712,7 @@ static int engine_l_close(lua_State *L)
     while (e->npool > 0) rw_transfer_destroy(e->pool[--e->npool]);
     curl_multi_cleanup(e->multi);
     e->multi = NULL;
+    rw_wake_close(e); /* its helper waits on the poller's descriptor: joined before that closes */
     poller_close(&e->poller);
     free(e->watch);
     e->watch = NULL;
@@ -761,6 +762,8 @@ void rw_engine_register(lua_State *L)
     lua_createtable(L, 0, (int)(sizeof engine_methods / sizeof *engine_methods) - 1);
     lua_pushvalue(L, -2);
     luaL_setfuncs(L, engine_methods, 1);
+    lua_pushvalue(L, -2);
+    luaL_setfuncs(L, rw_wake_methods, 1);
     /* The Lua layer calls the hot ones as local functions: a method looked
      * up through a userdata's metatable costs a look-up a call. */
     lua_pushvalue(L, -1);

@@ -159,6 +159,7 @@ typedef struct engine {
      * been handed out. */
     int *free_refs;
     int nfree_refs, capfree_refs, top_ref;
+    struct engine_wake *wake; /* the wake-up line (wake.c; NULL: not opened) */
 #ifdef RW_FAULTS
     CURLMcode fail_next; /* RW_FAULTS builds: the next drive fails with this */
     unsigned long all_drives; /* RW_FAULTS builds: engine_drive_all's calls (engine:all_drives()) */
@@ -368,6 +369,11 @@ int rw_watch_on_close(void *userp, curl_socket_t s);
 int rw_watch_event(engine *e, int fd);
 int rw_watch_l_watch(lua_State *L);
 int rw_watch_l_unwatch(lua_State *L);
+
+/* wake.c: engine:wake_path, wake_accept, wake_arm and wake_kick; the
+ * line, its helper thread and its socket gone (engine:close). */
+extern const luaL_Reg rw_wake_methods[];
+void rw_wake_close(engine *e);
 
 /* engine.c: the engine at index 1 (misuse raises, as for a closed one). */
 engine *rw_engine_check(lua_State *L);

@@ -6,11 +6,11 @@
 -- Only it waits on the scheduler's descriptor: a thousand waiters would
 -- otherwise all wake for every socket that becomes ready (and cqueues, for
 -- one, does not wake two coroutines polling the same descriptor).
--- A host whose driver cannot wait on the descriptor either, and so naps
--- between looks (OpenResty's), lets a waiter whose transfer is alone in
--- flight, with no driver and no task, take those naps and looks itself:
--- a handler fetching one URL after another then costs no driver, no
--- semaphore and no switch between light threads.
+-- A host whose waiting code can wait as the driver does (nap), such as
+-- OpenResty's, lets a waiter whose transfer is alone in flight, with no
+-- driver and no task, take those waits and looks itself: a handler
+-- fetching one URL after another then costs no driver, no semaphore and
+-- no switch between light threads.
 local core = require "ratewise.core"
 local scheduler = require "ratewise.scheduler"
 local log = require "ratewise.log"
@@ -44,8 +44,13 @@ local HOST_WAIT = 0.005
 --   linger                   seconds an idle driver stays before it ends
 --                            (nil: it ends at once), where starting one
 --                            costs more than waiting (OpenResty's timer)
+--   post_kick(kick)          (optional) posts the driver's kick (default
+--                            post): where block waits on something else
 --   nap(seconds)             (optional) the waiting code's own sleep, for a
---                            waiter that drives its transfer alone
+--                            waiter that drives its transfer alone (with
+--                            watches_fd, it wakes too when the descriptor
+--                            is readable)
+--   nap_over()               (optional) after such a waiter's last nap
 --   loop_time()              (optional) a clock that moves only when the
 --                            host's own loop turns (nginx's cached time):
 --                            one that moved during a step that ran tasks,
@@ -76,6 +81,7 @@ function driven.new(p)
   local spare, spare_n = {}, 0
   local driving = false
   local kicked = p.signal()
+  local post_kick = p.post_kick or p.post
   local fresh = false -- kicked since the driver's last look: look again soon
 
   local function wake(w)
@@ -200,7 +206,7 @@ function driven.new(p)
   function host.kick()
     if driving then
       fresh = true
-      p.post(kicked)
+      post_kick(kicked)
     end
   end
 
@@ -246,12 +252,14 @@ function driven.new(p)
   -- A waiter alone steps the scheduler and naps (p.nap), as the driver
   -- would, until its transfer is done or a driver or a task appears
   -- (another request's doing): then the driver takes over.
-  local alone_way = { step = step, block = p.nap, sees_fd = false, idle = IDLE }
+  local alone_way = { step = step, block = p.nap, sees_fd = p.watches_fd, idle = way.idle }
+  local nap_over = p.nap_over or function() end
   local function alone_over(transfer)
     return transfer:done() or driving or scheduler.live() > 0
   end
   local function drive_alone(transfer)
     scheduler.drive(alone_way, alone_over, transfer)
+    nap_over()
     return transfer:done()
   end
 

@@ -5,14 +5,20 @@
 --   waiting for a transfer (or a join, a semaphore, a group of tasks): the
 --   request waits on an ngx.semaphore of its own, posted by one driver per
 --   worker, a light thread of ngx.timer.at (ratewise/hosts/driven.lua).
---   nginx's Lua cannot wait on a descriptor, so while transfers are in
---   flight the driver looks every millisecond, less often while nothing
---   happens (one loop per worker, not one per request), and at once when
---   a request starts waiting (its transfer is sent then); with none, it
---   sleeps until the scheduler's next timer or a kick; with nothing
---   pending, it stays a moment for the next wait, then ends; a request
---   whose transfer is alone in flight, with no driver and no task, looks
---   itself between ngx.sleep naps instead (one light thread, no semaphore);
+--   nginx's Lua cannot wait on the engine's descriptor, only on its own
+--   cosockets: so the driver waits on a wake-up line, a cosocket
+--   connected to a unix socket of the engine's, on which the engine
+--   writes a byte once its descriptor is readable (src/wake.c: a helper
+--   thread waits on the descriptor for nginx's loop), until the
+--   scheduler's next timer, or a kick (a byte written down the line: a
+--   request started waiting, and its transfer is sent at once); with
+--   nothing pending, the driver stays a moment for the next wait, then
+--   ends; a request whose transfer is alone in flight, with no driver and
+--   no task, waits on the line and looks itself instead (one light
+--   thread, no semaphore); the line goes back to nginx's connection pool
+--   after, for the next such wait. Where the engine has no descriptor
+--   (a poll(2) build), they nap instead: a millisecond while transfers
+--   are in flight, longer while nothing moves;
 --   ratewise's tasks (rw.run, rw.spawn, rw.map, a client's shared calls):
 --   the driver runs them all, in its own light thread: a coroutine made in
 --   one request (or timer) and resumed from another crashes the worker;
@@ -27,6 +33,8 @@ local runtime = require "ratewise.runtime"
 local scheduler = require "ratewise.scheduler"
 
 local format, rawget, tostring, type, error = string.format, rawget, tostring, type, error
+local ceil, min = math.ceil, math.min
+local running = coroutine.running
 local loaded = package.loaded
 
 local openresty = {}
@@ -75,22 +83,99 @@ function openresty.origin()
   return id and "request " .. id or nil
 end
 
+-- A wait on the line with nothing due still ends this long after.
+local LINE_WAIT_MAX = 60
+-- A wait whose line cannot be had (connect failed) naps at most this long.
+local NAP_MAX = scheduler.NAP_MAX
+
+--- wait, release, post_kick = line_waits(ngx, engine): the waits on the
+-- engine's wake-up line (src/wake.c). A cosocket belongs to the request
+-- (or timer) that connected it, so the line is the light thread's that
+-- waits now: the driver's, or a lone waiter's, never both at once (a lone
+-- waiter hands over to the driver as it starts, whose new connection
+-- closes the lone waiter's). wait(seconds | nil) returns when the engine's
+-- descriptor is readable, on a kick, or after the seconds; release() gives
+-- a lone waiter's line back to nginx's pool; post_kick() wakes the wait.
+local function line_waits(ngx, engine, path)
+  local address = "unix:" .. path
+  local line, line_thread = nil, nil
+  local kick_sent = false -- a byte is on its way to the wait: no other needed
+
+  local function take()
+    local thread = running()
+    if line and line_thread == thread then return line end
+    line, line_thread = nil, thread -- another's: nginx closes it with its request
+    local sock = ngx.socket.tcp()
+    local ok, err = sock:connect(address)
+    -- a connection from nginx's pool is the line already
+    if ok and sock:getreusedtimes() == 0 then ok, err = engine:wake_accept() end
+    if not ok then
+      sock:close()
+      return nil, err
+    end
+    line = sock
+    return sock
+  end
+
+  local function wait(seconds)
+    if seconds and seconds <= 0 then return end
+    local sock = take()
+    if not sock then
+      ngx.sleep(min(seconds or NAP_MAX, NAP_MAX))
+      return
+    end
+    if kick_sent then -- kicked while the line was being taken
+      kick_sent = false
+      return
+    end
+    engine:wake_arm()
+    sock:settimeout(ceil((seconds or LINE_WAIT_MAX) * 1000))
+    local got, err = sock:receiveany(64)
+    kick_sent = false
+    if not got and err ~= "timeout" then -- closed: a newer connection is the line
+      sock:close()
+      line = nil
+    end
+  end
+
+  local function release()
+    if line and line_thread == running() then
+      line:setkeepalive() -- (it closes the line when it cannot keep it)
+      line, line_thread = nil, nil
+    end
+  end
+
+  local function post_kick()
+    if not kick_sent then
+      kick_sent = true
+      engine:wake_kick()
+    end
+  end
+  return wait, release, post_kick
+end
+
 local host -- made at the first wait: ngx.semaphore is not there in every phase
 
 local function make_host()
   local ngx = ngx_api()
   local semaphore = require "ngx.semaphore"
+  local engine = scheduler.engine()
+  local path = engine:wake_path()
   local function sleep(seconds) ngx.sleep(seconds) end
+  local wait, release, post_kick
+  if path then wait, release, post_kick = line_waits(ngx, engine, path) end
   local made = driven.new {
     spawn = function(fn) return ngx.timer.at(0, fn) end,
     signal = function() return semaphore.new(0) end,
     wait = function(s, seconds) s:wait(seconds or 60) end,
     post = function(s) if s:count() < 1 then s:post(1) end end,
-    block = function(kick, seconds) kick:wait(seconds) end,
-    watches_fd = false,
+    post_kick = post_kick,
+    block = wait and function(_, seconds) wait(seconds) end or function(kick, seconds) kick:wait(seconds) end,
+    watches_fd = wait ~= nil,
     tasks_stay = true,
     linger = LINGER,
-    nap = sleep,
+    nap = wait or sleep,
+    nap_over = release,
     loop_time = ngx.now,
     host_wait_warning = "ratewise: a ratewise task waited for nginx itself (ngx.sleep, a cosocket such as "
       .. "resty.http or resty.redis, ngx.location.capture): it holds the driver that runs every task, so the "
