@@ -30,14 +30,16 @@ function common.openresty_location()
   return "    location = /bench { content_by_lua_file " .. here .. "/openresty_handler.lua; }"
 end
 
---- res, err = common.openresty_round(host, kind, url, n, conc [, size]): one
--- round of the handler's kind ("loop" or "map") of n requests of url in
--- the worker of host (spec.support.nginx's handle, with that location);
--- res.body is the handler's answer ("requests=N failed=F ... rate=R").
-function common.openresty_round(host, kind, url, n, conc, size)
+--- res, err = common.openresty_round(host, kind, url, n, conc [, size [, client]]):
+-- one round of the handler's kind ("loop" or "map") of n requests of url
+-- in the worker of host (spec.support.nginx's handle, with that location),
+-- by client (the handler's: ratewise, the default, or cosocket); res.body
+-- is the handler's answer ("requests=N failed=F ... rate=R").
+function common.openresty_round(host, kind, url, n, conc, size, client)
   local escape = require("spec.support.nginx").escape
-  return require("ratewise").fetch(host:url(format("/bench?shape=%s&n=%d&conc=%d&url=%s%s", kind, n, conc,
-    escape(url), size and ("&size=" .. size) or "")), { timeout = 3600, max_retries = 0, on_retry = false })
+  return require("ratewise").fetch(host:url(format("/bench?shape=%s&n=%d&conc=%d&url=%s%s%s", kind, n, conc,
+    escape(url), size and ("&size=" .. size) or "", client and ("&client=" .. client) or "")),
+    { timeout = 3600, max_retries = 0, on_retry = false })
 end
 
 --- n = common.env_int(name, default): a positive integer from the environment.

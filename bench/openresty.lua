@@ -41,12 +41,28 @@
 --   sequential  rw.fetch in a loop of the handler, one request at a time,
 --               against bench/plain_curl (one reused easy handle); target 0.95
 --
+-- Beside the cosocket client (issue 40): the same worker runs a 40-line
+-- keep-alive HTTP/1.1 client on ngx.socket.tcp (the handler's client=cosocket,
+-- the way lua-resty-http works) against rw.fetch, requests/s and the
+-- worker's CPU a request, on the target and on a second one whose every
+-- answer waits 50 ms (bench/nginx.sh, NGINX_LATENCY_MS=50):
+--   cos_c1        one request at a time, small answers (target 0.80)
+--   cos_c64       64 light threads, small answers
+--   cos_64k       64 light threads, 64 KiB bodies
+--   cos_c64_slow  64 light threads, answers after 50 ms
+--   cos_c1_slow   one request at a time, answers after 50 ms (the call's
+--                 milliseconds are reported: within 2 ms of the cosocket's)
+-- Each row's CPU ratio is reported beside it (targets: at most 1.6, and 2
+-- for cos_c1_slow).
+--
 -- A benchmark, not a test: it fails only when a request fails (a worker that
 -- dies fails every request of its round), never on a ratio. Knobs:
 --   BENCH_OPENRESTY_REQUESTS      loop64, map_shared: requests a round and contender (default 20000)
 --   BENCH_OPENRESTY_64K_REQUESTS  body_64k: requests a round and contender (default 10000)
 --   BENCH_OPENRESTY_1M_REQUESTS   body_1m: requests a round and contender (default 2000)
 --   BENCH_OPENRESTY_SEQ_REQUESTS  sequential: requests a round and contender (default 10000)
+--   BENCH_OPENRESTY_SLOW_REQUESTS cos_c64_slow: requests a round and contender (default 640);
+--                                 cos_c1_slow takes a thirty-second of it
 --   BENCH_OPENRESTY_ROUNDS        rounds (default 5)
 --   BENCH_OPENRESTY_WARMUP        warm-up requests per contender (default: a tenth of a round)
 --   BENCH_CONCURRENCY             light threads, map's concurrency, transfers in flight (default 64)
@@ -63,6 +79,7 @@ local N = env_int("BENCH_OPENRESTY_REQUESTS", 20000)
 local N_64K = env_int("BENCH_OPENRESTY_64K_REQUESTS", 10000)
 local N_1M = env_int("BENCH_OPENRESTY_1M_REQUESTS", 2000)
 local N_SEQ = env_int("BENCH_OPENRESTY_SEQ_REQUESTS", 10000)
+local N_SLOW = env_int("BENCH_OPENRESTY_SLOW_REQUESTS", 640)
 local ROUNDS = env_int("BENCH_OPENRESTY_ROUNDS", 5)
 local WARMUP = env_int("BENCH_OPENRESTY_WARMUP", nil)
 local CONC = env_int("BENCH_CONCURRENCY", 64)
@@ -76,8 +93,8 @@ local BODY_64K, BODY_1M = 65536, 1048576
 local host -- spec.support.nginx's handle
 local alerts_shown = 0 -- the [alert] lines of its error log already shown (a worker that died)
 local busy = {} -- the share of each of ratewise's rounds the worker was on the CPU (the current shape's)
-local function ours(shape, url, n, size)
-  local res, err = common.openresty_round(host, shape, url, n, CONC, size)
+local function ours(shape, url, n, size, client)
+  local res, err = common.openresty_round(host, shape, url, n, CONC, size, client)
   local body = res and res.status == 200 and res.body or ""
   local rate = tonumber(body:match("rate=([%d.]+)"))
   if not rate then
@@ -94,7 +111,7 @@ local function ours(shape, url, n, size)
   if first then io.stderr:write("rw.fetch in OpenResty failed: ", first, "\n") end
   local m = { rate = rate, failed = tonumber(body:match("failed=(%d+)")),
     cpu_us = tonumber(body:match("cpu_us=([%d.]+)")) }
-  if m.cpu_us then
+  if m.cpu_us and not client then
     busy[#busy + 1] = m.cpu_us * rate / 1e6
   end
   return m
@@ -102,7 +119,7 @@ end
 
 local rows, failed = {}, 0
 
-local function bench(base)
+local function bench(base, slow_base)
   local root_url, url_64k, url_1m = base .. "/", base .. "/body/64k", base .. "/body/1m"
   local function shape(key, name, kind, url, n, size)
     -- rw.map hands back every result: the multi keeps every response too
@@ -124,6 +141,23 @@ local function bench(base)
     shape("body_1m", format("OpenResty, %d threads, 1 MiB bodies / multi", CONC), "loop", url_1m, N_1M,
       BODY_1M),
   }
+  -- rw.fetch beside the cosocket client, in the same worker.
+  local function beside(key, name, kind, url, n, size, target)
+    return { key = key, name = name, n = n, rounds = ROUNDS, warmup = WARMUP or math.ceil(n / 10),
+      target = target, names = { ours = "ratewise", plain = "cosocket" }, cosocket = true,
+      kind_sequential = kind == "sequential",
+      plain = function(k) return ours(kind, url, k, size, "cosocket") end,
+      ours = function(k) return ours(kind, url, k, size) end }
+  end
+  local slow_url = slow_base .. "/"
+  shapes[#shapes + 1] = beside("cos_c1", "OpenResty, C=1, small / cosocket", "sequential", root_url, N_SEQ, nil, 0.80)
+  shapes[#shapes + 1] = beside("cos_c64", format("OpenResty, C=%d, small / cosocket", CONC), "loop", root_url, N)
+  shapes[#shapes + 1] = beside("cos_64k", format("OpenResty, C=%d, 64 KiB / cosocket", CONC), "loop", url_64k,
+    N_64K, BODY_64K)
+  shapes[#shapes + 1] = beside("cos_c64_slow", format("OpenResty, C=%d, after 50 ms / cosocket", CONC), "loop",
+    slow_url, N_SLOW)
+  shapes[#shapes + 1] = beside("cos_c1_slow", "OpenResty, C=1, after 50 ms / cosocket", "sequential", slow_url,
+    math.max(1, math.floor(N_SLOW / 32)))
   local jit = rawget(_G, "jit")
   io.write(format("target nginx on %s; OpenResty worker pid %d (nginx's Lua module, LuaJIT); ratewise %s; %s; "
     .. "%d in flight; this script on %s\n", base, host:worker_pid(), rw._VERSION,
@@ -149,6 +183,18 @@ local function bench(base)
   io.write("\n")
   rounds.report(rows)
   for _, row in ipairs(rows) do
+    if row.shape.cosocket and row.our_cpu and row.plain_cpu then
+      local limit = row.shape.key == "cos_c1_slow" and 2 or 1.6
+      local cpu = row.our_cpu / row.plain_cpu
+      io.write(format("  %-48s %.2f (target at most %.1f: %s)\n", "CPU ratewise / cosocket, " .. row.shape.key, cpu,
+        limit, cpu <= limit and "met" or "NOT met"))
+      if row.shape.kind_sequential then
+        io.write(format("  %-48s ratewise %.2f ms, cosocket %.2f ms a call\n", "", 1000 / row.ours,
+          1000 / row.plain))
+      end
+    end
+  end
+  for _, row in ipairs(rows) do
     if row.busy then
       io.write(format("  %-48s %.0f %% of a round (CPU time / wall time, median)\n",
         "worker on the CPU, " .. row.shape.key, 100 * row.busy))
@@ -164,11 +210,15 @@ local dir = capture("mktemp -d -t ratewise-bench-openresty.XXXXXX")
 local ok, err = xpcall(function()
   local port = tonumber(capture(format("bash %s start %s", sh_quote(NGINX_SH), sh_quote(dir))))
   if not port then error("nginx.sh start printed no port", 0) end
+  local slow_port = tonumber(capture(format("NGINX_LATENCY_MS=50 bash %s start %s", sh_quote(NGINX_SH),
+    sh_quote(dir .. "/slow"))))
+  if not slow_port then error("nginx.sh start (NGINX_LATENCY_MS=50) printed no port", 0) end
   host = nginx.start { server = common.openresty_location() }
-  bench(format("http://127.0.0.1:%d", port))
+  bench(format("http://127.0.0.1:%d", port), format("http://127.0.0.1:%d", slow_port))
 end, debug.traceback)
 -- Stopped whatever happened above.
 if host then host:stop() end
+os.execute(format("bash %s stop %s", sh_quote(NGINX_SH), sh_quote(dir .. "/slow")))
 os.execute(format("bash %s stop %s", sh_quote(NGINX_SH), sh_quote(dir)))
 os.execute("rm -rf " .. sh_quote(dir))
 

@@ -12,9 +12,13 @@
 --   url     the target (a plain nginx, bench/nginx.sh)
 --   n       requests in all; conc: light threads, or map's concurrency
 --   size    when given, every body must be that many bytes (#res.body)
+--   client  ratewise (rw.fetch, the default) or cosocket: a keep-alive
+--           HTTP/1.1 client on ngx.socket.tcp, the way lua-resty-http
+--           works (Content-Length bodies only, as the target sends), the
+--           baseline the OpenResty host is measured beside (issue 40)
 -- It answers "requests=N failed=F seconds=S rate=R cpu_us=C" (C: the
--- worker's CPU microseconds per request, user and system, from
--- /proc/self/stat, which is this worker's; set-up and a full garbage
+-- worker's CPU microseconds per request, user and system, every thread
+-- of it; set-up and a full garbage
 -- collection before the clock starts are left out).
 -- luacheck: globals ngx
 local rw = require "ratewise"
@@ -22,34 +26,76 @@ local rw = require "ratewise"
 local format, floor = string.format, math.floor
 local fetch, now = rw.fetch, rw.now
 
--- Seconds of CPU this process has used, from /proc/self/stat (utime and
--- stime, fields 14 and 15, in clock ticks of 1/100 s).
+-- Seconds of CPU this process has used, every thread of it (the engine's
+-- wake-up helper too): clock_gettime's CLOCK_PROCESS_CPUTIME_ID, through
+-- LuaJIT's FFI (/proc/self/stat counts whole ticks of 10 ms, too coarse
+-- for a round of slow answers).
+local ffi = require "ffi"
+pcall(ffi.cdef, [[
+  struct ratewise_bench_timespec { long tv_sec; long tv_nsec; };
+  int clock_gettime(int clock, struct ratewise_bench_timespec *ts);
+]]) -- (this file runs at each request: declared by the first)
+local CLOCK_PROCESS_CPUTIME_ID = 2 -- Linux's
+local cpu_ts = ffi.new("struct ratewise_bench_timespec")
 local function cpu_seconds()
-  local f = assert(io.open("/proc/self/stat", "r"))
-  local stat = f:read("*a")
-  f:close()
-  local i, utime, stime = 2, nil, nil -- the fields after the command's name start at field 3
-  for field in (stat:match("%) (.*)$") or ""):gmatch("%S+") do
-    i = i + 1
-    if i == 14 then utime = tonumber(field)
-    elseif i == 15 then stime = tonumber(field) break end
+  assert(ffi.C.clock_gettime(CLOCK_PROCESS_CPUTIME_ID, cpu_ts) == 0)
+  return tonumber(cpu_ts.tv_sec) + tonumber(cpu_ts.tv_nsec) / 1e9
+end
+
+-- The cosocket client: res | nil, err for a GET of url (http://host:port/path).
+local function cosocket_fetch(url)
+  local host, port, path = url:match("^http://([^:/]+):(%d+)(/.*)$")
+  if not host then return nil, "not an http://host:port/path URL: " .. url end
+  local sock = ngx.socket.tcp()
+  sock:settimeout(30000)
+  local ok, err = sock:connect(host, tonumber(port))
+  if not ok then return nil, err end
+  ok, err = sock:send("GET " .. path .. " HTTP/1.1\r\nHost: " .. host .. ":" .. port .. "\r\nUser-Agent: "
+    .. "ratewise-bench\r\nAccept: */*\r\n\r\n")
+  if not ok then return nil, err end
+  local line
+  line, err = sock:receive("*l")
+  if not line then return nil, err end
+  local status = tonumber(line:match("^HTTP/1%.%d (%d%d%d)"))
+  if not status then return nil, "not a status line: " .. line end
+  local length, close = nil, false
+  while true do
+    line, err = sock:receive("*l")
+    if not line then return nil, err end
+    if line == "" then break end
+    local name, value = line:match("^([^:]+):%s*(.-)%s*$")
+    name = name and name:lower()
+    if name == "content-length" then length = tonumber(value)
+    elseif name == "connection" and value:lower() == "close" then close = true end
   end
-  return (utime + stime) / 100
+  if not length then return nil, "no Content-Length" end
+  local body = ""
+  if length > 0 then
+    body, err = sock:receive(length)
+    if not body then return nil, err end
+  end
+  if close then sock:close() else sock:setkeepalive(60000, 256) end
+  return { status = status, body = body }
 end
 
 local args = ngx.req.get_uri_args()
 local shape, url = args.shape, args.url
 local n, conc, size = tonumber(args.n), tonumber(args.conc), tonumber(args.size)
 local shapes = { loop = true, map = true, map_fresh = true, sequential = true }
-if not shapes[shape] or type(url) ~= "string" or not n or not conc then
+local clients = { ratewise = true, cosocket = true }
+local client = args.client or "ratewise"
+if not shapes[shape] or type(url) ~= "string" or not n or not conc or not clients[client]
+    or (client == "cosocket" and shape ~= "loop" and shape ~= "sequential") then
   ngx.status = 400
-  ngx.say("usage: ?shape=loop|map|map_fresh|sequential&url=URL&n=N&conc=C[&size=BYTES]")
+  ngx.say("usage: ?shape=loop|map|map_fresh|sequential&url=URL&n=N&conc=C[&size=BYTES][&client=ratewise|cosocket]"
+    .. " (cosocket: loop or sequential)")
   return
 end
 
 -- The options of every call: no on_retry hook (its default line goes to the
 -- error log on a retry; the plain contender retries nothing).
 local opts = { on_retry = false }
+if client == "cosocket" then fetch = cosocket_fetch end
 local failed, first_failure = 0, nil
 
 local function good(res)
