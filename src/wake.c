@@ -165,7 +165,7 @@ static int wake_l_path(lua_State *L)
     w->listen_fd = w->line = w->helper_ep = w->stop = -1;
     w->engine_fd = poller_fd(&e->poller);
     if (!tmp || !*tmp || strlen(tmp) > 24) tmp = "/tmp";
-    snprintf(w->dir, sizeof w->dir, "%s/ratewise-wake.XXXXXX", tmp);
+    (void)snprintf(w->dir, sizeof w->dir, "%s/ratewise-wake.XXXXXX", tmp); /* fits: tmp is short */
     if (!mkdtemp(w->dir)) {
         err = errno;
         free(w);
@@ -173,7 +173,7 @@ static int wake_l_path(lua_State *L)
         lua_pushfstring(L, "cannot make the engine's wake-up directory: %s", strerror(err));
         return 2;
     }
-    snprintf(w->path, sizeof w->path, "%s/line", w->dir);
+    (void)snprintf(w->path, sizeof w->path, "%s/line", w->dir);
     memset(&addr, 0, sizeof addr);
     addr.sun_family = AF_UNIX;
     memcpy(addr.sun_path, w->path, strlen(w->path) + 1);
