@@ -1,7 +1,8 @@
 -- The engine's wake-up line (src/wake.c), as a host whose loop cannot wait
 -- on the engine's descriptor uses it (OpenResty's, docs/hosts.md): a socket
 -- of the host's connected to the engine's path gets a byte once the
--- engine's descriptor is readable, after each arming, and on a kick.
+-- engine's descriptor is readable, or the arming's seconds have passed,
+-- once per arming, and on a kick.
 -- Against the suite's test server.
 local core = require "ratewise.core"
 local socket = require "socket"
@@ -69,6 +70,24 @@ describe("the engine's wake-up line", function()
     local none, err = line:receive(1)
     assert.is_nil(none)
     assert.equal("timeout", err)
+    e:close()
+    line:close()
+  end)
+
+  it("writes a byte once the seconds of an arming have passed, and not before", function()
+    local e = assert(core.engine())
+    local line = connect(assert(e:wake_path()))
+    assert.is_true(e:wake_accept())
+    local started = socket.gettime()
+    e:wake_arm(0.1)
+    assert.equal("w", line:receive(1))
+    local took = socket.gettime() - started
+    assert.is_true(took >= 0.1 and took < 0.5, took .. " s")
+    -- armed without seconds, nothing due: no byte
+    e:wake_arm()
+    line:settimeout(0.2)
+    assert.equal("timeout", select(2, line:receive(1)))
+    assert.has_error(function() e:wake_arm(-1) end)
     e:close()
     line:close()
   end)

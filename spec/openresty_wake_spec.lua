@@ -36,6 +36,13 @@ local SERVER = [[
         ngx.say(string.format("%.2f", steps / (n * threads)))
       }
     }
+    location = /sleeps {
+      content_by_lua_block {
+        local rw = require "ratewise"
+        local got = rw.map({ 1, 2, 3 }, function(i) rw.sleep(0.03 * i) return i end, { concurrency = 3 })
+        ngx.say(#got)
+      }
+    }
 ]]
 
 local function median(list)
@@ -72,6 +79,14 @@ describe("a request waiting inside OpenResty", function()
     assert.equal(count * threads, #s:log("/slow"))
     return median(times), tonumber(steps), times_line
   end
+
+  it("waits for timers on the engine's clock: nginx logs no time-out of the line", function()
+    local res, err = rw.fetch(n:url("/sleeps"), { on_retry = false, max_retries = 0, timeout = 30 })
+    assert(res, err and tostring(err))
+    assert.equal("3\n", res.body)
+    local log = n:error_log()
+    assert.is_nil(log:find("timed out", 1, true), log)
+  end)
 
   -- alone (the request waits on the line itself), and with others (the
   -- driver waits on it for them all)

@@ -8,12 +8,16 @@
  * Someone must be waiting on the descriptor for that byte to be written
  * while the host's thread sits in its own loop: a helper thread of the
  * engine's does, and nothing else. It waits (epoll) on the engine's epoll
- * descriptor, armed once at a time (EPOLLONESHOT, re-armed by
- * engine:wake_arm before the host waits), and on a descriptor that tells it
- * to end; it writes one byte when armed and the descriptor is readable. It
- * touches no Lua, no libcurl and no engine state: only descriptors that
- * stay open until it has been joined (engine:close). The host's thread
- * still does all the work (engine:poll) after the byte wakes it.
+ * descriptor and on a timer (timerfd), each armed once at a time
+ * (EPOLLONESHOT, re-armed by engine:wake_arm before the host waits), and
+ * on a descriptor that tells it to end; it writes one byte when either
+ * fires. The timer, not the host's socket, bounds the wait: nginx writes
+ * an error line for every cosocket read that times out. Every arming that
+ * fires makes a byte, and every byte makes the host look and arm again,
+ * so none is lost (a stale one only wakes the host once for nothing). The
+ * helper touches no Lua, no libcurl and no engine state: only descriptors
+ * that stay open until it has been joined (engine:close). The host's
+ * thread still does all the work (engine:poll) after the byte wakes it.
  *
  * The socket lives in a directory of its own (mkdtemp, mode 0700); a
  * connection from another process is refused (SO_PEERCRED). The
@@ -37,7 +41,9 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/timerfd.h>
 #include <sys/un.h>
+#include <time.h>
 
 struct engine_wake {
     pid_t pid;       /* the process that made it: a forked child has no helper */
@@ -45,6 +51,8 @@ struct engine_wake {
     int line;        /* the connection the helper writes on (-1: none yet) */
     int helper_ep;   /* the helper's epoll: the engine's descriptor and `stop` */
     int engine_fd;   /* the engine's epoll descriptor, in helper_ep */
+    int timer;       /* timerfd, in helper_ep: the wait's deadline */
+    int timed;       /* the last arming set the timer */
     int stop;        /* eventfd: readable when the helper must end */
     int started;     /* the helper runs */
     pthread_t helper;
@@ -72,6 +80,11 @@ static void *wake_helper(void *arg)
         }
         for (i = 0; i < n; i++) {
             if (ev[i].data.fd == w->stop) return NULL;
+            if (ev[i].data.fd == w->timer) {
+                unsigned long long expired;
+                /* (nothing to read when re-armed meanwhile: a stale byte) */
+                if (read(w->timer, &expired, sizeof expired) < 0) expired = 0;
+            }
             /* A full buffer already holds a wake-up; a closed line has no
              * reader: either way nothing more to do. */
             (void)send(w->line, "w", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -91,6 +104,8 @@ static int wake_start(struct engine_wake *w)
     if (w->helper_ep < 0) return errno;
     w->stop = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (w->stop < 0) return errno;
+    w->timer = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
+    if (w->timer < 0) return errno;
     memset(&ev, 0, sizeof ev);
     ev.events = EPOLLIN;
     ev.data.fd = w->stop;
@@ -98,6 +113,8 @@ static int wake_start(struct engine_wake *w)
     ev.events = EPOLLONESHOT; /* disarmed until engine:wake_arm */
     ev.data.fd = w->engine_fd;
     if (epoll_ctl(w->helper_ep, EPOLL_CTL_ADD, w->engine_fd, &ev) != 0) return errno;
+    ev.data.fd = w->timer;
+    if (epoll_ctl(w->helper_ep, EPOLL_CTL_ADD, w->timer, &ev) != 0) return errno;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     rc = pthread_create(&w->helper, NULL, wake_helper, w);
@@ -124,6 +141,7 @@ void rw_wake_close(engine *e)
     wake_close_fd(&w->listen_fd);
     wake_close_fd(&w->line);
     wake_close_fd(&w->helper_ep);
+    wake_close_fd(&w->timer);
     wake_close_fd(&w->stop);
     free(w);
 }
@@ -162,7 +180,7 @@ static int wake_l_path(lua_State *L)
     w = (struct engine_wake *)calloc(1, sizeof *w);
     if (!w) return luaL_error(L, "out of memory");
     w->pid = getpid();
-    w->listen_fd = w->line = w->helper_ep = w->stop = -1;
+    w->listen_fd = w->line = w->helper_ep = w->timer = w->stop = -1;
     w->engine_fd = poller_fd(&e->poller);
     if (!tmp || !*tmp || strlen(tmp) > 24) tmp = "/tmp";
     (void)snprintf(w->dir, sizeof w->dir, "%s/ratewise-wake.XXXXXX", tmp); /* fits: tmp is short */
@@ -233,17 +251,35 @@ static int wake_l_accept(lua_State *L)
     return 1;
 }
 
-/* engine:wake_arm(): the next time the engine's descriptor is readable
- * (now, if it is), one byte goes down the line. Call it before each wait on
- * the line: a byte is written once per arming. */
+/* engine:wake_arm([seconds]): the next time the engine's descriptor is
+ * readable (now, if it is), or once the seconds have passed, one byte goes
+ * down the line. Call it before each wait on the line. */
 static int wake_l_arm(lua_State *L)
 {
     engine *e = rw_engine_check(L);
     struct engine_wake *w = e->wake;
+    lua_Number seconds = luaL_optnumber(L, 2, -1);
     struct epoll_event ev;
+    luaL_argcheck(L, lua_isnoneornil(L, 2) || seconds >= 0, 2, "seconds must be a non-negative number");
     if (!w || !w->started || w->pid != getpid()) return 0;
     memset(&ev, 0, sizeof ev);
     ev.events = EPOLLIN | EPOLLONESHOT;
+    if (seconds >= 0 || w->timed) {
+        struct itimerspec at;
+        memset(&at, 0, sizeof at); /* all zero: disarmed */
+        if (seconds >= 0) {
+            if (seconds > RW_MAX_SECONDS / 1e9) seconds = RW_MAX_SECONDS / 1e9; /* (far enough) */
+            at.it_value.tv_sec = (time_t)seconds;
+            at.it_value.tv_nsec = (long)((seconds - (double)at.it_value.tv_sec) * 1e9);
+            if (at.it_value.tv_sec == 0 && at.it_value.tv_nsec == 0) at.it_value.tv_nsec = 1;
+        }
+        (void)timerfd_settime(w->timer, 0, &at, NULL);
+        w->timed = seconds >= 0;
+        if (w->timed) {
+            ev.data.fd = w->timer;
+            (void)epoll_ctl(w->helper_ep, EPOLL_CTL_MOD, w->timer, &ev);
+        }
+    }
     ev.data.fd = w->engine_fd;
     (void)epoll_ctl(w->helper_ep, EPOLL_CTL_MOD, w->engine_fd, &ev);
     return 0;

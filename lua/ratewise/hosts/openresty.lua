@@ -33,7 +33,7 @@ local runtime = require "ratewise.runtime"
 local scheduler = require "ratewise.scheduler"
 
 local format, rawget, tostring, type, error = string.format, rawget, tostring, type, error
-local ceil, min = math.ceil, math.min
+local min = math.min
 local running = coroutine.running
 local loaded = package.loaded
 
@@ -83,8 +83,10 @@ function openresty.origin()
   return id and "request " .. id or nil
 end
 
--- A wait on the line with nothing due still ends this long after.
-local LINE_WAIT_MAX = 60
+-- The line's own read timeout: the engine's timer (engine:wake_arm) ends
+-- a wait, as nginx writes an error line for every cosocket read that
+-- times out; this only bounds a wait that something went wrong with.
+local LINE_TIMEOUT_MS = 86400 * 1000
 -- A wait whose line cannot be had (connect failed) naps at most this long.
 local NAP_MAX = scheduler.NAP_MAX
 
@@ -128,8 +130,8 @@ local function line_waits(ngx, engine, path)
       kick_sent = false
       return
     end
-    engine:wake_arm()
-    sock:settimeout(ceil((seconds or LINE_WAIT_MAX) * 1000))
+    engine:wake_arm(seconds)
+    sock:settimeout(LINE_TIMEOUT_MS)
     local got, err = sock:receiveany(64)
     kick_sent = false
     if not got and err ~= "timeout" then -- closed: a newer connection is the line
