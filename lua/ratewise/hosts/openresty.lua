@@ -107,13 +107,15 @@ local function line_waits(ngx, engine, path)
     local thread = running()
     if line and line_thread == thread then return line end
     line, line_thread = nil, thread -- another's: nginx closes it with its request
-    local sock = ngx.socket.tcp()
-    local ok, err = sock:connect(address)
+    -- (a phase without cosockets raises: its waits nap)
+    local made, sock = pcall(ngx.socket.tcp)
+    if not made then return nil end
+    local ok = sock:connect(address)
     -- a connection from nginx's pool is the line already
-    if ok and sock:getreusedtimes() == 0 then ok, err = engine:wake_accept() end
+    if ok and sock:getreusedtimes() == 0 then ok = engine:wake_accept() end
     if not ok then
       sock:close()
-      return nil, err
+      return nil
     end
     line = sock
     return sock
