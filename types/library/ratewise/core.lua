@@ -262,6 +262,25 @@ function Engine:unwatch(fd) end
 ---@return "r"
 function Engine:events() end
 
+---Where a host whose loop cannot wait on `pollfd()` (OpenResty's) connects
+---a socket of its own: a unix socket the engine listens on (src/wake.c).
+---nil, err with the poll(2) backend, or in a process forked after it was made.
+---@return string|nil path
+---@return string|nil err
+function Engine:wake_path() end
+
+---The newest connection to `wake_path()` becomes the line the engine writes on.
+---@return true|nil ok
+---@return string|nil err
+function Engine:wake_accept() end
+
+---One byte goes down the line once `pollfd()` is readable, or the seconds have passed.
+---@param seconds? number
+function Engine:wake_arm(seconds) end
+
+---One byte down the line now.
+function Engine:wake_kick() end
+
 ---Seconds until the engine must be polled (0: now), or nil when nothing is due.
 ---@return number|nil
 function Engine:timeout() end
