@@ -68,7 +68,9 @@ DECODE_LIBS := -lz -lbrotlidec -lzstd
 # libcrypto (OpenSSL): rw.client's request keys are SipHash digests (src/digest.c).
 # libssl: what ALPN agreed on, read as the TLS handshake ends (src/transfer.c).
 CRYPTO_LIBS := -lssl -lcrypto
-LIBS      = $(PKG_CURL_LIBS) $(REDIS_LIB) $(DECODE_LIBS) $(CRYPTO_LIBS) -lm
+# POSIX threads: the engine's wake-up line has a helper thread (src/wake.c).
+THREAD_LIBS := -pthread
+LIBS      = $(PKG_CURL_LIBS) $(REDIS_LIB) $(DECODE_LIBS) $(CRYPTO_LIBS) $(THREAD_LIBS) -lm
 # A module is a bundle on macOS, whose symbols from Lua are found at load.
 SHARED    := $(if $(filter Darwin,$(UNAME)),-bundle -undefined dynamic_lookup,-shared)
 
@@ -133,7 +135,7 @@ deps-check:
 # this host in processes of their own, and how to build C against this Lua.
 SPEC_ENV = RATEWISE_LUA="$$(command -v $(LUA))" RATEWISE_CPATH="./$(BUILD)/?.so" RATEWISE_HOST="$(HOST)" \
            RATEWISE_LUA_CFLAGS="$(PKG_LUA)" RATEWISE_LUA_LIBS="$(PKG_LUA_LIBS)" \
-           RATEWISE_CORE_CFLAGS="$(POLLER_DEF) $(REDIS_DEF)" RATEWISE_CORE_LIBS="$(PKG_CURL_LIBS) $(REDIS_LIB) $(DECODE_LIBS) $(CRYPTO_LIBS) -lm" \
+           RATEWISE_CORE_CFLAGS="$(POLLER_DEF) $(REDIS_DEF)" RATEWISE_CORE_LIBS="$(PKG_CURL_LIBS) $(REDIS_LIB) $(DECODE_LIBS) $(CRYPTO_LIBS) $(THREAD_LIBS) -lm" \
            RATEWISE_LUAJIT_CPATH="./$(LUAJIT_BUILD)/?.so"
 # spec/openresty_spec.lua runs nginx's Lua module, and spec/love_spec.lua
 # LÖVE, both LuaJIT: they load the LuaJIT build of the core (of the same

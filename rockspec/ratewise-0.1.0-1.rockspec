@@ -57,7 +57,7 @@ build = {
          sources = { "src/bucket.c", "src/buf.c", "src/core.c", "src/decode.c", "src/digest.c", "src/engine.c", "src/gate.c", "src/json.c", "src/lparse.c", "src/options.c", "src/parse.c",
                      "src/request.c", "src/poller.c", "src/redirect.c", "src/response.c", "src/redis.c", "src/redis_reader.c", "src/sse.c",
                      "src/term.c", "src/transfer.c", "src/wake.c", "src/watch.c" },
-         libraries = { "curl", "hiredis", "z", "brotlidec", "zstd", "ssl", "crypto" },
+         libraries = { "curl", "hiredis", "z", "brotlidec", "zstd", "ssl", "crypto", "pthread" },
          -- On Lua 5.1 and LuaJIT the C core needs lua-compat-5.3's header
          -- (Debian's lua-compat53-dev keeps it beside Lua 5.1's own).
          incdirs = { "$(CURL_INCDIR)", "/usr/include/x86_64-linux-gnu", "$(HIREDIS_INCDIR)", "$(ZLIB_INCDIR)",

@@ -14,7 +14,7 @@ subprocess.lua_libs = os.getenv("RATEWISE_LUA_LIBS") or "$(pkg-config --libs lua
 -- the C core's defines, and the libraries it links.
 subprocess.core_cflags = os.getenv("RATEWISE_CORE_CFLAGS") or ""
 subprocess.core_libs = os.getenv("RATEWISE_CORE_LIBS")
-  or "$(pkg-config --libs libcurl) -lhiredis -lz -lbrotlidec -lzstd -lssl -lcrypto -lm"
+  or "$(pkg-config --libs libcurl) -lhiredis -lz -lbrotlidec -lzstd -lssl -lcrypto -pthread -lm"
 
 --- The shell command that runs a Lua script with this tree's ratewise.
 function subprocess.lua_command(script)
