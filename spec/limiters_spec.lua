@@ -142,4 +142,134 @@ describe("rw.limiters", function()
     assert.equal(25, mixed:capacity())
     assert.equal("ratewise.Limiters (1 taking 1, 2 taking the cost)", tostring(mixed))
   end)
+
+  describe("with named limits", function()
+    it("takes a cost per limit from each member, 0 from a limit the cost does not name, all or none", function()
+      local journal = {}
+      local requests, input, output = member("requests", 10, journal), member("input", 1000, journal),
+        member("output", 500, journal)
+      local llm = rw.limiters { requests = requests, input_tokens = input, output_tokens = output }
+      assert.is_true(llm:take { requests = 1, input_tokens = 300, output_tokens = 400 })
+      assert.same({ 9, 700, 100 }, { requests.tokens, input.tokens, output.tokens })
+      -- output cannot serve 400 more: nothing is taken, and the wait is output's
+      local ok, wait = llm:take { requests = 1, input_tokens = 300, output_tokens = 400 }
+      assert.is_false(ok)
+      assert.equal(300, wait)
+      assert.same({ 9, 700, 100 }, { requests.tokens, input.tokens, output.tokens })
+      -- a take that fails part-way gives back what it took (names in sorted order: input, output, requests)
+      for k in pairs(journal) do journal[k] = nil end
+      requests.take_answers = { { false, 0.5 } }
+      ok, wait = llm:take { requests = 1, input_tokens = 5 }
+      assert.is_false(ok)
+      assert.equal(0.5, wait)
+      assert.same({ "input take 5", "requests take 1", "input refund 5" }, journal)
+      assert.same({ 9, 700, 100 }, { requests.tokens, input.tokens, output.tokens })
+      -- no cost: 1 of requests
+      assert.is_true(llm:take())
+      assert.same({ 8, 700, 100 }, { requests.tokens, input.tokens, output.tokens })
+      llm:refund { requests = 1, output_tokens = 50 }
+      assert.same({ 9, 700, 150 }, { requests.tokens, input.tokens, output.tokens })
+      assert.equal("ratewise.Limiters (input_tokens, output_tokens, requests)", tostring(llm))
+    end)
+
+    it("waits for the member that needs longest, holding nothing meanwhile", function()
+      local requests = rw.bucket { capacity = 10, rate = 0.1 }
+      local tokens = rw.bucket { capacity = 1000, rate = 2000 }
+      local llm = rw.limiters { requests = requests, tokens = tokens }
+      assert.is_true(llm:acquire { requests = 1, tokens = 900 })
+      local t0 = rw.now()
+      assert.is_true(llm:acquire { requests = 1, tokens = 500 }) -- 400 short at 2,000 a second: 0.2 s
+      local waited = rw.now() - t0
+      assert.is_true(waited >= 0.18 and waited < 0.5, "waited " .. waited)
+      assert.near(8, requests:tokens(), 0.1)
+    end)
+
+    it("raises for a cost that is a number, names an unknown limit, or asks more than a member holds", function()
+      local llm = rw.limiters { requests = rw.bucket { capacity = 10, rate = 1 },
+        tokens = rw.bucket { capacity = 1000, rate = 100 } }
+      assert.error_matches(function() llm:acquire(5) end,
+        "acquire: give the cost per limit: { requests = 1, tokens = n } (the limits are requests, tokens; got 5)",
+        nil, true)
+      assert.error_matches(function() llm:take { requests = 1, tokenz = 5 } end,
+        "take: the cost names 'tokenz', which is not one of the limits (requests, tokens)", nil, true)
+      assert.error_matches(function() llm:wait_time { tokens = -1 } end,
+        "the cost of 'tokens' must be a non-negative number (got -1)", nil, true)
+      assert.error_matches(function() llm:acquire { tokens = 1001 } end,
+        "1001 tokens asked of member 'tokens', whose capacity is 1000: it could never be served", nil, true)
+      assert.same({ requests = 10, tokens = 1000 }, llm:capacity())
+      local no_requests = rw.limiters { tokens = rw.bucket { capacity = 10, rate = 1 } }
+      assert.error_matches(function() no_requests:acquire() end, "give the cost per limit, a table by name")
+    end)
+
+    it("refuses named limits beside an array or a cost member, and names that are not words", function()
+      local b, c = rw.bucket { capacity = 10, rate = 1 }, rw.bucket { capacity = 10, rate = 1 }
+      assert.error_matches(function() rw.limiters { b, tokens = c } end,
+        "limiters: unknown option 'tokens' beside member #1: give either named limits", nil, true)
+      assert.error_matches(function() rw.limiters { requests = b, cost = c } end,
+        "unknown option 'requests' beside 'cost'", nil, true)
+      assert.error_matches(function() rw.limiters { ["input tokens"] = b } end,
+        "a limit's name must be a word")
+      assert.error_matches(function() rw.limiters { requests = b, tokens = 5 } end,
+        "member 'tokens' must be a limiter")
+      assert.error_matches(function() rw.limiters { requests = b, tokens = b } end,
+        "the same limiter is given twice")
+    end)
+
+    it("settles: gives back what the answer did not use, takes what it used beyond, into debt", function()
+      local requests = rw.bucket { capacity = 10, rate = 1 }
+      local input = rw.bucket { capacity = 1000, rate = 1 }
+      local output = rw.bucket { capacity = 1000, rate = 1 }
+      local llm = rw.limiters { requests = requests, input_tokens = input, output_tokens = output }
+      local taken = { requests = 1, input_tokens = 600, output_tokens = 800 }
+      assert.is_true(llm:acquire(taken))
+      -- the answer used 200 of its 800 output tokens, and its input was 900 tokens, not 600
+      llm:settle(taken, { input_tokens = 900, output_tokens = 200 })
+      assert.near(9, requests:tokens(), 0.1) -- not named: as taken
+      assert.near(100, input:tokens(), 1)
+      assert.near(800, output:tokens(), 1)
+      -- beyond what the bucket holds: into debt, and the next caller waits it out
+      llm:settle({ input_tokens = 100 }, { input_tokens = 400 })
+      assert.near(-200, input:tokens(), 1)
+      local wait = llm:wait_time { input_tokens = 1 }
+      assert.is_true(wait > 200 and wait < 202, tostring(wait))
+      -- nothing to settle, and an actual cost of the wrong shape
+      llm:settle(taken, nil)
+      assert.error_matches(function() llm:settle(taken, 300) end, "the actual cost must be a table by name")
+      assert.error_matches(function() llm:settle(taken, { outputs = 1 }) end,
+        "the actual cost names 'outputs', which is not one of the limits")
+    end)
+
+    it("settles positional composites on their cost members", function()
+      local rpm, tpm = rw.bucket { capacity = 10, rate = 1 }, rw.bucket { capacity = 1000, rate = 1 }
+      local both = rw.limiters { rpm, cost = tpm }
+      assert.is_true(both:acquire(500))
+      both:settle(500, 100)
+      assert.near(9, rpm:tokens(), 0.1)
+      assert.near(900, tpm:tokens(), 1)
+    end)
+
+    it("puts a debt no further off than the bucket's sync_horizon", function()
+      local b = rw.bucket { capacity = 100, rate = 10, sync_horizon = 5 }
+      b:debit(1e9)
+      assert.is_true(b:wait_time(1) <= 5.01, tostring(b:wait_time(1)))
+      assert.error_matches(function() b:debit(-1) end, "token count must be a positive number")
+    end)
+
+    it("syncs a named limit from what the server says of it, and requests through sync", function()
+      local requests, tokens = rw.bucket { capacity = 10, rate = 1 }, rw.bucket { capacity = 1000, rate = 1 }
+      local llm = rw.limiters { requests = requests, tokens = tokens }
+      assert.is_true(llm:sync_limit("tokens", 250, 30))
+      assert.near(250, tokens:tokens(), 1)
+      assert.near(10, requests:tokens(), 0.1)
+      llm:sync(4, 10)
+      assert.near(4, requests:tokens(), 0.1)
+      -- never raised by a sync
+      llm:sync_limit("tokens", 5000, 1)
+      assert.near(250, tokens:tokens(), 1)
+      -- a limit the composite does not have is passed over
+      assert.is_false(llm:sync_limit("output_tokens", 0, 10))
+      assert.is_false(rw.limiters { requests, cost = tokens }:sync_limit("tokens", 0, 10))
+      assert.error_matches(function() llm:sync_limit(nil, 1) end, "the limit's name must be a string")
+    end)
+  end)
 end)

@@ -373,6 +373,24 @@ static int bucket_l_refund(lua_State *L)
     return 0;
 }
 
+/* b:debit(n): takes n at once, into debt if need be, never waiting and
+ * never refused: what the server has already counted (an answer that used
+ * more than was taken for it), for the waiters after it to wait out. The
+ * debt is believed only up to the bucket's sync_horizon, as a sync is. */
+static int bucket_l_debit(lua_State *L)
+{
+    bucket *b = bucket_check(L);
+    lua_Number n = bucket_number(L, 2, NAN, "token count must be a positive number");
+    double floor_at;
+    if (!(n > 0) || !isfinite(n))
+        luaL_argerror(L, 2, lua_pushfstring(L, "token count must be a positive number, got %s", bucket_shown(L, 2)));
+    bucket_refill(b);
+    floor_at = 1.0 - b->horizon * b->rate;
+    b->tokens -= n;
+    if (b->tokens < floor_at) b->tokens = floor_at;
+    return 0;
+}
+
 /* b:wait_time([n]) -> seconds until n tokens are there for a caller
  * behind the queue (0: now), taking nothing: what a caller that needs
  * several buckets at once asks each. */
@@ -493,6 +511,7 @@ void rw_bucket_register(lua_State *L)
         { "claim", bucket_l_claim },
         { "cancel", bucket_l_cancel },
         { "refund", bucket_l_refund },
+        { "debit", bucket_l_debit },
         { "wait_time", bucket_l_wait_time },
         { "sync", bucket_l_sync },
         { "tokens", bucket_l_tokens },

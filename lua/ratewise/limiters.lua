@@ -4,6 +4,13 @@
 --   local both = limiters.new{rpm, cost = tpm}
 --   both:acquire(n)   -- 1 token of rpm and n of tpm, together
 --
+-- or, with a name for each limit, a cost for each (an LLM API's requests,
+-- input and output tokens per minute):
+--
+--   local llm = limiters.new{requests = rpm, input_tokens = itpm, output_tokens = otpm}
+--   llm:acquire{requests = 1, input_tokens = 900, output_tokens = 1000}
+--   llm:settle(taken, {output_tokens = 230})  -- the answer used less
+--
 -- Nothing is held while waiting. Taking rpm's token first and then waiting
 -- for tpm would keep that token from everyone else for the whole wait (and
 -- two such callers, each holding what the other needs, would starve each
@@ -77,64 +84,160 @@ local function cost_members(cost)
   return list
 end
 
+-- A composite's fields:
+--   members  every limiter, in the order they are asked
+--   names    false, or each member's name (the named form)
+--   by_name  the named form's members by name
+--   ones     the positional form: how many members (the first) take 1 per
+--            acquire; the rest take the cost
+local function positional(spec, count)
+  local members, seen = {}, {}
+  for i = 1, count do
+    local member = spec[i]
+    if not is_limiter(member) then not_a_limiter("member #" .. i, member, 4) end
+    if capacity_of(member) < 1 then
+      error(format("limiters: member #%d holds fewer than the 1 token each acquire takes of it", i), 3)
+    end
+    seen[member] = "member #" .. i
+    members[i] = member
+  end
+  local by_cost = spec.cost ~= nil and cost_members(spec.cost) or {}
+  for i = 1, #by_cost do
+    local member = by_cost[i]
+    if seen[member] then
+      error(format("limiters: the same limiter is given twice (%s and cost member #%d)", seen[member], i), 3)
+    end
+    seen[member] = "cost member #" .. i
+    members[count + i] = member
+  end
+  if #members == 0 then
+    error("limiters: expected at least one limiter", 3)
+  end
+  return setmetatable({ members = members, names = false, by_name = false, ones = count }, Limiters)
+end
+
+local function named(spec)
+  local names, seen = {}, {}
+  for k in pairs(spec) do names[#names + 1] = k end
+  table.sort(names) -- (a fixed order: the same for every process sharing the limits)
+  local members, by_name = {}, {}
+  for i = 1, #names do
+    local name = names[i]
+    local member = spec[name]
+    if not name:match("^[%a_][%w_]*$") then
+      error(format("limiters: a limit's name must be a word such as \"tokens\" (got %q)", name), 3)
+    end
+    if not is_limiter(member) then not_a_limiter("member '" .. name .. "'", member, 4) end
+    if seen[member] then
+      error(format("limiters: the same limiter is given twice ('%s' and '%s')", seen[member], name), 3)
+    end
+    seen[member] = name
+    members[i], by_name[name] = member, member
+  end
+  return setmetatable({ members = members, names = names, by_name = by_name, ones = 0 }, Limiters)
+end
+
 --- l = limiters.new{a, b, ..., cost = c | {c1, c2, ...}}
+--- l = limiters.new{requests = a, tokens = b, ...}: a cost per limit (a table by name)
 function limiters.new(spec)
   if type(spec) ~= "table" then
     error(format("limiters: expected a table of limiters (got %s)", type(spec)), 2)
   end
   local count = #spec
+  local words, others = false, false
   for k in pairs(spec) do
-    if k ~= "cost" and (type(k) ~= "number" or k % 1 ~= 0 or k < 1 or k > count) then
-      if type(k) == "string" then options.unknown("limiters", k, { "cost" }, 2) end
+    if type(k) == "string" and k ~= "cost" then
+      words = k
+    elseif k == "cost" or (type(k) == "number" and k % 1 == 0 and k >= 1 and k <= count) then
+      others = k == "cost" and "cost" or "#" .. k
+    else
       error(format("limiters: key %s is not part of the array of limiters (1 to %d)", tostring(k), count), 2)
     end
   end
-  local each, by_cost, seen = {}, {}, {}
-  for i = 1, count do
-    local member = spec[i]
-    if not is_limiter(member) then not_a_limiter("member #" .. i, member, 3) end
-    if capacity_of(member) < 1 then
-      error(format("limiters: member #%d holds fewer than the 1 token each acquire takes of it", i), 2)
-    end
-    seen[member] = "member #" .. i
-    each[i] = member
+  if words and others then
+    -- (a word that holds no limiter is a misspelt option: "costs")
+    if not is_limiter(spec[words]) then options.unknown("limiters", words, { "cost" }, 2) end
+    error(format("limiters: unknown option '%s' beside %s: give either named limits ({ requests = a, "
+      .. "tokens = b }, a cost per name) or an array of limiters with a cost member ({ a, cost = b }), not both",
+      words, others == "cost" and "'cost'" or "member " .. others), 2)
   end
-  if spec.cost ~= nil then by_cost = cost_members(spec.cost) end
-  for i = 1, #by_cost do
-    local member = by_cost[i]
-    if seen[member] then
-      error(format("limiters: the same limiter is given twice (%s and cost member #%d)", seen[member], i), 2)
-    end
-    seen[member] = "cost member #" .. i
-  end
-  if #each + #by_cost == 0 then
-    error("limiters: expected at least one limiter", 2)
-  end
-  return setmetatable({ each = each, by_cost = by_cost }, Limiters)
+  if words then return named(spec) end
+  return positional(spec, count)
 end
 
-local function check_count(self, method, n)
-  if n == nil then return 1 end
-  if type(n) ~= "number" or n ~= n or n <= 0 or n == huge then
-    error(format("limiters: %s: token count must be a positive number (got %s)", method, errors.shown(n)), 3)
+local function member_label(self, i)
+  local names = self.names
+  if names then return format("member '%s'", names[i]) end
+  if i <= self.ones then return format("member #%d", i) end
+  return format("cost member #%d", i - self.ones)
+end
+
+-- What member i takes of a cost (checked: check_cost's).
+local function amount(self, i, cost)
+  local names = self.names
+  if names then return cost[names[i]] or 0 end
+  if i <= self.ones then return 1 end
+  return cost
+end
+
+local function names_list(self)
+  return table.concat(self.names, ", ")
+end
+
+-- A cost, checked in `method`'s terms: for the positional form a positive
+-- number (1 when nil), for the named form a table of amounts by name (nil:
+-- 1 of "requests", when there is such a member).
+local function check_cost(self, method, cost)
+  local names = self.names
+  if not names then
+    if cost == nil then return 1 end
+    if type(cost) ~= "number" or cost ~= cost or cost <= 0 or cost == huge then
+      error(format("limiters: %s: token count must be a positive number (got %s)", method, errors.shown(cost)), 3)
+    end
+    local members = self.members
+    for i = self.ones + 1, #members do
+      local capacity = capacity_of(members[i])
+      if cost > capacity then
+        error(format("limiters: %s: %g tokens asked of %s, whose capacity is %g: it could never be served",
+          method, cost, member_label(self, i), capacity), 3)
+      end
+    end
+    return cost
   end
-  local by_cost = self.by_cost
-  for i = 1, #by_cost do
-    local capacity = capacity_of(by_cost[i])
+  if cost == nil then
+    if self.by_name.requests then return { requests = 1 } end
+    error(format("limiters: %s: give the cost per limit, a table by name (the limits are %s)", method,
+      names_list(self)), 3)
+  end
+  if type(cost) ~= "table" then
+    error(format("limiters: %s: give the cost per limit: { requests = 1, tokens = n } (the limits are %s; "
+      .. "got %s)", method, names_list(self), errors.shown(cost)), 3)
+  end
+  for name, n in pairs(cost) do
+    local member = self.by_name[name]
+    if not member then
+      error(format("limiters: %s: the cost names %s, which is not one of the limits (%s)", method,
+        type(name) == "string" and format("'%s'", name) or errors.shown(name), names_list(self)), 3)
+    end
+    if type(n) ~= "number" or n ~= n or n < 0 or n == huge then
+      error(format("limiters: %s: the cost of '%s' must be a non-negative number (got %s)", method, name,
+        errors.shown(n)), 3)
+    end
+    local capacity = capacity_of(member)
     if n > capacity then
-      error(format("limiters: %s: %g tokens asked of cost member #%d, whose capacity is %g: "
-        .. "it could never be served", method, n, i, capacity), 3)
+      error(format("limiters: %s: %g tokens asked of member '%s', whose capacity is %g: it could never be "
+        .. "served", method, n, name, capacity), 3)
     end
   end
-  return n
+  return cost
 end
 
 -- A member's wait must be a finite number: NaN compares false with
 -- everything (acquire would retry at once, over and over), and an infinite
 -- wait never ends. Either is a broken limiter, named in the error.
-local function wait_error(w, which, i)
-  return format("limiters: %s #%d answered a wait of %s: a limiter's wait must be a finite number of seconds",
-    which, i, bad_seconds(w) or tostring(w))
+local function wait_error(self, w, i)
+  return format("limiters: %s answered a wait of %s: a limiter's wait must be a finite number of seconds",
+    member_label(self, i), bad_seconds(w) or tostring(w))
 end
 
 -- A member that cannot answer (a shared bucket whose Redis is down)
@@ -143,112 +246,157 @@ local function unavailable(w, why)
   return w == nil and type(why) == "table"
 end
 
-local function wait_time(self, n)
+local function wait_time(self, cost)
   local wait = 0
-  local each, by_cost = self.each, self.by_cost
-  for i = 1, #each do
-    local w, why = each[i]:wait_time(1)
-    if unavailable(w, why) then return nil, why end
-    if bad_seconds(w) then error(wait_error(w, "member", i), 0) end
-    if w > wait then wait = w end
-  end
-  for i = 1, #by_cost do
-    local w, why = by_cost[i]:wait_time(n)
-    if unavailable(w, why) then return nil, why end
-    if bad_seconds(w) then error(wait_error(w, "cost member", i), 0) end
-    if w > wait then wait = w end
+  local members = self.members
+  for i = 1, #members do
+    local n = amount(self, i, cost)
+    if n > 0 then
+      local w, why = members[i]:wait_time(n)
+      if unavailable(w, why) then return nil, why end
+      if bad_seconds(w) then error(wait_error(self, w, i), 0) end
+      if w > wait then wait = w end
+    end
   end
   return wait
 end
 
--- Gives back what a take that failed part-way had taken.
-local function give_back(self, n, each_taken, cost_taken)
-  for i = 1, each_taken do self.each[i]:refund(1) end
-  for i = 1, cost_taken do self.by_cost[i]:refund(n) end
+-- Gives back what the first `taken` members took of cost.
+local function give_back(self, cost, taken)
+  local members = self.members
+  for i = 1, taken do
+    local n = amount(self, i, cost)
+    if n > 0 then members[i]:refund(n) end
+  end
 end
 
 -- The member whose take failed says how long until it could serve, with
 -- what was taken before it still held: a limiter that shows up twice
 -- through nested composites is then waited for long enough.
 -- Answers nil and the error when that wait is not a finite number.
-local function failed_wait(member, k, seconds, which, i)
-  if type(seconds) ~= "number" then seconds = member:wait_time(k) end
-  if bad_seconds(seconds) then return nil, wait_error(seconds, which, i) end
+local function failed_wait(self, i, n, seconds)
+  if type(seconds) ~= "number" then seconds = self.members[i]:wait_time(n) end
+  if bad_seconds(seconds) then return nil, wait_error(self, seconds, i) end
   if seconds < MIN_RETRY_WAIT then seconds = MIN_RETRY_WAIT end
   return seconds
 end
 
-local function take(self, n)
-  local wait, why = wait_time(self, n)
+local function take(self, cost)
+  local wait, why = wait_time(self, cost)
   if wait == nil then return nil, why end
   if wait > 0 then return false, wait end
-  local each, by_cost = self.each, self.by_cost
-  for i = 1, #each do
-    local ok, seconds = each[i]:take(1)
-    if unavailable(ok, seconds) then
-      give_back(self, n, i - 1, 0)
-      return nil, seconds
-    end
-    if not ok then
-      local err
-      seconds, err = failed_wait(each[i], 1, seconds, "member", i)
-      give_back(self, n, i - 1, 0)
-      if err then error(err, 0) end
-      return false, seconds
-    end
-  end
-  for i = 1, #by_cost do
-    local ok, seconds = by_cost[i]:take(n)
-    if unavailable(ok, seconds) then
-      give_back(self, n, #each, i - 1)
-      return nil, seconds
-    end
-    if not ok then
-      local err
-      seconds, err = failed_wait(by_cost[i], n, seconds, "cost member", i)
-      give_back(self, n, #each, i - 1)
-      if err then error(err, 0) end
-      return false, seconds
+  local members = self.members
+  for i = 1, #members do
+    local n = amount(self, i, cost)
+    if n > 0 then
+      local ok, seconds = members[i]:take(n)
+      if unavailable(ok, seconds) then
+        give_back(self, cost, i - 1)
+        return nil, seconds
+      end
+      if not ok then
+        local err
+        seconds, err = failed_wait(self, i, n, seconds)
+        give_back(self, cost, i - 1)
+        if err then error(err, 0) end
+        return false, seconds
+      end
     end
   end
   return true
 end
 
---- seconds = l:wait_time([n]): until every member could serve (0: now),
+--- seconds = l:wait_time([cost]): until every member could serve (0: now),
 -- taking nothing.
-function Limiters:wait_time(n)
-  return wait_time(self, check_count(self, "wait_time", n))
+function Limiters:wait_time(cost)
+  return wait_time(self, check_cost(self, "wait_time", cost))
 end
 
---- true | false, seconds = l:take([n]): takes from every member, or from
+--- true | false, seconds = l:take([cost]): takes from every member, or from
 -- none of them.
-function Limiters:take(n)
-  return take(self, check_count(self, "take", n))
+function Limiters:take(cost)
+  return take(self, check_cost(self, "take", cost))
 end
 
---- l:refund([n]): gives back what a take of n took.
-function Limiters:refund(n)
-  n = check_count(self, "refund", n)
-  give_back(self, n, #self.each, #self.by_cost)
+--- l:refund([cost]): gives back what a take of cost took.
+function Limiters:refund(cost)
+  cost = check_cost(self, "refund", cost)
+  give_back(self, cost, #self.members)
 end
 
---- capacity = l:capacity(): the most tokens one acquire may ask for.
+-- Takes n of member at once, into debt if need be: what the server has
+-- already counted is not waited for, but the callers after it wait.
+-- A member without debit takes what it can serve now.
+local function debit(member, n)
+  local ok, fn = pcall(function() return member.debit end)
+  if ok and type(fn) == "function" then return fn(member, n) end
+  local capacity = capacity_of(member)
+  if n > capacity then n = capacity end
+  return member:take(n)
+end
+
+--- l:settle(taken, actual): what an answer says it really cost, once it
+-- has ended. For each limit: less than taken gives the difference back;
+-- more takes the extra at once, into debt (the server counted it already),
+-- so that the callers after it wait for it. A limit actual does not name
+-- (the named form), or an actual of nil, stays as taken.
+function Limiters:settle(taken, actual)
+  taken = check_cost(self, "settle", taken)
+  if actual == nil then return end
+  if self.names then
+    if type(actual) ~= "table" then
+      error(format("limiters: settle: the actual cost must be a table by name, as the cost is (got %s)",
+        errors.shown(actual)), 2)
+    end
+    for name, n in pairs(actual) do
+      if not self.by_name[name] then
+        error(format("limiters: settle: the actual cost names %s, which is not one of the limits (%s)",
+          type(name) == "string" and format("'%s'", name) or errors.shown(name), names_list(self)), 2)
+      end
+      if type(n) ~= "number" or n ~= n or n < 0 or n == huge then
+        error(format("limiters: settle: the actual cost of '%s' must be a non-negative number (got %s)", name,
+          errors.shown(n)), 2)
+      end
+    end
+  elseif type(actual) ~= "number" or actual ~= actual or actual < 0 or actual == huge then
+    error(format("limiters: settle: the actual cost must be a non-negative number (got %s)",
+      errors.shown(actual)), 2)
+  end
+  local members, names = self.members, self.names
+  for i = 1, #members do
+    local was = amount(self, i, taken)
+    local is = names and actual[names[i]] or not names and amount(self, i, actual)
+    if is and is < was then
+      members[i]:refund(was - is)
+    elseif is and is > was then
+      debit(members[i], is - was)
+    end
+  end
+end
+
+--- capacity = l:capacity(): the most tokens one acquire may ask for; for
+-- the named form, a table of each limit's by name.
 function Limiters:capacity()
+  local members = self.members
+  if self.names then
+    local each = {}
+    for i = 1, #members do each[self.names[i]] = capacity_of(members[i]) end
+    return each
+  end
   local capacity = huge
-  local by_cost = self.by_cost
-  for i = 1, #by_cost do
-    local c = capacity_of(by_cost[i])
+  for i = self.ones + 1, #members do
+    local c = capacity_of(members[i])
     if c < capacity then capacity = c end
   end
   return capacity
 end
 
---- true | false, wait = l:acquire([n [, sleep [, max_wait]]]): waits until
--- every member can serve, holding nothing meanwhile, then takes from all of
--- them. With max_wait, answers false (taking nothing) as soon as it is clear
--- that the wait would run past max_wait seconds.
-function Limiters:acquire(n, sleep, max_wait)
-  n = check_count(self, "acquire", n)
+--- true | false, wait = l:acquire([cost [, sleep [, max_wait]]]): waits
+-- until every member can serve, holding nothing meanwhile, then takes from
+-- all of them. With max_wait, answers false (taking nothing) as soon as it
+-- is clear that the wait would run past max_wait seconds.
+function Limiters:acquire(cost, sleep, max_wait)
+  cost = check_cost(self, "acquire", cost)
   if sleep ~= nil and type(sleep) ~= "function" then
     error(format("limiters: acquire: sleep must be a function (got %s)", type(sleep)), 2)
   end
@@ -258,7 +406,7 @@ function Limiters:acquire(n, sleep, max_wait)
   end
   local give_up_at = max_wait and now() + max_wait
   while true do
-    local ok, wait = take(self, n)
+    local ok, wait = take(self, cost)
     if ok then return true end
     if ok == nil then return nil, wait end -- a member could not answer
     if give_up_at and now() + wait > give_up_at then return false, wait end
@@ -266,31 +414,50 @@ function Limiters:acquire(n, sleep, max_wait)
   end
 end
 
+local function sync_member(member, remaining, reset_in, limit, window)
+  if type(member.sync) == "function" then member:sync(remaining, reset_in, limit, window) end
+end
+
 --- l:sync(remaining [, reset_in [, limit [, window]]]): what a server says
 -- of its request quota (a provider's observe hook) goes to the members that
--- count requests, the ones taking 1 per acquire; a cost member meters
--- something else (tokens).
+-- count requests: the ones taking 1 per acquire, or the one named
+-- "requests"; a cost member meters something else (tokens).
 function Limiters:sync(remaining, reset_in, limit, window)
-  local each = self.each
-  for i = 1, #each do
-    if type(each[i].sync) == "function" then each[i]:sync(remaining, reset_in, limit, window) end
+  if self.names then
+    local requests = self.by_name.requests
+    if requests then sync_member(requests, remaining, reset_in, limit, window) end
+    return
   end
+  local members = self.members
+  for i = 1, self.ones do sync_member(members[i], remaining, reset_in, limit, window) end
+end
+
+--- synced = l:sync_limit(name, remaining [, reset_in [, limit [, window]]]):
+-- what a server says of one named limit ("tokens", "output_tokens") goes
+-- to that member. A provider tells of every limit its headers name: one
+-- the composite does not have is passed over (false).
+function Limiters:sync_limit(name, remaining, reset_in, limit, window)
+  if type(name) ~= "string" then
+    error(format("limiters: sync_limit: the limit's name must be a string (got %s)", errors.shown(name)), 2)
+  end
+  local member = self.by_name and self.by_name[name]
+  if not member then return false end
+  sync_member(member, remaining, reset_in, limit, window)
+  return true
 end
 
 --- l:observe(res [, sent_at]): what fetch tells of each response goes to
 -- every member that learns from it (a throttle may be any of the limits).
 function Limiters:observe(res, sent_at)
-  local each, by_cost = self.each, self.by_cost
-  for i = 1, #each do
-    if type(each[i].observe) == "function" then each[i]:observe(res, sent_at) end
-  end
-  for i = 1, #by_cost do
-    if type(by_cost[i].observe) == "function" then by_cost[i]:observe(res, sent_at) end
+  local members = self.members
+  for i = 1, #members do
+    if type(members[i].observe) == "function" then members[i]:observe(res, sent_at) end
   end
 end
 
 Limiters.__tostring = function(l)
-  return format("ratewise.Limiters (%d taking 1, %d taking the cost)", #l.each, #l.by_cost)
+  if l.names then return format("ratewise.Limiters (%s)", names_list(l)) end
+  return format("ratewise.Limiters (%d taking 1, %d taking the cost)", l.ones, #l.members - l.ones)
 end
 
 return limiters

@@ -320,6 +320,16 @@ function RedisBucket:sync(remaining, reset_in)
   if not reply and self.fallback then self.fallback:sync(remaining, reset_in) end
 end
 
+--- b:debit(n): takes n at once into debt (limiters' settle): a
+-- reservation with no bound on its wait, not waited for. At most the
+-- bucket's capacity, as the script's counts are.
+function RedisBucket:debit(n)
+  if type(n) == "number" and n > self.capacity_n then n = self.capacity_n end
+  n = count(self, n, "debit")
+  local reply = run(self, "reserve", n, -1)
+  if not reply and self.fallback then self.fallback:debit(n) end
+end
+
 function RedisBucket:capacity() return self.capacity_n end
 function RedisBucket:rate() return self.rate_n end
 

@@ -60,6 +60,11 @@ function Bucket:cancel(place) end
 ---@param n? number
 function Bucket:refund(n) end
 
+---Takes `n` at once, into debt if need be (what the server already counted):
+---the callers after it wait for it; never further off than `sync_horizon`.
+---@param n number
+function Bucket:debit(n) end
+
 ---Seconds until `n` tokens would be there for a caller behind the queue, taking nothing.
 ---@param n? number
 ---@return number seconds
@@ -207,6 +212,10 @@ function RedisBucket:tokens() end
 ---@param n? number
 function RedisBucket:refund(n) end
 
+---Takes `n` (at most the capacity) at once, into debt if need be.
+---@param n number
+function RedisBucket:debit(n) end
+
 ---@param remaining number
 ---@param reset_in? number
 function RedisBucket:sync(remaining, reset_in) end
@@ -264,44 +273,70 @@ function SharedBucket:capacity() end
 function SharedBucket:rate() end
 
 ---`rw.limiters{a, b, ..., cost = c}`: limiters in the array part, taken 1
----token each; `cost` members take `n` tokens each.
+---token each; `cost` members take `n` tokens each. Or named limits
+---(`rw.limiters{requests = a, tokens = b}`), each taking its own amount of a
+---cost given as a table by name (`ratewise.LimitCost`).
 ---@class ratewise.LimitersSpec
 ---@field [integer] ratewise.Limiter
+---@field [string] ratewise.Limiter
 ---@field cost? ratewise.Limiter|ratewise.Limiter[]
+
+---A cost per named limit: `{requests = 1, input_tokens = 900, output_tokens = 1000}`
+---(a limit not named takes 0).
+---@alias ratewise.LimitCost table<string, number>
 
 ---Several limiters taken as one (`rw.limiters{...}`).
 ---@class ratewise.Limiters: ratewise.Limiter
 local Limiters = {}
 
----@param n? number
+---@param cost? number|ratewise.LimitCost tokens, or a cost per limit (named limits)
 ---@param sleep? fun(seconds: number)
 ---@param max_wait? number
 ---@return boolean|nil ok
 ---@return number|ratewise.Error|nil seconds_or_err
-function Limiters:acquire(n, sleep, max_wait) end
+function Limiters:acquire(cost, sleep, max_wait) end
 
 ---Seconds until every member could serve (0: now), taking nothing.
----@param n? number
+---@param cost? number|ratewise.LimitCost
 ---@return number|nil seconds
 ---@return ratewise.Error? err
-function Limiters:wait_time(n) end
+function Limiters:wait_time(cost) end
 
 ---Takes from every member or from none of them.
----@param n? number
+---@param cost? number|ratewise.LimitCost
 ---@return boolean|nil ok
 ---@return number|ratewise.Error|nil seconds_or_err
-function Limiters:take(n) end
+function Limiters:take(cost) end
 
----@param n? number
-function Limiters:refund(n) end
+---@param cost? number|ratewise.LimitCost
+function Limiters:refund(cost) end
 
----The largest `n` an acquire may ask for.
----@return number
+---What an answer really cost, once it ended: less than `taken` gives the
+---difference back, more takes the extra at once, into debt. A limit
+---`actual` does not name stays as taken.
+---@param taken number|ratewise.LimitCost
+---@param actual? number|ratewise.LimitCost
+function Limiters:settle(taken, actual) end
+
+---The largest cost an acquire may ask for; named limits: each one's, by name.
+---@return number|table<string, number>
 function Limiters:capacity() end
 
+---What the server says of its request quota: to the members counting requests.
 ---@param remaining number
 ---@param reset_in? number
-function Limiters:sync(remaining, reset_in) end
+---@param limit? number
+---@param window? number
+function Limiters:sync(remaining, reset_in, limit, window) end
+
+---What the server says of one named limit; `false` when the composite has no such limit.
+---@param name string
+---@param remaining number
+---@param reset_in? number
+---@param limit? number
+---@param window? number
+---@return boolean synced
+function Limiters:sync_limit(name, remaining, reset_in, limit, window) end
 
 ---@param res ratewise.Response
 ---@param sent_at? number
