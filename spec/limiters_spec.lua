@@ -235,8 +235,9 @@ describe("rw.limiters", function()
       -- nothing to settle, and an actual cost of the wrong shape
       llm:settle(taken, nil)
       assert.error_matches(function() llm:settle(taken, 300) end, "the actual cost must be a table by name")
-      assert.error_matches(function() llm:settle(taken, { outputs = 1 }) end,
-        "the actual cost names 'outputs', which is not one of the limits")
+      assert.error_matches(function() llm:settle(taken, { output_tokens = -1 }) end,
+        "the actual cost of 'output_tokens' must be a non-negative number", nil, true)
+      llm:settle(taken, { tokens = 1 }) -- not one of the limits: passed over
     end)
 
     it("settles positional composites on their cost members", function()

@@ -82,7 +82,7 @@ local annotation_of_kind = {
   finite = "number", time = "number", count = "integer", ["function"] = "fun%(", callback_or_false = "fun%(.*%)|false",
   key = "true|string", names = "string%[%]", jitter = "ratewise%.Jitter", retry_after = "ratewise%.RetryAfterMode",
   tls_version = '"1%.2"|"1%.3"', limiter = "ratewise%.Limiter", policy = "ratewise%.Policy",
-  circuit = "ratewise%.Circuit", budget = "ratewise%.RetryBudget",
+  circuit = "ratewise%.Circuit", budget = "ratewise%.RetryBudget", cost = "number|ratewise%.LimitCost|fun%(",
 }
 
 describe("the option schema", function()

@@ -339,7 +339,9 @@ end
 -- has ended. For each limit: less than taken gives the difference back;
 -- more takes the extra at once, into debt (the server counted it already),
 -- so that the callers after it wait for it. A limit actual does not name
--- (the named form), or an actual of nil, stays as taken.
+-- (the named form), or an actual of nil, stays as taken; a name actual
+-- gives that is not one of the limits is passed over (a provider tells of
+-- every limit it counts).
 function Limiters:settle(taken, actual)
   taken = check_cost(self, "settle", taken)
   if actual == nil then return end
@@ -349,11 +351,7 @@ function Limiters:settle(taken, actual)
         errors.shown(actual)), 2)
     end
     for name, n in pairs(actual) do
-      if not self.by_name[name] then
-        error(format("limiters: settle: the actual cost names %s, which is not one of the limits (%s)",
-          type(name) == "string" and format("'%s'", name) or errors.shown(name), names_list(self)), 2)
-      end
-      if type(n) ~= "number" or n ~= n or n < 0 or n == huge then
+      if self.by_name[name] and (type(n) ~= "number" or n ~= n or n < 0 or n == huge) then
         error(format("limiters: settle: the actual cost of '%s' must be a non-negative number (got %s)", name,
           errors.shown(n)), 2)
       end

@@ -102,7 +102,7 @@ local schema = {
     client = "default" },
   -- pacing and protection
   { name = "limiter", kind = "limiter", layer = "attempt", identity = false, fetch = true, client = "own" },
-  { name = "cost", kind = "positive", default = 1, layer = "attempt", identity = false, fetch = true },
+  { name = "cost", kind = "cost", default = 1, layer = "attempt", identity = false, fetch = true },
   { name = "policy", kind = "policy", layer = "decision", identity = "object", fetch = true },
   { name = "circuit", kind = "circuit", layer = "attempt", identity = false, fetch = true, client = "own" },
   { name = "budget", kind = "budget", layer = "decision", identity = false, fetch = true, client = "own" },
@@ -292,6 +292,12 @@ local policy_module
 -- the words for what it must be. A kind without one here is a Lua type.
 local checkers = {
   positive = function(v, t) return t == "number" and v == v and v > 0 and v ~= huge, "a positive number" end,
+  -- (a table's amounts are the limiter's to check, by the names of its limits)
+  cost = function(v, t)
+    return t == "number" and v == v and v > 0 and v ~= huge or t == "table" or t == "function",
+      "a positive number, a table of costs by limit ({ requests = 1, tokens = 900 }) or a function of the request "
+        .. "giving either"
+  end,
   nonnegative = function(v, t) return t == "number" and v == v and v >= 0, "a non-negative number" end,
   finite = function(v, t) return t == "number" and v == v and v >= 0 and v ~= huge, "a finite non-negative number" end,
   time = function(v, t)

@@ -11,6 +11,15 @@
 --                             attempt of a request that is not replay-safe
 --                             was not acted on (a 429), so it may be sent
 --                             again (res is nil after a transport failure)
+--   cost(request)          -> a cost per limit ({ requests = 1, tokens = n })
+--                             or nil: what the API will count of a request
+--                             (request: method, url, headers, body, json),
+--                             taken from a limiter with named limits when
+--                             the call gives no cost of its own
+--   settle(res, taken)     -> a cost per limit or nil: what the attempt
+--                             really cost, as the API counts it once the
+--                             answer is whole (nil: as taken); the limiter
+--                             gives back the difference or takes the extra
 local options = require "ratewise.options"
 
 local format = string.format
@@ -25,7 +34,7 @@ Policy.__name = "ratewise.Policy"
 
 -- The hooks a policy may have; with its `name`, the fields it takes.
 local hooks, policy_fields = {}, { "name" }
-for _, hook in ipairs { "classify", "delay", "observe", "prepare", "replayable" } do
+for _, hook in ipairs { "classify", "delay", "observe", "prepare", "replayable", "cost", "settle" } do
   hooks[hook] = true
   policy_fields[#policy_fields + 1] = hook
 end
@@ -55,7 +64,8 @@ local function build(spec, level)
   return setmetatable(p, Policy)
 end
 
---- p = rw.policy{classify = fn, delay = fn, observe = fn, prepare = fn, replayable = fn, name = "..."}
+--- p = rw.policy{classify = fn, delay = fn, observe = fn, prepare = fn, replayable = fn, cost = fn, settle = fn,
+-- name = "..."}
 function policy.new(spec)
   local p = build(spec, 3)
   return p

@@ -54,7 +54,8 @@ function ratewise.redis_bucket(opts) end
 function ratewise.shared_bucket(opts) end
 
 ---Several limiters taken as one: the array part is taken 1 token per acquire,
----the `cost` members `n` tokens.
+---the `cost` members `n` tokens; or named limits (`{requests = a, tokens = b}`),
+---each taking its amount of a cost given per limit.
 ---@param spec ratewise.LimitersSpec
 ---@return ratewise.Limiters
 function ratewise.limiters(spec) end

@@ -9,12 +9,24 @@ local report = require "ratewise.fetch.report"
 local now = core.now
 local format = string.format
 local min = math.min
+local sort, concat = table.sort, table.concat
 local type, tostring = type, tostring
 local call_hook, guarded, not_boolean = report.call_hook, report.guarded, report.not_boolean
 local fetch_error, budget_error, limiter_failed = report.fetch_error, report.budget_error, report.limiter_failed
 local response_mt = response.mt
 
 local attempt = {}
+
+-- A cost as an error says it: "3 tokens", or per limit "requests 1,
+-- tokens 900" (in the order of the names).
+local function shown_cost(cost)
+  if type(cost) ~= "table" then return format("%s token%s", tostring(cost), cost == 1 and "" or "s") end
+  local names = {}
+  for name in pairs(cost) do names[#names + 1] = tostring(name) end
+  sort(names)
+  for i = 1, #names do names[i] = format("%s %s", names[i], tostring(cost[names[i]])) end
+  return concat(names, ", ")
+end
 
 --- true | nil, err = attempt.admit(state): asks the call's circuit and
 -- limiter (state: plan.make's) whether an attempt may go now, waiting for
@@ -58,18 +70,17 @@ function attempt.admit(state)
           tostring(wait)), 0)
       end
       if wait >= left then
-        return budget_error(state, format("the limiter would wait %.2f s for %s token%s, more than the "
-          .. "%.2f s left; nothing was taken", wait, tostring(cost), cost == 1 and "" or "s",
-          left > 0 and left or 0), state.last_response, state.last_transport)
+        return budget_error(state, format("the limiter would wait %.2f s for %s, more than the "
+          .. "%.2f s left; nothing was taken", wait, shown_cost(cost), left > 0 and left or 0),
+          state.last_response, state.last_transport)
       end
     end
     -- The time left goes along: a limiter that knows it cannot serve in
     -- time answers false and takes nothing.
     local acquired, why = guarded("limiter", "acquire", limiter.acquire, limiter, cost, state.sleep, left)
     if acquired == false then
-      return budget_error(state, format("the limiter could not serve %s token%s within the %.2f s left",
-        tostring(cost), cost == 1 and "" or "s", left > 0 and left or 0), state.last_response,
-        state.last_transport)
+      return budget_error(state, format("the limiter could not serve %s within the %.2f s left",
+        shown_cost(cost), left > 0 and left or 0), state.last_response, state.last_transport)
     elseif acquired == nil and why ~= nil then
       return limiter_failed(state, method .. " " .. shown_url, why)
     end

@@ -106,6 +106,29 @@ local function record_response(state, d, res, sent_at, streaming, foreign)
   end
 end
 
+-- What the attempt really cost, as the API counts it, set right in the
+-- limiter: the policy's settle reads the answer (the usage it reports; a
+-- refusal the API does not count) and the limiter gives back or takes the
+-- difference; a request never sent gives back all it took. Only with a
+-- policy that has settle: what an API counts is its own rule. unread: a
+-- stream handed to the caller, whose usage is not known yet.
+local function settle(state, res, terr, foreign, unread)
+  if not state.hooked then return end
+  local limiter, policy = state.limiter, state.policy
+  if not (limiter and policy and policy.settle) or foreign then return end
+  local methods, cost = state.limiter_methods, state.cost
+  if res then
+    if unread or not methods.settle then return end -- (a stream's answer, not read yet)
+    local actual = call_hook("settle", policy.settle, res, cost)
+    -- (a cost per limit settles a limiter with named limits only)
+    if actual ~= nil and type(actual) == type(cost) then
+      guarded("limiter", "settle", methods.settle, limiter, cost, actual)
+    end
+  elseif not terr.sent and methods.refund then
+    guarded("limiter", "refund", methods.refund, limiter, cost)
+  end
+end
+
 -- The same for a transport error.
 local function record_error(state, terr)
   local circuit, counters, on_event = state.circuit, state.counters, state.on_event
@@ -178,10 +201,12 @@ function carry.after(state, res, terr, sent_at, streaming, budget_cut)
   end
   if res then
     record_response(state, d, res, sent_at, streaming, foreign)
+    settle(state, res, nil, foreign, streaming and d.action == "return")
     if d.action == "return" then return true, res end
     state.last_response, state.last_transport, state.hint = res, nil, d.hint
   else
     record_error(state, terr)
+    settle(state, nil, terr)
     state.last_transport, state.hint = terr, nil
   end
   if d.action == "fail" then

@@ -361,8 +361,9 @@ local function prepared(opts, policy, method, url, body)
 end
 
 -- limiter -> { wait_time = method or false, observe = method or false,
--- honors_max_wait = boolean }. A limiter may be any object with acquire
--- (an __index that raises means "no such method"), so the lookups are
+-- settle = method or false, refund = method or false, honors_max_wait =
+-- boolean }. A limiter may be any object with acquire (an __index that
+-- raises means "no such method"), so the lookups are
 -- guarded. Looked up at each call: a limiter may gain or lose a method
 -- between calls.
 local function field_of(object, name)
@@ -375,12 +376,70 @@ end
 local function limiter_methods(limiter)
   local ok, honors = pcall(field_of, limiter, "honors_max_wait")
   return { wait_time = optional_method(limiter, "wait_time"), observe = optional_method(limiter, "observe"),
+    settle = optional_method(limiter, "settle"), refund = optional_method(limiter, "refund"),
     honors_max_wait = ok and honors == true }
 end
 
 -- (a method call, for pcall)
 local function limiter_capacity(limiter)
   return limiter:capacity()
+end
+
+-- What a call's cost hook is asked: the request as it will be sent, with
+-- its JSON (the json option, else the body decoded when it is JSON).
+local function with_json(request)
+  if request.json == nil and type(request.body) == "string" and find(request.body, "^%s*[%[{]") then
+    request.json = json.decode(request.body)
+  end
+  return request
+end
+
+-- The cost a call takes of its limiter at each attempt (plan.make's
+-- p.cost), checked against what the limiter could ever serve: the `cost`
+-- option (a number, a table by limit, or a function of the request giving
+-- either), else, for a limiter with named limits (its capacity is a table
+-- by name), the policy's estimate of the limits it has, else 1.
+local function call_cost(opts, limiter, policy, request)
+  local given = opts.cost
+  local ok, capacity = pcall(limiter_capacity, limiter)
+  if not ok then capacity = nil end
+  local per_limit = type(capacity) == "table"
+  local cost = given
+  if type(given) == "function" then
+    cost = call_hook("cost", given, with_json(request))
+    local number = type(cost) == "number" and cost == cost and cost > 0 and cost < math.huge
+    if not (number or type(cost) == "table") then
+      error(format("fetch: the 'cost' callback must answer a positive number or a table of costs by limit "
+        .. "(got %s)", type(cost) == "number" and tostring(cost) or type(cost)), 0)
+    end
+  elseif given == nil then
+    if not (per_limit and policy and policy.cost) then return per_limit and { requests = 1 } or 1 end
+    local estimate = call_hook("cost", policy.cost, with_json(request))
+    if type(estimate) ~= "table" then return { requests = 1 } end
+    cost = {}
+    for name, n in pairs(estimate) do
+      if capacity[name] then cost[name] = n end -- (the limits the caller's limiter has)
+    end
+    return cost
+  end
+  if type(cost) == "table" then
+    if not per_limit then
+      error("fetch: option 'cost' is a table (a cost per limit), which only a limiter with named limits "
+        .. "takes (rw.limiters{requests = a, tokens = b}); give this limiter a number", 4)
+    end
+    for name, n in pairs(cost) do
+      local most = capacity[name]
+      if type(n) == "number" and type(most) == "number" and n > most then
+        error(format("fetch: option 'cost' asks %s of limit '%s', whose capacity is %s: it could never be "
+          .. "served", tostring(n), tostring(name), tostring(most)), 4)
+      end
+    end
+  elseif given ~= nil and type(capacity) == "number" and cost > capacity then
+    -- A cost no limiter could ever serve would wait forever (or fail deep inside).
+    error(format("fetch: option 'cost' (%s) is more than the limiter's capacity (%s): it could never be "
+      .. "served", tostring(cost), tostring(capacity)), 4)
+  end
+  return cost
 end
 
 -- Options tables fetch.check has passed (fetch.cache), for the fetch that
@@ -580,16 +639,8 @@ function plan.make(url, opts, counters)
       if given < p.deadline then p.deadline, p.by_deadline = given, true end
     end
     if limiter then
-      local cost = opts.cost or 1
-      p.cost = cost
-      if opts.cost then
-        -- A cost no limiter could ever serve would wait forever (or fail deep inside).
-        local ok, capacity = pcall(limiter_capacity, limiter)
-        if ok and type(capacity) == "number" and cost > capacity then
-          error(format("fetch: option 'cost' (%s) is more than the limiter's capacity (%s): it could never be "
-            .. "served", tostring(cost), tostring(capacity)), 3)
-        end
-      end
+      p.cost = call_cost(opts, limiter, policy, { method = method, url = url, headers = header_table,
+        body = body, json = json_value })
       p.limiter_methods = limiter_methods(limiter)
     end
     if opts.follow_redirects == false then names = list_field(p, names, "follow_redirects", false) end

@@ -5,11 +5,22 @@
 --   anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-reset
 --   times (RFC 3339; the limit that was hit is not said, so the latest is the
 --   safe wait), measured against the response's Date
---   observe: anthropic-ratelimit-requests-remaining and -requests-reset
+--   observe: anthropic-ratelimit-requests-remaining and -requests-reset to
+--   the limiter's requests; anthropic-ratelimit-{input,output}-tokens-
+--   remaining and -reset to its "input_tokens" and "output_tokens" limits
+--   cost: what Anthropic counts at admission: the input (its characters / 4,
+--   the rule of thumb) against ITPM, max_tokens against OTPM
+--   settle: what the answer's usage says: Anthropic gives back the output
+--   tokens an answer did not use, and counts the input as it tokenized it;
+--   a request it refused (429, 529, 408) takes nothing
 local policy = require "ratewise.policy"
 local common = require "ratewise.providers.common"
 
-local type = type
+local type, ceil = type, math.ceil
+
+-- The output tokens a request that names no max_tokens is taken for
+-- (Anthropic requires max_tokens: such a request is refused, 400).
+local DEFAULT_MAX_TOKENS = 4096
 
 local reset_headers = {
   "anthropic-ratelimit-requests-reset",
@@ -44,6 +55,35 @@ local function observe(res, limiter)
   if remaining then
     common.sync(limiter, remaining, common.reset_rfc3339(res, "anthropic-ratelimit-requests-reset"))
   end
+  for name, header in pairs { input_tokens = "anthropic-ratelimit-input-tokens",
+    output_tokens = "anthropic-ratelimit-output-tokens" } do
+    common.sync_limit(limiter, name, common.number(res, header .. "-remaining"),
+      common.reset_rfc3339(res, header .. "-reset"), common.number(res, header .. "-limit"))
+  end
+end
+
+local function cost(request)
+  local body = request.json
+  if type(body) ~= "table" then return nil end
+  local input = ceil(common.prompt_chars(body) / 4)
+  return { requests = 1, input_tokens = input > 0 and input or 1,
+    output_tokens = common.positive_integer(body.max_tokens) or DEFAULT_MAX_TOKENS }
+end
+
+-- What Anthropic counted of the attempt: nothing for a refusal; for an
+-- answer, the input as its usage reports it (cache writes count toward
+-- ITPM, cache reads do not) and the output it used.
+local REFUSED = { requests = 0, input_tokens = 0, output_tokens = 0 }
+local function settle(res)
+  local status = type(res) == "table" and res.status
+  if status == 429 or status == 529 or status == 408 then return REFUSED end
+  local usage = common.usage(res)
+  if not usage then return nil end
+  local input, output = usage.input_tokens, usage.output_tokens
+  if type(input) ~= "number" or type(output) ~= "number" or input < 0 or output < 0 then return nil end
+  local written = usage.cache_creation_input_tokens
+  if type(written) == "number" and written > 0 then input = input + written end
+  return { input_tokens = input, output_tokens = output }
 end
 
 -- A rate-limited (429), overloaded (529), timed-out (408) or should-retry
@@ -61,4 +101,6 @@ return policy.new {
   classify = classify,
   delay = delay,
   observe = observe,
+  cost = cost,
+  settle = settle,
 }

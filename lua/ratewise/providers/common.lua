@@ -7,7 +7,7 @@ local headers = require "ratewise.headers"
 local retry = require "ratewise.retry"
 
 local type, pcall, tostring = type, pcall, tostring
-local lower, match = string.lower, string.match
+local lower, match, gsub = string.lower, string.match, string.gsub
 
 local common = {}
 
@@ -139,6 +139,70 @@ function common.sync(limiter, remaining, reset_in, limit, window)
   else
     sync(limiter, remaining, reset_in)
   end
+end
+
+--- synced = common.sync_limit(limiter, name, remaining, reset_in [, limit]):
+-- tells a limiter with named limits (rw.limiters) what the server says is
+-- left of one of them ("tokens", "output_tokens"); any other limiter, or a
+-- composite without that limit, is left alone.
+function common.sync_limit(limiter, name, remaining, reset_in, limit)
+  if remaining == nil then return false end
+  local t = type(limiter)
+  if t ~= "table" and t ~= "userdata" then return false end
+  local ok, fn = pcall(function() return limiter.sync_limit end)
+  if not (ok and type(fn) == "function") then return false end
+  if limit ~= nil and limit < 1 then limit = nil end
+  return fn(limiter, name, remaining, reset_in, limit)
+end
+
+-- The characters of a message's content: a string, or an array of parts
+-- whose text counts (images and tool calls are not estimated).
+local function content_chars(content)
+  if type(content) == "string" then
+    local _, chars = gsub(content, "[^\128-\191]", "")
+    return chars
+  end
+  local chars = 0
+  if type(content) == "table" then
+    for i = 1, #content do
+      local part = content[i]
+      if type(part) == "table" and type(part.text) == "string" then chars = chars + content_chars(part.text) end
+    end
+  end
+  return chars
+end
+
+--- chars = common.prompt_chars(json): the characters of a chat request's
+-- prompt (its system and its messages' content), in UTF-8 characters, as
+-- the providers' rule of thumb of 4 characters a token counts them.
+function common.prompt_chars(body)
+  if type(body) ~= "table" then return 0 end
+  local chars = content_chars(body.system)
+  local messages = body.messages
+  if type(messages) == "table" then
+    for i = 1, #messages do
+      local message = messages[i]
+      if type(message) == "table" then chars = chars + content_chars(message.content) end
+    end
+  end
+  return chars
+end
+
+--- n | nil = common.positive_integer(v): v when it is a whole number > 0.
+function common.positive_integer(v)
+  if type(v) == "number" and v >= 1 and v % 1 == 0 and v < math.huge then return v end
+  return nil
+end
+
+--- usage | nil = common.usage(res): the `usage` object of a whole JSON
+-- answer (a 2xx), or nil.
+function common.usage(res)
+  if type(res) ~= "table" or type(res.status) ~= "number" or res.status < 200 or res.status > 299 then
+    return nil
+  end
+  local ok, body = pcall(function() return res:json() end)
+  if not ok or type(body) ~= "table" or type(body.usage) ~= "table" then return nil end
+  return body.usage
 end
 
 return common

@@ -7,10 +7,22 @@
 --   limits was hit is not said, and a token limit can refuse a request while
 --   some tokens remain, so the longer one is the safe wait)
 --   observe: x-ratelimit-remaining-requests and x-ratelimit-reset-requests
+--   to the limiter's requests; x-ratelimit-remaining-tokens and
+--   x-ratelimit-reset-tokens to its "tokens" limit (rw.limiters)
+--   cost: what OpenAI counts against TPM at admission: the prompt's
+--   characters / 4 plus max_tokens (or max_completion_tokens, else
+--   DEFAULT_MAX_TOKENS), times n
+--   settle: none. OpenAI never corrects the count from the answer's usage,
+--   and says that unsuccessful requests count too: giving tokens back from
+--   usage drew 429s (issue 41's measurements).
 local policy = require "ratewise.policy"
 local common = require "ratewise.providers.common"
 
-local type = type
+local type, ceil = type, math.ceil
+
+-- The tokens a request that names no max_tokens is taken for (a model's
+-- output limit is not known here; OpenAI reserves up to it).
+local DEFAULT_MAX_TOKENS = 4096
 
 local function classify(res)
   return common.override(res, "x-should-retry")
@@ -35,6 +47,17 @@ local function observe(res, limiter)
   if remaining then
     common.sync(limiter, remaining, common.duration(res, "x-ratelimit-reset-requests"))
   end
+  common.sync_limit(limiter, "tokens", common.number(res, "x-ratelimit-remaining-tokens"),
+    common.duration(res, "x-ratelimit-reset-tokens"), common.number(res, "x-ratelimit-limit-tokens"))
+end
+
+local function cost(request)
+  local body = request.json
+  if type(body) ~= "table" then return nil end
+  local max_tokens = common.positive_integer(body.max_tokens) or common.positive_integer(body.max_completion_tokens)
+    or DEFAULT_MAX_TOKENS
+  local n = common.positive_integer(body.n) or 1
+  return { requests = 1, tokens = (ceil(common.prompt_chars(body) / 4) + max_tokens) * n }
 end
 
 -- A rate-limited (429), timed-out (408) or should-retry response was not
@@ -51,4 +74,5 @@ return policy.new {
   classify = classify,
   delay = delay,
   observe = observe,
+  cost = cost,
 }

@@ -57,7 +57,7 @@
 ---@field retry_after_max? number seconds: required by "clamp" and "fail_fast"
 ---@field hint_jitter? number a waited-out hint is spread upwards by up to this share (default 0.2)
 ---@field limiter? ratewise.Limiter taken before every attempt, retries included
----@field cost? number tokens the limiter takes per attempt (default 1)
+---@field cost? number|ratewise.LimitCost|fun(request: ratewise.CostRequest): number|ratewise.LimitCost tokens the limiter takes per attempt (default 1; a limiter with named limits: a cost per limit, by default the policy's estimate)
 ---@field policy? ratewise.Policy|ratewise.ProviderName|false the API's dialect (`rw.policy{...}`, `rw.providers.NAME` or a provider's name); none: the provider of the URL's host (docs/providers.md); false: none at all
 ---@field circuit? ratewise.Circuit an open circuit ends the call with kind "circuit_open"
 ---@field budget? ratewise.RetryBudget a refused retry ends the call with kind "budget"

@@ -20,6 +20,16 @@
 ---@field observe? fun(res: ratewise.Response, limiter: ratewise.Limiter|nil)
 ---@field prepare? fun(request: ratewise.PreparedRequest)
 ---@field replayable? fun(res: ratewise.Response|nil, method: string): boolean|nil
+---@field cost? fun(request: ratewise.CostRequest): ratewise.LimitCost|nil what the API will count of the request, per limit
+---@field settle? fun(res: ratewise.Response, taken: number|ratewise.LimitCost): ratewise.LimitCost|nil what it really cost, once the answer is whole
+
+---What a `cost` hook (a policy's, or the `cost` option as a function) is asked.
+---@class ratewise.CostRequest
+---@field method string
+---@field url string
+---@field headers? table<string, string|number>
+---@field body? string
+---@field json? any the `json` option, else the body decoded when it is JSON
 
 ---A built-in provider's name, as the `policy` option and a client's `provider` take it.
 ---@alias ratewise.ProviderName "github"|"openai"|"anthropic"|"stripe"|"ietf"

@@ -1,0 +1,192 @@
+-- Limits per named limit through fetch (issue 41: requests, tokens, input
+-- and output tokens per minute), against the test server's mock of
+-- OpenAI's and Anthropic's rate limits (spec/support/llm_mock.py): a cost
+-- per limit (the option, or the provider's estimate), corrected once the
+-- answer is whole as each provider corrects, given back when the provider
+-- did not count the attempt, and synced from the remaining-token headers.
+-- Each assertion is on what the server counted.
+local rw = require "ratewise"
+local server = require "spec.support.server"
+
+local OPENAI, ANTHROPIC = "/v1/chat/completions", "/v1/messages"
+
+local function chat(model, chars, fields)
+  local req = { model = model, messages = { { role = "user", content = string.rep("a", chars) } } }
+  for k, v in pairs(fields or {}) do req[k] = v end
+  return req
+end
+
+-- A bucket of `hold` seconds of a per-minute limit, as the mock keeps it.
+local function per_minute(limit, hold)
+  return rw.bucket { capacity = limit / 60 * hold, rate = limit / 60, slow_down = false }
+end
+
+-- A bucket the size of the server's (`hold` seconds of a per-minute
+-- limit) that refills so slowly that what it took can be read off it:
+-- the server's, which refills faster, says no less is left.
+local function meter(limit, hold)
+  local capacity = limit / 60 * hold
+  return rw.bucket { capacity = capacity, rate = capacity / 36000, slow_down = false }
+end
+
+-- What a limit's bucket has taken since it was full.
+local function used(bucket)
+  return bucket:capacity() - bucket:tokens()
+end
+
+local function post(s, path, req, extra)
+  local opts = { method = "POST", json = req, on_retry = false, max_retries = 0 }
+  for k, v in pairs(extra or {}) do opts[k] = v end
+  local res, err = rw.fetch(s:url(path), opts)
+  return res, err
+end
+
+describe("limits per named limit through fetch", function()
+  local s
+
+  setup(function() s = server.start() end)
+  teardown(function() s:stop() end)
+  before_each(function() s:reset() end)
+
+  describe("with OpenAI's rules", function()
+    before_each(function()
+      s:llm(OPENAI, { provider = "openai", models = { m = { rpm = 600, tpm = 600000 } }, use_min = 0.5,
+        use_max = 0.5 })
+    end)
+
+    it("takes the provider's estimate of each limit, as the server counts it, and never gives back", function()
+      local requests, tokens = meter(600, 60), meter(600000, 60)
+      local limiter = rw.limiters { requests = requests, tokens = tokens }
+      local res = assert(post(s, OPENAI, chat("m", 402, { max_tokens = 100, n = 2 }),
+        { limiter = limiter, policy = "openai" }))
+      assert.equal(200, res.status)
+      local counted = s:llm_counts(OPENAI).m.counted.tokens
+      assert.equal((101 + 100) * 2, counted)
+      assert.near(counted, used(tokens), 1) -- the unused half is not given back: OpenAI keeps it
+      assert.near(1, used(requests), 0.01)
+      -- max_completion_tokens, and a model's default when neither is given
+      post(s, OPENAI, chat("m", 40, { max_completion_tokens = 50 }), { limiter = limiter, policy = "openai" })
+      post(s, OPENAI, chat("m", 40), { limiter = limiter, policy = "openai" })
+      counted = s:llm_counts(OPENAI).m.counted.tokens
+      assert.equal(402 + 60 + 4106, counted)
+      assert.near(counted, used(tokens), 1)
+    end)
+
+    it("takes the cost option as a table or a function of the request, over the provider's", function()
+      -- (the server's limit is far above the client's, whose buckets its headers then leave as they are)
+      s:llm(OPENAI, { provider = "openai", models = { m = { rpm = 60000, tpm = 60000000 } } })
+      local requests, tokens = meter(600, 60), meter(600000, 60)
+      local limiter = rw.limiters { requests = requests, tokens = tokens }
+      post(s, OPENAI, chat("m", 40), { limiter = limiter, policy = "openai", cost = { requests = 1, tokens = 77 } })
+      assert.near(77, used(tokens), 1)
+      local seen
+      post(s, OPENAI, chat("m", 40, { max_tokens = 10 }), { limiter = limiter, policy = "openai",
+        cost = function(request)
+          seen = request
+          return { requests = 2, tokens = #request.json.messages[1].content }
+        end })
+      assert.near(117, used(tokens), 1)
+      assert.near(3, used(requests), 0.01)
+      assert.equal("POST", seen.method)
+      assert.equal(s:url(OPENAI), seen.url)
+      assert.equal(10, seen.json.max_tokens)
+      -- a body given as JSON text is decoded for it
+      post(s, OPENAI, nil, { limiter = limiter, body = '{"model": "m", "messages": [], "max_tokens": 5}',
+        cost = function(request) return { tokens = request.json.max_tokens } end })
+      assert.near(122, used(tokens), 1)
+      -- a number for a limiter without named limits, as before
+      local plain = meter(600000, 60)
+      post(s, OPENAI, chat("m", 40), { limiter = plain, cost = function() return 33 end })
+      assert.near(33, used(plain), 1)
+    end)
+
+    it("raises for a cost per limit given to a limiter without named limits, or more than a limit holds", function()
+      local plain = per_minute(600, 60)
+      assert.error_matches(function()
+        rw.fetch(s:url(OPENAI), { json = chat("m", 4), limiter = plain, cost = { tokens = 5 } })
+      end, "option 'cost' is a table (a cost per limit), which only a limiter with named limits takes", nil, true)
+      local named = rw.limiters { requests = per_minute(600, 60), tokens = per_minute(6000, 1) }
+      assert.error_matches(function()
+        rw.fetch(s:url(OPENAI), { json = chat("m", 4), limiter = named, cost = { tokens = 500 } })
+      end, "asks 500 of limit 'tokens', whose capacity is 100", nil, true)
+      assert.error_matches(function()
+        rw.fetch(s:url(OPENAI), { json = chat("m", 4), limiter = named, cost = function() return "many" end })
+      end, "the 'cost' callback must answer a positive number or a table")
+      assert.equal(0, #s:log(OPENAI))
+    end)
+
+    it("lowers the tokens limit to what the server says is left", function()
+      -- the server's bucket holds 1 s of its limit; the client's thinks a minute
+      s:llm(OPENAI, { provider = "openai", models = { m = { rpm = 600, tpm = 60000 } }, hold = 1 })
+      local tokens = per_minute(60000, 60)
+      local limiter = rw.limiters { requests = per_minute(600, 60), tokens = tokens }
+      local res = assert(post(s, OPENAI, chat("m", 400, { max_tokens = 700 }), { limiter = limiter,
+        policy = "openai" }))
+      local remaining = tonumber(res.headers["x-ratelimit-remaining-tokens"])
+      assert.is_true(remaining <= 210, tostring(remaining))
+      assert.is_true(tokens:tokens() <= remaining + 5, tostring(tokens:tokens()))
+    end)
+  end)
+
+  describe("with Anthropic's rules", function()
+    local LIMITS = { rpm = 600, itpm = 600000, otpm = 600000 }
+
+    local function limits(hold)
+      local b = { requests = meter(LIMITS.rpm, hold), input_tokens = meter(LIMITS.itpm, hold),
+        output_tokens = meter(LIMITS.otpm, hold) }
+      return rw.limiters(b), b
+    end
+
+    it("settles from the answer's usage: the unused output is given back, the input as the server counted", function()
+      s:llm(ANTHROPIC, { provider = "anthropic", models = { m = LIMITS }, use_min = 0.25, use_max = 0.25,
+        chars_per_token = 5 })
+      local limiter, b = limits(60)
+      local res = assert(post(s, ANTHROPIC, chat("m", 300, { max_tokens = 400 }), { limiter = limiter,
+        policy = "anthropic" }))
+      assert.equal(200, res.status)
+      local counted = s:llm_counts(ANTHROPIC).m.counted
+      assert.same({ requests = 1, input_tokens = 60, output_tokens = 100 }, counted)
+      assert.near(100, used(b.output_tokens), 1) -- 400 taken, 300 given back
+      assert.near(60, used(b.input_tokens), 1) -- 75 estimated (characters / 4), 60 counted
+      assert.near(1, used(b.requests), 0.01)
+      assert.same({ input_tokens = 60, output_tokens = 100 }, res:json().usage) -- the body is the caller's still
+    end)
+
+    it("gives back what a refused attempt took, and what a request never sent took", function()
+      -- the server refuses on output tokens, which the client's limiter does not meter
+      s:llm(ANTHROPIC, { provider = "anthropic", models = { m = { rpm = 600, itpm = 600000, otpm = 1000 } },
+        use_min = 1, use_max = 1 })
+      local b = { requests = meter(600, 60), input_tokens = meter(600000, 60) }
+      local limiter = rw.limiters(b)
+      assert.equal(200, assert(post(s, ANTHROPIC, chat("m", 40, { max_tokens = 900 }), { limiter = limiter,
+        policy = "anthropic" })).status)
+      local _, err = post(s, ANTHROPIC, chat("m", 40, { max_tokens = 900 }), { limiter = limiter,
+        policy = "anthropic" })
+      assert.equal(429, err.response.status)
+      local counts = s:llm_counts(ANTHROPIC).m
+      assert.same({ 1, 1 }, { counts.ok, counts.limited })
+      assert.same({ requests = 1, input_tokens = 10, output_tokens = 900 }, counts.counted)
+      assert.near(10, used(b.input_tokens), 1)
+      assert.near(1, used(b.requests), 0.01)
+      -- nothing listens there: the request is never sent
+      _, err = rw.fetch("http://127.0.0.1:1/v1/messages", { json = chat("m", 40, { max_tokens = 900 }),
+        limiter = limiter, policy = "anthropic", on_retry = false, max_retries = 0 })
+      assert.is_nil(err.response)
+      assert.near(10, used(b.input_tokens), 1)
+      assert.near(1, used(b.requests), 0.01)
+    end)
+
+    it("lowers the input and output token limits to what the server says is left", function()
+      s:llm(ANTHROPIC, { provider = "anthropic", models = { m = { rpm = 600, itpm = 60000, otpm = 60000 } },
+        hold = 1, use_min = 1, use_max = 1 })
+      local limiter, b = limits(60)
+      local res = assert(post(s, ANTHROPIC, chat("m", 2000, { max_tokens = 600 }), { limiter = limiter,
+        policy = "anthropic" }))
+      local input_left = tonumber(res.headers["anthropic-ratelimit-input-tokens-remaining"])
+      local output_left = tonumber(res.headers["anthropic-ratelimit-output-tokens-remaining"])
+      assert.is_true(input_left <= 510 and output_left <= 410, input_left .. " " .. output_left)
+      assert.is_true(b.input_tokens:tokens() <= input_left + 5, tostring(b.input_tokens:tokens()))
+      assert.is_true(b.output_tokens:tokens() <= output_left + 5, tostring(b.output_tokens:tokens()))
+    end)
+  end)
+end)
