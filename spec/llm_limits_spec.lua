@@ -8,13 +8,15 @@
 local rw = require "ratewise"
 local server = require "spec.support.server"
 
-local OPENAI, ANTHROPIC = "/v1/chat/completions", "/v1/messages"
-
+-- A chat request of `chars` characters of prompt: `fields` (a table of
+-- the caller's, made for it) with the model and the message.
 local function chat(model, chars, fields)
-  local req = { model = model, messages = { { role = "user", content = string.rep("a", chars) } } }
-  for k, v in pairs(fields or {}) do req[k] = v end
+  local req = fields or {}
+  req.model, req.messages = model, { { role = "user", content = ("a"):rep(chars) } }
   return req
 end
+
+local OPENAI, ANTHROPIC = "/v1/chat/completions", "/v1/messages"
 
 -- A bucket of `hold` seconds of a per-minute limit, as the mock keeps it.
 local function per_minute(limit, hold)
@@ -150,6 +152,17 @@ describe("limits per named limit through fetch", function()
       assert.near(60, used(b.input_tokens), 1) -- 75 estimated (characters / 4), 60 counted
       assert.near(1, used(b.requests), 0.01)
       assert.same({ input_tokens = 60, output_tokens = 100 }, res:json().usage) -- the body is the caller's still
+    end)
+
+    it("works through a client with the provider, with no cost written by hand", function()
+      s:llm(ANTHROPIC, { provider = "anthropic", models = { m = LIMITS }, use_min = 0.5, use_max = 0.5 })
+      local limiter, b = limits(60)
+      local client = rw.client { base_url = s:url(""), provider = "anthropic", limiter = limiter, on_retry = false }
+      local res = assert(client:post(ANTHROPIC, { json = chat("m", 400, { max_tokens = 300 }) }))
+      assert.equal(200, res.status)
+      assert.same({ requests = 1, input_tokens = 100, output_tokens = 150 }, s:llm_counts(ANTHROPIC).m.counted)
+      assert.near(150, used(b.output_tokens), 1)
+      assert.near(100, used(b.input_tokens), 1)
     end)
 
     it("gives back what a refused attempt took, and what a request never sent took", function()

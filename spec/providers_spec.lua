@@ -772,3 +772,71 @@ describe("a hostile rate-limit response", function()
     end)
   end
 end)
+
+-- The LLM providers' token rules on hand-made requests and answers (what
+-- the mock counts of them: spec/llm_limits_spec.lua).
+local function ceil_div(a, b) return math.ceil(a / b) end
+
+describe("the LLM providers' token rules", function()
+  local openai, anthropic = rw.providers.openai, rw.providers.anthropic
+  local function answer(status, headers, body)
+    return setmetatable({ status = status, headers = headers or {}, body = body or "" },
+      require("ratewise.response").mt)
+  end
+
+  it("estimate a chat request as each provider counts it at admission", function()
+    local body = { model = "m", max_tokens = 100, n = 3, system = "sys.",
+      messages = { { role = "user", content = "héllo wörld" }, -- 11 characters, 13 bytes
+        { role = "user", content = { { type = "text", text = "abcd" }, { type = "image" } } } } }
+    assert.same({ requests = 1, tokens = (ceil_div(4 + 11 + 4, 4) + 100) * 3 }, openai.cost { json = body })
+    body.max_tokens, body.max_completion_tokens = nil, 20
+    assert.same({ requests = 1, tokens = (5 + 20) * 3 }, openai.cost { json = body })
+    body.max_completion_tokens, body.n = nil, nil
+    assert.same({ requests = 1, tokens = 5 + 4096 }, openai.cost { json = body })
+    body.max_tokens = 300
+    assert.same({ requests = 1, input_tokens = 5, output_tokens = 300 }, anthropic.cost { json = body })
+    assert.is_nil(anthropic.cost { body = "not json" })
+  end)
+
+  it("settle: Anthropic from the usage, nothing for a refusal; OpenAI never", function()
+    local taken = { requests = 1, input_tokens = 50, output_tokens = 400 }
+    local ok = answer(200, {}, '{"usage": {"input_tokens": 60, "output_tokens": 90, "cache_creation_input_tokens": 5}}')
+    assert.same({ input_tokens = 65, output_tokens = 90 }, anthropic.settle(ok, taken))
+    assert.same({ requests = 0, input_tokens = 0, output_tokens = 0 }, anthropic.settle(answer(429), taken))
+    assert.same({ requests = 0, input_tokens = 0, output_tokens = 0 }, anthropic.settle(answer(529), taken))
+    assert.is_nil(anthropic.settle(answer(500), taken))
+    assert.is_nil(anthropic.settle(answer(200, {}, "<html>"), taken))
+    assert.is_nil(anthropic.settle(answer(200, {}, '{"usage": {"input_tokens": "x"}}'), taken))
+    assert.is_nil(openai.settle)
+  end)
+
+  it("observe syncs the token limits a composite has from the remaining-token headers", function()
+    local function named()
+      local b = { requests = rw.bucket { capacity = 100, rate = 1 },
+        tokens = rw.bucket { capacity = 10000, rate = 1 },
+        input_tokens = rw.bucket { capacity = 10000, rate = 1 },
+        output_tokens = rw.bucket { capacity = 10000, rate = 1 } }
+      return rw.limiters(b), b
+    end
+    local limiter, b = named()
+    openai.observe(answer(200, { ["x-ratelimit-remaining-requests"] = "40", ["x-ratelimit-reset-requests"] = "1s",
+      ["x-ratelimit-remaining-tokens"] = "2500", ["x-ratelimit-reset-tokens"] = "6m0s",
+      ["x-ratelimit-limit-tokens"] = "30000" }), limiter)
+    assert.near(40, b.requests:tokens(), 0.1)
+    assert.near(2500, b.tokens:tokens(), 1)
+    assert.near(10000, b.output_tokens:tokens(), 1)
+    limiter, b = named()
+    local soon = rfc3339(os.time() + 30)
+    anthropic.observe(answer(200, { ["anthropic-ratelimit-input-tokens-remaining"] = "700",
+      ["anthropic-ratelimit-input-tokens-reset"] = soon, ["anthropic-ratelimit-output-tokens-remaining"] = "0",
+      ["anthropic-ratelimit-output-tokens-reset"] = soon }), limiter)
+    assert.near(700, b.input_tokens:tokens(), 1)
+    local wait = b.output_tokens:wait_time(1)
+    assert.is_true(wait > 20 and wait <= 31, tostring(wait)) -- nothing left: the next token at the reset
+    assert.near(100, b.requests:tokens(), 0.1)
+    -- a plain bucket is told of requests only
+    local plain = rw.bucket { capacity = 100, rate = 1 }
+    openai.observe(answer(200, { ["x-ratelimit-remaining-tokens"] = "3" }), plain)
+    assert.near(100, plain:tokens(), 0.1)
+  end)
+end)
