@@ -1,7 +1,7 @@
 # ratewise: build, test, demo and benchmark.
 # `make demo` and `make test` do all the set-up on a fresh Debian 12 machine.
 
-# The interpreter: lua5.4 (the default), lua5.3, lua5.1 or luajit (OpenResty's
+# The interpreter: lua5.4 (the default), lua5.3, lua5.2, lua5.1 or luajit (OpenResty's
 # LuaJIT 2.1 from Debian's luajit2: never Debian's luajit package, which
 # removes nginx's Lua module). Each builds into a folder of its own, so that
 # builds never mix: `make test LUA=luajit` builds build-luajit/ and runs the
@@ -15,6 +15,11 @@ else ifeq ($(LUA),lua5.3)
   LUA_PKG := lua5.3
   DEB_LUA := lua5.3 liblua5.3-dev
   BUILD   ?= build-lua5.3$(VARIANT)
+else ifeq ($(LUA),lua5.2)
+  # (mpv's Lua; lua-compat-5.3's header is in Lua 5.2's folder)
+  LUA_PKG := lua5.2
+  DEB_LUA := lua5.2 liblua5.2-dev lua-compat53-dev
+  BUILD   ?= build-lua5.2$(VARIANT)
 else ifeq ($(LUA),lua5.1)
   LUA_PKG := lua5.1
   DEB_LUA := lua5.1 liblua5.1-0-dev lua-compat53-dev
@@ -26,7 +31,7 @@ else ifeq ($(LUA),luajit)
   DEB_LUA := luajit2 libluajit2-5.1-dev lua-compat53-dev
   BUILD   ?= build-luajit$(VARIANT)
 else
-  $(error LUA must be lua5.4, lua5.3, lua5.1 or luajit (got $(LUA)))
+  $(error LUA must be lua5.4, lua5.3, lua5.2, lua5.1 or luajit (got $(LUA)))
 endif
 
 # The OS wait (src/poller.c): POLLER=epoll (Linux's default) or poll (any
@@ -98,7 +103,8 @@ DEB_TOOLS := lua-check luarocks
 # For lint, fuzz, test-asan and test-valgrind (`make deps-check`);
 # libclang-rt-14-dev has libFuzzer and the sanitizer runtimes.
 DEB_CHECK := clang libclang-rt-14-dev clang-tidy cppcheck valgrind \
-             lua5.1 liblua5.1-0-dev lua5.3 liblua5.3-dev luajit2 libluajit2-5.1-dev lua-compat53-dev
+             lua5.1 liblua5.1-0-dev lua5.2 liblua5.2-dev lua5.3 liblua5.3-dev luajit2 libluajit2-5.1-dev \
+             lua-compat53-dev
 
 .PHONY: all deps deps-build deps-check test demo bench examples install lint clean soak nvim \
         fuzz test-asan test-valgrind luajit-core nvim-core bench-hosts bench-rate bench-redis bench-http2 \
@@ -284,7 +290,7 @@ CPPCHECK_FLAGS := --std=c99 -D_POSIX_C_SOURCE=200809L --library=posix,lua,libcur
 
 # Every Lua ratewise supports, the folder `make LUA=...` builds it into, and
 # the command that checks a file parses there.
-LUAS := lua5.1:build-lua5.1:luac5.1 lua5.3:build-lua5.3:luac5.3 lua5.4:build:luac5.4 luajit:build-luajit:/usr/bin/luajit
+LUAS := lua5.1:build-lua5.1:luac5.1 lua5.2:build-lua5.2:luac5.2 lua5.3:build-lua5.3:luac5.3 lua5.4:build:luac5.4 luajit:build-luajit:/usr/bin/luajit
 lint: deps deps-check
 	luacheck --no-color lua spec bench examples bin types
 	$(LUA) spec/support/writers.lua src

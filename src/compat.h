@@ -1,13 +1,14 @@
 /*
  * The one place that knows which Lua the C core is built against: Lua 5.1,
- * LuaJIT 2.1, Lua 5.3 or Lua 5.4. Every file of src/ that talks to Lua
+ * LuaJIT 2.1, Lua 5.2 (mpv's), Lua 5.3 or Lua 5.4. Every file of src/ that talks to Lua
  * includes this instead of lua.h and lauxlib.h, and writes the Lua 5.4 API.
  *
- * - Lua 5.1 and LuaJIT: lua-compat-5.3 (Debian's lua-compat53-dev, the
+ * - Lua 5.1, LuaJIT and Lua 5.2: lua-compat-5.3 (Debian's lua-compat53-dev, the
  *   header cqueues, luv and lua-cjson's users vendor) supplies the 5.3 API:
  *   luaL_setfuncs, luaL_tolstring, lua_geti, lua_isinteger, the int results
- *   of lua_getfield and lua_rawget, user values as environment tables... Its
- *   functions are compiled into each file as unused-tolerant statics.
+ *   of lua_getfield and lua_rawget... Its functions are compiled into each
+ *   file as unused-tolerant statics. Lua 5.1 and LuaJIT keep user values
+ *   in the userdata's environment table; Lua 5.2 has user values as 5.3.
  * - Lua 5.3 and earlier: the 5.4 user values. A 5.4 userdata has n of them;
  *   before, one value (5.3) or its environment (5.1). No compat library
  *   covers that: here a userdata that asks for n gets one table holding
@@ -43,7 +44,7 @@ static inline void *compat_newuserdatauv(lua_State *L, size_t size, int nuv)
     return p;
 }
 
-#if LUA_VERSION_NUM < 503
+#if LUA_VERSION_NUM < 502
 /* Lua 5.1 and LuaJIT: a userdata's environment is always a table, which
  * holds lua_newuserdatauv's values (ours are the only userdata these are
  * called on). The raw lua_rawgeti, in parentheses: compat-5.3's asks
