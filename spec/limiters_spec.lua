@@ -201,6 +201,28 @@ describe("rw.limiters", function()
       assert.error_matches(function() no_requests:acquire() end, "give the cost per limit, a table by name")
     end)
 
+    it("serves as the one cost member under a limiter taking 1 (a client's route), the cost a table", function()
+      local route = rw.bucket { capacity = 5, rate = 1 }
+      local requests, tokens = rw.bucket { capacity = 10, rate = 1 }, rw.bucket { capacity = 100, rate = 1 }
+      local named = rw.limiters { requests = requests, tokens = tokens }
+      local both = rw.limiters { route, cost = named }
+      assert.same({ requests = 10, tokens = 100 }, both:capacity())
+      assert.is_true(both:acquire { requests = 1, tokens = 40 })
+      assert.near(4, route:tokens(), 0.1)
+      assert.near(9, requests:tokens(), 0.1)
+      assert.near(60, tokens:tokens(), 0.1)
+      both:settle({ requests = 1, tokens = 40 }, { tokens = 25 })
+      assert.near(75, tokens:tokens(), 0.1)
+      assert.near(4, route:tokens(), 0.1) -- (what it takes is 1 whatever the answer)
+      assert.is_true(both:sync_limit("tokens", 50))
+      assert.near(50, tokens:tokens(), 0.1)
+      assert.error_matches(function() both:acquire(3) end, "give the cost per limit")
+      assert.error_matches(function() rw.limiters { named } end,
+        "member #1 has named limits (ratewise.Limiters (requests, tokens)), which take a cost per limit", nil, true)
+      assert.error_matches(function() rw.limiters { route, cost = { named, rw.bucket { capacity = 1, rate = 1 } } }
+      end, "cost member #1 has named limits: it must then be the only cost member")
+    end)
+
     it("refuses named limits beside an array or a cost member, and names that are not words", function()
       local b, c = rw.bucket { capacity = 10, rate = 1 }, rw.bucket { capacity = 10, rate = 1 }
       assert.error_matches(function() rw.limiters { b, tokens = c } end,

@@ -165,6 +165,22 @@ describe("limits per named limit through fetch", function()
       assert.near(100, used(b.input_tokens), 1)
     end)
 
+    it("works through a client's route with a limiter of its own: the route's takes 1, the client's the cost",
+      function()
+      s:llm(ANTHROPIC, { provider = "anthropic", models = { m = LIMITS }, use_min = 0.5, use_max = 0.5 })
+      local limiter, b = limits(60)
+      local route = meter(600, 60)
+      local client = rw.client { base_url = s:url(""), provider = "anthropic", limiter = limiter, on_retry = false,
+        routes = { ["/v1/"] = route } }
+      local res = assert(client:post(ANTHROPIC, { json = chat("m", 400, { max_tokens = 300 }) }))
+      assert.equal(200, res.status)
+      assert.same({ requests = 1, input_tokens = 100, output_tokens = 150 }, s:llm_counts(ANTHROPIC).m.counted)
+      assert.near(1, used(route), 0.01)
+      assert.near(1, used(b.requests), 0.01)
+      assert.near(150, used(b.output_tokens), 1) -- 300 taken, 150 given back
+      assert.near(100, used(b.input_tokens), 1)
+    end)
+
     it("gives back what a refused attempt took, and what a request never sent took", function()
       -- the server refuses on output tokens, which the client's limiter does not meter
       s:llm(ANTHROPIC, { provider = "anthropic", models = { m = { rpm = 600, itpm = 600000, otpm = 1000 } },

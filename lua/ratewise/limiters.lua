@@ -90,11 +90,24 @@ end
 --   by_name  the named form's members by name
 --   ones     the positional form: how many members (the first) take 1 per
 --            acquire; the rest take the cost
+--   per_limit  the positional form's one cost member when it has named
+--            limits (a client's limiter under a route's): the cost is then
+--            a table by name, which it takes whole; else false
+
+-- Whether v is a composite with named limits.
+local function has_names(v)
+  return getmetatable(v) == Limiters and v.names and true or false
+end
+
 local function positional(spec, count)
   local members, seen = {}, {}
   for i = 1, count do
     local member = spec[i]
     if not is_limiter(member) then not_a_limiter("member #" .. i, member, 4) end
+    if has_names(member) then
+      error(format("limiters: member #%d has named limits (%s), which take a cost per limit, not the 1 a "
+        .. "member here takes: give it as the cost member ({ a, cost = named })", i, tostring(member)), 3)
+    end
     if capacity_of(member) < 1 then
       error(format("limiters: member #%d holds fewer than the 1 token each acquire takes of it", i), 3)
     end
@@ -113,7 +126,18 @@ local function positional(spec, count)
   if #members == 0 then
     error("limiters: expected at least one limiter", 3)
   end
-  return setmetatable({ members = members, names = false, by_name = false, ones = count }, Limiters)
+  local per_limit = false
+  for i = 1, #by_cost do
+    if has_names(by_cost[i]) then
+      if #by_cost > 1 then
+        error(format("limiters: cost member #%d has named limits: it must then be the only cost member (the "
+          .. "cost is a table by its names)", i), 3)
+      end
+      per_limit = by_cost[i]
+    end
+  end
+  return setmetatable({ members = members, names = false, by_name = false, ones = count,
+    per_limit = per_limit }, Limiters)
 end
 
 local function named(spec)
@@ -134,7 +158,8 @@ local function named(spec)
     seen[member] = name
     members[i], by_name[name] = member, member
   end
-  return setmetatable({ members = members, names = names, by_name = by_name, ones = 0 }, Limiters)
+  return setmetatable({ members = members, names = names, by_name = by_name, ones = 0, per_limit = false },
+    Limiters)
 end
 
 --- l = limiters.new{a, b, ..., cost = c | {c1, c2, ...}}
@@ -180,6 +205,12 @@ local function amount(self, i, cost)
   return cost
 end
 
+-- Whether an amount takes anything: a positive number, or a cost per
+-- limit (per_limit's, which takes it whole).
+local function takes(n)
+  return type(n) == "table" or n > 0
+end
+
 local function names_list(self)
   return table.concat(self.names, ", ")
 end
@@ -189,6 +220,7 @@ end
 -- 1 of "requests", when there is such a member).
 local function check_cost(self, method, cost)
   local names = self.names
+  if self.per_limit then return check_cost(self.per_limit, method, cost) end
   if not names then
     if cost == nil then return 1 end
     if type(cost) ~= "number" or cost ~= cost or cost <= 0 or cost == huge then
@@ -251,7 +283,7 @@ local function wait_time(self, cost)
   local members = self.members
   for i = 1, #members do
     local n = amount(self, i, cost)
-    if n > 0 then
+    if takes(n) then
       local w, why = members[i]:wait_time(n)
       if unavailable(w, why) then return nil, why end
       if bad_seconds(w) then error(wait_error(self, w, i), 0) end
@@ -266,7 +298,7 @@ local function give_back(self, cost, taken)
   local members = self.members
   for i = 1, taken do
     local n = amount(self, i, cost)
-    if n > 0 then members[i]:refund(n) end
+    if takes(n) then members[i]:refund(n) end
   end
 end
 
@@ -288,7 +320,7 @@ local function take(self, cost)
   local members = self.members
   for i = 1, #members do
     local n = amount(self, i, cost)
-    if n > 0 then
+    if takes(n) then
       local ok, seconds = members[i]:take(n)
       if unavailable(ok, seconds) then
         give_back(self, cost, i - 1)
@@ -345,6 +377,8 @@ end
 function Limiters:settle(taken, actual)
   taken = check_cost(self, "settle", taken)
   if actual == nil then return end
+  -- (the members taking 1 took what they take)
+  if self.per_limit then return self.per_limit:settle(taken, actual) end
   if self.names then
     if type(actual) ~= "table" then
       error(format("limiters: settle: the actual cost must be a table by name, as the cost is (got %s)",
@@ -376,6 +410,7 @@ end
 -- the named form, a table of each limit's by name.
 function Limiters:capacity()
   local members = self.members
+  if self.per_limit then return self.per_limit:capacity() end
   if self.names then
     local each = {}
     for i = 1, #members do each[self.names[i]] = capacity_of(members[i]) end
@@ -438,6 +473,7 @@ function Limiters:sync_limit(name, remaining, reset_in, limit, window)
   if type(name) ~= "string" then
     error(format("limiters: sync_limit: the limit's name must be a string (got %s)", errors.shown(name)), 2)
   end
+  if self.per_limit then return self.per_limit:sync_limit(name, remaining, reset_in, limit, window) end
   local member = self.by_name and self.by_name[name]
   if not member then return false end
   sync_member(member, remaining, reset_in, limit, window)
