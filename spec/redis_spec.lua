@@ -149,6 +149,20 @@ describe("rw.redis_bucket", function()
     assert.is_true((a:take()))
   end)
 
+  -- (limiters' settle: an answer that used more than was taken for it)
+  needs_redis("debit takes at once, into debt shared by every object on the key, at most its capacity", function()
+    local a = rw.redis_bucket { redis = r.url, key = "k", capacity = 10, rate = 10 }
+    local b = rw.redis_bucket { redis = r.url, key = "k", capacity = 10, rate = 10 }
+    assert.is_true((a:take(4)))
+    a:debit(8) -- 6 there: 2 short
+    assert.near(-2, b:tokens(), 0.05)
+    assert.near(0.3, b:wait_time(), 0.02) -- the debt and one token
+    b:debit(50) -- capped at the capacity: 10 more
+    assert.near(-12, a:tokens(), 0.1)
+    assert.error_matches(function() a:debit(0) end, "debit")
+    assert.error_matches(function() a:debit("3") end, "debit")
+  end)
+
   needs_redis("keeps its key under a hash tag, and lets it expire once the bucket is full again", function()
     local b = rw.redis_bucket { redis = r.url, key = "api-key-7", capacity = 1, rate = 20 }
     assert.is_true((b:take()))
