@@ -219,6 +219,136 @@ describe("limits per named limit through fetch", function()
     end)
   end)
 
+  describe("settles a stream handed to the caller", function()
+    local LIMITS = { rpm = 600, itpm = 600000, otpm = 600000 }
+
+    -- (buckets of 1,000 tokens, which refill a token in 36 s)
+    local function limits()
+      local b = { requests = meter(LIMITS.rpm, 60), input_tokens = meter(60000, 1),
+        output_tokens = meter(60000, 1) }
+      return rw.limiters(b), b
+    end
+
+    -- The server's counts of model m, once its count of output tokens is
+    -- below `below` (a stream the client leaves is settled when the
+    -- server sees it gone).
+    local function counted_below(path, name, below)
+      local deadline, counted = rw.now() + 3
+      repeat
+        counted = s:llm_counts(path).m.counted
+        if counted[name] < below then break end
+        rw.sleep(0.02)
+      until rw.now() > deadline
+      return counted
+    end
+
+    -- Reads events of res until `stop` says so (nil: to the end), the
+    -- iterator called by hand (Lua 5.1); answers the events' names.
+    local function read_events(res, stop)
+      local next_event, names = res:events(), {}
+      while true do
+        local event = next_event()
+        if not event then break end
+        names[#names + 1] = event.event
+        if stop and stop(event, names) then break end
+      end
+      return names
+    end
+
+    local function stream_post(path, req, limiter, provider, extra)
+      req.stream = true
+      local opts = { limiter = limiter, policy = provider, stream = true }
+      for k, v in pairs(extra or {}) do opts[k] = v end
+      local res = assert(post(s, path, req, opts))
+      assert.equal(200, res.status)
+      return res
+    end
+
+    it("when it ends, from Anthropic's message_start and message_delta, once", function()
+      s:llm(ANTHROPIC, { provider = "anthropic", models = { m = LIMITS }, use_min = 0.3, use_max = 0.3,
+        chars_per_token = 5 })
+      local limiter, b = limits()
+      local res = stream_post(ANTHROPIC, chat("m", 300, { max_tokens = 400 }), limiter, "anthropic")
+      -- nothing is given back before the answer says what it used
+      assert.near(400, used(b.output_tokens), 1)
+      local names = read_events(res)
+      assert.equal("message_stop", names[#names])
+      local counted = s:llm_counts(ANTHROPIC).m.counted
+      assert.same({ requests = 1, input_tokens = 60, output_tokens = 120 }, counted)
+      assert.near(120, used(b.output_tokens), 1) -- 400 taken, 280 given back
+      assert.near(60, used(b.input_tokens), 1) -- 75 estimated, 60 counted
+      assert.near(1, used(b.requests), 0.01)
+      res:close() -- (settled once: a close after the end gives nothing back again)
+      assert.near(120, used(b.output_tokens), 1)
+      assert.near(60, used(b.input_tokens), 1)
+    end)
+
+    it("read by chunks or whole, as by events", function()
+      s:llm(ANTHROPIC, { provider = "anthropic", models = { m = LIMITS }, use_min = 0.3, use_max = 0.3 })
+      local limiter, b = limits()
+      local res = stream_post(ANTHROPIC, chat("m", 400, { max_tokens = 200 }), limiter, "anthropic")
+      repeat local chunk = res:read() until chunk == nil
+      assert.near(60, used(b.output_tokens), 1)
+      res = stream_post(ANTHROPIC, chat("m", 400, { max_tokens = 300 }), limiter, "anthropic")
+      assert.truthy(res:json() == nil) -- (an event stream is no JSON document)
+      local counted = s:llm_counts(ANTHROPIC).m.counted
+      assert.same({ requests = 2, input_tokens = 200, output_tokens = 60 + 90 }, counted)
+      assert.near(150, used(b.output_tokens), 1)
+      assert.near(200, used(b.input_tokens), 1)
+    end)
+
+    it("closed early, from the text it received: the output the server counted", function()
+      -- 400 tokens in 8 events of 50, 50 ms apart, each token 4 characters of text
+      s:llm(ANTHROPIC, { provider = "anthropic", models = { m = LIMITS }, use_min = 1, use_max = 1,
+        speed = 1000, output_chars = 4 })
+      local limiter, b = limits()
+      local res = stream_post(ANTHROPIC, chat("m", 40, { max_tokens = 400 }), limiter, "anthropic")
+      local deltas = 0
+      read_events(res, function(event)
+        if event.event == "content_block_delta" then deltas = deltas + 1 end
+        return deltas == 2
+      end)
+      res:close()
+      local counted = counted_below(ANTHROPIC, "output_tokens", 400)
+      assert.equal(100, counted.output_tokens)
+      -- (message_start's one output token, and 400 characters at 4 a token)
+      assert.near(counted.output_tokens, used(b.output_tokens), 2)
+      assert.near(10, used(b.input_tokens), 1)
+      res:close()
+      assert.near(counted.output_tokens, used(b.output_tokens), 2)
+    end)
+
+    it("broken off, from the text it received", function()
+      -- an event every 0.25 s, a silence of 0.1 s breaks the stream
+      s:llm(ANTHROPIC, { provider = "anthropic", models = { m = LIMITS }, use_min = 1, use_max = 1,
+        speed = 200, output_chars = 4 })
+      local limiter, b = limits()
+      local res = stream_post(ANTHROPIC, chat("m", 40, { max_tokens = 400 }), limiter, "anthropic",
+        { idle_timeout = 0.1 })
+      local ok, err = pcall(read_events, res)
+      assert.is_false(ok)
+      assert.equal("stream", err.kind)
+      local counted = counted_below(ANTHROPIC, "output_tokens", 400)
+      assert.is_true(counted.output_tokens < 400, tostring(counted.output_tokens))
+      assert.near(counted.output_tokens, used(b.output_tokens), 2)
+    end)
+
+    it("never for OpenAI, which does not correct: the admission's count stays", function()
+      s:llm(OPENAI, { provider = "openai", models = { m = { rpm = 600, tpm = 600000 } }, use_min = 0.25,
+        use_max = 0.25 })
+      local requests, tokens = meter(600, 60), meter(600000, 60)
+      local limiter = rw.limiters { requests = requests, tokens = tokens }
+      local res = stream_post(OPENAI, chat("m", 400, { max_tokens = 400, stream_options = { include_usage = true } }),
+        limiter, "openai")
+      local names = read_events(res)
+      assert.equal(12, #names) -- (the role, 8 pieces, the stop, the usage and [DONE])
+      local counted = s:llm_counts(OPENAI).m.counted
+      assert.same({ requests = 1, tokens = 500 }, counted)
+      assert.near(500, used(tokens), 1)
+      assert.near(1, used(requests), 0.01)
+    end)
+  end)
+
   -- 48 chat requests of 200-2,200 characters and max_tokens 200-500, at
   -- most 8 at once, through limiters the size of the server's (buckets
   -- holding 1 s of each limit), the provider's estimate as the cost.

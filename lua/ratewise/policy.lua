@@ -20,6 +20,13 @@
 --                             really cost, as the API counts it once the
 --                             answer is whole (nil: as taken); the limiter
 --                             gives back the difference or takes the extra
+--   stream_usage(event, usage, taken) -> usage or nil: for a stream handed
+--                             to the caller, each server-sent event as it
+--                             is read, with what it answered before (nil
+--                             at first): the usage so far, a cost per limit
+--                             (and whatever else it keeps); the stream is
+--                             settled to it when it ends, breaks off or is
+--                             closed (nil: the usage as it was)
 local options = require "ratewise.options"
 
 local format = string.format
@@ -34,7 +41,8 @@ Policy.__name = "ratewise.Policy"
 
 -- The hooks a policy may have; with its `name`, the fields it takes.
 local hooks, policy_fields = {}, { "name" }
-for _, hook in ipairs { "classify", "delay", "observe", "prepare", "replayable", "cost", "settle" } do
+for _, hook in ipairs { "classify", "delay", "observe", "prepare", "replayable", "cost", "settle",
+  "stream_usage" } do
   hooks[hook] = true
   policy_fields[#policy_fields + 1] = hook
 end
@@ -65,7 +73,7 @@ local function build(spec, level)
 end
 
 --- p = rw.policy{classify = fn, delay = fn, observe = fn, prepare = fn, replayable = fn, cost = fn, settle = fn,
--- name = "..."}
+-- stream_usage = fn, name = "..."}
 function policy.new(spec)
   local p = build(spec, 3)
   return p

@@ -10,7 +10,7 @@ local json = require "ratewise.json"
 local runtime = require "ratewise.runtime"
 
 local format, concat, match, sub = string.format, table.concat, string.match, string.sub
-local error, setmetatable, rawget = error, setmetatable, rawget
+local type, error, setmetatable, rawget = type, error, setmetatable, rawget
 local response_headers = core.response_headers
 
 local response = {}
@@ -107,6 +107,61 @@ function response.stream(res, transfer, per_call, what, max_body)
     max_body = max_body or DEFAULT_MAX_BODY, guard = compat.on_collect(function() transfer:close() end) }
 end
 
+-- What an event can do: event:json().
+local event_methods = {}
+local event_mt = { __index = event_methods }
+
+-- The most bytes of a body parsed for events at once.
+local EVENT_SLICE = 16 * 1024
+
+-- Hands the events of `chunk` to fn, a slice at a time (as res:events()
+-- parses); false when the chunk does not parse as an event stream.
+local function feed_events(parser, chunk, fn)
+  for at = 1, #chunk, EVENT_SLICE do
+    local got = parser:feed(#chunk > EVENT_SLICE and chunk:sub(at, at + EVENT_SLICE - 1) or chunk)
+    if not got then return false end
+    for i = 1, #got do fn(setmetatable(got[i], event_mt)) end
+  end
+  return true
+end
+
+-- The events of a chunk handed over, to the watcher. A body that is not
+-- an event stream stops the watching: its reader, not the watcher, has a
+-- say on what it is.
+local function watch_events(st, chunk)
+  if not feed_events(st.watch_parser, chunk, st.watcher.event) then
+    st.watch_parser:close()
+    st.watch_parser = nil
+  end
+end
+
+--- response.watch(res, watcher): tells watcher what a stream handed to
+-- the caller says (a policy's stream_usage, the usage its events report):
+-- watcher.event(event) for each server-sent event of its body as it is
+-- read, whatever reads it (read, chunks, events, json), and watcher.ended(
+-- err) once, when the stream ends, breaks off (err), or is closed. A
+-- stream whose transfer ended before it was handed over has its body
+-- whole: its events are told, and its end, at once. A stream dropped
+-- unread is not told: the collector closes its transfer, and nothing may
+-- wait there (a shared limiter's round trip). watcher must not hold res:
+-- on Lua 5.1 a weak key its own value holds is never collected.
+function response.watch(res, watcher)
+  local st = streams[res]
+  if st then
+    if st.ended then return end
+    st.watcher = watcher
+    if watcher.event then st.watch_parser = core.sse_parser() end
+    return
+  end
+  local body = rawget(res, "body")
+  if watcher.event and type(body) == "string" then
+    local parser = core.sse_parser()
+    feed_events(parser, body, watcher.event)
+    parser:close()
+  end
+  watcher.ended(nil)
+end
+
 local function finish(st, err)
   st.ended, st.err = true, err
   if st.transfer then
@@ -114,6 +169,13 @@ local function finish(st, err)
     st.transfer = nil
   end
   if st.parser then st.parser:close() end
+  local watcher = st.watcher
+  if watcher then
+    -- (told once: a close after the end finds the stream ended)
+    st.watcher = nil
+    if st.watch_parser then st.watch_parser:close() end
+    watcher.ended(err)
+  end
   return nil, err
 end
 
@@ -138,6 +200,7 @@ function methods:read()
   end, st.per_call)
   if chunk then
     st.delivered = st.delivered + #chunk
+    if st.watch_parser then watch_events(st, chunk) end
     return chunk
   end
   local res, terr = transfer:result()
@@ -158,9 +221,6 @@ function methods:chunks()
   end
 end
 
--- What an event can do: event:json().
-local event_methods = {}
-local event_mt = { __index = event_methods }
 
 --- value | nil = event:json(): the event's data decoded as JSON; nil for
 -- the data "[DONE]", with which OpenAI-style streams end. Raises for data
@@ -175,9 +235,6 @@ function event_methods:json()
   end
   return value
 end
-
--- The most bytes of a body parsed for events at once.
-local EVENT_SLICE = 16 * 1024
 
 --- for event in res:events() do ... end: the body read as server-sent
 -- events, each { event = name ("message" unless named), data = its data

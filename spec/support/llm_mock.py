@@ -25,7 +25,9 @@ and the provider's error body, and takes nothing from any bucket.
 An answer uses a share of its ``max_tokens`` between ``use_min`` and
 ``use_max``, drawn from a hash of the request's body (the same request
 always uses the same), and is written at ``speed`` tokens a second (0: at
-once). With ``"stream": true`` in the request it is sent as the provider's
+once), each token as ``output_chars`` characters of text (1 unless given;
+4 is the providers' rule of thumb, which a client estimating a broken
+stream's output from its text reads back). With ``"stream": true`` in the request it is sent as the provider's
 server-sent events: OpenAI's chunks (with the usage chunk when
 ``stream_options.include_usage`` asks), Anthropic's ``message_start`` ...
 ``message_delta`` (the output's usage) ``message_stop``.
@@ -72,7 +74,7 @@ def validate(spec):
         v = spec.get(name, 0.1 if name == "use_min" else 1.0)
         if not isinstance(v, (int, float)) or not 0 < v <= 1:
             raise ValueError("llm: %s must be in (0, 1]" % name)
-    for name in ("speed", "chars_per_token", "default_max_tokens"):
+    for name in ("speed", "chars_per_token", "default_max_tokens", "output_chars"):
         v = spec.get(name)
         if v is not None and not (_positive(v) or (name == "speed" and v == 0)):
             raise ValueError("llm: %s must be a positive number" % name)
@@ -136,6 +138,7 @@ class LLMMock:
         self.speed = float(spec.get("speed") or 0)
         self.chars_per_token = float(spec.get("chars_per_token") or 4)
         self.default_max_tokens = int(spec.get("default_max_tokens") or 4096)
+        self.output_chars = int(spec.get("output_chars") or 1)
         self.lock = threading.Lock()
         self.models = {}
         for model, limits in spec["models"].items():
@@ -267,12 +270,13 @@ class LLMMock:
     def answer_body(self, model, tokens_in, used, n):
         if self.provider == "openai":
             return {"id": "chatcmpl-mock", "object": "chat.completion", "model": model,
-                    "choices": [{"index": i, "message": {"role": "assistant", "content": "x" * used},
-                                 "finish_reason": "stop"} for i in range(n)],
+                    "choices": [{"index": i, "finish_reason": "stop",
+                                 "message": {"role": "assistant", "content": "x" * (used * self.output_chars)}}
+                                for i in range(n)],
                     "usage": {"prompt_tokens": tokens_in, "completion_tokens": used * n,
                               "total_tokens": tokens_in + used * n}}
         return {"id": "msg_mock", "type": "message", "role": "assistant", "model": model,
-                "content": [{"type": "text", "text": "x" * used}], "stop_reason": "end_turn",
+                "content": [{"type": "text", "text": "x" * (used * self.output_chars)}], "stop_reason": "end_turn",
                 "usage": {"input_tokens": tokens_in, "output_tokens": used}}
 
     def stream_events(self, model, tokens_in, used, include_usage):
@@ -289,7 +293,7 @@ class LLMMock:
             for size in sizes:
                 written += size
                 yield written, sse({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "model": model,
-                                    "choices": [{"index": 0, "delta": {"content": "x" * size}}]})
+                                    "choices": [{"index": 0, "delta": {"content": "x" * (size * self.output_chars)}}]})
             yield written, sse({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "model": model,
                                 "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
             if include_usage:
@@ -307,7 +311,7 @@ class LLMMock:
         for size in sizes:
             written += size
             yield written, sse({"type": "content_block_delta", "index": 0,
-                                "delta": {"type": "text_delta", "text": "x" * size}}, "content_block_delta")
+                                "delta": {"type": "text_delta", "text": "x" * (size * self.output_chars)}}, "content_block_delta")
         yield written, sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
         yield written, sse({"type": "message_delta", "delta": {"stop_reason": "end_turn"},
                             "usage": {"output_tokens": used}}, "message_delta")

@@ -12,7 +12,7 @@ local report = require "ratewise.fetch.report"
 
 local decide = decision.decide
 local format = string.format
-local type, tostring = type, tostring
+local type, tostring, pairs = type, tostring, pairs
 local call_hook, guarded, not_boolean = report.call_hook, report.guarded, report.not_boolean
 local fetch_error, counting = report.fetch_error, report.counting
 
@@ -106,19 +106,54 @@ local function record_response(state, d, res, sent_at, streaming, foreign)
   end
 end
 
+-- A stream handed to the caller is settled when it ends, breaks off or is
+-- closed, once, from the usage its events reported as they were read: the
+-- policy's stream_usage(event, usage, taken) answers the usage so far (a
+-- cost per limit, and whatever else it keeps between events), and the
+-- limits the call took are settled to it. No usage seen (a stream that
+-- broke before its first report): as taken. The watcher holds the call's
+-- state, never the response (response.watch).
+local function settle_stream(state, res)
+  local policy, methods, cost = state.policy, state.limiter_methods, state.cost
+  local stream_usage, settle_limiter = policy.stream_usage, methods.settle
+  if not (stream_usage and settle_limiter) or type(cost) ~= "table" then return end
+  local limiter, usage = state.limiter, nil
+  response.watch(res, {
+    event = function(event)
+      local now = call_hook("stream_usage", stream_usage, event, usage, cost)
+      if now ~= nil and type(now) ~= "table" then
+        error(format("fetch: the policy's stream_usage must answer a table of usage or nil (got %s)",
+          type(now)), 0)
+      end
+      if now ~= nil then usage = now end
+    end,
+    ended = function()
+      if usage == nil then return end
+      local actual = {}
+      for name in pairs(cost) do
+        local n = usage[name]
+        if type(n) == "number" then actual[name] = n end
+      end
+      guarded("limiter", "settle", settle_limiter, limiter, cost, actual)
+    end,
+  })
+end
+
 -- What the attempt really cost, as the API counts it, set right in the
 -- limiter: the policy's settle reads the answer (the usage it reports; a
 -- refusal the API does not count) and the limiter gives back or takes the
 -- difference; a request never sent gives back all it took. Only with a
 -- policy that has settle: what an API counts is its own rule. unread: a
--- stream handed to the caller, whose usage is not known yet.
+-- stream's 2xx handed to the caller, settled when it ends (settle_stream).
 local function settle(state, res, terr, foreign, unread)
   if not state.hooked then return end
   local limiter, policy = state.limiter, state.policy
-  if not (limiter and policy and policy.settle) or foreign then return end
+  if not (limiter and policy) or foreign then return end
+  if unread then return settle_stream(state, res) end
+  if not policy.settle then return end
   local methods, cost = state.limiter_methods, state.cost
   if res then
-    if unread or not methods.settle then return end -- (a stream's answer, not read yet)
+    if not methods.settle then return end
     local actual = call_hook("settle", policy.settle, res, cost)
     -- (a cost per limit settles a limiter with named limits only)
     if actual ~= nil and type(actual) == type(cost) then
@@ -201,7 +236,11 @@ function carry.after(state, res, terr, sent_at, streaming, budget_cut)
   end
   if res then
     record_response(state, d, res, sent_at, streaming, foreign)
-    settle(state, res, nil, foreign, streaming and d.action == "return")
+    -- (a stream whose transfer ended before its headers were seen is
+    -- handed over whole: settled from its events as well)
+    local stream_answer = d.action == "return" and (streaming or state.stream and res.status >= 200
+      and res.status <= 299)
+    settle(state, res, nil, foreign, stream_answer)
     if d.action == "return" then return true, res end
     state.last_response, state.last_transport, state.hint = res, nil, d.hint
   else

@@ -13,10 +13,16 @@
 --   settle: what the answer's usage says: Anthropic gives back the output
 --   tokens an answer did not use, and counts the input as it tokenized it;
 --   a request it refused (429, 529, 408) takes nothing
+--   stream_usage: a stream's usage from its events: message_start's
+--   message.usage (the input, as for a whole answer), message_delta's
+--   usage.output_tokens (cumulative: the last one is the output); before
+--   that, the text of the content_block_delta events seen at 4 characters
+--   a token, never more than was taken (max_tokens): what a stream that
+--   breaks or is closed early is settled to
 local policy = require "ratewise.policy"
 local common = require "ratewise.providers.common"
 
-local type, ceil = type, math.ceil
+local type, pcall, ceil = type, pcall, math.ceil
 
 -- The output tokens a request that names no max_tokens is taken for
 -- (Anthropic requires max_tokens: such a request is refused, 400).
@@ -70,6 +76,22 @@ local function cost(request)
     output_tokens = common.positive_integer(body.max_tokens) or DEFAULT_MAX_TOKENS }
 end
 
+-- The input a usage object reports as Anthropic counts it against ITPM:
+-- cache writes count, cache reads do not.
+local function input_of(usage)
+  local input = usage.input_tokens
+  if type(input) ~= "number" or input < 0 then return nil end
+  local written = usage.cache_creation_input_tokens
+  if type(written) == "number" and written > 0 then input = input + written end
+  return input
+end
+
+local function output_of(usage)
+  local output = usage.output_tokens
+  if type(output) ~= "number" or output < 0 then return nil end
+  return output
+end
+
 -- What Anthropic counted of the attempt: nothing for a refusal; for an
 -- answer, the input as its usage reports it (cache writes count toward
 -- ITPM, cache reads do not) and the output it used.
@@ -79,11 +101,54 @@ local function settle(res)
   if status == 429 or status == 529 or status == 408 then return REFUSED end
   local usage = common.usage(res)
   if not usage then return nil end
-  local input, output = usage.input_tokens, usage.output_tokens
-  if type(input) ~= "number" or type(output) ~= "number" or input < 0 or output < 0 then return nil end
-  local written = usage.cache_creation_input_tokens
-  if type(written) == "number" and written > 0 then input = input + written end
+  local input, output = input_of(usage), output_of(usage)
+  if not (input and output) then return nil end
   return { input_tokens = input, output_tokens = output }
+end
+
+-- The characters of a delta's text: its text, its thinking or a tool
+-- call's input as it is written out.
+local function delta_chars(delta)
+  if type(delta) ~= "table" then return 0 end
+  local text = delta.text or delta.thinking or delta.partial_json
+  if type(text) ~= "string" then return 0 end
+  return common.utf8_chars(text)
+end
+
+-- The events whose data tell of the usage, or of text that the output
+-- is estimated from until they do.
+local USAGE_EVENTS = { message_start = true, message_delta = true, content_block_delta = true }
+
+-- usage: { input_tokens =, output_tokens = (the costs so far), reported =
+-- the output the last usage reported, chars = the text seen since,
+-- final = whether message_delta told the output }.
+local function stream_usage(event, usage, taken)
+  local name = event.event
+  if not USAGE_EVENTS[name] then return nil end
+  local ok, data = pcall(event.json, event)
+  if not ok or type(data) ~= "table" then return nil end
+  usage = usage or { reported = 0, chars = 0, final = false }
+  if name == "content_block_delta" then
+    usage.chars = usage.chars + delta_chars(data.delta)
+  else
+    local reported = name == "message_start" and type(data.message) == "table" and data.message.usage
+      or name == "message_delta" and data.usage
+    if type(reported) ~= "table" then return usage end
+    usage.input_tokens = input_of(reported) or usage.input_tokens
+    local output = output_of(reported)
+    if output then
+      usage.reported, usage.chars = output, 0
+      usage.final = name == "message_delta"
+    end
+  end
+  local output = usage.reported
+  if not usage.final then
+    output = output + ceil(usage.chars / 4)
+    local most = type(taken) == "table" and taken.output_tokens
+    if type(most) == "number" and output > most then output = most end
+  end
+  usage.output_tokens = output
+  return usage
 end
 
 -- A rate-limited (429), overloaded (529), timed-out (408) or should-retry
@@ -103,4 +168,5 @@ return policy.new {
   observe = observe,
   cost = cost,
   settle = settle,
+  stream_usage = stream_usage,
 }

@@ -155,13 +155,19 @@ function common.sync_limit(limiter, name, remaining, reset_in, limit)
   return fn(limiter, name, remaining, reset_in, limit)
 end
 
+--- chars = common.utf8_chars(s): the characters of UTF-8 text (its bytes
+-- but continuation bytes), as the providers' rule of thumb of 4 characters
+-- a token counts them.
+local function utf8_chars(s)
+  local _, chars = gsub(s, "[^\128-\191]", "")
+  return chars
+end
+common.utf8_chars = utf8_chars
+
 -- The characters of a message's content: a string, or an array of parts
 -- whose text counts (images and tool calls are not estimated).
 local function content_chars(content)
-  if type(content) == "string" then
-    local _, chars = gsub(content, "[^\128-\191]", "")
-    return chars
-  end
+  if type(content) == "string" then return utf8_chars(content) end
   local chars = 0
   if type(content) == "table" then
     for i = 1, #content do

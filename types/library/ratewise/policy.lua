@@ -22,6 +22,7 @@
 ---@field replayable? fun(res: ratewise.Response|nil, method: string): boolean|nil
 ---@field cost? fun(request: ratewise.CostRequest): ratewise.LimitCost|nil what the API will count of the request, per limit
 ---@field settle? fun(res: ratewise.Response, taken: number|ratewise.LimitCost): ratewise.LimitCost|nil what it really cost, once the answer is whole
+---@field stream_usage? fun(event: ratewise.ServerEvent, usage: table|nil, taken: ratewise.LimitCost): table|nil a stream's usage so far (fields named as limits), from each event read; settled to when the stream ends, breaks off or is closed
 
 ---What a `cost` hook (a policy's, or the `cost` option as a function) is asked.
 ---@class ratewise.CostRequest
