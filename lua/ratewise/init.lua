@@ -98,6 +98,8 @@ local lazy = {
   retry_budget = { "ratewise.retry_budget", "new" },
   --- limiter = rw.limiters{a, b, ..., cost = c}
   limiters = { "ratewise.limiters", "new" },
+  --- limiter = rw.by_model{["model"] = limiter, ... [, default = limiter]}: each model's limits
+  by_model = { "ratewise.limiters", "by_model" },
 }
 
 setmetatable(ratewise, {

@@ -29,8 +29,8 @@ local bad_seconds = require("ratewise.scheduler").bad_seconds
 local format = string.format
 local huge = math.huge
 local now = require("ratewise.core").now
-local type, tostring, pairs, pcall, error, setmetatable, getmetatable = type, tostring, pairs, pcall, error,
-  setmetatable, getmetatable
+local type, tostring, pairs, next, pcall, error, setmetatable, getmetatable = type, tostring, pairs, next, pcall,
+  error, setmetatable, getmetatable
 
 local limiters = {}
 
@@ -487,6 +487,79 @@ function Limiters:observe(res, sent_at)
   for i = 1, #members do
     if type(members[i].observe) == "function" then members[i]:observe(res, sent_at) end
   end
+end
+
+-- Limits per model: a limiter for each model an API counts apart
+-- (OpenAI's and Anthropic's limits are each model's own), chosen by the
+-- model a request names (its JSON body's "model"). fetch asks for_request
+-- before it works out the cost, and the chosen limiter serves the whole
+-- call: its acquire, settle, sync and observe.
+local ByModel = {}
+ByModel.__index = ByModel
+ByModel.__name = "ratewise.ByModel"
+
+local function model_names(self)
+  local names = {}
+  for name in pairs(self.models) do names[#names + 1] = format("%q", name) end
+  table.sort(names)
+  return table.concat(names, ", ")
+end
+
+--- l = limiters.by_model{["gpt-4o"] = limiter, ["gpt-4o-mini"] = limiter, ... [, default = limiter]}
+function limiters.by_model(spec)
+  if type(spec) ~= "table" or getmetatable(spec) ~= nil then
+    error(format("limiters: by_model: expected a table of limiters by model name (got %s)",
+      errors.shown(spec)), 2)
+  end
+  local models, default = {}, nil
+  for name, member in pairs(spec) do
+    if type(name) ~= "string" or name == "" then
+      error(format("limiters: by_model: a model's name must be a non-empty string (got %s)",
+        errors.shown(name)), 2)
+    end
+    if not is_limiter(member) then
+      not_a_limiter(name == "default" and "by_model's default" or format("by_model's limiter of model %q", name),
+        member, 3)
+    end
+    if name == "default" then default = member else models[name] = member end
+  end
+  if next(models) == nil and default == nil then
+    error("limiters: by_model: expected the limiter of at least one model", 2)
+  end
+  return setmetatable({ models = models, default = default or false }, ByModel)
+end
+
+--- limiter | nil = l:for_request(request): the limiter of the model the
+-- request names (request.json.model, as fetch gives a cost hook the
+-- request), else the default; raises for a model with neither, naming the
+-- models it has. A request that names no model (a list of the models, say)
+-- is not one model's to count: the default, or nil (no limit).
+function ByModel:for_request(request)
+  local body = type(request) == "table" and request.json
+  local model = type(body) == "table" and body.model or nil
+  if type(model) ~= "string" then return self.default or nil end
+  local chosen = self.models[model] or self.default
+  if not chosen then
+    error(format("limiters: by_model: no limits for model %q, and no default (the models with limits are %s): "
+      .. "give its limits, or a default", model, model_names(self)), 0)
+  end
+  return chosen
+end
+
+--- l:model(name): the limiter of model `name` (or the default); nil
+-- for neither.
+function ByModel:model(name)
+  return self.models[name] or self.default or nil
+end
+
+-- By itself it takes nothing: which limits apply is the request's to say.
+function ByModel.acquire()
+  error("limiters: by_model: acquire needs a request's model: give it as fetch's or a client's limiter (which "
+    .. "asks for_request), or acquire from l:model(name)", 2)
+end
+
+ByModel.__tostring = function(l)
+  return format("ratewise.ByModel (%s%s)", model_names(l), l.default and ", default" or "")
 end
 
 Limiters.__tostring = function(l)

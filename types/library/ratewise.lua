@@ -60,6 +60,12 @@ function ratewise.shared_bucket(opts) end
 ---@return ratewise.Limiters
 function ratewise.limiters(spec) end
 
+---The limits of several models (`{["gpt-4o"] = limiter, ..., default = limiter}`):
+---fetch takes each request from those of the model its JSON body names.
+---@param spec table<string, ratewise.Limiter>
+---@return ratewise.ByModel
+function ratewise.by_model(spec) end
+
 ---A circuit breaker per origin, for fetch's `circuit` option.
 ---@param opts? ratewise.CircuitOptions
 ---@return ratewise.Circuit

@@ -380,6 +380,18 @@ local function limiter_methods(limiter)
     honors_max_wait = ok and honors == true }
 end
 
+-- The limiter a limiter with for_request chose for the request: one with
+-- acquire, or nil for none (a request no limit counts).
+local function chosen_limiter(limiter, for_request, request)
+  local chosen = for_request(limiter, request)
+  if chosen == nil or chosen == false then return nil end
+  if not optional_method(chosen, "acquire") then
+    error(format("fetch: option 'limiter': for_request must answer a limiter with acquire, or nil (got %s)",
+      type(chosen)), 0)
+  end
+  return chosen
+end
+
 -- (a method call, for pcall)
 local function limiter_capacity(limiter)
   return limiter:capacity()
@@ -639,9 +651,16 @@ function plan.make(url, opts, counters)
       if given < p.deadline then p.deadline, p.by_deadline = given, true end
     end
     if limiter then
-      p.cost = call_cost(opts, limiter, policy, { method = method, url = url, headers = header_table,
-        body = body, json = json_value })
-      p.limiter_methods = limiter_methods(limiter)
+      local request = { method = method, url = url, headers = header_table, body = body, json = json_value }
+      -- A limiter that holds the limits of several (rw.by_model) names the
+      -- one of this request, which serves the whole call.
+      local for_request = optional_method(limiter, "for_request")
+      if for_request then limiter = chosen_limiter(limiter, for_request, with_json(request)) end
+      p.limiter = limiter
+      if limiter then
+        p.cost = call_cost(opts, limiter, policy, request)
+        p.limiter_methods = limiter_methods(limiter)
+      end
     end
     if opts.follow_redirects == false then names = list_field(p, names, "follow_redirects", false) end
     local max_body = opts.max_body

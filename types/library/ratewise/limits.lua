@@ -342,6 +342,25 @@ function Limiters:sync_limit(name, remaining, reset_in, limit, window) end
 ---@param sent_at? number
 function Limiters:observe(res, sent_at) end
 
+---Limits per model (`rw.by_model{...}`): fetch and a client ask
+---`for_request` for the limiter of each request, which serves the whole call.
+---@class ratewise.ByModel
+local ByModel = {}
+
+---The limiter of the model `request.json.model` names, else the default;
+---raises for a model with neither. A request naming no model: the default, or nil.
+---@param request ratewise.CostRequest
+---@return ratewise.Limiter|nil
+function ByModel:for_request(request) end
+
+---The limiter of model `name`, else the default, else nil.
+---@param name string
+---@return ratewise.Limiter|nil
+function ByModel:model(name) end
+
+---Raises: which limits apply is a request's to say (use `l:model(name)`).
+function ByModel:acquire() end
+
 ---@alias ratewise.CircuitState "closed"|"open"|"half_open"
 
 ---@class ratewise.CircuitOptions
