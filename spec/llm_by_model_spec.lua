@@ -52,6 +52,23 @@ describe("rw.by_model", function()
     assert.near(2, used(small.requests), 0.01)
   end)
 
+  it("takes the model's limits together with a client route's own, and the route's alone for no model", function()
+    s:llm(PATH, { provider = "openai", models = { big = { rpm = 600, tpm = 600000 } }, use_min = 0.5,
+      use_max = 0.5 })
+    local big = { requests = meter(600), tokens = meter(10000) }
+    local route = meter(100)
+    local client = rw.client { base_url = s:url(""), provider = "openai", on_retry = false,
+      limiter = rw.by_model { big = rw.limiters(big) }, routes = { ["/v1/"] = route } }
+    assert.equal(200, assert(client:post(PATH, { json = chat("big", 400, 100) })).status)
+    assert.equal(200, assert(client:get("/v1/models")).status) -- no model: the route's alone
+    assert.same({ requests = 1, tokens = 200 }, s:llm_counts(PATH).big.counted)
+    assert.near(200, used(big.tokens), 1)
+    assert.near(1, used(big.requests), 0.01)
+    assert.near(2, used(route), 0.01)
+    assert.error_matches(function() client:post(PATH, { json = chat("other", 4, 5) }) end,
+      'no limits for model "other"', nil, true)
+  end)
+
   it("raises for a model without limits and no default, naming it and the models it has; nothing is sent", function()
     s:llm(PATH, { provider = "openai", models = { big = { rpm = 600, tpm = 600000 },
       other = { rpm = 600, tpm = 600000 } } })

@@ -279,7 +279,12 @@ function Client:_limiter_for(path, explicit)
   -- The route's counts requests (and hears what the server says of them);
   -- the client's takes the call's cost.
   if not route.both then
-    route.both = limiters_mod.new { route.limiter, cost = self.limiter }
+    -- (a choice by model stays one: each model's limits beneath the route's)
+    if limiters_mod.is_by_model(self.limiter) then
+      route.both = self.limiter:beneath(route.limiter)
+    else
+      route.both = limiters_mod.new { route.limiter, cost = self.limiter }
+    end
   end
   return route.both
 end

@@ -526,7 +526,9 @@ function limiters.by_model(spec)
   if next(models) == nil and default == nil then
     error("limiters: by_model: expected the limiter of at least one model", 2)
   end
-  return setmetatable({ models = models, default = default or false }, ByModel)
+  -- (unnamed: the limiter of a request that names no model when there is
+  -- no default; beneath's)
+  return setmetatable({ models = models, default = default or false, unnamed = false }, ByModel)
 end
 
 --- limiter | nil = l:for_request(request): the limiter of the model the
@@ -537,7 +539,7 @@ end
 function ByModel:for_request(request)
   local body = type(request) == "table" and request.json
   local model = type(body) == "table" and body.model or nil
-  if type(model) ~= "string" then return self.default or nil end
+  if type(model) ~= "string" then return self.default or self.unnamed or nil end
   local chosen = self.models[model] or self.default
   if not chosen then
     error(format("limiters: by_model: no limits for model %q, and no default (the models with limits are %s): "
@@ -550,6 +552,23 @@ end
 -- for neither.
 function ByModel:model(name)
   return self.models[name] or self.default or nil
+end
+
+--- limiters.is_by_model(v): whether v is a choice by model (by_model's).
+function limiters.is_by_model(v)
+  return getmetatable(v) == ByModel
+end
+
+--- l2 = l:beneath(limiter): the same choice by model, each model's limiter
+-- (and the default) taken together with `limiter`, which takes 1 per
+-- request (rw.limiters{limiter, cost = chosen}): a client's route with a
+-- limiter of its own. A request that names no model takes `limiter` alone
+-- (and the default's, if any); a model with neither still raises.
+function ByModel:beneath(limiter)
+  local models = {}
+  for name, chosen in pairs(self.models) do models[name] = limiters.new { limiter, cost = chosen } end
+  return setmetatable({ models = models, default = self.default and limiters.new { limiter, cost = self.default },
+    unnamed = limiter }, ByModel)
 end
 
 -- By itself it takes nothing: which limits apply is the request's to say.

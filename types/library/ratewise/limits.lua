@@ -361,6 +361,13 @@ function ByModel:model(name) end
 ---Raises: which limits apply is a request's to say (use `l:model(name)`).
 function ByModel:acquire() end
 
+---The same choice by model, each model's limiter (and the default) taken
+---together with `limiter`, which takes 1 per request; a request naming no
+---model takes `limiter` alone. What a client makes for a route with a limiter.
+---@param limiter ratewise.Limiter
+---@return ratewise.ByModel
+function ByModel:beneath(limiter) end
+
 ---@alias ratewise.CircuitState "closed"|"open"|"half_open"
 
 ---@class ratewise.CircuitOptions
