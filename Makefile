@@ -97,6 +97,8 @@ DEB_BUILD := gcc make pkg-config $(DEB_LUA) libcurl4-openssl-dev $(if $(filter 1
 DEB_HOSTS := nginx libnginx-mod-http-lua lua-resty-core luajit2 libluajit2-5.1-dev lua-compat53-dev \
              lua-cqueues lua-luv lua-nginx-redis love xvfb
 DEB_TEST  := lua-busted lua-socket lua-cjson python3 openssl redis-server redis-sentinel brotli zstd nghttp2-server $(DEB_HOSTS)
+# spec/limit_window_spec.lua runs the limiters against HAProxy's stick table.
+DEB_TEST  += haproxy
 # spec/nvim_spec.lua runs a plugin in Neovim (whose LuaJIT is luajit2's).
 DEB_TEST  += neovim
 DEB_TOOLS := lua-check luarocks

@@ -111,4 +111,18 @@ describe("rw.adaptive", function()
     assert.error_matches(function() rw.adaptive { burst = 0.5 } end, "option 'burst' must be at least 1", 1, true)
     assert.error_matches(function() rw.adaptive(5) end, "options must be a table", 1, true)
   end)
+  it("when a counting window's door is shut, takes what the server accepted over the hint as the limit", function()
+    local l = rw.adaptive { rate = 800 }
+    local t = rw.now()
+    -- 200 accepted within the last second, then refusals: the window is full
+    for _ = 1, 200 do l:observe({ status = 200, headers = {} }, t - 0.001) end
+    local throttle = { status = 429, throttled = true, headers = { ["retry-after"] = "1" } }
+    l:observe(throttle, t) -- the drop: to beta of 800 or more, still far above the window's 200
+    assert.is_true(l:rate() >= 0.7 * 800, "dropped to " .. l:rate())
+    for _ = 1, 3 do l:observe(throttle, rw.now()) end
+    -- just below the limit (near), and nothing sent while the window drains
+    assert.is_true(l.controller.w_max > 150 and l.controller.w_max <= 200.5, "w_max " .. l.controller.w_max)
+    assert.near(0.95 * l.controller.w_max, l.controller.rate, 1)
+    assert.is_true(l:wait_time() > 0.1 and l:wait_time() <= 1.25, "held " .. l:wait_time())
+  end)
 end)

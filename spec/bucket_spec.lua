@@ -248,4 +248,41 @@ describe("rw.bucket's waiters in tasks", function()
     end)
     assert.matches("bucket is closed", tostring(err))
   end)
+  describe("against a counting window (cubic.lua: a shut door)", function()
+    local throttle = { status = 429, throttled = true, headers = { ["retry-after"] = "1" } }
+    local accepted = { status = 200, headers = {} }
+
+    it("sends nothing for 1.2 hints once three requests sent since the drop are refused, none accepted between",
+      function()
+        local b = rw.bucket { capacity = 200, rate = 200 }
+        local t = rw.now()
+        b:observe(throttle, t - 0.001) -- the drop
+        assert.is_true(b:wait_time() < 0.01, "a drop alone holds nothing: " .. b:wait_time())
+        b:observe(throttle, t + 0.001)
+        b:observe(throttle, t + 0.001)
+        assert.is_true(b:wait_time() < 0.01, "two refusals are not yet a shut door: " .. b:wait_time())
+        b:observe(throttle, t + 0.001)
+        assert.near(1.2, b:wait_time(), 0.02)
+        -- the refusals of requests still in flight are the same episode
+        b:observe(throttle, rw.now())
+        assert.near(1.2, b:wait_time(), 0.02)
+        assert.near(190, b:rate(), 1)
+      end)
+
+    it("never holds where a request sent since the drop got through (a token bucket's jitter)", function()
+      local b = rw.bucket { capacity = 1, rate = 200 }
+      for _ = 1, 5 do
+        b:observe(throttle, rw.now())
+        b:observe(accepted, rw.now())
+      end
+      assert.is_true(b:wait_time() < 0.1, "held: " .. b:wait_time())
+    end)
+
+    it("never holds without a hint: a bare 429 names no window", function()
+      local b = rw.bucket { capacity = 1, rate = 200 }
+      local t = rw.now()
+      for _ = 1, 5 do b:observe({ status = 429, throttled = true, headers = {} }, t) end
+      assert.is_true(b:wait_time() < 0.1, "held: " .. b:wait_time())
+    end)
+  end)
 end)

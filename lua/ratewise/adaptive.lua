@@ -101,7 +101,7 @@ function adaptive.new(opts)
   local limiter = setmetatable({
     bucket = bucket.new { capacity = burst, rate = start, slow_down = false },
     controller = cubic.new { rate = start, ceiling = max_rate, floor = min_rate, beta = opts.beta,
-      near = opts.near or NEAR, slow_start = true, demand = true },
+      near = opts.near or NEAR, slow_start = true, demand = true, relearn = true },
   }, Adaptive)
   limiter.pace = setmetatable({ limiter = limiter }, Pace)
   return limiter
@@ -124,7 +124,7 @@ function Adaptive:observe(res, sent_at)
   local t = now()
   if type(sent_at) ~= "number" then sent_at = t end
   if type(res) == "table" and res.throttled == true then
-    self.controller:throttled(t, sent_at)
+    bucket.throttle(self.bucket, self.controller, res, sent_at, t)
   else
     self.controller:succeeded(t, sent_at, self.bucket:tokens() < 0)
   end

@@ -4,6 +4,7 @@
 local core = require "ratewise.core"
 local cubic = require "ratewise.cubic"
 local errors = require "ratewise.errors"
+local retry = require "ratewise.retry"
 local runtime = require "ratewise.runtime"
 
 local methods = core.bucket_methods
@@ -110,12 +111,25 @@ function methods:acquire(n, host_sleep, max_wait)
   return queue(self, n, host_sleep, max_wait)
 end
 
+-- What a throttle does to a bucket that follows controller (cubic.lua):
+-- the controller's new rate, and when the server's door is shut (a
+-- counting window), nothing sent until it drains: a sync of the bucket,
+-- whose waiters wait it out.
+local function throttle(self, controller, res, sent_at, t)
+  local headers = type(res.headers) == "table" and res.headers or nil
+  local hint = headers and retry.hint(headers)
+  local _, hold = controller:throttled(t, type(sent_at) == "number" and sent_at or t, hint)
+  set_rate(self, controller:current(t))
+  if hold then self:sync(0, hold) end
+end
+
 --- bucket:observe(res [, sent_at]): what fetch tells the limiter of each
 -- response. A throttle (res.throttled) of a request sent at sent_at slows
 -- the bucket down, unless it was made with slow_down = false.
 function methods:observe(res, sent_at)
   local controller = slowed[self]
-  if not controller and not (type(res) == "table" and res.throttled == true) then return end
+  local throttled = type(res) == "table" and res.throttled == true
+  if not controller and not throttled then return end
   local t = now()
   if not controller then
     if not self:slows_down() then return end
@@ -123,10 +137,12 @@ function methods:observe(res, sent_at)
     controller = cubic.new { rate = rate, ceiling = rate, floor = rate * FLOOR, beta = SLOW_DOWN }
     slowed[self] = controller
   end
-  if type(res) == "table" and res.throttled == true then
-    controller:throttled(t, type(sent_at) == "number" and sent_at or t)
+  if throttled then
+    throttle(self, controller, res, sent_at, t)
+  else
+    controller:succeeded(t, type(sent_at) == "number" and sent_at or t)
+    set_rate(self, controller:current(t))
   end
-  set_rate(self, controller:current(t))
   if controller:recovered() then slowed[self] = nil end
 end
 
@@ -134,4 +150,5 @@ return {
   new = core.bucket,
   check_acquire = check_acquire,
   queue = queue,
+  throttle = throttle,
 }

@@ -21,6 +21,18 @@
 --     once per MIN_ROUND_TRIP): TCP's slow start, where AWS starts
 --     unlimited and, at the first throttle, near nothing.
 --
+-- A counting window (HAProxy's http_req_rate, a sliding log) counts the
+-- requests it refuses: once over, it stays shut while the client keeps
+-- sending, whatever the rate. So when SHUT_AFTER requests sent after the
+-- drop are refused, none accepted between, while the server's hint from
+-- the drop has not passed, the door is shut (a token bucket lets the next
+-- request through: a 429 there is jitter). The controller then asks its
+-- limiter to send nothing until the window has drained (the hint and a
+-- fifth, as hinted retries spread theirs), once per episode; and a
+-- limiter that learns its rate (relearn) takes what the server accepted
+-- over the hint's span as the limit, which slow start or a cut of beta
+-- from far above it would miss.
+--
 -- While nobody waits for the limiter, the rate never grows past DEMAND
 -- times the rate at which requests were actually sent (measured over
 -- windows of MEASURE_WINDOW seconds, each weighing SMOOTHING, as AWS
@@ -30,8 +42,8 @@
 local core = require "ratewise.core"
 
 local now = core.now
-local huge, max, min = math.huge, math.max, math.min
-local setmetatable = setmetatable
+local floor, huge, max, min = math.floor, math.huge, math.max, math.min
+local setmetatable, type = setmetatable, type
 
 local cubic = {}
 
@@ -44,19 +56,30 @@ local MEASURE_WINDOW = 0.1
 local SMOOTHING = 0.8
 -- How much a round trip measured now weighs in the smoothed one (TCP's 1/8).
 local RTT_GAIN = 0.125
+-- The hold after the door is shut, times the server's hint.
+local HOLD = 1.2
+-- Refusals of requests sent since the drop, none accepted between, that
+-- say the door is shut.
+local SHUT_AFTER = 3
+-- Successes are counted in slots of SLOT seconds, SLOTS of them (the
+-- longest span over which the accepted rate is read).
+local SLOT, SLOTS = 0.1, 100
 
 cubic.BETA, cubic.SCALE, cubic.START, cubic.MIN_ROUND_TRIP = BETA, SCALE, START, MIN_ROUND_TRIP
 cubic.DEMAND, cubic.MEASURE_WINDOW, cubic.SMOOTHING = DEMAND, MEASURE_WINDOW, SMOOTHING
+cubic.HOLD, cubic.SHUT_AFTER = HOLD, SHUT_AFTER
 
 local Controller = {}
 Controller.__index = Controller
 
---- c = cubic.new{rate = r, ceiling = c, floor = f, beta = b, near = n, slow_start = bool, demand = bool}
+--- c = cubic.new{rate = r, ceiling = c, floor = f, beta = b, near = n, slow_start = bool, demand = bool,
+--   relearn = bool}
 -- rate: where it starts; ceiling, floor: the bounds it stays in; beta: the
 -- drop; near: the drop for a throttle below w_max (default: beta);
 -- slow_start: grow from rate on successes until the first throttle (else
 -- stay at rate until one); demand: cap growth by the measured send
--- rate (a limiter that sees every send, see sent()).
+-- rate (a limiter that sees every send, see sent()); relearn: when the
+-- door is shut, take the rate the server accepted as the limit.
 function cubic.new(opts)
   local beta = opts.beta or BETA
   return setmetatable({
@@ -77,6 +100,13 @@ function cubic.new(opts)
     measured = 0,       -- smoothed send rate
     window_start = now(),
     window_sends = 0,
+    relearn = opts.relearn or false,
+    episode_hint = false, -- the hint of the throttle that dropped the rate
+    held_until = -huge,   -- the end of the hold of this episode (none yet)
+    passed = false,       -- a request sent since the last drop succeeded
+    refused = 0,          -- requests sent since the last drop refused (before one passed)
+    slots = false,        -- successes per slot (relearn), by slot number mod SLOTS
+    slot_at = false,      -- the slot number each entry of slots counts
   }, Controller)
 end
 
@@ -98,7 +128,8 @@ end
 -- busy: callers are waiting for the limiter.
 function Controller:current(t, busy)
   if self.slow or not self.w_max then return self.rate end
-  local x = (t or now()) - self.dropped_at - self.k
+  -- (a shut door's curve starts when its hold ends: until then, its start)
+  local x = max((t or now()) - self.dropped_at, 0) - self.k
   local rate = self.w_max * (1 + SCALE * x * x * x)
   if self.demand and not busy and rate > self.w_max then rate = min(rate, demand_cap(self)) end
   rate = bounded(self, rate)
@@ -120,6 +151,15 @@ end
 -- at t. In slow start the rate grows by 1 / round trip per success, which
 -- doubles it about once a round trip.
 function Controller:succeeded(t, sent_at, busy)
+  if sent_at >= self.dropped_at then self.passed = true end
+  if self.relearn then
+    local slot = floor(t / SLOT)
+    local slots, slot_at = self.slots, self.slot_at
+    if not slots then slots, slot_at = {}, {}; self.slots, self.slot_at = slots, slot_at end
+    local i = slot % SLOTS + 1
+    if slot_at[i] ~= slot then slot_at[i], slots[i] = slot, 0 end
+    slots[i] = slots[i] + 1
+  end
   local rtt = t - sent_at
   if rtt >= 0 then
     self.srtt = self.srtt and self.srtt + RTT_GAIN * (rtt - self.srtt) or rtt
@@ -130,11 +170,62 @@ function Controller:succeeded(t, sent_at, busy)
   self.rate = bounded(self, rate)
 end
 
---- dropped = c:throttled(t, sent_at): the server throttled a request sent
--- at sent_at. Answers whether the rate dropped (false: that request left
--- before the last drop, which already answered it).
-function Controller:throttled(t, sent_at)
-  if sent_at < self.dropped_at then return false end
+-- What the server accepted over the last `span` seconds (at most the
+-- slots' reach), from the successes counted: the rate (nil when none
+-- were), and when the oldest of them was accepted.
+local function accepted(c, t, span)
+  local slots, slot_at = c.slots, c.slot_at
+  if not slots then return nil end
+  local n = min(SLOTS, max(1, floor(span / SLOT + 0.5)))
+  local last = floor(t / SLOT)
+  local count, oldest = 0, nil
+  for slot = last - n + 1, last do
+    local i = slot % SLOTS + 1
+    if slot_at[i] == slot and slots[i] > 0 then
+      count = count + slots[i]
+      oldest = oldest or slot * SLOT
+    end
+  end
+  if count == 0 then return nil end
+  return count / (n * SLOT), oldest
+end
+
+-- The door is shut (see the top): hold, and with relearn take what the
+-- server accepted over the hint's span as the limit, just below it. The
+-- window has drained once what it accepted has left it: a hint (and a
+-- fifth) after the oldest of those, which after slow start's climb is
+-- well before a hint from now.
+local function shut(c, t, hint)
+  local hold = hint * HOLD
+  if c.relearn then
+    local limit, oldest = accepted(c, t, hint)
+    if limit and limit < c:current(t) then
+      hold = oldest + hint * HOLD - t
+      limit = bounded(c, limit)
+      c.w_max, c.rate = limit, bounded(c, limit * c.near)
+      c.k = ((1 - c.rate / limit) / SCALE) ^ (1 / 3)
+      c.dropped_at = t + hold
+    end
+  end
+  c.held_until = t + hold
+  return false, hold
+end
+
+--- dropped, hold = c:throttled(t, sent_at [, hint]): the server throttled a
+-- request sent at sent_at, and asked to come back in `hint` seconds (nil:
+-- it did not say). Answers whether the rate dropped (false: that request
+-- left before the last drop, which already answered it, or the door is
+-- shut), and when the door is shut, the seconds to send nothing.
+function Controller:throttled(t, sent_at, hint)
+  if sent_at < self.dropped_at or t < self.held_until then return false end
+  local episode_hint = self.episode_hint
+  if episode_hint and not self.passed and self.held_until < self.dropped_at
+    and t < self.dropped_at + episode_hint then
+    self.refused = self.refused + 1
+    if self.refused >= SHUT_AFTER then return shut(self, t, episode_hint) end
+    return false
+  end
+  self.episode_hint = type(hint) == "number" and hint > 0 and hint or false
   local rate = self:current(t)
   local w_max = self.w_max
   local stated = self.stated_rate
@@ -155,6 +246,7 @@ function Controller:throttled(t, sent_at)
   self.w_max, self.rate = w_max, rate
   self.dropped_at = t
   self.slow = false
+  self.passed, self.refused = false, 0
   return true
 end
 
