@@ -77,7 +77,14 @@ local cases = {
   { name = "413 with Retry-After", status = 413, headers = { ["retry-after"] = "5" },
     want = { action = "retry", delay = 5, source = "retry-after", class = "retryable" } },
   { name = "408", status = 408, want = { action = "retry", delay = 1, source = "backoff", throttled = false } },
-  { name = "429", status = 429, want = { action = "retry", delay = 1, source = "backoff", throttled = true } },
+  -- a 429 that names no wait backs off from a shorter first step: such a
+  -- limit (nginx's limit_req) refills in milliseconds
+  { name = "429", status = 429, want = { action = "retry", delay = decision.THROTTLE_BASE, source = "backoff",
+    throttled = true } },
+  { name = "429 at its third retry", status = 429, retries = 2,
+    want = { action = "retry", delay = 4 * decision.THROTTLE_BASE, source = "backoff" } },
+  { name = "429 with the caller's base", status = 429, opts = { base = 2 },
+    want = { action = "retry", delay = 2, source = "backoff" } },
   { name = "500", status = 500, want = { action = "retry", delay = 1, source = "backoff", backoff = 1 } },
   { name = "502", status = 502, want = { action = "retry", source = "backoff" } },
   { name = "503", status = 503, want = { action = "retry", source = "backoff" } },
@@ -104,9 +111,10 @@ local cases = {
   { name = "a hint at the first step is the wait", status = 429, headers = { ["retry-after"] = "0.5" },
     opts = { base = 0.5 }, want = { action = "retry", delay = 0.5, source = "retry-after" } },
   { name = "a policy's hint below the first step backs off", status = 429, policy = policy_with { delay = yes },
-    answers = { policy_delay = 0.000001 }, want = { action = "retry", delay = 1, source = "backoff" } },
+    answers = { policy_delay = 0.000001 }, want = { action = "retry", delay = decision.THROTTLE_BASE,
+      source = "backoff" } },
   { name = "a hint below the first step is not deferred", status = 429, headers = { ["retry-after"] = "0.000001" },
-    retry_after = "defer", want = { action = "retry", delay = 1, source = "backoff" } },
+    retry_after = "defer", want = { action = "retry", delay = decision.THROTTLE_BASE, source = "backoff" } },
   { name = "the delay option cannot undercut such a hint", status = 429, headers = { ["retry-after"] = "0.5" },
     opts = { delay = yes, jitter = "full" }, u = 0.001, answers = { delay = 0.1 },
     want = { action = "retry", delay = 0.5, source = "backoff" } },
@@ -279,6 +287,15 @@ describe("fetch.decision", function()
     assert.equal(0, call.retries)
     assert.is_nil(call.previous_backoff)
     assert.is_nil(call.hint)
+  end)
+
+  it("backs off from 0.05 s after a 429 that names no wait, from 1 s otherwise (docs/limits.md)", function()
+    assert.equal(0.05, decision.THROTTLE_BASE)
+    assert.equal(1, decision.DEFAULT_BASE)
+    local bare = decide { status = 429, opts = { jitter = "full" }, u = 0.999 }
+    assert.is_true(bare.delay < 0.05 and bare.delay > 0.049, "429: " .. bare.delay)
+    local down = decide { status = 503, opts = { jitter = "full" }, u = 0.999 }
+    assert.is_true(down.delay < 1 and down.delay > 0.99, "503: " .. down.delay)
   end)
 
   it("draws the jitter from the clock it is given", function()

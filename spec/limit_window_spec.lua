@@ -6,12 +6,16 @@
 --     counts the requests it refuses: a client that keeps sending while
 --     refused keeps its own window full. rw.adaptive{} and rw.bucket at
 --     the server's rate and burst must get most of the rate with few 429s.
+--   * nginx's limit_req at 200 r/s, burst 0 and burst 5 nodelay: a bare
+--     429, no Retry-After. With no limiter, the backoff alone must get a
+--     good share without drawing a 429 storm.
 --
 -- 16 tasks call rw.fetch in a loop for a few seconds; the server counts
 -- what it accepted and refused. The bounds leave room for a loaded
 -- machine (the figures are in docs/limits.md and bench/README.md).
 local rw = require "ratewise"
 local haproxy = require "spec.support.haproxy"
+local nginx = require "spec.support.nginx"
 
 local RATE, TASKS = 200, 16
 
@@ -68,4 +72,46 @@ describe("limiters against HAProxy's http_req_rate(1s)", function()
       local share, refused = against_haproxy(rw.bucket { capacity = RATE, rate = RATE })
       assert(share >= 0.8 and refused < 0.03, "bucket: " .. shown(share, refused))
     end)
+end)
+
+describe("no limiter against nginx's limit_req (a 429 with no Retry-After)", function()
+  local SECONDS = 3
+  local n
+  setup(function()
+    n = nginx.start {
+      http = "lua_shared_dict counts 1m;\n  limit_req_zone $binary_remote_addr zone=lr:1m rate=" .. RATE .. "r/s;",
+      server = [[
+    limit_req_status 429;
+    location = /counts { content_by_lua_block {
+      local d = ngx.shared.counts
+      ngx.print((d:get("ok") or 0) .. " " .. (d:get("limited") or 0)) } }
+    location = /lr0 { limit_req zone=lr; content_by_lua_block { ngx.print("ok") }
+      log_by_lua_block {
+      ngx.shared.counts:incr(ngx.status == 429 and "limited" or "ok", 1, 0) } }
+    location = /lr5 { limit_req zone=lr burst=5 nodelay; content_by_lua_block { ngx.print("ok") }
+      log_by_lua_block {
+      ngx.shared.counts:incr(ngx.status == 429 and "limited" or "ok", 1, 0) } }
+]],
+    }
+  end)
+  teardown(function() if n then n:stop() end end)
+
+  local function count()
+    local http = require "socket.http"
+    local accepted, refused = assert(http.request(n:url("/counts"))):match("(%d+) (%d+)")
+    return tonumber(accepted), tonumber(refused)
+  end
+
+  it("burst 0: a good share of the rate, not a 429 storm", function()
+    local share, refused, failed = load(n:url("/lr0"), SECONDS, nil, count)
+    assert.same({}, failed)
+    assert(share >= 0.35 and refused <= 0.72, "limit_req burst 0: " .. shown(share, refused))
+  end)
+
+  it("burst 5 nodelay: nearly all of the rate", function()
+    require("socket").sleep(0.1) -- the last test's state drains
+    local share, refused, failed = load(n:url("/lr5"), SECONDS, nil, count)
+    assert.same({}, failed)
+    assert(share >= 0.85 and refused <= 0.65, "limit_req burst 5 nodelay: " .. shown(share, refused))
+  end)
 end)

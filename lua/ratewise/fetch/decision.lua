@@ -50,6 +50,13 @@ decision.clock = { now = core.now, time = core.time, random = retry.random }
 -- Defaults of the options that shape a retry.
 local DEFAULT_MAX_RETRIES, DEFAULT_BASE, DEFAULT_MAX_DELAY, DEFAULT_JITTER = 3, 1, 60, "full"
 decision.DEFAULT_MAX_RETRIES = DEFAULT_MAX_RETRIES
+-- The first step of the backoff after a 429 that names no wait (nginx's
+-- limit_req, most gateways), unless `base` is given: such a limit refills
+-- in milliseconds, and a second's first step left callers asleep while
+-- its rate went unused. A server down or overloaded (a 5xx) keeps
+-- DEFAULT_BASE.
+local THROTTLE_BASE = 0.05
+decision.DEFAULT_BASE, decision.THROTTLE_BASE = DEFAULT_BASE, THROTTLE_BASE
 -- How far a hinted wait is spread past the hint (spread_hint): a fifth,
 -- so that callers who got one Retry-After come back over a fifth of it.
 local HINT_JITTER = 0.2
@@ -185,7 +192,7 @@ local function retry_or_fail(call, res, terr, clock, why, d)
     else
       local jitter = opts.jitter or DEFAULT_JITTER
       local u = jitter == "none" and 0 or clock.random()
-      local base = opts.base or DEFAULT_BASE
+      local base = opts.base or (res and res.status == 429 and THROTTLE_BASE) or DEFAULT_BASE
       delay = backoff(retries, base, opts.max_delay or DEFAULT_MAX_DELAY, jitter, u, call.previous_backoff or base)
       local floor = d.floor
       if floor and delay < floor then delay = floor end
