@@ -220,9 +220,12 @@ bench-fast-paths: deps $(CORE)
 
 # The share of a rate-limited server's rate each limiter gets, and the
 # share of 429s (bench/ratelimit.lua): a private nginx at 200 requests/s
-# (a token bucket, and its limit_req), and the fixed windows of
-# express-rate-limit and @fastify/rate-limit (bench/fixed_window, node;
-# npm ci installs the versions of its package-lock.json).
+# (a token bucket, and its limit_req), HAProxy's stick table (haproxy,
+# which the suite needs too), and the fixed windows of express-rate-limit
+# and @fastify/rate-limit (bench/fixed_window, node; npm ci installs the
+# versions of its package-lock.json); beside ratewise, the peers of
+# bench-peers with no limiter (bench/peers, and Debian's python3-httpx and
+# python3-tenacity).
 # Debian's nodejs and npm, unless node and npm are there already (a
 # NodeSource nodejs holds npm, and Debian's npm would conflict with it).
 DEB_BENCH_RATE := nodejs npm
@@ -233,6 +236,9 @@ bench-rate: deps $(CORE)
 	fi
 	@test -d bench/fixed_window/node_modules || \
 	  (cd bench/fixed_window && npm ci --no-audit --no-fund --loglevel=error)
+	@test -d bench/peers/node_modules || \
+	  (cd bench/peers && npm ci --no-audit --no-fund --loglevel=error)
+	$(call install_missing,$(DEB_BENCH_PEERS_PY))
 	@$(LUA_ENV) $(SPEC_ENV) $(LUA) bench/ratelimit.lua
 
 # ratewise against the peers users of other languages write, in wall time

@@ -11,8 +11,14 @@
 --                    a token bucket in a shared dict (a burst of 1 or 2
 --                    tokens), answering 429 with Retry-After: 1 when it is
 --                    empty, as a rate-limited API does;
---   limit_req        the same nginx's own limit_req (burst 0, and burst 5
---                    nodelay): a 429 without any header;
+--   limit_req        the same nginx's own limit_req (burst 0, burst 5
+--                    nodelay, and burst 5, which delays what is within the
+--                    burst): a 429 without any header;
+--   HAProxy          Debian's haproxy 2.6 (spec/support/haproxy.lua): a
+--                    stick table tracking http_req_rate(1s), 429 with
+--                    Retry-After: 1 above RATE. It counts the requests it
+--                    refuses, so a client that stays over the rate is shut
+--                    out; a fresh one each run;
 --   fixed windows    real third-party limiters with their memory stores,
 --                    RATE requests a 1 s window (bench/fixed_window, node):
 --                    express-rate-limit 7 with its legacy X-RateLimit-*
@@ -29,12 +35,20 @@
 --   bucket at 90%        rw.bucket{capacity = 1, rate = 0.9 * RATE};
 --   adaptive             rw.adaptive{}, told no rate at all;
 --   ... + provider       the same with a provider (github for X-RateLimit-*,
---                        ietf for RateLimit) reading the headers.
+--                        ietf for RateLimit) reading the headers;
+--   bucket, server's burst  rw.bucket{capacity = RATE, rate = RATE}: the
+--                        advice "the server's rate and its burst" (HAProxy);
+--   the peers            Node undici + p-retry and Python httpx + tenacity
+--                        with no limiter (bench/peers/undici_rate.mjs,
+--                        httpx_rate.py: the retries of make bench-peers),
+--                        TASKS workers in their own process, counted by
+--                        the server as ratewise is.
 --
 -- Each row is two contenders in one run, the server's rate and what
 -- ratewise got of it: "share" is requests accepted / (RATE * SECONDS), and
 -- "429s" the share of requests the server refused. A benchmark, not a
 -- test: it fails only when a request fails outright.
+local haproxy = require "spec.support.haproxy"
 local nginx = require "spec.support.nginx"
 local support = require "spec.support.server"
 local socket = require "socket"
@@ -69,6 +83,8 @@ local server = nginx.start {
       ngx.say(d:get("ok"), " ", d:get("limited")) } }
     location = /lr0 { limit_req zone=lr; content_by_lua_block { ngx.say("ok") } ]] .. count_status .. [[ }
     location = /lr5 { limit_req zone=lr burst=5 nodelay; content_by_lua_block { ngx.say("ok") } ]]
+      .. count_status .. [[ }
+    location = /lr5d { limit_req zone=lr burst=5; content_by_lua_block { ngx.say("ok") } ]]
       .. count_status .. [[ }
     location = /api { content_by_lua_block {
       local ffi = require "ffi"
@@ -126,14 +142,20 @@ end
 
 local failures = 0
 
--- One run against url: the share of the rate accepted and the share of
--- requests refused. `stop` answers "<accepted> <refused>" and stops counting.
-local function run(url, stop, make_limiter, policy)
+-- The share of the rate accepted and the share of requests refused, from
+-- what `count` answers (accepted, refused) at the end of a run.
+local function share_of(accepted, refused)
+  return accepted / (RATE * SECONDS), refused / math.max(1, accepted + refused)
+end
+
+-- One run of ratewise against url: TASKS tasks calling rw.fetch in a loop
+-- through the limiter make_limiter makes (none: reactive) for SECONDS.
+local function run(url, count, make_limiter, policy)
   local limiter = make_limiter and make_limiter()
   local opts = { limiter = limiter, policy = policy, on_retry = false, max_retries = 1000,
     max_elapsed = SECONDS + 1 }
   local stop_at = rw.now() + SECONDS
-  local ok, limited
+  local accepted, refused
   rw.run(function()
     for _ = 1, TASKS do
       rw.spawn(function()
@@ -148,50 +170,112 @@ local function run(url, stop, make_limiter, policy)
     end
     -- counted for SECONDS exactly; what is in flight then is not
     rw.sleep(SECONDS)
-    ok, limited = call(stop):match("(%d+) (%d+)")
-    ok, limited = tonumber(ok), tonumber(limited)
+    accepted, refused = count()
     stop_at = 0
   end)
-  return ok / (RATE * SECONDS), limited / math.max(1, ok + limited)
+  return share_of(accepted, refused)
+end
+
+-- The peers' programs (bench/peers), each given the URL and TASKS.
+local PEERS = {
+  undici = { "node", "bench/peers/undici_rate.mjs" },
+  httpx = { "/usr/bin/python3", "bench/peers/httpx_rate.py" },
+}
+
+-- One run of a peer: its process starts, says "ready", and loops until it
+-- is killed; the server counts from when it is ready (start is called
+-- then) for SECONDS.
+local function run_peer(peer, start)
+  local program = PEERS[peer]
+  local proc = assert(io.popen("echo $$; exec " .. program[1] .. " " .. program[2] .. " '" .. start.url
+    .. "' " .. TASKS .. " 2>/dev/null", "r"))
+  local pid = assert(tonumber(proc:read("*l")))
+  local ready = proc:read("*l")
+  if ready ~= "ready" then
+    -- reported as not run, never given a figure
+    os.execute("kill " .. pid .. " 2>/dev/null")
+    proc:close()
+    return nil
+  end
+  start.begin()
+  socket.sleep(SECONDS)
+  local accepted, refused = start.count()
+  os.execute("kill " .. pid .. " 2>/dev/null")
+  proc:close()
+  return share_of(accepted, refused)
 end
 
 local reactive = { "reactive (server's hints only)" }
 local bucket = { "bucket at the limit", function() return rw.bucket { capacity = 1, rate = RATE } end }
 local bucket90 = { "bucket at 90%", function() return rw.bucket { capacity = 1, rate = RATE * 0.9 } end }
+local bucket_burst = { "bucket, server's rate and burst",
+  function() return rw.bucket { capacity = RATE, rate = RATE } end }
 local adaptive = { "adaptive, no rate given", function() return rw.adaptive {} end }
 local function with(provider, entry)
   return { (entry[1] or "no limiter") .. " + " .. provider .. " provider", entry[2], rw.providers[provider] }
 end
 local github_reactive = { "github provider, no limiter", nil, rw.providers.github }
+local undici = { "peer: Node undici + p-retry, no limiter", peer = "undici" }
+local httpx = { "peer: Python httpx + tenacity, no limiter", peer = "httpx" }
 
--- Each server: its name, how a run starts (answering the URL to load and
--- the one that stops the count, and a function to call after), and its
--- limiters.
+-- Each server: its name, how a run starts, and its contenders. A start
+-- answers { url = the URL to load, begin = a function called when the
+-- count is to begin (the server is reset), count = a function answering
+-- the requests accepted and refused since, and after = one to call at
+-- the end, if any }.
+local function count_nginx()
+  local accepted, refused = call(server:url("/stop")):match("(%d+) (%d+)")
+  return tonumber(accepted), tonumber(refused)
+end
 local function nginx_bucket(burst)
   return function()
-    call(server:url("/reset?burst=" .. burst .. "&rate=" .. RATE))
-    return server:url("/api"), server:url("/stop")
+    return { url = server:url("/api"), count = count_nginx,
+      begin = function() call(server:url("/reset?burst=" .. burst .. "&rate=" .. RATE)) end }
   end
 end
 local function nginx_limit_req(path)
   return function()
-    call(server:url("/reset"))
     socket.sleep(0.1) -- limit_req's state from the last run drains
-    return server:url(path), server:url("/stop")
+    return { url = server:url(path), count = count_nginx, begin = function() call(server:url("/reset")) end }
   end
 end
 local function node(kind)
   return function()
     local base, stop = start_node(kind)
-    return base .. "/api", base .. "/_stop", stop
+    local count = function()
+      local accepted, refused = call(base .. "/_stop"):match("(%d+) (%d+)")
+      return tonumber(accepted), tonumber(refused)
+    end
+    return { url = base .. "/api", count = count, after = stop, begin = function() end }
   end
+end
+-- A fresh HAProxy for each run: its window starts empty.
+local function haproxy_window()
+  local h = haproxy.start { rate = RATE, window = "1s", retry_after = 1 }
+  local accepted0, refused0 = 0, 0
+  return { url = h:url("/api"), after = function() h:stop() end,
+    begin = function() accepted0, refused0 = h:counts() end,
+    count = function()
+      local accepted, refused = h:counts()
+      return accepted - accepted0, refused - refused0
+    end }
+end
+
+-- One row: ratewise's run, or a peer's.
+local function run_row(start, contender)
+  if contender.peer then return run_peer(contender.peer, start) end
+  start.begin()
+  return run(start.url, start.count, contender[2], contender[3])
 end
 
 local servers = {
   { "token bucket, burst 1, Retry-After: 1", nginx_bucket(1), { reactive, bucket, bucket90, adaptive } },
   { "token bucket, burst 2, Retry-After: 1", nginx_bucket(2), { reactive, bucket, bucket90, adaptive } },
-  { "nginx limit_req, burst 0", nginx_limit_req("/lr0"), { reactive, bucket, adaptive } },
-  { "nginx limit_req, burst 5 nodelay", nginx_limit_req("/lr5"), { reactive, bucket, adaptive } },
+  { "nginx limit_req, burst 0", nginx_limit_req("/lr0"), { reactive } },
+  { "nginx limit_req, burst 5 nodelay", nginx_limit_req("/lr5"), { reactive } },
+  { "nginx limit_req, burst 5", nginx_limit_req("/lr5d"), { reactive } },
+  { "HAProxy http_req_rate(1s), Retry-After: 1", function() return haproxy_window() end,
+    { reactive, undici, httpx, bucket, bucket_burst, adaptive } },
   { "express-rate-limit, legacy X-RateLimit-*", node("express-legacy"),
     { reactive, github_reactive, bucket, adaptive, with("github", adaptive) } },
   { "express-rate-limit, draft-7 RateLimit", node("express-draft-7"),
@@ -211,11 +295,14 @@ for _, entry in ipairs(servers) do
     for _, limiter in ipairs(entry[3]) do
       local shares, refused = {}, {}
       for round = 1, ROUNDS do
-        local url, stop, after = entry[2]()
-        shares[round], refused[round] = run(url, stop, limiter[2], limiter[3])
-        if after then after() end
+        local start = entry[2]()
+        shares[round], refused[round] = run_row(start, limiter)
+        if start.after then start.after() end
       end
       local function span(list)
+        if #list < ROUNDS then
+          return "NOT RUN (npm ci in bench/peers; Debian's python3-httpx and python3-tenacity)"
+        end
         table.sort(list)
         if #list == 1 then return string.format("%.1f%%", 100 * list[1]) end
         return string.format("%.1f-%.1f%%", 100 * list[1], 100 * list[#list])
