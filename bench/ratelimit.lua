@@ -271,9 +271,9 @@ end
 local servers = {
   { "token bucket, burst 1, Retry-After: 1", nginx_bucket(1), { reactive, bucket, bucket90, adaptive } },
   { "token bucket, burst 2, Retry-After: 1", nginx_bucket(2), { reactive, bucket, bucket90, adaptive } },
-  { "nginx limit_req, burst 0", nginx_limit_req("/lr0"), { reactive } },
-  { "nginx limit_req, burst 5 nodelay", nginx_limit_req("/lr5"), { reactive } },
-  { "nginx limit_req, burst 5", nginx_limit_req("/lr5d"), { reactive } },
+  { "nginx limit_req, burst 0", nginx_limit_req("/lr0"), { reactive, undici, httpx, bucket, adaptive } },
+  { "nginx limit_req, burst 5 nodelay", nginx_limit_req("/lr5"), { reactive, undici, httpx, bucket, adaptive } },
+  { "nginx limit_req, burst 5", nginx_limit_req("/lr5d"), { reactive, undici, httpx, bucket, adaptive } },
   { "HAProxy http_req_rate(1s), Retry-After: 1", function() return haproxy_window() end,
     { reactive, undici, httpx, bucket, bucket_burst, adaptive } },
   { "express-rate-limit, legacy X-RateLimit-*", node("express-legacy"),
