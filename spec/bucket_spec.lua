@@ -269,6 +269,14 @@ describe("rw.bucket's waiters in tasks", function()
         assert.near(190, b:rate(), 1)
       end)
 
+    it("holds a long hint (a quota's reset) for the hint and a second, not a fifth more", function()
+      local b = rw.bucket { capacity = 10, rate = 10 }
+      local reset = { status = 429, throttled = true, headers = { ["retry-after"] = "3000" } }
+      b:observe(reset, rw.now() - 0.001)
+      for _ = 1, 3 do b:observe(reset, rw.now()) end
+      assert.near(3001, b:wait_time(), 0.05)
+    end)
+
     it("never holds where a request sent since the drop got through (a token bucket's jitter)", function()
       local b = rw.bucket { capacity = 1, rate = 200 }
       for _ = 1, 5 do

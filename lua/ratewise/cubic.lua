@@ -28,10 +28,10 @@
 -- the drop has not passed, the door is shut (a token bucket lets the next
 -- request through: a 429 there is jitter). The controller then asks its
 -- limiter to send nothing until the window has drained (the hint and a
--- fifth, as hinted retries spread theirs), once per episode; and a
--- limiter that learns its rate (relearn) takes what the server accepted
--- over the hint's span as the limit, which slow start or a cut of beta
--- from far above it would miss.
+-- fifth of it, as hinted retries spread theirs, at most a second more),
+-- once per episode; and a limiter that learns its rate (relearn) takes
+-- what the server accepted over the hint's span as the limit, which slow
+-- start or a cut of beta from far above it would miss.
 --
 -- While nobody waits for the limiter, the rate never grows past DEMAND
 -- times the rate at which requests were actually sent (measured over
@@ -196,11 +196,14 @@ end
 -- fifth) after the oldest of those, which after slow start's climb is
 -- well before a hint from now.
 local function shut(c, t, hint)
-  local hold = hint * HOLD
+  -- (a fifth more, but no more than a second: a long hint is a quota's
+  -- reset, which the server keeps to the second)
+  local drained = min(hint * HOLD, hint + 1)
+  local hold = drained
   if c.relearn then
     local limit, oldest = accepted(c, t, hint)
     if limit and limit < c:current(t) then
-      hold = oldest + hint * HOLD - t
+      hold = oldest + drained - t
       limit = bounded(c, limit)
       c.w_max, c.rate = limit, bounded(c, limit * c.near)
       c.k = ((1 - c.rate / limit) / SCALE) ^ (1 / 3)
