@@ -42,7 +42,9 @@
 --                        with no limiter (bench/peers/undici_rate.mjs,
 --                        httpx_rate.py: the retries of make bench-peers),
 --                        TASKS workers in their own process, counted by
---                        the server as ratewise is.
+--                        the server as ratewise is; and the same with the
+--                        first step of ratewise's backoff after a bare 429
+--                        (0.05 s), to compare at the same eagerness.
 --
 -- Each row is two contenders in one run, the server's rate and what
 -- ratewise got of it: "share" is requests accepted / (RATE * SECONDS), and
@@ -182,13 +184,14 @@ local PEERS = {
   httpx = { "/usr/bin/python3", "bench/peers/httpx_rate.py" },
 }
 
--- One run of a peer: its process starts, says "ready", and loops until it
+-- One run of a peer (contender.peer, with its backoff's first step
+-- contender.first, 1 s by default): its process starts, says "ready", and loops until it
 -- is killed; the server counts from when it is ready (start is called
 -- then) for SECONDS.
-local function run_peer(peer, start)
-  local program = PEERS[peer]
+local function run_peer(contender, start)
+  local program = PEERS[contender.peer]
   local proc = assert(io.popen("echo $$; exec " .. program[1] .. " " .. program[2] .. " '" .. start.url
-    .. "' " .. TASKS .. " 2>/dev/null", "r"))
+    .. "' " .. TASKS .. " " .. (contender.first or 1) .. " 2>/dev/null", "r"))
   local pid = assert(tonumber(proc:read("*l")))
   local ready = proc:read("*l")
   if ready ~= "ready" then
@@ -217,6 +220,11 @@ end
 local github_reactive = { "github provider, no limiter", nil, rw.providers.github }
 local undici = { "peer: Node undici + p-retry, no limiter", peer = "undici" }
 local httpx = { "peer: Python httpx + tenacity, no limiter", peer = "httpx" }
+local first = require("ratewise.fetch.decision").THROTTLE_BASE
+local undici_short = { string.format("peer: Node undici + p-retry, first step %g s", first), peer = "undici",
+  first = first }
+local httpx_short = { string.format("peer: Python httpx + tenacity, first step %g s", first), peer = "httpx",
+  first = first }
 
 -- Each server: its name, how a run starts, and its contenders. A start
 -- answers { url = the URL to load, begin = a function called when the
@@ -263,17 +271,18 @@ end
 
 -- One row: ratewise's run, or a peer's.
 local function run_row(start, contender)
-  if contender.peer then return run_peer(contender.peer, start) end
+  if contender.peer then return run_peer(contender, start) end
   start.begin()
   return run(start.url, start.count, contender[2], contender[3])
 end
 
+local limit_req_contenders = { reactive, undici, httpx, undici_short, httpx_short, bucket, adaptive }
 local servers = {
   { "token bucket, burst 1, Retry-After: 1", nginx_bucket(1), { reactive, bucket, bucket90, adaptive } },
   { "token bucket, burst 2, Retry-After: 1", nginx_bucket(2), { reactive, bucket, bucket90, adaptive } },
-  { "nginx limit_req, burst 0", nginx_limit_req("/lr0"), { reactive, undici, httpx, bucket, adaptive } },
-  { "nginx limit_req, burst 5 nodelay", nginx_limit_req("/lr5"), { reactive, undici, httpx, bucket, adaptive } },
-  { "nginx limit_req, burst 5", nginx_limit_req("/lr5d"), { reactive, undici, httpx, bucket, adaptive } },
+  { "nginx limit_req, burst 0", nginx_limit_req("/lr0"), limit_req_contenders },
+  { "nginx limit_req, burst 5 nodelay", nginx_limit_req("/lr5"), limit_req_contenders },
+  { "nginx limit_req, burst 5", nginx_limit_req("/lr5d"), limit_req_contenders },
   { "HAProxy http_req_rate(1s), Retry-After: 1", function() return haproxy_window() end,
     { reactive, undici, httpx, bucket, bucket_burst, adaptive } },
   { "express-rate-limit, legacy X-RateLimit-*", node("express-legacy"),

@@ -7,17 +7,20 @@
 // call that fails after its retries is counted and the worker goes on with
 // the next, as such a loop does.
 //
-//   node undici_rate.mjs URL TASKS
+//   node undici_rate.mjs URL TASKS [FIRST]
+//
+// FIRST: the backoff's first step in seconds (p-retry's minTimeout; 1 by
+// default).
 //
 // Prints "ready" once its client is made, then loops until it is killed
 // (the bench counts what the server answered, not what this prints).
 import { Agent, request } from 'undici';
 import pRetry, { AbortError } from 'p-retry';
 
-const [url, tasksArg] = process.argv.slice(2);
-const tasks = Number(tasksArg);
-if (!url || !(tasks >= 1)) {
-  console.error('usage: node undici_rate.mjs URL TASKS');
+const [url, tasksArg, firstArg] = process.argv.slice(2);
+const tasks = Number(tasksArg), first = Number(firstArg ?? 1);
+if (!url || !(tasks >= 1) || !(first > 0)) {
+  console.error('usage: node undici_rate.mjs URL TASKS [FIRST]');
   process.exit(2);
 }
 
@@ -33,7 +36,7 @@ async function get() {
     await res.body.text();
     if (res.statusCode === 429 || res.statusCode >= 500) throw new StatusError(res.statusCode);
     if (res.statusCode !== 200) throw new AbortError(new StatusError(res.statusCode));
-  }, { retries: 3, factor: 2, minTimeout: 1000, maxTimeout: 60000, randomize: true });
+  }, { retries: 3, factor: 2, minTimeout: first * 1000, maxTimeout: 60000, randomize: true });
 }
 
 async function worker() {
