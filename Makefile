@@ -225,7 +225,8 @@ bench-fast-paths: deps $(CORE)
 # and @fastify/rate-limit (bench/fixed_window, node; npm ci installs the
 # versions of its package-lock.json); beside ratewise, the peers of
 # bench-peers with no limiter (bench/peers, and Debian's python3-httpx and
-# python3-tenacity).
+# python3-tenacity). Then one shared limit through a Sentinel failover
+# (bench/redis_failover.lua), with on_error "local" and "closed".
 # Debian's nodejs and npm, unless node and npm are there already (a
 # NodeSource nodejs holds npm, and Debian's npm would conflict with it).
 DEB_BENCH_RATE := nodejs npm
@@ -240,6 +241,9 @@ bench-rate: deps $(CORE)
 	  (cd bench/peers && npm ci --no-audit --no-fund --loglevel=error)
 	$(call install_missing,$(DEB_BENCH_PEERS_PY))
 	@$(LUA_ENV) $(SPEC_ENV) $(LUA) bench/ratelimit.lua
+	@for on_error in local closed; do \
+	  BENCH_FAILOVER_ON_ERROR=$$on_error $(LUA_ENV) $(SPEC_ENV) $(LUA) bench/redis_failover.lua || exit 1; \
+	done
 
 # ratewise against the peers users of other languages write, in wall time
 # on a private loopback nginx (bench/peers.lua): Node's undici in p-retry
