@@ -26,14 +26,16 @@ api:script("/v1/chat/completions", {
     body = '{"error":{"message":"invalid request shape"}}' },
 })
 
--- Requests per minute and tokens per minute, taken together for each request.
+-- Requests per minute and tokens per minute, as named limits taken together
+-- for each request: the provider estimates the tokens of each (its prompt's
+-- characters / 4, plus max_tokens), so no cost is written by hand.
 local rpm = rw.bucket { capacity = 10, rate = 60 / 60 }
 local tpm = rw.bucket { capacity = 4000, rate = 40000 / 60 }
 local openai = rw.client {
   base_url = api.base .. "/v1",
   headers = { Authorization = "Bearer sk-demo-not-a-real-key" },
   provider = "openai",
-  limiter = rw.limiters { rpm, cost = tpm },
+  limiter = rw.limiters { requests = rpm, tokens = tpm },
   on_retry = function(info)
     print(string.format("  waiting %.2f s after %s (source: %s)", info.delay, info.status, info.source))
   end,
@@ -42,8 +44,7 @@ local openai = rw.client {
 local started = rw.now()
 for i, prompt in ipairs { "Say hello", "Say something else", "Break the API" } do
   local res, err = openai:post("/chat/completions", {
-    json = { model = "gpt-demo", messages = { { role = "user", content = prompt } } },
-    cost = 500, -- the tokens this request may use
+    json = { model = "gpt-demo", max_tokens = 100, messages = { { role = "user", content = prompt } } },
   })
   if res then
     local reply = res:json()
@@ -57,4 +58,5 @@ end
 local st = openai:stats()
 print(string.format("requests %d, attempts %d, retries %d (%s), waited %.2f s, failures %d",
   st.requests, st.attempts, st.retries, next(st.retries_by_source) or "-", st.waited, st.failures))
+print(string.format("tokens per minute: %.0f of %d left", tpm:tokens(), tpm:capacity()))
 api:stop()

@@ -41,6 +41,9 @@ describe("examples", function()
     assert.matches("waiting 1%.[234]%d s after 429 %(source: policy%)", out) -- 1.2 s, spread up to 20%
     assert.matches("request 2: Second answer %(2 attempts", out)
     assert.matches("request 3: terminal: invalid request shape", out)
+    -- the tokens limit took the provider's estimate of each attempt (and refilled meanwhile)
+    local left = tonumber(out:match("tokens per minute: (%d+) of 4000 left"))
+    assert.is_true(left ~= nil and left < 4000, out)
     assert.is_nil(out:find("sk-demo-not-a-real-key", 1, true))
   end)
 
