@@ -807,6 +807,11 @@ describe("the LLM providers' token rules", function()
     assert.is_nil(anthropic.settle(answer(500), taken))
     assert.is_nil(anthropic.settle(answer(200, {}, "<html>"), taken))
     assert.is_nil(anthropic.settle(answer(200, {}, '{"usage": {"input_tokens": "x"}}'), taken))
+    -- a hostile count (negative, or 1e999: infinite once decoded) is no count
+    assert.is_nil(anthropic.settle(answer(200, {}, '{"usage": {"input_tokens": 1e999, "output_tokens": 5}}'), taken))
+    assert.is_nil(anthropic.settle(answer(200, {}, '{"usage": {"input_tokens": 5, "output_tokens": -1}}'), taken))
+    assert.same({ input_tokens = 5, output_tokens = 2 }, anthropic.settle(answer(200, {},
+      '{"usage": {"input_tokens": 5, "output_tokens": 2, "cache_creation_input_tokens": 1e999}}'), taken))
     assert.is_nil(openai.settle)
   end)
 

@@ -22,7 +22,7 @@
 local policy = require "ratewise.policy"
 local common = require "ratewise.providers.common"
 
-local type, pcall, ceil = type, pcall, math.ceil
+local type, pcall, ceil, huge = type, pcall, math.ceil, math.huge
 
 -- The output tokens a request that names no max_tokens is taken for
 -- (Anthropic requires max_tokens: such a request is refused, 400).
@@ -76,20 +76,26 @@ local function cost(request)
     output_tokens = common.positive_integer(body.max_tokens) or DEFAULT_MAX_TOKENS }
 end
 
+-- A count of tokens a server reports, or nil: a JSON number may also be
+-- negative or, written as 1e999, infinite, which no limit could take.
+local function tokens(v)
+  if type(v) == "number" and v >= 0 and v < huge then return v end
+  return nil
+end
+
 -- The input a usage object reports as Anthropic counts it against ITPM:
 -- cache writes count, cache reads do not.
 local function input_of(usage)
-  local input = usage.input_tokens
-  if type(input) ~= "number" or input < 0 then return nil end
-  local written = usage.cache_creation_input_tokens
-  if type(written) == "number" and written > 0 then input = input + written end
+  local input = tokens(usage.input_tokens)
+  if not input then return nil end
+  local written = tokens(usage.cache_creation_input_tokens)
+  if written then input = input + written end
+  if input == huge then return nil end
   return input
 end
 
 local function output_of(usage)
-  local output = usage.output_tokens
-  if type(output) ~= "number" or output < 0 then return nil end
-  return output
+  return tokens(usage.output_tokens)
 end
 
 -- What Anthropic counted of the attempt: nothing for a refusal; for an
