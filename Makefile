@@ -110,7 +110,8 @@ DEB_CHECK := clang libclang-rt-14-dev clang-tidy cppcheck valgrind \
 
 .PHONY: all deps deps-build deps-check test demo bench examples install lint clean soak nvim \
         fuzz test-asan test-valgrind luajit-core nvim-core bench-hosts bench-rate bench-redis bench-http2 \
-        bench-openresty bench-baseline bench-instructions bench-fast-paths bench-peers
+        bench-openresty bench-baseline bench-instructions bench-fast-paths bench-peers \
+        bench-llm
 
 all: $(CORE)
 
@@ -244,6 +245,15 @@ bench-rate: deps $(CORE)
 	@for on_error in local closed; do \
 	  BENCH_FAILOVER_ON_ERROR=$$on_error $(LUA_ENV) $(SPEC_ENV) $(LUA) bench/redis_failover.lua || exit 1; \
 	done
+
+# The share of an LLM API's token limit ratewise gets, and its 429s
+# (bench/llm.lua): 600 chat requests against the test server's mock of
+# OpenAI's and Anthropic's rate limits, streamed and not, through
+# rw.client with the provider and named limits, beside the OpenAI
+# cookbook's parallel-processor algorithm, and in two processes sharing
+# the limits through rw.redis_bucket (a private redis-server).
+bench-llm: deps $(CORE)
+	@$(LUA_ENV) $(SPEC_ENV) $(LUA) bench/llm.lua
 
 # ratewise against the peers users of other languages write, in wall time
 # on a private loopback nginx (bench/peers.lua): Node's undici in p-retry
