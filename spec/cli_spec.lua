@@ -5,22 +5,10 @@ local server = require "spec.support.server"
 local subprocess = require "spec.support.subprocess"
 local cjson = require "cjson"
 
-local function quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local cli = require "spec.support.cli"
 
-local function slurp(path)
-  local f = assert(io.open(path, "rb"))
-  local text = f:read("*a")
-  f:close()
-  os.remove(path)
-  return text
-end
-
--- The ratewise command line as a shell command (under timeout: a hang
--- fails one spec; timeout's SIGTERM is one the command handles, so a KILL
--- follows it).
-local function command(args)
-  return subprocess.env .. "timeout -k 10 30 " .. subprocess.lua .. " bin/ratewise " .. args
-end
+local quote, slurp, command, ratewise = cli.quote, cli.slurp, cli.command, cli.ratewise
+local write_file, json_lines = cli.write_file, cli.json_lines
 
 -- Runs args in the background, sends sig once the server has seen a
 -- request to path (and after pause seconds more), and waits: stdout,
@@ -32,30 +20,6 @@ local function signalled(args, s, path, sig, pause)
     .. " && break; sleep 0.05; done; " .. (pause and ("sleep " .. pause .. "; ") or "")
     .. "kill -" .. sig .. " $pid; wait $pid")
   return slurp(out_file), slurp(err_file), code
-end
-
--- out, err, code: stdout and stderr apart
-local function ratewise(args, opts)
-  opts = opts or {}
-  local out_file, err_file = os.tmpname(), os.tmpname()
-  local _, code = subprocess.shell((opts.stdin and ("printf %s " .. quote(opts.stdin) .. " | ") or opts.shell or "")
-    .. command(args) .. " >" .. out_file .. " 2>" .. err_file)
-  return slurp(out_file), slurp(err_file), code
-end
-
-local function write_file(text)
-  local path = os.tmpname()
-  local f = assert(io.open(path, "wb"))
-  f:write(text)
-  f:close()
-  return path
-end
-
-local function json_lines(text)
-  local rows = {}
-  for line in text:gmatch("[^\n]+") do rows[#rows + 1] = cjson.decode(line) end
-  table.sort(rows, function(a, b) return a.line < b.line end)
-  return rows
 end
 
 describe("the ratewise command", function()

@@ -45,6 +45,11 @@ options:
                               with a count (10/5m) (a token bucket)
       --burst N               the bucket's capacity (default 1)
       --concurrency N         requests in flight at once (batch; default 4)
+      --rpm N                 requests a minute, with --provider openai or anthropic (batch)
+      --tpm N                 tokens a minute: OpenAI's limit (batch, --provider openai)
+      --itpm N, --otpm N      input and output tokens a minute: Anthropic's limits, both
+                              (batch, --provider anthropic); each request takes the
+                              provider's estimate, corrected as the provider corrects it
       --provider NAME         github, openai, anthropic, stripe or ietf
       --no-body               leave the bodies out of batch's results
       --resume                skip the lines already answered in -o FILE, and add
@@ -106,6 +111,8 @@ local OPTIONS = {
   ["--timeout"] = { "timeout", "number" },
   ["--rate"] = { "rate", "rate" },
   ["--burst"] = { "burst", "integer" },
+  ["--rpm"] = { "rpm", "number" }, ["--tpm"] = { "tpm", "number" },
+  ["--itpm"] = { "itpm", "number" }, ["--otpm"] = { "otpm", "number" },
   ["--concurrency"] = { "concurrency", "integer" },
   ["--provider"] = { "provider", "string" },
   ["--no-body"] = { "no_body", "flag" },
@@ -115,6 +122,65 @@ local OPTIONS = {
   ["-s"] = { "silent", "flag" }, ["--silent"] = { "silent", "flag" },
   ["-h"] = { "help", "flag" }, ["--help"] = { "help", "flag" },
 }
+
+-- The LLM providers' per-minute limits: each flag, the provider whose
+-- limit it is, and the limit's name in rw.limiters.
+local LLM_LIMITS = {
+  { flag = "--rpm", field = "rpm", name = "requests" },
+  { flag = "--tpm", field = "tpm", name = "tokens", provider = "openai" },
+  { flag = "--itpm", field = "itpm", name = "input_tokens", provider = "anthropic" },
+  { flag = "--otpm", field = "otpm", name = "output_tokens", provider = "anthropic" },
+}
+
+-- --rpm, --tpm, --itpm and --otpm go
+-- with batch, a --provider whose limits they are, and no --rate.
+local function check_llm_limits(command, o)
+  local first
+  for _, limit in ipairs(LLM_LIMITS) do
+    if o[limit.field] then first = first or limit.flag end
+  end
+  if not first then return end
+  if command ~= "batch" then usage_error("option %s is batch's", first) end
+  if o.rate then usage_error("give --rate or option %s, not both (%s sets the batch's limits)", first, first) end
+  if o.provider ~= "openai" and o.provider ~= "anthropic" then
+    usage_error("option %s needs --provider openai or --provider anthropic, whose limits it sets%s", first,
+      o.provider and format(" (got --provider %s)", o.provider) or "")
+  end
+  for _, limit in ipairs(LLM_LIMITS) do
+    if o[limit.field] and limit.provider and limit.provider ~= o.provider then
+      usage_error(o.provider == "anthropic"
+        and "option %s is OpenAI's tokens a minute: Anthropic limits input and output tokens apart "
+          .. "(--itpm and --otpm)"
+        or "option %s is Anthropic's: OpenAI limits tokens a minute as one (--tpm)", limit.flag)
+    end
+  end
+  if (o.itpm == nil) ~= (o.otpm == nil) then
+    usage_error("option %s needs %s too: Anthropic limits input and output tokens apart",
+      o.itpm and "--itpm" or "--otpm", o.itpm and "--otpm" or "--itpm")
+  end
+end
+
+-- How many seconds of its per-minute limit each bucket of --rpm, --tpm,
+-- --itpm and --otpm holds: both providers say a per-minute limit may be
+-- enforced over shorter intervals, so a minute's worth taken at once (the
+-- opening burst of a bucket that holds the whole minute) draws 429s, while
+-- a few seconds still let the requests in flight go together. The token
+-- sync from the answers' headers follows the server from the first one.
+cli.LLM_HOLD = 3
+
+-- rw.limiters with a named limit for each of --rpm, --tpm, --itpm and
+-- --otpm given, a bucket each refilled at N / 60 a second.
+local function llm_limiter(o)
+  local members = {}
+  for _, limit in ipairs(LLM_LIMITS) do
+    local per_minute = o[limit.field]
+    if per_minute then
+      members[limit.name] = rw.bucket { capacity = math.max(1, per_minute / 60 * cli.LLM_HOLD),
+        rate = per_minute / 60 }
+    end
+  end
+  return rw.limiters(members)
+end
 
 --- command, target, options = cli.parse(args)
 function cli.parse(args)
@@ -178,6 +244,7 @@ function cli.parse(args)
     usage_error("unknown provider %q (github, openai, anthropic, stripe or ietf)", o.provider)
   end
   if o.burst and not o.rate then usage_error("option --burst needs --rate") end
+  check_llm_limits(command, o)
   if o.resume then
     if command ~= "batch" then usage_error("option --resume is batch's") end
     if not o.output or o.output == "-" then
@@ -227,6 +294,7 @@ local function fetch_options(o)
     end
     opts.limiter = limiter
   end
+  if o.rpm or o.tpm or o.itpm then opts.limiter = llm_limiter(o) end
   if o.insecure then rw.configure { tls_warning = false } end
   return opts
 end

@@ -78,9 +78,60 @@ function output.shown_url(req)
   return text.printable(headers.redact_url(req.url))
 end
 
+-- A usage object's counts only (numbers, and objects of them such as
+-- OpenAI's prompt_tokens_details): nothing else of an answer is copied.
+local function counts(t, depth)
+  local kept, any = {}, false
+  for k, v in pairs(t) do
+    if type(k) == "string" then
+      if type(v) == "number" and v == v and v > -math.huge and v < math.huge then
+        kept[k], any = v, true
+      elseif type(v) == "table" and depth < 3 then
+        local inner = counts(v, depth + 1)
+        if inner then kept[k], any = inner, true end
+      end
+    end
+  end
+  return any and kept or nil
+end
+
+-- Fields of b over those of a (a stream tells its usage in parts:
+-- Anthropic's message_start, then message_delta's output).
+local function merged(a, b)
+  if not a then return b end
+  for k, v in pairs(b) do a[k] = v end
+  return a
+end
+
+--- usage | nil = output.usage(res): the usage an answer reports: its JSON
+-- body's "usage", or a stream's (server-sent events read whole), from the
+-- events that tell it: OpenAI's include_usage chunk, Anthropic's
+-- message_start (message.usage) and message_delta (usage).
+function output.usage(res)
+  local body = res and res.body
+  if type(body) ~= "string" then return nil end
+  if find(body, "^%s*{") then
+    local value = json.decode(body)
+    return type(value) == "table" and type(value.usage) == "table" and counts(value.usage, 1) or nil
+  end
+  if not find(body, "data:", 1, true) then return nil end
+  local found
+  local ok = pcall(function()
+    for event in res:events() do
+      local data = event.data and find(event.data, "^%s*{") and json.decode(event.data)
+      if type(data) == "table" then
+        local told = type(data.usage) == "table" and data.usage
+          or type(data.message) == "table" and type(data.message.usage) == "table" and data.message.usage
+        if told then found = merged(found, counts(told, 1) or {}) end
+      end
+    end
+  end)
+  return ok and found and next(found) and found or nil
+end
+
 --- line = output.result_line(item, req, res, err, no_body): the JSON line of
 -- one result: the request's line number, id, method and URL (userinfo
--- redacted), then its response or error.
+-- redacted), then its response (with the usage it reports) or error.
 function output.result_line(item, req, res, err, no_body)
   local r = { line = item.n }
   if req then
@@ -90,6 +141,7 @@ function output.result_line(item, req, res, err, no_body)
   end
   if res then
     r.ok, r.status, r.attempts, r.elapsed = true, res.status, res.attempts, milliseconds(res.elapsed)
+    r.usage = output.usage(res)
     if not no_body then put_body(r, res.body) end
   else
     r.ok = false

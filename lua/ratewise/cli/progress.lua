@@ -23,19 +23,49 @@ local function duration(seconds)
   return format("%.0fs", seconds)
 end
 
+-- A count in at most 6 columns: 812, 45.3k, 1.2M.
+local function short_count(n)
+  if n < 999.5 then return format("%d", floor(n + 0.5)) end
+  if n < 999.5e3 then return format("%.1fk", n / 1e3) end
+  return format("%.1fM", n / 1e6)
+end
+
+-- The limits' names in the bar and the summary, in their order.
+local TOKEN_LIMITS = { { "tokens", "tokens" }, { "input_tokens", "in" }, { "output_tokens", "out" } }
+
+--- " tokens 45.3k/min" (OpenAI), " in 45.3k/min out 8.1k/min"
+-- (Anthropic): the tokens the limiter took a minute so far, net of the
+-- provider's corrections (st.tokens, by limit; nil without named limits),
+-- each figure padded to one width, so that the bar keeps its own.
+function progress.tokens(st, per_minute)
+  if not st.tokens then return "" end
+  local parts = {}
+  for _, limit in ipairs(TOKEN_LIMITS) do
+    local taken = st.tokens[limit[1]]
+    if taken then
+      taken = max(taken, 0)
+      parts[#parts + 1] = per_minute and format(" %s %6s/min", limit[2], short_count(taken * per_minute))
+        or format(" %s %s", limit[2], short_count(taken))
+    end
+  end
+  return concat(parts)
+end
+
 --- The progress bar's line, at most width - 1 columns (a line as wide as
 -- the terminal wraps on some): done/total (total "?" until the input has
--- ended), rate, ETA, retries and throttled answers so far, and the longest
--- wait under way. st.total is nil while the input is still being read;
--- done and total count the requests sent or answered, not the lines a stop
--- left unsent nor those --resume skipped.
+-- ended), rate, tokens a minute (with --tpm, --itpm and --otpm), ETA,
+-- retries and throttled answers so far, and the longest wait under way.
+-- st.total is nil while the input is still being read; done and total
+-- count the requests sent or answered, not the lines a stop left unsent
+-- nor those --resume skipped.
 function progress.line(st, width)
   local elapsed = max(rw.now() - st.started, 1e-9)
   local rate = st.done / elapsed
   local total = st.total
   local eta = total and rate > 0 and (total - st.done) / rate or nil
-  local info = format(" %d/%s %s %.1f/s ETA %s retries %d throttled %d", st.done, total or "?",
-    total and format("%3d%%", total > 0 and floor(st.done * 100 / total) or 100) or "  ?%", rate,
+  local tokens = progress.tokens(st, 60 / elapsed)
+  local info = format(" %d/%s %s %.1f/s%s ETA %s retries %d throttled %d", st.done, total or "?",
+    total and format("%3d%%", total > 0 and floor(st.done * 100 / total) or 100) or "  ?%", rate, tokens,
     eta and duration(eta) or "?", st.retries, st.throttled)
   local wait = 0
   local now = rw.now()
@@ -43,7 +73,7 @@ function progress.line(st, width)
   if wait > 0 then info = info .. format(" waiting %.1fs", wait) end
   -- the bar keeps one width all run long, whatever the figures' lengths,
   -- and is left out on a terminal too narrow for it
-  local bar = min(30, width - 61)
+  local bar = min(30, width - 61 - #tokens)
   if bar < 10 then return sub(info, 2, width - 1) end
   local filled = total and (total > 0 and floor(bar * st.done / total) or bar) or 0
   return sub("[" .. rep("#", filled) .. rep(".", bar - filled) .. "]" .. info, 1, width - 1)
@@ -65,6 +95,10 @@ function progress.summary(st)
     st.throttled)
   if st.not_sent > 0 then line = line .. format("; %d not sent", st.not_sent) end
   if st.skipped > 0 then line = line .. format("; %d skipped (answered before)", st.skipped) end
+  if st.tokens and next(st.tokens) then
+    local per_minute = progress.tokens(st, 60 / max(elapsed, 1e-9)):gsub("/min", ""):gsub(" +", " ")
+    line = line .. format(";%s tokens taken (%s a minute)", progress.tokens(st), per_minute:sub(2))
+  end
   return line
 end
 
