@@ -120,6 +120,12 @@ end)
 describe("a burst to an origin known to multiplex, its first transfer ended before libcurl runs", function()
   local core = require "ratewise.core"
   local socket = require "socket"
+  -- What failed was the wait on the engine's descriptor for as long as
+  -- engine:timeout() said; a poll(2) build has no descriptor to wait on.
+  if not core.engine():pollfd() then
+    pending("a poll(2) build has no descriptor for a host to wait on")
+    return
+  end
   local s
 
   setup(function() s = nghttpd.start() end)
