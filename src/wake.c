@@ -92,10 +92,10 @@ static void *wake_helper(void *arg)
     }
 }
 
-/* The helper started, or an errno. It takes no signal: they are the host's
- * thread's (nginx's handlers set flags its loop reads as epoll_wait
- * returns EINTR). */
-static int wake_start(struct engine_wake *w)
+/* Opens the helper's descriptors and starts it: 0 or an errno. It takes no
+ * signal: they are the host's thread's (nginx's handlers set flags its loop
+ * reads as epoll_wait returns EINTR). */
+static int wake_open_helper(struct engine_wake *w)
 {
     struct epoll_event ev;
     sigset_t all, old;
@@ -122,6 +122,19 @@ static int wake_start(struct engine_wake *w)
     if (rc != 0) return rc;
     w->started = 1;
     return 0;
+}
+
+/* The helper started, or an errno, with what it opened closed again (a
+ * later wake_accept tries anew). */
+static int wake_start(struct engine_wake *w)
+{
+    int err = wake_open_helper(w);
+    if (err) {
+        wake_close_fd(&w->helper_ep);
+        wake_close_fd(&w->timer);
+        wake_close_fd(&w->stop);
+    }
+    return err;
 }
 
 void rw_wake_close(engine *e)
@@ -178,7 +191,11 @@ static int wake_l_path(lua_State *L)
         return 1;
     }
     w = (struct engine_wake *)calloc(1, sizeof *w);
-    if (!w) return luaL_error(L, "out of memory");
+    if (!w) {
+        lua_pushnil(L);
+        lua_pushliteral(L, "cannot open the engine's wake-up line: out of memory");
+        return 2;
+    }
     w->pid = getpid();
     w->listen_fd = w->line = w->helper_ep = w->timer = w->stop = -1;
     w->engine_fd = poller_fd(&e->poller);

@@ -221,7 +221,6 @@ function methods:chunks()
   end
 end
 
-
 --- value | nil = event:json(): the event's data decoded as JSON; nil for
 -- the data "[DONE]", with which OpenAI-style streams end. Raises for data
 -- that is neither, naming the event: a loop that stops at nil never takes
