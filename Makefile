@@ -101,6 +101,13 @@ DEB_TEST  := lua-busted lua-socket lua-cjson python3 openssl redis-server redis-
 DEB_TEST  += haproxy
 # spec/nvim_spec.lua runs a plugin in Neovim (whose LuaJIT is luajit2's).
 DEB_TEST  += neovim
+# The embedded-Lua hosts the suite runs ratewise in for real (spec/host_*_spec.lua),
+# each on the Lua it links: HAProxy (above), Apache's mod_lua and WeeChat
+# (Lua 5.3), Prosody (5.4), Tarantool (its LuaJIT) and mpv (5.2). Installed
+# without their recommends (WeeChat's would bring Ruby, mpv's a desktop);
+# none removes a package (apt-get -s).
+DEB_REAL_HOSTS := apache2 weechat-headless weechat-lua prosody tarantool mpv \
+                  lua5.3 liblua5.3-dev lua5.2 liblua5.2-dev lua-compat53-dev
 DEB_TOOLS := lua-check luarocks
 # For lint, fuzz, test-asan and test-valgrind (`make deps-check`);
 # libclang-rt-14-dev has libFuzzer and the sanitizer runtimes.
@@ -109,7 +116,7 @@ DEB_CHECK := clang libclang-rt-14-dev clang-tidy cppcheck valgrind \
              lua-compat53-dev
 
 .PHONY: all deps deps-build deps-check test demo bench examples install lint clean soak nvim \
-        fuzz test-asan test-valgrind luajit-core nvim-core bench-hosts bench-rate bench-redis bench-http2 \
+        fuzz test-asan test-valgrind luajit-core nvim-core host-cores bench-hosts bench-rate bench-redis bench-http2 \
         bench-openresty bench-baseline bench-instructions bench-fast-paths bench-peers \
         bench-llm
 
@@ -126,12 +133,13 @@ define install_missing
 	done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(2) $$missing >/dev/null; \
 	fi
 endef
 
 deps:
 	$(call install_missing,$(DEB_BUILD) $(DEB_TEST) $(DEB_TOOLS))
+	$(call install_missing,$(DEB_REAL_HOSTS),--no-install-recommends)
 
 deps-build:
 	$(call install_missing,$(DEB_BUILD) luarocks)
@@ -145,7 +153,14 @@ deps-check:
 SPEC_ENV = RATEWISE_LUA="$$(command -v $(LUA))" RATEWISE_CPATH="./$(BUILD)/?.so" RATEWISE_HOST="$(HOST)" \
            RATEWISE_LUA_CFLAGS="$(PKG_LUA)" RATEWISE_LUA_LIBS="$(PKG_LUA_LIBS)" \
            RATEWISE_CORE_CFLAGS="$(POLLER_DEF) $(REDIS_DEF)" RATEWISE_CORE_LIBS="$(PKG_CURL_LIBS) $(REDIS_LIB) $(DECODE_LIBS) $(CRYPTO_LIBS) $(THREAD_LIBS) -lm" \
-           RATEWISE_LUAJIT_CPATH="./$(LUAJIT_BUILD)/?.so"
+           RATEWISE_LUAJIT_CPATH="./$(LUAJIT_BUILD)/?.so" RATEWISE_REAL_HOSTS=$(REAL_HOSTS)
+# The real-host specs run in the default build only (Lua 5.4, epoll, Redis):
+# the other variants change nothing a host loads. They load the core built
+# for the Lua each host links.
+REAL_HOSTS := $(if $(and $(filter lua5.4,$(LUA)),$(if $(VARIANT),,yes)),1,0)
+host-cores: luajit-core
+	@$(MAKE) -s --no-print-directory LUA=lua5.3 build-lua5.3/ratewise/core.so
+	@$(MAKE) -s --no-print-directory LUA=lua5.2 build-lua5.2/ratewise/core.so
 # spec/openresty_spec.lua runs nginx's Lua module, and spec/love_spec.lua
 # LÖVE, both LuaJIT: they load the LuaJIT build of the core (of the same
 # variant), whichever Lua the suite runs under.
@@ -171,7 +186,7 @@ nvim-core: $(CORE)
 
 # SPECS names a part of the suite: `make test SPECS="spec/cli_spec.lua"`.
 SPECS ?= spec/
-test: deps $(CORE) $(HOST) luajit-core nvim
+test: deps $(CORE) $(HOST) luajit-core nvim $(if $(filter 1,$(REAL_HOSTS)),host-cores)
 	$(LUA_ENV) $(SPEC_ENV) $(LUA) /usr/bin/busted --ignore-lua --cpath="./$(BUILD)/?.so" \
 	  -o spec/support/summary.lua $(SPECS)
 
