@@ -51,6 +51,21 @@ describe("the scheduler", function()
       end)
     end)
 
+    it("tells the hosts' spawn watches of a task spawned outside any task, and only of those", function()
+      local scheduler = require "ratewise.scheduler"
+      local told, watching = 0, true
+      scheduler.add_spawn_watch(function() if watching then told = told + 1 end end)
+      local outer = rw.spawn(function()
+        rw.spawn(function() end):join() -- from inside a task: the loop already runs it
+      end)
+      assert.equal(1, told)
+      outer:join()
+      assert.equal(1, told)
+      rw.spawn(function() end):join()
+      watching = false
+      assert.equal(2, told)
+    end)
+
     it("raises fn's error, with its traceback", function()
       local ok, err = pcall(rw.run, function() rw.sleep(0.01); error("from the root") end)
       assert.is_false(ok)

@@ -58,6 +58,7 @@ local scheduler = {
   set_outside_wait = loop.set_outside_wait,
   progress = loop.progress,
   add_kick = loop.add_kick,
+  add_spawn_watch = tasks.add_spawn_watch,
 
   pollable = pollable.pollable,
   descriptor = pollable.descriptor,

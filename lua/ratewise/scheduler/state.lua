@@ -48,6 +48,9 @@ local record = {
   -- What code outside the tasks watches (scheduler.progress, add_kick).
   progress = 0,
   kicks = {}, kicks_n = 0,
+  -- fn() of each host whose loop steps the tasks, called when code outside
+  -- any task spawns one (tasks.add_spawn_watch).
+  spawn_watches = {}, spawn_watches_n = 0,
   -- outside_wait(done, deadline): how code outside any task waits (a
   -- join, a semaphore, a group): the main thread's drive until the seam
   -- (runtime.lua) sets its own.

@@ -252,9 +252,22 @@ local function spawn_in(group, origin, fn, ...)
   end
   S.live = S.live + 1
   make_ready(task)
+  if not S.current then
+    local watches = S.spawn_watches
+    for i = 1, S.spawn_watches_n do watches[i]() end
+  end
   return task
 end
 tasks.spawn_in = spawn_in
+
+--- tasks.add_spawn_watch(fn): fn() is called whenever code outside any
+-- task spawns one: a host whose own loop steps the tasks (WeeChat, mpv,
+-- Prosody, Tarantool) arms that loop then, where nothing of ratewise's
+-- would run the task before the next wait.
+function tasks.add_spawn_watch(fn)
+  S.spawn_watches_n = S.spawn_watches_n + 1
+  S.spawn_watches[S.spawn_watches_n] = fn
+end
 
 --- task = tasks.spawn(fn, ...): a task of the group of the task spawning it.
 function tasks.spawn(fn, ...)
