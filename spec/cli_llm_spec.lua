@@ -116,6 +116,68 @@ describe("ratewise batch with an LLM API's limits", function()
     assert.matches("tokens [%d.]+k? tokens taken", err)
   end)
 
+  it("draws the run in --timeline FILE.svg: the rate of each limit, every 429 and every wait", function()
+    -- --tpm says four times what the server allows: its 429s, and the
+    -- retries' waits, are in the picture beside what was taken
+    local server_limits, stated = { rpm = 600, tpm = 60000 }, { rpm = 600, tpm = 240000 }
+    s:llm(OPENAI, { provider = "openai", models = { m = server_limits }, hold = 3, use_min = 0.1, use_max = 1 })
+    local file = write_file(chat_lines(s:url(OPENAI), 12, "openai"))
+    local svg_file = os.tmpname()
+    local _, err, code = ratewise(format("batch --provider openai --rpm %d --tpm %d --retries 8 --concurrency 6 "
+      .. "--no-body --timeline %s %s", stated.rpm, stated.tpm, svg_file, file))
+    os.remove(file)
+    assert.equal(0, code, err)
+    local svg = cli.slurp(svg_file)
+    local counts = s:llm_counts(OPENAI).m
+    assert.equal(12, counts.ok)
+    assert.is_true(counts.limited > 0, "the server answered no 429: nothing to draw")
+    -- one well-formed document: every element opened is closed
+    assert.matches("^<svg xmlns=\"http://www.w3.org/2000/svg\"", svg)
+    assert.matches("</svg>\n$", svg)
+    local opened = select(2, svg:gsub("<%a[^>]*[^/]>", ""))
+    local closed = select(2, svg:gsub("</%a+>", ""))
+    assert.equal(opened, closed)
+    -- a panel for each limit, its line at the limit stated, and what was
+    -- taken: each request sent (retries too), and OpenAI's estimates,
+    -- which it never corrects
+    local panels = {}
+    for name, taken, body in svg:gmatch('<g class="panel" data%-limit="([%w_]+)" data%-taken="([%d.]+)">(.-)</g>') do
+      panels[name] = { taken = tonumber(taken), limit = tonumber(body:match('class="limit" data%-per%-minute="(%d+)"')),
+        points = select(2, body:gsub("%d,%d", "")) }
+    end
+    assert.same({ "requests", "tokens" }, (function()
+      local names = {}
+      for name in pairs(panels) do names[#names + 1] = name end
+      table.sort(names)
+      return names
+    end)())
+    assert.equal(stated.rpm, panels.requests.limit)
+    assert.equal(stated.tpm, panels.tokens.limit)
+    assert.equal(counts.ok + counts.limited, panels.requests.taken)
+    assert.is_true(panels.tokens.points > 100, "the tokens' rate has " .. panels.tokens.points .. " points")
+    -- a tick for each 429 the server answered, and a bar for each retry
+    local ticks = select(2, svg:gsub('class="throttle"', ""))
+    assert.equal(counts.limited, ticks)
+    local retry_waits = select(2, svg:gsub('class="wait retry"', ""))
+    assert.equal(counts.limited, retry_waits)
+    assert.matches(format("%d answered 429, %d retry waits", counts.limited, counts.limited), svg)
+    -- no secret reaches the picture
+    assert.is_nil(svg:find("secret", 1, true))
+  end)
+
+  it("refuses a --timeline it cannot write before anything is sent, and --timeline outside batch", function()
+    s:script("/t", { { status = 200 } })
+    local file = write_file(s:url("/t") .. "\n")
+    local _, err, code = ratewise("batch --rate 10 --timeline /nonexistent/dir/run.svg " .. file)
+    os.remove(file)
+    assert.equal(23, code, err)
+    assert.matches("cannot write the timeline: /nonexistent/dir/run.svg", err, 1, true)
+    assert.equal(0, #s:log("/t"))
+    _, err, code = ratewise("get --timeline run.svg " .. s:url("/t"))
+    assert.equal(2, code)
+    assert.matches("option --timeline is batch's", err, 1, true)
+  end)
+
   it("takes a request larger than a bucket holds, waiting for it as a minute's limit allows", function()
     -- (--otpm 12000 holds 600 tokens: each max_tokens of 1,000 is more)
     s:llm(ANTHROPIC, { provider = "anthropic", models = { m = { rpm = 600, itpm = 600000, otpm = 60000 } },

@@ -54,6 +54,8 @@ options:
       --no-body               leave the bodies out of batch's results
       --resume                skip the lines already answered in -o FILE, and add
                               the other results to it (batch)
+      --timeline FILE.svg     draw the run in FILE.svg: requests and tokens a minute
+                              against each limit, every 429 and every wait (batch)
       --progress, --no-progress   draw the progress bar, or not (default: on a terminal)
   -k, --insecure              do not verify TLS certificates
   -s, --silent                no retry lines on stderr
@@ -117,20 +119,14 @@ local OPTIONS = {
   ["--provider"] = { "provider", "string" },
   ["--no-body"] = { "no_body", "flag" },
   ["--resume"] = { "resume", "flag" },
+  ["--timeline"] = { "timeline", "string" },
   ["--progress"] = { "progress", "flag" }, ["--no-progress"] = { "no_progress", "flag" },
   ["-k"] = { "insecure", "flag" }, ["--insecure"] = { "insecure", "flag" },
   ["-s"] = { "silent", "flag" }, ["--silent"] = { "silent", "flag" },
   ["-h"] = { "help", "flag" }, ["--help"] = { "help", "flag" },
 }
 
--- The LLM providers' per-minute limits: each flag, the provider whose
--- limit it is, and the limit's name in rw.limiters.
-local LLM_LIMITS = {
-  { flag = "--rpm", field = "rpm", name = "requests" },
-  { flag = "--tpm", field = "tpm", name = "tokens", provider = "openai" },
-  { flag = "--itpm", field = "itpm", name = "input_tokens", provider = "anthropic" },
-  { flag = "--otpm", field = "otpm", name = "output_tokens", provider = "anthropic" },
-}
+local LLM_LIMITS = batch.LLM_LIMITS
 
 -- --rpm, --tpm, --itpm and --otpm go
 -- with batch, a --provider whose limits they are, and no --rate.
@@ -249,6 +245,12 @@ function cli.parse(args)
     if command ~= "batch" then usage_error("option --resume is batch's") end
     if not o.output or o.output == "-" then
       usage_error("option --resume needs -o FILE, the results file of the run it resumes")
+    end
+  end
+  if o.timeline then
+    if command ~= "batch" then usage_error("option --timeline is batch's") end
+    if o.timeline == "" or o.timeline == "-" then
+      usage_error("option --timeline needs a file to write the SVG to (got %q)", o.timeline)
     end
   end
   if o.paginate then

@@ -16,6 +16,7 @@ local json = require "ratewise.json"
 local input = require "ratewise.cli.input"
 local output = require "ratewise.cli.output"
 local progress = require "ratewise.cli.progress"
+local timeline = require "ratewise.cli.timeline"
 
 local format = string.format
 
@@ -28,6 +29,16 @@ batch.GRACE = 2
 -- The exit status after a stop signal: 128 + its number, as a shell reports
 -- a command that signal ended (130 for Ctrl-C's SIGINT).
 batch.SIGNAL_EXIT = 128
+
+-- The LLM providers' per-minute limits (--rpm, --tpm, --itpm, --otpm): each
+-- flag, the provider whose limit it is, the limit's name in rw.limiters,
+-- and its title in a timeline.
+batch.LLM_LIMITS = {
+  { flag = "--rpm", field = "rpm", name = "requests", title = "requests" },
+  { flag = "--tpm", field = "tpm", name = "tokens", title = "tokens", provider = "openai" },
+  { flag = "--itpm", field = "itpm", name = "input_tokens", title = "input tokens", provider = "anthropic" },
+  { flag = "--otpm", field = "otpm", name = "output_tokens", title = "output tokens", provider = "anthropic" },
+}
 
 -- The stop signals' numbers (the same on every POSIX system).
 local SIGNAL_NAMES = { [1] = "SIGHUP", [2] = "SIGINT", [15] = "SIGTERM" }
@@ -77,6 +88,23 @@ function batch.run(path, o, err_out, base, fail)
   local signal -- the stop signal's number
   local function stopping() return stop_reason ~= nil end
 
+  -- --timeline: what the run took of each limit, its 429s and its waits
+  local drawing
+  if o.timeline then
+    local limits = { { name = "requests", title = "requests",
+      per_minute = o.rpm or (o.rate and o.rate * 60) or nil } }
+    for _, limit in ipairs(batch.LLM_LIMITS) do
+      if limit.name ~= "requests" and o[limit.field] then
+        limits[#limits + 1] = { name = limit.name, title = limit.title, per_minute = o[limit.field] }
+      end
+    end
+    drawing = timeline.new(limits, st.started)
+    -- (a file that cannot be written is said before anything is sent)
+    local f, ferr = io.open(o.timeline, "wb")
+    if not f then fail(output.WRITE_FAILED, "cannot write the timeline: %s", tostring(ferr)) end
+    f:close()
+  end
+
   local show_progress = o.progress or (not o.no_progress and core.isatty(2))
   -- results on the terminal the bar is drawn on: the bar is cleared first
   local shares_terminal = show_progress and out.file == io.stdout and core.isatty(1)
@@ -93,11 +121,17 @@ function batch.run(path, o, err_out, base, fail)
     if ev.type == "retry" then
       st.retries = st.retries + 1
       st.waits[compat.running() or "main"] = rw.now() + ev.delay
+      if drawing then drawing:waited("retry", rw.now(), ev.delay) end
     elseif ev.type == "response" then
       st.waits[compat.running() or "main"] = nil
+      -- (each attempt, drawn when its answer came)
+      if drawing then drawing:took("requests", 1, rw.now()) end
       -- a 429, or an answer the policy read as a throttle (a 503 with
       -- Retry-After, GitHub's 403 with its quota spent)
-      if ev.throttled or ev.status == 429 then st.throttled = st.throttled + 1 end
+      if ev.throttled or ev.status == 429 then
+        st.throttled = st.throttled + 1
+        if drawing then drawing:throttled(rw.now()) end
+      end
     end
   end
   base.on_event, base.on_retry = events, false
@@ -134,6 +168,7 @@ function batch.run(path, o, err_out, base, fail)
       for name, n in pairs(cost) do
         if name ~= "requests" and type(n) == "number" and capacity[name] then
           st.tokens[name] = (st.tokens[name] or 0) + sign * n
+          if drawing then drawing:took(name, sign * n, rw.now()) end
         end
       end
     end
@@ -143,7 +178,12 @@ function batch.run(path, o, err_out, base, fail)
         local me = compat.running() or "main"
         local granted, wait = false, nil
         local fit, over = fitted(n)
+        local asked = rw.now()
         if not stop_reason then granted, wait = bucket:acquire(fit, sleep, max_wait) end
+        -- (a wait shorter than a frame of the picture is not drawn)
+        if granted and drawing and rw.now() - asked > 0.005 then
+          drawing:waited("limit", asked, rw.now() - asked)
+        end
         if granted and stop_reason then granted = false end
         if granted then
           started[me] = true
@@ -360,6 +400,14 @@ function batch.run(path, o, err_out, base, fail)
     err_out:write("\n")
   end
   out:close()
+  local undrawn
+  if drawing then
+    local drawn_ok, draw_err = drawing:write(o.timeline, rw.now())
+    if not drawn_ok then
+      undrawn = true
+      err_out:write("ratewise: ", draw_err, "\n")
+    end
+  end
   if reader.failed then err_out:write("ratewise: ", reader.failed, "\n") end
   if out.failed then err_out:write("ratewise: ", out.failed, "\n") end
   if st.unencoded_why then
@@ -372,7 +420,7 @@ function batch.run(path, o, err_out, base, fail)
     st.unencoded == 1 and "" or "s") end
   err_out:write(line, "\n")
   if signal then return batch.SIGNAL_EXIT + signal end
-  if out.failed or st.unencoded > 0 then return output.WRITE_FAILED end
+  if out.failed or st.unencoded > 0 or undrawn then return output.WRITE_FAILED end
   if reader.failed then return 2 end
   return st.failed == 0 and 0 or 1
 end
