@@ -38,30 +38,8 @@ print(string.format("ok %d failed %d slowest %.3f kinds %s", ok, failed, slowest
 ]]
 
 local function workers(n, s_url, r_url, seconds, on_error, rate, during)
-  local file = os.tmpname()
-  local f = assert(io.open(file, "w"))
-  f:write(WORKER)
-  f:close()
-  local outs = {}
-  local cmd = {}
-  for i = 1, n do
-    outs[i] = os.tmpname()
-    cmd[#cmd + 1] = subprocess.env .. "timeout 30 " .. subprocess.lua .. " " .. file .. " " .. s_url .. " " .. r_url
-      .. " " .. seconds .. " " .. on_error .. " " .. rate .. " > " .. outs[i] .. " 2>&1 &"
-  end
-  local p = assert(io.popen("{ " .. table.concat(cmd, " ") .. " wait; } 2>&1"))
-  if during then during() end
-  p:read("*a")
-  p:close()
-  local results = {}
-  for i = 1, n do
-    local o = assert(io.open(outs[i]))
-    results[i] = o:read("*a")
-    o:close()
-    os.remove(outs[i])
-  end
-  os.remove(file)
-  return results
+  return subprocess.run_lua_processes { code = WORKER, count = n, during = during,
+    args = function() return table.concat({ s_url, r_url, seconds, on_error, rate }, " ") end }
 end
 
 -- A `during` for workers(): Redis (r) stops half a second after the server

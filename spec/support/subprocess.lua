@@ -53,4 +53,35 @@ function subprocess.run_lua(code, opts)
   return out, code_out
 end
 
+--- outputs = subprocess.run_lua_processes{code =, count =, args = fn(i) [, seconds =] [, during = fn]}:
+-- runs `count` copies of a Lua program at once, each in a process of its
+-- own under `timeout` (seconds, default 30) with the shell words args(i),
+-- calls during() (when given) while they run, and answers what each wrote
+-- (stdout and stderr), once all have ended.
+function subprocess.run_lua_processes(opts)
+  local file = os.tmpname()
+  local f = assert(io.open(file, "w"))
+  f:write(opts.code)
+  f:close()
+  local outs, cmd = {}, {}
+  for i = 1, opts.count do
+    outs[i] = os.tmpname()
+    cmd[#cmd + 1] = subprocess.env .. "timeout " .. (opts.seconds or 30) .. " " .. subprocess.lua .. " " .. file
+      .. " " .. opts.args(i) .. " > " .. outs[i] .. " 2>&1 &"
+  end
+  local p = assert(io.popen("{ " .. table.concat(cmd, " ") .. " wait; } 2>&1"))
+  if opts.during then opts.during() end
+  p:read("*a")
+  p:close()
+  local results = {}
+  for i = 1, opts.count do
+    local o = assert(io.open(outs[i]))
+    results[i] = o:read("*a")
+    o:close()
+    os.remove(outs[i])
+  end
+  os.remove(file)
+  return results
+end
+
 return subprocess
