@@ -184,7 +184,7 @@ describe("rw.limiters", function()
       assert.near(8, requests:tokens(), 0.1)
     end)
 
-    it("raises for a cost that is a number, names an unknown limit, or asks more than a member holds", function()
+    it("raises for a cost that is a number, or names an unknown limit", function()
       local llm = rw.limiters { requests = rw.bucket { capacity = 10, rate = 1 },
         tokens = rw.bucket { capacity = 1000, rate = 100 } }
       assert.error_matches(function() llm:acquire(5) end,
@@ -194,11 +194,30 @@ describe("rw.limiters", function()
         "take: the cost names 'tokenz', which is not one of the limits (requests, tokens)", nil, true)
       assert.error_matches(function() llm:wait_time { tokens = -1 } end,
         "the cost of 'tokens' must be a non-negative number (got -1)", nil, true)
-      assert.error_matches(function() llm:acquire { tokens = 1001 } end,
-        "1001 tokens asked of member 'tokens', whose capacity is 1000: it could never be served", nil, true)
       assert.same({ requests = 10, tokens = 1000 }, llm:capacity())
       local no_requests = rw.limiters { tokens = rw.bucket { capacity = 10, rate = 1 } }
       assert.error_matches(function() no_requests:acquire() end, "give the cost per limit, a table by name")
+    end)
+
+    it("serves a limit asked for more than it holds: a full bucket, and the rest as debt the next wait out", function()
+      local tokens = rw.bucket { capacity = 1000, rate = 1000 }
+      local llm = rw.limiters { requests = rw.bucket { capacity = 10, rate = 10 }, tokens = tokens }
+      assert.is_true(llm:acquire { requests = 1, tokens = 2500 })
+      assert.near(-1500, tokens:tokens(), 5)
+      -- the next caller waits out the debt before its own
+      assert.near(1.6, llm:wait_time { requests = 1, tokens = 100 }, 0.05)
+      -- what it did not use comes back, whole: the bucket holds 1000 at most
+      llm:settle({ requests = 1, tokens = 2500 }, { tokens = 300 })
+      assert.near(700, tokens:tokens(), 5)
+      assert.is_true(llm:acquire { requests = 1, tokens = 2500 })
+      llm:refund { requests = 1, tokens = 2500 }
+      assert.near(1000, tokens:tokens(), 5)
+      -- while it waits for its full bucket, it holds nothing
+      assert.is_true((tokens:take(600)))
+      local ok, wait = llm:take { requests = 1, tokens = 5000 }
+      assert.is_false(ok)
+      assert.near(0.6, wait, 0.05)
+      assert.near(400, tokens:tokens(), 5)
     end)
 
     it("serves as the one cost member under a limiter taking 1 (a client's route), the cost a table", function()

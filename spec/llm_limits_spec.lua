@@ -102,19 +102,26 @@ describe("limits per named limit through fetch", function()
       assert.near(33, used(plain), 1)
     end)
 
-    it("raises for a cost per limit given to a limiter without named limits, or more than a limit holds", function()
+    it("raises for a cost per limit given to a limiter without named limits, or a bad cost callback", function()
       local plain = per_minute(600, 60)
       assert.error_matches(function()
         rw.fetch(s:url(OPENAI), { json = chat("m", 4), limiter = plain, cost = { tokens = 5 } })
       end, "option 'cost' is a table (a cost per limit), which only a limiter with named limits takes", nil, true)
       local named = rw.limiters { requests = per_minute(600, 60), tokens = per_minute(6000, 1) }
       assert.error_matches(function()
-        rw.fetch(s:url(OPENAI), { json = chat("m", 4), limiter = named, cost = { tokens = 500 } })
-      end, "asks 500 of limit 'tokens', whose capacity is 100", nil, true)
-      assert.error_matches(function()
         rw.fetch(s:url(OPENAI), { json = chat("m", 4), limiter = named, cost = function() return "many" end })
       end, "the 'cost' callback must answer a positive number or a table")
       assert.equal(0, #s:log(OPENAI))
+    end)
+
+    it("sends a request whose estimate is more than a limit's bucket holds, the rest taken as debt", function()
+      -- (the bucket holds a second of 6,000 a minute: 100 tokens; max_tokens 500)
+      local tokens = per_minute(6000, 1)
+      local named = rw.limiters { requests = per_minute(600, 60), tokens = tokens }
+      local res = assert(post(s, OPENAI, chat("m", 40, { max_tokens = 500 }), { limiter = named, policy = "openai" }))
+      assert.equal(200, res.status)
+      assert.near(-410, tokens:tokens(), 5) -- 510 taken of 100: OpenAI never gives back
+      assert.equal(1, #s:log(OPENAI))
     end)
 
     it("lowers the tokens limit to what the server says is left", function()

@@ -128,15 +128,21 @@ describe("rw.redis_bucket", function()
   end)
 
   -- (limiters' settle: an answer that used more than was taken for it)
-  needs_redis("debit takes at once, into debt shared by every object on the key, at most its capacity", function()
-    local a = rw.redis_bucket { redis = r.url, key = "k", capacity = 10, rate = 10 }
-    local b = rw.redis_bucket { redis = r.url, key = "k", capacity = 10, rate = 10 }
+  needs_redis("debit takes at once, into debt shared by every object on the key, up to its sync_horizon",
+      function()
+    local a = rw.redis_bucket { redis = r.url, key = "k", capacity = 10, rate = 10, sync_horizon = 2 }
+    local b = rw.redis_bucket { redis = r.url, key = "k", capacity = 10, rate = 10, sync_horizon = 2 }
     assert.is_true((a:take(4)))
     a:debit(8) -- 6 there: 2 short
     assert.near(-2, b:tokens(), 0.05)
     assert.near(0.3, b:wait_time(), 0.02) -- the debt and one token
-    b:debit(50) -- capped at the capacity: 10 more
-    assert.near(-12, a:tokens(), 0.1)
+    b:debit(15) -- more than the bucket holds, taken whole
+    assert.near(-17, a:tokens(), 0.1)
+    -- a refund may be more than the bucket holds too: what such a debit took comes back whole
+    a:refund(15)
+    assert.near(-2, b:tokens(), 0.1)
+    b:debit(500) -- believed only up to the horizon: the capacity and 2 s of the rate
+    assert.near(-32, a:tokens(), 0.2)
     assert.error_matches(function() a:debit(0) end, "debit")
     assert.error_matches(function() a:debit("3") end, "debit")
   end)

@@ -362,11 +362,16 @@ static int bucket_l_cancel(lua_State *L)
     return 0;
 }
 
-/* b:refund([n]): gives back tokens that were taken and will not be used. */
+/* b:refund([n]): gives back tokens that were taken and will not be used.
+ * n may be more than the bucket holds: what a limit asked for more than its
+ * capacity took (rw.limiters' named limits: a full bucket and debt) comes
+ * back whole, up to a full bucket. */
 static int bucket_l_refund(lua_State *L)
 {
     bucket *b = bucket_check(L);
-    double n = bucket_check_count(L, b, 2);
+    lua_Number n = bucket_number(L, 2, 1, "token count must be a positive number");
+    if (!(n > 0) || !isfinite(n))
+        luaL_argerror(L, 2, lua_pushfstring(L, "token count must be a positive number, got %s", bucket_shown(L, 2)));
     bucket_refill(b);
     b->tokens += n;
     if (b->tokens > b->capacity) b->tokens = b->capacity;

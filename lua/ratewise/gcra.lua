@@ -76,6 +76,19 @@ function gcra.count(bucket, n, method)
   return n
 end
 
+--- n = gcra.amount(bucket, n, method): the token count of a refund or a
+-- debit (1 when nil), which may be more than the bucket holds: what a
+-- limit asked for more than its capacity took (rw.limiters' named limits)
+-- comes back, or goes into debt, whole.
+function gcra.amount(_, n, method)
+  if n == nil then return 1 end
+  if type(n) ~= "number" or n ~= n or n <= 0 or n == huge then
+    error(format("bad argument #1 to '%s' (token count must be a positive number, got %s)", method,
+      shown(n)), 3)
+  end
+  return n
+end
+
 --- micros = gcra.max_wait(sleep, max_wait): acquire's other arguments
 -- checked; max_wait in microseconds (-1: any wait).
 function gcra.max_wait(sleep, max_wait)

@@ -255,13 +255,22 @@ local function check_cost(self, method, cost)
       error(format("limiters: %s: the cost of '%s' must be a non-negative number (got %s)", method, name,
         errors.shown(n)), 3)
     end
-    local capacity = capacity_of(member)
-    if n > capacity then
-      error(format("limiters: %s: %g tokens asked of member '%s', whose capacity is %g: it could never be "
-        .. "served", method, n, name, capacity), 3)
-    end
   end
   return cost
+end
+
+-- A named limit asked for more than its bucket holds (an LLM request whose
+-- max_tokens is more than the few seconds of a minute's limit its bucket
+-- keeps) waits for a full bucket, takes it, and takes the rest at once as
+-- debt, which the callers after it wait out: the limit holds over its
+-- minute, whatever one request asks, where a request that could never be
+-- served would have failed. held: the part member i waits for and takes;
+-- the rest is debited once every member has served (take).
+local function held(self, i, n)
+  if not self.names or type(n) ~= "number" then return n end
+  local capacity = capacity_of(self.members[i])
+  if n > capacity then return capacity end
+  return n
 end
 
 -- A member's wait must be a finite number: NaN compares false with
@@ -278,11 +287,22 @@ local function unavailable(w, why)
   return w == nil and type(why) == "table"
 end
 
+-- Takes n of member at once, into debt if need be: what the server has
+-- already counted is not waited for, but the callers after it wait.
+-- A member without debit takes what it can serve now.
+local function debit(member, n)
+  local ok, fn = pcall(function() return member.debit end)
+  if ok and type(fn) == "function" then return fn(member, n) end
+  local capacity = capacity_of(member)
+  if n > capacity then n = capacity end
+  return member:take(n)
+end
+
 local function wait_time(self, cost)
   local wait = 0
   local members = self.members
   for i = 1, #members do
-    local n = amount(self, i, cost)
+    local n = held(self, i, amount(self, i, cost))
     if takes(n) then
       local w, why = members[i]:wait_time(n)
       if unavailable(w, why) then return nil, why end
@@ -293,11 +313,13 @@ local function wait_time(self, cost)
   return wait
 end
 
--- Gives back what the first `taken` members took of cost.
-local function give_back(self, cost, taken)
+-- Gives back what the first `taken` members took of cost (part: only the
+-- part each holds, before any debt was taken).
+local function give_back(self, cost, taken, part)
   local members = self.members
   for i = 1, taken do
     local n = amount(self, i, cost)
+    if part then n = held(self, i, n) end
     if takes(n) then members[i]:refund(n) end
   end
 end
@@ -318,21 +340,31 @@ local function take(self, cost)
   if wait == nil then return nil, why end
   if wait > 0 then return false, wait end
   local members = self.members
+  local over -- whether a named limit was asked for more than it holds
   for i = 1, #members do
-    local n = amount(self, i, cost)
+    local asked = amount(self, i, cost)
+    local n = held(self, i, asked)
+    if n ~= asked then over = true end
     if takes(n) then
       local ok, seconds = members[i]:take(n)
       if unavailable(ok, seconds) then
-        give_back(self, cost, i - 1)
+        give_back(self, cost, i - 1, true)
         return nil, seconds
       end
       if not ok then
         local err
         seconds, err = failed_wait(self, i, n, seconds)
-        give_back(self, cost, i - 1)
+        give_back(self, cost, i - 1, true)
         if err then error(err, 0) end
         return false, seconds
       end
+    end
+  end
+  if over then
+    for i = 1, #members do
+      local asked = amount(self, i, cost)
+      local n = held(self, i, asked)
+      if asked > n then debit(members[i], asked - n) end
     end
   end
   return true
@@ -354,17 +386,6 @@ end
 function Limiters:refund(cost)
   cost = check_cost(self, "refund", cost)
   give_back(self, cost, #self.members)
-end
-
--- Takes n of member at once, into debt if need be: what the server has
--- already counted is not waited for, but the callers after it wait.
--- A member without debit takes what it can serve now.
-local function debit(member, n)
-  local ok, fn = pcall(function() return member.debit end)
-  if ok and type(fn) == "function" then return fn(member, n) end
-  local capacity = capacity_of(member)
-  if n > capacity then n = capacity end
-  return member:take(n)
 end
 
 --- l:settle(taken, actual): what an answer says it really cost, once it
@@ -407,7 +428,8 @@ function Limiters:settle(taken, actual)
 end
 
 --- capacity = l:capacity(): the most tokens one acquire may ask for; for
--- the named form, a table of each limit's by name.
+-- the named form, a table of what each limit's bucket holds (a cost above
+-- it takes a full bucket and the rest as debt: held).
 function Limiters:capacity()
   local members = self.members
   if self.per_limit then return self.per_limit:capacity() end

@@ -305,7 +305,7 @@ end
 
 --- b:refund([n]): gives back tokens taken and not used.
 function RedisBucket:refund(n)
-  n = count(self, n, "refund")
+  n = gcra.amount(self, n, "refund")
   local reply = run(self, "refund", n)
   if not reply and self.fallback then self.fallback:refund(n) end
 end
@@ -320,12 +320,14 @@ function RedisBucket:sync(remaining, reset_in)
   if not reply and self.fallback then self.fallback:sync(remaining, reset_in) end
 end
 
---- b:debit(n): takes n at once into debt (limiters' settle): a
--- reservation with no bound on its wait, not waited for. At most the
--- bucket's capacity, as the script's counts are.
+--- b:debit(n): takes n at once into debt (limiters' settle, and a named
+-- limit asked for more than it holds): a reservation with no bound on its
+-- wait, not waited for. The debt is believed only up to sync_horizon, as a
+-- local bucket's is.
 function RedisBucket:debit(n)
-  if type(n) == "number" and n > self.capacity_n then n = self.capacity_n end
-  n = count(self, n, "debit")
+  n = gcra.amount(self, n, "debit")
+  local most = self.capacity_n + self.horizon * self.rate_n
+  if n > most then n = most end
   local reply = run(self, "reserve", n, -1)
   if not reply and self.fallback then self.fallback:debit(n) end
 end

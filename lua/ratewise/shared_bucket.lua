@@ -92,7 +92,7 @@ function SharedBucket:tokens()
 end
 
 function SharedBucket:refund(n)
-  run(self, "refund", count(self, n, "refund"))
+  run(self, "refund", gcra.amount(self, n, "refund"))
 end
 
 function SharedBucket:sync(remaining, reset_in)

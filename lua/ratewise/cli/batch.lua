@@ -148,20 +148,6 @@ function batch.run(path, o, err_out, base, fail)
     local bucket = base.limiter
     local capacity = type(bucket.capacity) == "function" and bucket:capacity()
     local named = type(capacity) == "table"
-    -- With named limits (--rpm, --tpm, --itpm, --otpm): a request whose
-    -- estimate is more than a limit's bucket holds waits for a full bucket,
-    -- takes it, and the rest as debt, which the requests after it wait out:
-    -- the limit is kept a minute long, whatever one request asks.
-    local function fitted(cost)
-      if not named or type(cost) ~= "table" then return cost, false end
-      local fit, over = {}, false
-      for name, n in pairs(cost) do
-        local most = capacity[name]
-        if type(n) == "number" and type(most) == "number" and n > most then fit[name], over = most, true
-        else fit[name] = n end
-      end
-      return fit, over
-    end
     -- The tokens taken, net of the providers' corrections, for the bar.
     local function count(cost, sign)
       if not named or type(cost) ~= "table" then return end
@@ -177,9 +163,8 @@ function batch.run(path, o, err_out, base, fail)
       acquire = function(_, n, sleep, max_wait)
         local me = compat.running() or "main"
         local granted, wait = false, nil
-        local fit, over = fitted(n)
         local asked = rw.now()
-        if not stop_reason then granted, wait = bucket:acquire(fit, sleep, max_wait) end
+        if not stop_reason then granted, wait = bucket:acquire(n, sleep, max_wait) end
         -- (a wait shorter than a frame of the picture is not drawn)
         if granted and drawing and rw.now() - asked > 0.005 then
           drawing:waited("limit", asked, rw.now() - asked)
@@ -187,32 +172,14 @@ function batch.run(path, o, err_out, base, fail)
         if granted and stop_reason then granted = false end
         if granted then
           started[me] = true
-          if over then bucket:settle(fit, n) end
           count(n, 1)
         elseif stop_reason then
           refused[me] = true
         end
         return granted, wait
       end,
-      wait_time = bucket.wait_time and function(_, n) return bucket:wait_time((fitted(n))) end or nil,
-      -- (an oversized request's correction goes limit by limit, the
-      -- amount given back in parts a bucket can take)
       settle = bucket.settle and function(_, taken, actual)
-        local fit, over = fitted(taken)
-        if not (over and type(actual) == "table") then
-          bucket:settle(fit, actual)
-        else
-          for name, n in pairs(actual) do
-            local delta = type(n) == "number" and type(taken[name]) == "number" and capacity[name]
-              and n - taken[name] or 0
-            if delta > 0 then bucket:settle({ [name] = 0 }, { [name] = delta }) end
-            while delta < 0 do
-              local part = math.min(-delta, capacity[name])
-              bucket:refund({ [name] = part })
-              delta = delta + part
-            end
-          end
-        end
+        bucket:settle(taken, actual)
         if type(actual) == "table" and type(taken) == "table" then
           local change = {}
           for name, n in pairs(actual) do
@@ -222,9 +189,8 @@ function batch.run(path, o, err_out, base, fail)
         end
       end or nil,
       refund = bucket.refund and function(_, n)
-        local fit = fitted(n)
-        bucket:refund(fit)
-        count(fit, -1)
+        bucket:refund(n)
+        count(n, -1)
       end or nil,
     }
     base.limiter = setmetatable(own, { __index = function(_, name)

@@ -435,16 +435,11 @@ local function call_cost(opts, limiter, policy, request)
     return cost
   end
   if type(cost) == "table" then
+    -- (a limit asked for more than it holds takes a full bucket and debt:
+    -- rw.limiters)
     if not per_limit then
       error("fetch: option 'cost' is a table (a cost per limit), which only a limiter with named limits "
         .. "takes (rw.limiters{requests = a, tokens = b}); give this limiter a number", 4)
-    end
-    for name, n in pairs(cost) do
-      local most = capacity[name]
-      if type(n) == "number" and type(most) == "number" and n > most then
-        error(format("fetch: option 'cost' asks %s of limit '%s', whose capacity is %s: it could never be "
-          .. "served", tostring(n), tostring(name), tostring(most)), 4)
-      end
     end
   elseif given ~= nil and type(capacity) == "number" and cost > capacity then
     -- A cost no limiter could ever serve would wait forever (or fail deep inside).
