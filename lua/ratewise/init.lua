@@ -24,6 +24,7 @@ require "ratewise.hosts.cqueues"
 require "ratewise.hosts.nvim"
 require "ratewise.hosts.tarantool"
 require "ratewise.hosts.weechat"
+require "ratewise.hosts.haproxy"
 
 local ratewise = {
   _VERSION = core.version,

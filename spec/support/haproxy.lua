@@ -8,6 +8,9 @@
 --   local h = haproxy.start { rate = 200 [, window = "1s"] [, retry_after = 1] }
 --   h:url("/api"), h:counts() --> accepted, refused (since start), h:stop()
 --
+--   local h = haproxy.run { dir = d, config = d .. "/haproxy.cfg" [, seconds = 60] }
+--   h:alive(), h:output(), h:stop()    -- a configuration of the caller's, in the foreground
+--
 -- The limited frontend answers "ok" itself (http-request return): no
 -- backend. A second frontend serves HAProxy's statistics as CSV, from
 -- which counts() reads the limited frontend's 2xx and 4xx answers.
@@ -117,6 +120,30 @@ end
 local function running(pid)
   local stat = read_file("/proc/" .. pid .. "/stat")
   return stat ~= nil and stat:match("%) (%a)") ~= "Z"
+end
+
+--- h = haproxy.run{dir = d, config = path [, seconds = 60]}: HAProxy in the
+-- foreground (-db) on a configuration of the caller's, under `timeout`
+-- (ended after the seconds whatever happens), started from d, its output in
+-- d/haproxy.log; h:stop() ends it and removes d. It is not waited for: the
+-- caller knows what answers once it is up.
+function M.run(opts)
+  local dir = assert(opts.dir, "haproxy.run: dir is required")
+  local seconds = opts.seconds or 60
+  assert(run(("cd '%s' && (timeout %d %s -db -f '%s' </dev/null >haproxy.log 2>&1 & echo $! >haproxy.pid)"):format(
+    dir, seconds, M.BINARY, assert(opts.config, "haproxy.run: config is required"))))
+  return setmetatable({ dir = dir }, Haproxy)
+end
+
+--- yes = h:alive(): the process runs (h of haproxy.run).
+function Haproxy:alive()
+  local pid = tonumber(read_file(self.dir .. "/haproxy.pid") or "")
+  return pid ~= nil and running(pid)
+end
+
+--- text = h:output(): what HAProxy wrote (h of haproxy.run).
+function Haproxy:output()
+  return read_file(self.dir .. "/haproxy.log") or ""
 end
 
 --- Stops HAProxy and removes its folder. Idempotent.
