@@ -137,13 +137,24 @@ end
 -- interval seconds (0.02) until until_fn() is true, and answers the longest
 -- any answer took, in seconds (a host that hangs answers late, or not at
 -- all within 10 s: 10).
+-- luasocket's http writes the request line and the headers apart: without
+-- TCP_NODELAY the headers wait for the server's ACK, which a server that
+-- delays its ACKs (HAProxy's tcp-smart-accept) sends only some 40 ms later,
+-- and every answer would look that late. (tcp4: a socket of socket.tcp()
+-- is made at connect, too late to set the option on.)
+local function nodelay_tcp()
+  local c = assert(socket.tcp4())
+  assert(c:setoption("tcp-nodelay", true))
+  return c
+end
+
 function M.ping(url, until_fn, interval)
   local http = require "socket.http"
   local worst = 0
   http.TIMEOUT = 10
   repeat
     local started = socket.gettime()
-    local _, code = http.request(url)
+    local _, code = http.request { url = url, create = nodelay_tcp }
     local took = socket.gettime() - started
     if code ~= 200 then took = math.max(took, 10) end
     if took > worst then worst = took end
