@@ -114,6 +114,8 @@ describe("HAProxy 2.6 (real host, Lua 5.3)", function()
         :format(what, seconds, real_host.BOUND.late))
     end
     assert(during >= 20, ("only %d pings while the scenario ran"):format(during))
+    -- ratewise's lines went to HAProxy's log (core.log), which -db shows
+    assert.matches("%[info%] [^\n]*: retrying GET http://127%.0%.0%.1:%d+/rh/429/0 ", h:output())
     print(("\nHAProxy: one_429 %.2f s, one_slow %.2f s, ten_429 %.2f s, ten_slow %.2f s; CPU %.2f%% while waiting; "
       .. "worst /ping %.1f ms, /lua_ping %.1f ms"):format(results.one_429.seconds, results.one_slow.seconds,
       results.ten_429.seconds, results.ten_slow.seconds, 100 * results.one_429.cpu / results.one_429.seconds,

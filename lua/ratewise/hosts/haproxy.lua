@@ -35,14 +35,15 @@
 --   go to HAProxy's log with core.log, as HAProxy's own Lua errors do (the
 --   log servers of the configuration; standard error too, unless HAProxy
 --   runs quiet).
-local compat = require "ratewise.compat"
 local core = require "ratewise.core"
 local log = require "ratewise.log"
 local runtime = require "ratewise.runtime"
 local scheduler = require "ratewise.scheduler"
 
 local now = core.now
-local running = compat.running
+-- (HAProxy links Lua 5.3 or 5.4, whose coroutine.running says whether the
+-- thread is the main one)
+local running = coroutine.running
 local rawget, type, error, pcall, tostring, setmetatable, ceil = rawget, type, error, pcall, tostring,
   setmetatable, math.ceil
 
@@ -94,7 +95,12 @@ local function sleep(seconds)
   await(never, now() + seconds)
 end
 
-local host = { name = "haproxy", rank = 75, sleep = sleep, await = await }
+-- The host also keeps, for this Lua state: unyielding, coroutine ->
+-- "fetch" | "converter" while one of HAProxy's runs in it (weak: a
+-- coroutine HAProxy drops goes); driving, whether the driver of spawned
+-- tasks runs.
+local host = { name = "haproxy", rank = 75, sleep = sleep, await = await,
+  unyielding = setmetatable({}, { __mode = "k" }), driving = false }
 
 ---------------------------------------------------------------------------
 -- Where no wait is possible
@@ -114,12 +120,8 @@ local function in_fetch(what)
 end
 local IN_FETCH = { fetch = in_fetch("sample fetch"), converter = in_fetch("converter") }
 
--- coroutine -> "fetch" | "converter", while one of HAProxy's runs in it
--- (weak: a coroutine HAProxy drops goes)
-local unyielding = setmetatable({}, { __mode = "k" })
-
 local function leave(co, outer, ok, ...)
-  unyielding[co] = outer
+  host.unyielding[co] = outer
   if not ok then error((...), 0) end
   return ...
 end
@@ -127,7 +129,7 @@ end
 -- fn, marked while it runs; an error it raises goes on to HAProxy as it was.
 local function marked(fn, what)
   return function(...)
-    local co = running()
+    local co, unyielding = running(), host.unyielding
     local outer = unyielding[co]
     unyielding[co] = what
     return leave(co, outer, pcall(fn, ...))
@@ -145,8 +147,8 @@ end
 function host.claims()
   if not haproxy.active() then return nil end
   local co, main = running()
-  if co == nil or main then error(AT_START, 0) end
-  local what = unyielding[co]
+  if main then error(AT_START, 0) end
+  local what = host.unyielding[co]
   if what then error(IN_FETCH[what], 0) end
   return true
 end
@@ -154,24 +156,22 @@ end
 ---------------------------------------------------------------------------
 -- The driver of spawned tasks
 
-local driving = false
-
 local function no_task_left()
   return scheduler.live() == 0
 end
 
 local function drive_tasks()
   local ok, err = pcall(await, no_task_left)
-  driving = false
+  host.driving = false
   if not ok then log.write("ratewise: the driver's step failed: " .. tostring(err), "error") end
 end
 
 -- (a task spawned from outside any task: scheduler.add_spawn_watch)
 local function spawned()
-  if driving then return end
+  if host.driving then return end
   local api = core_api()
   if not api then return end
-  driving = true
+  host.driving = true
   api.register_task(drive_tasks)
 end
 
