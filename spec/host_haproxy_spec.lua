@@ -24,7 +24,6 @@ local function start(s, script)
   local dir = real_host.temp_dir()
   local port = server.free_port()
   local values = {
-    NAME = "@NAME@",
     RESULTS = dir .. "/results",
     BASE = s:url(""):gsub("/$", ""),
     ROOT = real_host.ROOT,
@@ -68,7 +67,6 @@ local function get(h, path)
   local body, code = http.request(url(h, path))
   return body, code, socket.gettime() - started
 end
-
 
 describe("HAProxy 2.6 (real host, Lua 5.3)", function()
   if not real_host.enabled() then
