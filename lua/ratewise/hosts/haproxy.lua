@@ -79,20 +79,24 @@ end
 local WAY = { block = msleep, sees_fd = false, idle = IDLE_LOOK }
 
 local function call(fn) return fn() end
-local function never() return false end
 
 -- A wait drives the scheduler until done() is true or the deadline has
--- passed: the tasks of this Lua state go on while any of HAProxy's
--- coroutines waits.
+-- passed, looking at its transfers between naps.
 local function await(done, deadline)
   return scheduler.drive(WAY, call, done, deadline)
 end
 
--- A sleep is a drive until its end, which it never comes back before
--- (HAProxy's clock is the one of its loop's last turn: a core.msleep may
--- end a little early, and the drive then sleeps what is left).
+-- A sleep is core.msleep, and never comes back before its end: HAProxy's
+-- clock is the one of its loop's last turn, so a core.msleep may end a
+-- little early, and the rest is slept then. It need not drive the
+-- scheduler: the tasks have their driver (below), and a transfer outside
+-- any task has its waiter.
 local function sleep(seconds)
-  await(never, now() + seconds)
+  local deadline, left = now() + seconds, seconds
+  while left > 0 do
+    msleep(left)
+    left = deadline - now()
+  end
 end
 
 -- The host also keeps, for this Lua state: unyielding, coroutine ->
