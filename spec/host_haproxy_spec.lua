@@ -119,6 +119,8 @@ describe("HAProxy 2.6 (real host, Lua 5.3)", function()
       results.ten_429.seconds, results.ten_slow.seconds, 100 * results.one_429.cpu / results.one_429.seconds,
       1000 * worst.ping, 1000 * worst.lua_ping))
 
+    assert.equal(1, #s:log("/hx/from_body"), "the task spawned in the body of the script did not run")
+
     -- a service waits too (a bare rw.fetch: a Retry-After, then the answer)
     s:script("/hx/429", {
       { status = 429, headers = { ["Retry-After"] = "1" }, body = "slow down" },

@@ -12,6 +12,10 @@ core.register_task(function()
   scenario.run { base = base, results = results }
 end)
 
+-- a task spawned in the body (in the master process, under -W): it runs
+-- once HAProxy serves
+rw.spawn(function() rw.fetch(base .. "/hx/from_body") end)
+
 local function answer(applet, status, body)
   applet:set_status(status)
   applet:add_header("content-type", "text/plain")
