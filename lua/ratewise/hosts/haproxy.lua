@@ -22,11 +22,11 @@
 --     far as Lua can tell (coroutine.isyieldable() is true there): HAProxy
 --     refuses the yield only once it reaches its own resume, and then
 --     aborts the whole call with its "yield not allowed". It exposes
---     nothing a script could ask beforehand (the fetches and converters of
---     one request even share one coroutine with its actions), so this
---     module wraps core.register_fetches and core.register_converters: the
---     functions registered after ratewise is loaded mark their coroutine
---     while they run. One registered before gets HAProxy's own error.
+--     nothing a script could ask beforehand (and the fetches and the
+--     converters of a request share one coroutine), so this module wraps
+--     core.register_fetches and core.register_converters: the functions
+--     registered after ratewise is loaded mark their coroutine while they
+--     run. One registered before gets HAProxy's own error.
 --   Tasks spawned from HAProxy's code (rw.spawn, outside any task) are run
 --   by a driver, an HAProxy task (core.register_task) that drives the
 --   scheduler while any task is live: a service or an action may spawn
