@@ -25,6 +25,7 @@ require "ratewise.hosts.nvim"
 require "ratewise.hosts.tarantool"
 require "ratewise.hosts.weechat"
 require "ratewise.hosts.haproxy"
+require "ratewise.hosts.prosody"
 
 local ratewise = {
   _VERSION = core.version,
