@@ -53,8 +53,9 @@ end
 -- Starts Prosody (under `timeout`) on the fixtures' configuration, with
 -- ratewise, the scenario and the core on its module paths (LUA_PATH and
 -- LUA_CPATH, which Prosody takes as the standalone interpreter does), and
--- waits until its HTTP port answers.
-local function start(s)
+-- waits until its HTTP port answers. at_load: a path its test module
+-- fetches as it loads (in Prosody's startup).
+local function start(s, at_load)
   assert(read_file(BINARY), "no " .. BINARY .. ": `make deps` installs prosody (the Makefile's DEB_REAL_HOSTS)")
   local dir = real_host.temp_dir()
   local port = server.free_port()
@@ -63,6 +64,7 @@ local function start(s)
     FIXTURES = FIXTURES,
     PORT = tostring(port),
     BASE = (s:url(""):gsub("/$", "")),
+    ATLOAD = at_load or "",
   }
   local config = assert(read_file(FIXTURES .. "prosody.cfg.lua.in")):gsub("@(%u+)@", values)
   real_host.write_file(dir .. "/prosody.cfg.lua", config)
@@ -173,6 +175,23 @@ describe("Prosody 0.12 (real host, Lua 5.4)", function()
     end
     assert.matches("the spawned task's call ended: 200", h:output(), 1, true)
     assert.equal(2, #s:log("/px/spawned"))
+  end)
+
+  it("serves a wait in a module's load at startup (Prosody's startup runs in a runner)", function()
+    s:script("/px/load", {
+      { status = 429, headers = { ["Retry-After"] = "1" }, body = "slow down" },
+      { status = 200, body = "ok" },
+    })
+    local started = socket.gettime()
+    h = start(s, "/px/load")
+    local deadline = socket.gettime() + 5
+    while not h:output():find("the call at load ended", 1, true) and socket.gettime() < deadline do
+      socket.sleep(0.05)
+    end
+    assert.matches("the call at load ended: 200", h:output(), 1, true)
+    assert(socket.gettime() - started >= 1, "the Retry-After was not waited for")
+    assert.equal(2, #s:log("/px/load"))
+    assert.equal("pong", (get(h, "/ping")))
   end)
 
   local MISUSE = { ["/outside"] = "a timer's callback (no runner)", ["/nested"] = "a coroutine of its own in a runner" }

@@ -12,12 +12,20 @@
 --                 calls rw.fetch; answers the error it raised
 --   GET /spawn    a timer's callback spawns a task that fetches ?path;
 --                 answers at once, and the task runs on
+-- With ratewise_test_at_load set, its load (Prosody's startup, in the
+-- startup's runner) calls rw.fetch on that path first.
 -- luacheck: globals module
 local rw = require "ratewise"
 local scenario = require "scenario"
 
 local base = module:get_option_string("ratewise_test_base")
 local results = module:get_option_string("ratewise_test_results")
+local at_load = module:get_option_string("ratewise_test_at_load", "")
+
+if at_load ~= "" then
+  local res, err = rw.fetch(base .. at_load)
+  module:log("info", "the call at load ended: %s", res and res.status or tostring(err))
+end
 
 local function run()
   scenario.run { base = base, results = results }
