@@ -1,7 +1,7 @@
 -- The Prosody host: ratewise inside Prosody (0.12), found with no
 -- configuration where the `prosody` global says the process is the server
--- and util.async and net.server are loaded (they are before any module
--- loads). Registered with the seam (ratewise/runtime.lua) at rank 77.
+-- and util.async, net.server and util.timer are loaded (they are before
+-- any module loads). Registered with the seam (ratewise/runtime.lua) at rank 77.
 --   Prosody runs a module's handlers (HTTP requests, stanzas, its startup)
 --   inside util.async runners. A wait there blocks its own runner with
 --   async.waiter(), as Prosody's own net.http callers do, and the rest of
@@ -12,9 +12,9 @@
 --   net.server.watchfd on the scheduler's descriptor and a util.timer task
 --   for its next deadline, each calling a step on Prosody's main thread,
 --   after which the waiters whose condition came true are resumed. A
---   driver of callbacks, not a thread of its own (hosts/driven.lua's
---   drivers are): Prosody's loop calls back, and net.http resumes its
---   runners from such callbacks. Tasks spawned outside any task (rw.spawn
+--   driver of callbacks, as net.http's: hosts/driven.lua's driver blocks in
+--   a thread of its own, which here would be one more runner, resumed from
+--   such callbacks all the same, and waking the others only through them. Tasks spawned outside any task (rw.spawn
 --   from a timer's callback) arm it (scheduler.add_spawn_watch).
 --   Code outside any runner (a timer's callback, an event handler run on
 --   the main loop, a coroutine of one's own) cannot wait without stopping
