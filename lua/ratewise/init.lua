@@ -26,6 +26,7 @@ require "ratewise.hosts.tarantool"
 require "ratewise.hosts.weechat"
 require "ratewise.hosts.haproxy"
 require "ratewise.hosts.prosody"
+require "ratewise.hosts.mpv"
 
 local ratewise = {
   _VERSION = core.version,
