@@ -11,14 +11,7 @@ local function shell_quote(s)
   return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
 end
 
-local function capture(command)
-  local p = assert(io.popen(command))
-  local out = p:read("*a")
-  p:close()
-  return out
-end
-
-local MPV = capture("command -v mpv 2>/dev/null"):match("^%s*(.-)%s*$")
+local MPV = require("spec.support.subprocess").shell("command -v mpv"):match("^%s*(.-)%s*$")
 local SCRIPTS = real_host.ROOT .. "/spec/support/hosts/mpv/"
 
 -- The lines of results whose first word is key, each as the text after it.

@@ -25,33 +25,19 @@ local log = require "ratewise.log"
 local runtime = require "ratewise.runtime"
 
 local rawget, type, pcall, tostring = rawget, type, pcall, tostring
-local loaded = package.loaded
 
 local mpv = {}
 
-local function mp_api()
+-- mpv's `mp`, where this is an mpv script: set up before the script's first
+-- line runs, and there for as long as its Lua state.
+local function find_mp()
   local mp = rawget(_G, "mp")
-  if type(mp) ~= "table" then mp = loaded.mp end
+  if type(mp) ~= "table" then mp = package.loaded.mp end
   if type(mp) == "table" and type(mp.add_timeout) == "function" and type(mp.get_time) == "function"
       and type(mp.command_native_async) == "function" then
     return mp
   end
   return nil
-end
-
---- yes = mpv.active(): the code runs inside an mpv script.
-function mpv.active()
-  return mp_api() ~= nil
-end
-
--- mp.msg's function for each of ratewise's levels.
-local MSG_LEVEL = { info = "info", warn = "warn", error = "error" }
-
---- mpv.log(line, level): a line of ratewise's log (ratewise/log.lua)
--- through mp.msg.
-function mpv.log(line, level)
-  local msg = mp_api().msg
-  msg[MSG_LEVEL[level] or "info"](line)
 end
 
 -- The driver: what steps the scheduler from the script's event loop.
@@ -110,26 +96,27 @@ local function new_driver(mp)
   return driver
 end
 
--- Registered where mpv's `mp` is there as this module loads: mpv sets it
--- up before the script's first line runs, and a wait elsewhere need not
--- ask. Every wait outside a task in a script is on its event loop's
--- thread (a script's own coroutine too: nothing else would resume it).
-if mpv.active() then
-  local mp = mp_api()
+-- Registered where mpv's `mp` is there as this module loads, and a wait
+-- elsewhere need not ask. Every wait outside a task in a script is on its
+-- event loop's thread (a coroutine of the script's own too: nothing else
+-- would resume it).
+local mp = find_mp()
+if mp then
   mpv.driver = new_driver(mp)
   scheduler.add_spawn_watch(mpv.driver.soon)
   scheduler.add_kick(mpv.driver.soon)
   runtime.register_host {
     name = "mpv",
     rank = 78,
-    claims = mpv.active,
+    claims = function() return true end,
     blocking = "raise",
     says = "ratewise: a wait outside a task (a bare rw.fetch, rw.sleep, rw.run, task:join()) would hold this mpv "
       .. "script's event loop (its key bindings, events, observers and timers) for all of its time: call "
       .. "rw.spawn(function() ... end) instead, whose tasks ratewise.hosts.mpv steps from mp.add_timeout, and "
       .. "act on the result inside the task, as mpv's own mp.command_native_async calls back (docs/hosts.md#mpv)",
   }
-  log.set_host(mpv.log)
+  -- mp.msg has a function for each of ratewise's levels (info, warn, error)
+  log.set_host(function(line, level) mp.msg[level](line) end)
 end
 
 return mpv
