@@ -1,0 +1,63 @@
+-- ratewise in a real Apache 2.4 (Debian's apache2, mod_lua on PUC Lua 5.3),
+-- with no code of ratewise's for it: a handler calls ratewise as plain
+-- code, and each waiting call holds its worker thread (LuaScope thread:
+-- one Lua state per worker thread, ratewise loaded once in each) while the
+-- other threads serve other requests. The server runs in the foreground
+-- from a private config in a temp dir (spec/support/hosts/apache/httpd.lua),
+-- started and stopped here.
+local real_host = require "spec.support.real_host"
+local server = require "spec.support.server"
+local httpd = require "spec.support.hosts.apache.httpd"
+local socket = require "socket"
+
+-- How often another request of the server is timed while the scenario runs:
+-- each costs the server's process CPU that the scenario counts as its own.
+local PING_EVERY = 0.1
+
+describe("ratewise in Apache mod_lua (Lua 5.3)", function()
+  local enabled, why = real_host.enabled()
+  local s, dir, h, run
+
+  before_each(function()
+    if not enabled then return end
+    assert(httpd.binary(), "apache2 or its mod_lua is not installed: `make deps` installs Debian's apache2 "
+      .. "(the Makefile's DEB_REAL_HOSTS)")
+    s = server.start()
+    real_host.routes(s)
+    dir = real_host.temp_dir()
+  end)
+
+  after_each(function()
+    if run then run:close() end
+    if h then h:stop() end
+    if s then s:stop() end
+    if dir then os.execute("rm -rf '" .. dir .. "'") end
+    run, h, s, dir = nil, nil, nil, nil
+  end)
+
+  it("runs the scenario as plain handler code (LuaScope thread); other requests are served meanwhile", function()
+    if not enabled then return pending(why) end
+    h = httpd.start { dir = dir, scope = "thread" }
+    local results_file = dir .. "/results"
+    -- /run holds its worker thread until the scenario ends: sent here, its
+    -- answer read once the other requests have been timed
+    run = assert(socket.connect("127.0.0.1", tonumber(h.url:match(":(%d+)$"))))
+    assert(run:send(("GET /run?base=%s&results=%s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n"):format(
+      s:url(""):gsub("/$", ""), results_file)))
+    local deadline = socket.gettime() + 20
+    local worst = real_host.ping(h.url .. "/ping", function()
+      local text = server.read_file(results_file) or ""
+      return text:find("\ndone\n", 1, true) ~= nil or socket.gettime() > deadline
+    end, PING_EVERY)
+    local results = real_host.results(results_file, 1)
+    real_host.check(results, "Apache mod_lua (its log:\n" .. h:log() .. ")")
+    assert(worst <= real_host.BOUND.late, ("/ping took %.1f ms while /run waited (bound %g ms)"):format(worst * 1000,
+      real_host.BOUND.late * 1000))
+    run:settimeout(5)
+    local answer = run:receive("*a")
+    assert.truthy(answer and answer:find("^HTTP/1%.1 200") and answer:find("\nran\n$"), tostring(answer))
+    for i = 0, 10 do assert.equal(2, #s:log("/rh/429/" .. i), "/rh/429/" .. i) end
+    -- ratewise's retry lines reached Apache's error log (standard error)
+    assert.truthy(h:log():find("retrying GET " .. s:url("/rh/429/0"), 1, true), h:log())
+  end)
+end)

@@ -1,0 +1,30 @@
+-- mod_lua handlers (run by spec/host_apache_spec.lua): plain handler code,
+-- with nothing but ratewise and the scenario; each waiting call holds its
+-- worker thread, as any blocking call of a handler does.
+-- luacheck: globals run ping fetch apache2
+local scenario = require "scenario"
+
+-- /run?base=URL&results=FILE: the scenario, in this request's worker thread
+function run(r)
+  local args = r:parseargs()
+  scenario.run { base = args.base, results = args.results }
+  r.content_type = "text/plain"
+  r:puts("ran\n")
+  return apache2.OK
+end
+
+-- /ping: another request of the same server, answered at once
+function ping(r)
+  r.content_type = "text/plain"
+  r:puts("pong\n")
+  return apache2.OK
+end
+
+-- /fetch?url=URL: one call, the status answered (what LuaScope costs)
+function fetch(r)
+  local rw = require "ratewise"
+  local res, err = rw.fetch(r:parseargs().url)
+  r.content_type = "text/plain"
+  r:puts(res and tostring(res.status) or tostring(err and err.message), "\n")
+  return apache2.OK
+end
