@@ -237,6 +237,15 @@ local function origin_here()
   return origin
 end
 
+--- tasks.tell_spawn_watches(): a task has just been made ready; when by
+-- code outside any task, the spawn watches are told (tasks.add_spawn_watch).
+local function tell_spawn_watches()
+  if S.current then return end
+  local watches = S.spawn_watches
+  for i = 1, S.spawn_watches_n do watches[i]() end
+end
+tasks.tell_spawn_watches = tell_spawn_watches
+
 --- task = tasks.spawn_in(group, origin, fn, ...): a task of group (or of
 -- none), whose lines name origin (tasks.origin).
 local function spawn_in(group, origin, fn, ...)
@@ -252,16 +261,14 @@ local function spawn_in(group, origin, fn, ...)
   end
   S.live = S.live + 1
   make_ready(task)
-  if not S.current then
-    local watches = S.spawn_watches
-    for i = 1, S.spawn_watches_n do watches[i]() end
-  end
+  tell_spawn_watches()
   return task
 end
 tasks.spawn_in = spawn_in
 
 --- tasks.add_spawn_watch(fn): fn() is called whenever code outside any
--- task spawns one: a host whose own loop steps the tasks (WeeChat, mpv,
+-- task spawns one, or makes one ready (cancels it, releases a permit it
+-- waits for): a host whose own loop steps the tasks (WeeChat, mpv,
 -- Prosody, Tarantool) arms that loop then, where nothing of ratewise's
 -- would run the task before the next wait.
 function tasks.add_spawn_watch(fn)
@@ -443,6 +450,7 @@ function Task:cancel()
   if self.state == "waiting" then
     if self.transfer then self.transfer:cancel() end
     make_ready(self, CANCELLED)
+    tell_spawn_watches()
   end
 end
 
