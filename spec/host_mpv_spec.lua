@@ -79,9 +79,10 @@ describe("ratewise in mpv (scripts, Lua 5.2)", function()
     assert.truthy(log:find("[ratewise_scenario] retrying GET ", 1, true), "no retry line in mpv's log:\n" .. log)
   end)
 
-  it("refuses a wait outside a task with the fix, before sending; playback goes on meanwhile", function()
+  it("from script code outside a task: refuses a wait with the fix, before sending; a release or a cancel "
+    .. "wakes its task at once; playback goes on", function()
     if not enabled then return pending(why) end
-    local results = run("misuse.lua", "av://lavfi:sine")
+    local results = run("outside_tasks.lua", "av://lavfi:sine")
     assert(results.error == nil, tostring(results.error))
     for _, where in ipairs({ "event", "binding" }) do
       local said = lines_of(results, "refused_" .. where)[1]
@@ -91,6 +92,13 @@ describe("ratewise in mpv (scripts, Lua 5.2)", function()
       assert.truthy(said:find("mp.command_native_async", 1, true), said)
     end
     assert.equal(0, #s:log("/rh/ping"), "a refused wait sent its request")
+    -- a task given a permit, or cancelled, by script code runs on the next
+    -- turn of the script's event loop, not at its next deadline (none, or 30 s)
+    for _, what in ipairs({ "permit", "cancel" }) do
+      local seconds = tonumber(lines_of(results, what .. "_after")[1])
+      assert(seconds, "the script wrote no " .. what .. "_after:\n" .. results.text)
+      assert(seconds <= real_host.BOUND.late, ("the task went on %.1f ms after the %s"):format(seconds * 1000, what))
+    end
     local playback = lines_of(results, "playback")[1]
     assert(playback, "the script wrote no playback line:\n" .. results.text)
     local status, played, wall = playback:match("^status (%S+) played (%S+) in (%S+)$")
