@@ -8,6 +8,7 @@
 local real_host = require "spec.support.real_host"
 local server = require "spec.support.server"
 local httpd = require "spec.support.hosts.apache.httpd"
+local redis = require "spec.support.redis"
 local socket = require "socket"
 
 -- How often another request of the server is timed while the scenario runs:
@@ -16,7 +17,7 @@ local PING_EVERY = 0.1
 
 describe("ratewise in Apache mod_lua (Lua 5.3)", function()
   local enabled, why = real_host.enabled()
-  local s, dir, h, run
+  local s, dir, h, run, r
 
   before_each(function()
     if not enabled then return end
@@ -30,9 +31,10 @@ describe("ratewise in Apache mod_lua (Lua 5.3)", function()
   after_each(function()
     if run then run:close() end
     if h then h:stop() end
+    if r then r:destroy() end
     if s then s:stop() end
     if dir then os.execute("rm -rf '" .. dir .. "'") end
-    run, h, s, dir = nil, nil, nil, nil
+    run, h, s, dir, r = nil, nil, nil, nil, nil
   end)
 
   it("runs the scenario as plain handler code (LuaScope thread); other requests are served meanwhile", function()
@@ -59,5 +61,53 @@ describe("ratewise in Apache mod_lua (Lua 5.3)", function()
     for i = 0, 10 do assert.equal(2, #s:log("/rh/429/" .. i), "/rh/429/" .. i) end
     -- ratewise's retry lines reached Apache's error log (standard error)
     assert.truthy(h:log():find("retrying GET " .. s:url("/rh/429/0"), 1, true), h:log())
+  end)
+
+  -- seconds = spread(q): between the first and the last request to
+  -- /rh/ping?q that the server saw
+  local function spread(q)
+    local first, last
+    for _, record in ipairs(s:log("/rh/ping")) do
+      if record.query == q then
+        first, last = math.min(first or record.t, record.t), math.max(last or record.t, record.t)
+      end
+    end
+    return first and last - first
+  end
+
+  -- bodies = at_once(n, path): n requests to path at once, each holding a
+  -- worker thread of its own
+  local function at_once(n, path)
+    local port = tonumber(h.url:match(":(%d+)$"))
+    local conns, bodies = {}, {}
+    for i = 1, n do
+      conns[i] = assert(socket.connect("127.0.0.1", port))
+      assert(conns[i]:send("GET " .. path .. " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n"))
+    end
+    for i = 1, n do
+      conns[i]:settimeout(10)
+      local answer = conns[i]:receive("*a") or ""
+      conns[i]:close()
+      bodies[i] = answer:match("\r\n\r\n(.*)$")
+    end
+    return bodies
+  end
+
+  it("keeps a bucket per Lua state, and a Redis bucket shared by the worker threads", function()
+    if not enabled then return pending(why) end
+    r = redis.start()
+    h = httpd.start { dir = dir, scope = "thread" }
+    local N = 4
+    -- two calls a second, no burst: each thread's own bucket lets its one
+    -- call through at once; the shared one spaces the four by 0.5 s
+    local url = s:url("/rh/ping")
+    assert.same({ "200\n", "200\n", "200\n", "200\n" }, at_once(N, "/limited?url=" .. url .. "%3Fq%3Dlocal"))
+    local apart = spread("q=local")
+    assert(apart and apart < 0.4, "the threads' own buckets spaced the calls by " .. tostring(apart) .. " s")
+    assert.same({ "200\n", "200\n", "200\n", "200\n" }, at_once(N, "/limited?url=" .. url .. "%3Fq%3Dredis&redis="
+      .. r.url .. "&key=apache"))
+    apart = spread("q=redis")
+    assert(apart and apart >= (N - 1) * 0.5 - 0.15, ("the Redis bucket let %d calls through in %.2f s"):format(N,
+      apart or -1))
   end)
 end)

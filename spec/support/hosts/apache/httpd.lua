@@ -36,37 +36,38 @@ end
 -- which must read the checkout and write the results (the temp dir is
 -- made writable by all). Run as anyone else, User and Group are ignored.
 local CONFIG = [[
-ServerRoot "%s"
+ServerRoot "${dir}"
 ServerName 127.0.0.1
-PidFile "%s/httpd.pid"
-DefaultRuntimeDir "%s"
-Mutex file:%s default
-Listen 127.0.0.1:%d
+PidFile "${dir}/httpd.pid"
+DefaultRuntimeDir "${dir}"
+Mutex file:${dir} default
+Listen 127.0.0.1:${port}
 User www-data
 Group www-data
-ErrorLog "%s/error.log"
+ErrorLog "${dir}/error.log"
 LogLevel warn lua:info
 
-LoadModule mpm_event_module %s/mod_mpm_event.so
-LoadModule authz_core_module %s/mod_authz_core.so
-LoadModule lua_module %s/mod_lua.so
+LoadModule mpm_event_module ${modules}/mod_mpm_event.so
+LoadModule authz_core_module ${modules}/mod_authz_core.so
+LoadModule lua_module ${modules}/mod_lua.so
 
 StartServers 1
 ServerLimit 1
-ThreadsPerChild %d
-ThreadLimit %d
-MaxRequestWorkers %d
+ThreadsPerChild ${threads}
+ThreadLimit ${threads}
+MaxRequestWorkers ${threads}
 MinSpareThreads 1
-MaxSpareThreads %d
+MaxSpareThreads ${threads}
 
-LuaScope %s
-LuaPackagePath "%s/lua/?.lua"
-LuaPackagePath "%s/lua/?/init.lua"
-LuaPackagePath "%s/spec/support/hosts/?.lua"
-LuaPackageCPath "%s/?.so"
-LuaMapHandler ^/run$ "%s" run
-LuaMapHandler ^/ping$ "%s" ping
-LuaMapHandler ^/fetch$ "%s" fetch
+LuaScope ${scope}
+LuaPackagePath "${root}/lua/?.lua"
+LuaPackagePath "${root}/lua/?/init.lua"
+LuaPackagePath "${root}/spec/support/hosts/?.lua"
+LuaPackageCPath "${core_dir}/?.so"
+LuaMapHandler ^/run$ "${handlers}" run
+LuaMapHandler ^/ping$ "${handlers}" ping
+LuaMapHandler ^/fetch$ "${handlers}" fetch
+LuaMapHandler ^/limited$ "${handlers}" limited
 ]]
 
 local Httpd = {}
@@ -82,12 +83,13 @@ function httpd.start(opts)
   local dir, root = opts.dir, real_host.ROOT
   os.execute("chmod 0777 " .. shell_quote(dir))
   local port = server.free_port()
-  local cpath_dir = real_host.cpath("lua5.3"):gsub("/%?%.so$", "")
-  local n = httpd.THREADS
-  local handlers = root .. "/spec/support/hosts/apache/handlers.lua"
+  local values = {
+    dir = dir, port = port, modules = httpd.MODULES, threads = httpd.THREADS, scope = opts.scope or "thread",
+    root = root, core_dir = real_host.cpath("lua5.3"):gsub("/%?%.so$", ""),
+    handlers = root .. "/spec/support/hosts/apache/handlers.lua",
+  }
   local conf = dir .. "/httpd.conf"
-  real_host.write_file(conf, CONFIG:format(dir, dir, dir, dir, port, dir, httpd.MODULES, httpd.MODULES,
-    httpd.MODULES, n, n, n, n, opts.scope or "thread", root, root, root, cpath_dir, handlers, handlers, handlers))
+  real_host.write_file(conf, (CONFIG:gsub("%${([%w_]+)}", function(name) return tostring(values[name]) end)))
   local h = setmetatable({ dir = dir, url = "http://127.0.0.1:" .. port, conf = conf, binary = binary }, Httpd)
   h.timeout_pid = tonumber((capture("env -u LUA_PATH -u LUA_CPATH -u LUA_INIT timeout -s KILL "
     .. (opts.seconds or 60) .. " " .. shell_quote(binary) .. " -f " .. shell_quote(conf)
