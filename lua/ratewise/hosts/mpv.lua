@@ -9,9 +9,10 @@
 --   a one-shot mp.add_timeout, due at the scheduler's next deadline, or
 --   after its nap while transfers are in flight (the pollable's timeout,
 --   which a host that cannot see the descriptor is told), and armed no
---   more when nothing is pending: an idle player costs nothing. A task
---   spawned by script code (scheduler.add_spawn_watch), and a permit or an
---   event given by it (scheduler.add_kick), arm it at once.
+--   more when nothing is pending: an idle player costs nothing. A task that
+--   script code spawns, cancels or hands a permit (scheduler.add_spawn_watch),
+--   and anything else of the kind that code does (scheduler.add_kick: a
+--   permit freed, an event set), arm it at once.
 --   A wait outside a task (a bare rw.fetch from a key binding or an event
 --   handler) would hold the script's event loop for all of its time, so it
 --   raises with the fix instead, before anything is sent (mpv's own
@@ -81,8 +82,8 @@ local function new_driver(mp)
   end
 
   --- driver.soon(): a step on the next turn of the script's event loop (a
-  -- task spawned, a permit released), unless a step runs now: it arms the
-  -- next when it ends.
+  -- task spawned, cancelled or handed a permit), unless a step runs now: it
+  -- arms the next when it ends.
   function driver.soon()
     if not stepping then arm_in(0) end
   end
