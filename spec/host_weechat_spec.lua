@@ -140,5 +140,11 @@ describe("ratewise in WeeChat (weechat-headless 3.8, Lua 5.3)", function()
     -- each script has a Lua state of its own: the other script sees none
     -- of this one's globals (and has its own ratewise, buckets and all)
     assert.same({ "false" }, lines_of(results, "other_sees_marker"))
+    -- a task spawned before weechat.register: WeeChat hooks nothing for a
+    -- script it does not know yet, and the error says what to do
+    local early = lines_of(results, "before_register")[1]
+    assert(early, "the script wrote no before_register line:\n" .. results.text)
+    assert.equal("true", early:match("^(%S+)"), early)
+    assert.truthy(early:find("call weechat.register(...) before the script's first rw.spawn", 1, true), early)
   end)
 end)
