@@ -9,7 +9,7 @@ local timers = require "ratewise.scheduler.timers"
 local S = state.record
 local moved = state.moved
 local current, wait_here, make_ready, wake = tasks.current, tasks.wait_here, tasks.make_ready, tasks.wake
-local tell_spawn_watches = tasks.tell_spawn_watches
+local ready_outside = tasks.ready_outside
 local push_timer = timers.push
 local now = core.now
 local format, huge, min, max = string.format, math.huge, math.min, math.max
@@ -85,8 +85,7 @@ function Semaphore:release()
     if not entry.gone and task.state == "waiting" and task.wait_id == entry.id then
       entry.granted = true
       make_ready(task)
-      tell_spawn_watches()
-      return
+      return ready_outside()
     end
   end
   self.head, self.tail = 1, 0
@@ -145,6 +144,7 @@ function Event:set()
   self.waiters = nil
   if waiters then
     for i = 1, #waiters, 2 do wake(waiters[i], waiters[i + 1]) end
+    ready_outside()
   end
   moved()
 end

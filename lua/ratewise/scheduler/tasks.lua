@@ -237,14 +237,16 @@ local function origin_here()
   return origin
 end
 
---- tasks.tell_spawn_watches(): a task has just been made ready; when by
--- code outside any task, the spawn watches are told (tasks.add_spawn_watch).
-local function tell_spawn_watches()
+-- Code outside any task made a task ready (spawned it, cancelled its wait,
+-- released a permit or set an event it waits for): a host whose own loop
+-- steps the tasks arms that loop (tasks.add_spawn_watch), where nothing of
+-- ratewise's would run the task before the next wait.
+local function ready_outside()
   if S.current then return end
   local watches = S.spawn_watches
   for i = 1, S.spawn_watches_n do watches[i]() end
 end
-tasks.tell_spawn_watches = tell_spawn_watches
+tasks.ready_outside = ready_outside
 
 --- task = tasks.spawn_in(group, origin, fn, ...): a task of group (or of
 -- none), whose lines name origin (tasks.origin).
@@ -261,16 +263,16 @@ local function spawn_in(group, origin, fn, ...)
   end
   S.live = S.live + 1
   make_ready(task)
-  tell_spawn_watches()
+  ready_outside()
   return task
 end
 tasks.spawn_in = spawn_in
 
 --- tasks.add_spawn_watch(fn): fn() is called whenever code outside any
--- task spawns one, or makes one ready (cancels it, releases a permit it
--- waits for): a host whose own loop steps the tasks (WeeChat, mpv,
--- Prosody, Tarantool) arms that loop then, where nothing of ratewise's
--- would run the task before the next wait.
+-- task spawns one, or makes one ready (cancels it, releases a permit or
+-- sets an event it waits for): a host whose own loop steps the tasks
+-- (WeeChat, mpv, Prosody, Tarantool) arms that loop then, where nothing of
+-- ratewise's would run the task before the next wait.
 function tasks.add_spawn_watch(fn)
   S.spawn_watches_n = S.spawn_watches_n + 1
   S.spawn_watches[S.spawn_watches_n] = fn
@@ -450,7 +452,7 @@ function Task:cancel()
   if self.state == "waiting" then
     if self.transfer then self.transfer:cancel() end
     make_ready(self, CANCELLED)
-    tell_spawn_watches()
+    ready_outside()
   end
 end
 
