@@ -115,7 +115,8 @@ describe("ratewise in WeeChat (weechat-headless 3.8, Lua 5.3)", function()
   it("refuses a bare call in a command with the fix, before sending; a task spawned there runs at once", function()
     if not enabled then return pending(why) end
     local results, weechat = run({ "misuse.lua", "other.lua" },
-      { "/rw_misuse_bare", "/rw_misuse_spawned", "/rw_other_spawned", "/wait 3 /quit" })
+      { "/rw_misuse_bare", "/rw_misuse_spawned", "/rw_other_spawned", "/rw_misuse_park",
+        "/wait 300ms /rw_misuse_unpark", "/wait 3 /quit" })
     assert_not_crashed(weechat)
     assert(results.error == nil, tostring(results.error))
     local refused = lines_of(results, "refused")[1]
@@ -140,6 +141,15 @@ describe("ratewise in WeeChat (weechat-headless 3.8, Lua 5.3)", function()
     -- each script has a Lua state of its own: the other script sees none
     -- of this one's globals (and has its own ratewise, buckets and all)
     assert.same({ "false" }, lines_of(results, "other_sees_marker"))
+    -- a command that cancels a task sleeping 20 s, and releases a permit
+    -- another task waits for: each goes on at once, not at its timer
+    local cancel_seen, release_seen = lines_of(results, "cancel_seen")[1], lines_of(results, "release_seen")[1]
+    assert(cancel_seen and release_seen, "the script wrote no cancel_seen or release_seen line:\n" .. results.text)
+    assert.matches("^[%d.]+ nil cancelled$", cancel_seen)
+    for _, seen in ipairs({ cancel_seen, release_seen }) do
+      local seconds = tonumber(seen:match("^(%S+)"))
+      assert(seconds <= real_host.BOUND.late, "a task went on " .. seconds .. " s after the command")
+    end
     -- a task spawned before weechat.register: WeeChat hooks nothing for a
     -- script it does not know yet, and the error says what to do
     local early = lines_of(results, "before_register")[1]

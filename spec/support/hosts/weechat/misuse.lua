@@ -5,9 +5,11 @@
 -- second command spawns the same kind of call as a task, which WeeChat's
 -- loop runs; before it, ratewise.hosts.weechat is loaded again (a script
 -- reloading its modules), and the script counts its hooks once the task is
--- spawned: one driver's.
+-- spawned: one driver's. Two more commands park two tasks (one sleeping
+-- 20 s, one waiting for a permit the command holds), then cancel the one
+-- and release the permit: each task goes on at once, not at its timer.
 -- WeeChat's API, and the script's callbacks: WeeChat calls them by their global name
--- luacheck: globals weechat rw_misuse_marker rw_misuse_bare rw_misuse_spawned
+-- luacheck: globals weechat rw_misuse_marker rw_misuse_bare rw_misuse_spawned rw_misuse_park rw_misuse_unpark
 weechat.register("ratewise_misuse", "ratewise", "1", "MIT", "ratewise's misuse in WeeChat", "", "")
 
 local rw = require "ratewise"
@@ -55,5 +57,33 @@ function rw_misuse_spawned(_, _, _)
   return weechat.WEECHAT_RC_OK
 end
 
+local gate = rw.semaphore(1)
+local sleeper, unparked_at
+
+function rw_misuse_park(_, _, _)
+  assert(gate:acquire(0), "the permit is free")
+  sleeper = rw.spawn(function() rw.sleep(20) end)
+  rw.spawn(function()
+    local ok, err = sleeper:join()
+    scenario.record(results, ("cancel_seen %.3f %s %s"):format(rw.now() - unparked_at, tostring(ok), one_line(err)))
+  end)
+  rw.spawn(function()
+    gate:acquire()
+    scenario.record(results, ("release_seen %.3f"):format(rw.now() - unparked_at))
+    gate:release()
+  end)
+  return weechat.WEECHAT_RC_OK
+end
+
+-- (run a little after rw_misuse_park, when both tasks wait)
+function rw_misuse_unpark(_, _, _)
+  unparked_at = rw.now()
+  sleeper:cancel()
+  gate:release()
+  return weechat.WEECHAT_RC_OK
+end
+
+weechat.hook_command("rw_misuse_park", "park two tasks", "", "", "", "rw_misuse_park", "")
+weechat.hook_command("rw_misuse_unpark", "cancel one, release the other's permit", "", "", "", "rw_misuse_unpark", "")
 weechat.hook_command("rw_misuse_bare", "a bare rw.fetch", "", "", "", "rw_misuse_bare", "")
 weechat.hook_command("rw_misuse_spawned", "rw.fetch in a task", "", "", "", "rw_misuse_spawned", "")
