@@ -11,9 +11,10 @@
 --   descriptor, a poll(2) build, the timer alone, napping while transfers
 --   are in flight). Both call one global function, whose name is
 --   CALLBACK: WeeChat names a script's callbacks by global function name.
---   A task spawned by the script's code arms the driver at once
---   (scheduler.add_spawn_watch), and with nothing pending the driver
---   unhooks both: an idle client pays nothing.
+--   A task spawned by the script's code (or made ready by it: cancelled,
+--   given a permit) arms the driver at once (scheduler.add_spawn_watch),
+--   and with nothing pending the driver unhooks both: an idle client pays
+--   nothing.
 --   A wait outside a task (a bare rw.fetch from a command) raises, naming
 --   rw.spawn: registered with the seam (ratewise/runtime.lua) at rank 74.
 --   WeeChat gives each script a Lua state of its own (luaL_newstate per
@@ -134,10 +135,8 @@ local function new_driver(api, id)
     if not armed then log.write(tostring(why), "error") end
   end
 
+  -- code outside any task spawned a task, or made one ready
   scheduler.add_spawn_watch(driver.arm)
-  -- something code outside the tasks did (a permit released, an event
-  -- set) may have made a task ready
-  scheduler.add_kick(driver.arm)
   return driver
 end
 
