@@ -27,6 +27,17 @@ describe("the spawn watches", function()
     assert.equal("waiting", task:status())
   end
 
+  it("are told when code outside any task spawns one, and not when a task does", function()
+    local outer = rw.spawn(function()
+      rw.spawn(function() end):join() -- from inside a task: the loop already runs it
+    end)
+    assert.equal(1, told)
+    outer:join()
+    assert.equal(1, told)
+    rw.spawn(function() end):join()
+    assert.equal(2, told)
+  end)
+
   it("are told when code outside any task cancels a waiting task", function()
     local sleeper = rw.spawn(function() rw.sleep(20) end)
     until_waiting(sleeper)

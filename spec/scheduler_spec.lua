@@ -51,41 +51,6 @@ describe("the scheduler", function()
       end)
     end)
 
-    it("tells the hosts' spawn watches of a task spawned outside any task, and only of those", function()
-      local scheduler = require "ratewise.scheduler"
-      local told, watching = 0, true
-      scheduler.add_spawn_watch(function() if watching then told = told + 1 end end)
-      local outer = rw.spawn(function()
-        rw.spawn(function() end):join() -- from inside a task: the loop already runs it
-      end)
-      assert.equal(1, told)
-      outer:join()
-      assert.equal(1, told)
-      rw.spawn(function() end):join()
-      watching = false
-      assert.equal(2, told)
-    end)
-
-    it("tells the spawn watches of a waiting task that code outside any task cancels or hands a permit", function()
-      local scheduler = require "ratewise.scheduler"
-      local told, watching = 0, true
-      scheduler.add_spawn_watch(function() if watching then told = told + 1 end end)
-      local sem = rw.semaphore(1)
-      assert.is_true(sem:acquire())
-      local waiter = rw.spawn(function() sem:acquire() end)
-      local sleeper = rw.spawn(function() rw.sleep(30) end)
-      rw.step(0)
-      assert.equal(2, told) -- the two spawns
-      sem:release()
-      assert.equal(3, told)
-      sleeper:cancel()
-      assert.equal(4, told)
-      rw.step(0)
-      watching = false
-      assert.equal("done", waiter:status())
-      assert.equal("done", sleeper:status())
-    end)
-
     it("raises fn's error, with its traceback", function()
       local ok, err = pcall(rw.run, function() rw.sleep(0.01); error("from the root") end)
       assert.is_false(ok)
