@@ -65,7 +65,7 @@ local HOST_WAIT = 0.005
 --                            belong to the driver (OpenResty's: they are
 --                            made in its timer, and no other timer may
 --                            resume them)
--- and host has await(done, deadline), await_transfer(transfer) and kick().
+-- and host has await(done, deadline), await_transfer(transfer), start() and kick().
 function driven.new(p)
   -- waiter -> true: { done = fn, signal = s } of host.await, asked by the
   -- driver whenever anything happened.
@@ -201,6 +201,10 @@ function driven.new(p)
   end
 
   local host = {}
+
+  --- host.start(): starts the driver if none runs (a task spawned outside
+  -- any task, which only the driver would run).
+  host.start = start
 
   --- host.kick(): something happened that a waiter may wait for.
   function host.kick()
