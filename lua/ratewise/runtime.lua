@@ -117,10 +117,11 @@ function protocol_host.claims()
 end
 
 -- A host made of a sleep function (and a wait(pollable, seconds), if it
--- can wait on a descriptor).
+-- can wait on a descriptor). The sleep is given the seconds alone: a
+-- host's own sleep may refuse more (Tarantool's fiber.sleep raises).
 local function host_of(sleep, wait)
   local way = {
-    block = wait and function(t) wait(scheduler.pollable, t) end or sleep,
+    block = wait and function(t) wait(scheduler.pollable, t) end or function(t) sleep(t) end,
     sees_fd = wait ~= nil,
     idle = IDLE_LOOK,
   }
