@@ -399,9 +399,9 @@ describe("the waiting seam", function()
 
   -- issue 38, section 4: a wait outside a task in a host with an event
   -- loop of its own blocks that loop; it says so once, naming what to do,
-  -- and is served all the same. WeeChat and Tarantool are not installed
-  -- here: a process of its own fakes the globals each host is found by,
-  -- and fetches from the suite's server over the real transport.
+  -- and is served all the same. A process of its own fakes the globals
+  -- WeeChat is found by, and fetches from the suite's server over the real
+  -- transport. (Tarantool waits each fiber's own way: spec/host_tarantool_spec.lua.)
   describe("in a host whose loop a wait would block", function()
     local subprocess = require "spec.support.subprocess"
 
@@ -468,38 +468,6 @@ describe("the waiting seam", function()
       assert.equal(0, count(out, "STDERR WRITTEN"), out)
       assert.matches("weechat.print\tcore\t<error>ratewise: a task failed and nobody joined it:", out, 1, true)
       assert.matches("stepped\n", out, 1, true)
-    end)
-
-    -- Tarantool's built-in modules are in package.loaded from the start, and
-    -- box is a global.
-    local FAKE_TARANTOOL = [[
-      local socket = require "socket"
-      local fiber_sleeps = 0
-      package.loaded.fiber = {
-        sleep = function(seconds) fiber_sleeps = fiber_sleeps + 1; socket.sleep(seconds) end,
-        self = function() return {} end,
-      }
-      _G.box = { cfg = function() end }
-      function _G.fiber_sleeps_so_far() return fiber_sleeps end
-    ]]
-
-    it("in Tarantool, says once in the log, naming fiber.sleep, and fetches", function()
-      local out, code = in_host(FAKE_TARANTOOL, WORK)
-      assert_served(out, code)
-      assert.equal(1, count(out, "ratewise: a wait outside a task blocks Tarantool's event loop"), out)
-      assert.matches("rw.configure{sleep = require('fiber').sleep}", out, 1, true)
-    end)
-
-    it("in Tarantool configured as the warning says, waits in fiber.sleep and says nothing", function()
-      local out, code = in_host(FAKE_TARANTOOL, [[
-        rw.configure { sleep = require("fiber").sleep }
-      ]] .. WORK .. [[
-        print("fiber sleeps", fiber_sleeps_so_far())
-      ]])
-      assert_served(out, code)
-      assert.equal(0, count(out, "blocks Tarantool"), out)
-      local sleeps = tonumber(out:match("fiber sleeps\t(%d+)"))
-      assert.is_true(sleeps ~= nil and sleeps >= 4, out) -- each fetch napped, and the sleep slept
     end)
   end)
 end)

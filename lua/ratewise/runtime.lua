@@ -17,7 +17,7 @@
 --   then the hosts registered with runtime.register_host, asked by rank
 --   (each says whether the code running now is its own): the host modules
 --   register themselves (hosts/openresty.lua 10, hosts/love.lua 30,
---   hosts/cqueues.lua 40, hosts/nvim.lua 70, hosts/tarantool.lua 72,
+--   hosts/cqueues.lua 40, hosts/tarantool.lua 55, hosts/nvim.lua 70,
 --   hosts/weechat.lua 74), and this module registers
 --   its own: a host given to rw.configure (20), a coroutine whose runner
 --   speaks the yield protocol (50), a coroutine of the caller's inside a

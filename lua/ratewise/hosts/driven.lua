@@ -214,6 +214,17 @@ function driven.new(p)
     end
   end
 
+  -- A wait that raises (a Tarantool fiber cancelled while it waits) gives
+  -- its waiter back before the error goes on: left among the waiters, it
+  -- would keep the driver running for a waiter that is gone.
+  local function wait_on(w, seconds)
+    local ok, err = pcall(p.wait, w.signal, seconds)
+    if not ok then
+      give_back(w)
+      error(err, 0)
+    end
+  end
+
   local function check_abandoned(w)
     if w.abandoned then error("ratewise: the host is going away (an nginx worker exiting); the wait ended", 0) end
   end
@@ -235,7 +246,7 @@ function driven.new(p)
         give_back(w)
         return false
       end
-      p.wait(w.signal, left) -- posted by the driver; a time-out just looks again
+      wait_on(w, left) -- posted by the driver; a time-out just looks again
       if done() then
         give_back(w)
         return true
@@ -278,7 +289,7 @@ function driven.new(p)
     start()
     host.kick() -- the transfer is sent at the driver's next step: now, not after its nap
     while not transfer:done() do
-      p.wait(w.signal, nil) -- a time-out (OpenResty's waits have one) just looks again
+      wait_on(w, nil) -- a time-out (OpenResty's waits have one) just looks again
       check_abandoned(w)
       start()
     end
