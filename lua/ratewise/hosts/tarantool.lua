@@ -23,11 +23,13 @@
 -- ratewise while the driver is inside a task that waits for Tarantool
 -- itself (a box write waits for the WAL): that call is no nested
 -- coroutine's, and waits its own fiber.
+local core = require "ratewise.core"
 local driven = require "ratewise.hosts.driven"
 local log = require "ratewise.log"
 local runtime = require "ratewise.runtime"
 local scheduler = require "ratewise.scheduler"
 
+local now = core.now
 local rawget, type, tostring, pcall, error = rawget, type, tostring, pcall, error
 local loaded = package.loaded
 
@@ -139,7 +141,15 @@ local function make_host(fiber)
     loop_time = fiber.clock,
     host_wait_warning = HOST_WAIT,
   }
-  made.sleep = function(seconds) fiber.sleep(seconds) end
+  -- A fiber.sleep ends early when another fiber wakes the sleeper
+  -- (fiber:wakeup): a Retry-After would be cut short.
+  function made.sleep(seconds)
+    local deadline, left = now() + seconds, seconds
+    while left > 0 do
+      fiber.sleep(left)
+      left = deadline - now()
+    end
+  end
 
   -- The host of the fiber running now: none in the driver's own fiber
   -- inside a task (a coroutine of a task's, which the host of rank 60

@@ -15,6 +15,9 @@
 --   cancelled    a waiting fiber cancelled ("cancelled <its error>", then
 --                "drivers <n>" left), and a fetch whose driver fiber is
 --                killed ("killed_driver status seconds 0")
+--   woken        fibers waiting in rw.sleep(0.5) and a fetch, woken by
+--                fiber:wakeup after 0.1 s ("slept 1 seconds 0", "fetched
+--                status seconds 0")
 --   transaction  a fetch inside box.begin() ... box.commit() ("refused <error>"),
 --                one after it, whose row is written ("after status rows 0")
 -- Each ends with a "done" line, then the instance exits.
@@ -123,6 +126,23 @@ local function run()
       if f.name == "ratewise driver" then fiber.kill(f.fid) end
     end
     record(("killed_driver %d %.3f 0"):format(ended:get(5) or 0, clock.monotonic() - started))
+  elseif mode == "woken" then
+    -- a fiber in rw.sleep, and one waiting for a transfer, woken by another
+    -- fiber's code (fiber:wakeup) long before their waits end
+    local started, ended = clock.monotonic(), fiber.channel(2)
+    local sleeper = fiber.create(function()
+      rw.sleep(0.5)
+      ended:put(("slept 1 %.3f 0"):format(clock.monotonic() - started))
+    end)
+    local fetcher = fiber.create(function()
+      local res = rw.fetch(base .. "/rh/slow")
+      ended:put(("fetched %d %.3f 0"):format(res.status, clock.monotonic() - started))
+    end)
+    fiber.sleep(0.1)
+    sleeper:wakeup()
+    fetcher:wakeup()
+    record(ended:get(5))
+    record(ended:get(5))
   elseif mode == "transaction" then
     box.cfg {} -- (its files in the directory the instance runs in; its log on standard error)
     local space = box.schema.space.create("calls")
