@@ -18,7 +18,8 @@
 --   (each says whether the code running now is its own): the host modules
 --   register themselves (hosts/openresty.lua 10, hosts/love.lua 30,
 --   hosts/cqueues.lua 40, hosts/tarantool.lua 55, hosts/nvim.lua 70,
---   hosts/weechat.lua 74), and this module registers
+--   hosts/weechat.lua 74, hosts/haproxy.lua 75, hosts/prosody.lua 77,
+--   hosts/mpv.lua 78), and this module registers
 --   its own: a host given to rw.configure (20), a coroutine whose runner
 --   speaks the yield protocol (50), a coroutine of the caller's inside a
 --   task (60, raises), any other coroutine (80, blocks: said once) and the
@@ -157,9 +158,9 @@ local nested_host = {
 }
 
 -- Any other coroutine: its runner is not known to resume the protocol's
--- yields (HAProxy's and Prosody's runners resume only their own, and
--- would never resume the wait), so the wait blocks the thread as the main
--- thread's does, and says so once.
+-- yields (a runner that resumes only its own would never resume the
+-- wait), so the wait blocks the thread as the main thread's does, and
+-- says so once.
 local foreign_host = {
   name = "coroutine",
   rank = 80,
