@@ -7,21 +7,12 @@
 local real_host = require "spec.support.real_host"
 local server = require "spec.support.server"
 
-local function shell_quote(s)
-  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
+local shell_quote = real_host.shell_quote
 
 local MPV = require("spec.support.subprocess").shell("command -v mpv"):match("^%s*(.-)%s*$")
 local SCRIPTS = real_host.ROOT .. "/spec/support/hosts/mpv/"
 
--- The lines of results whose first word is key, each as the text after it.
-local function lines_of(results, key)
-  local found = {}
-  for _, words in ipairs(results.lines) do
-    if words[1] == key then found[#found + 1] = table.concat(words, " ", 2) end
-  end
-  return found
-end
+local lines_of = real_host.lines_of
 
 describe("ratewise in mpv (scripts, Lua 5.2)", function()
   local enabled, why = real_host.enabled()

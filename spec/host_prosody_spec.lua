@@ -17,9 +17,7 @@ local FIXTURES = real_host.ROOT .. "/spec/support/hosts/prosody/"
 -- process's: five a second keep them a small part of it.
 local PING_EVERY = 0.2
 
-local function shell_quote(s)
-  return "'" .. s:gsub("'", "'\\''") .. "'"
-end
+local shell_quote = real_host.shell_quote
 
 local function alive(pid)
   local stat = read_file("/proc/" .. pid .. "/stat")

@@ -9,9 +9,7 @@ local real_host = require "spec.support.real_host"
 local server = require "spec.support.server"
 local subprocess = require "spec.support.subprocess"
 
-local function shell_quote(s)
-  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
+local shell_quote = real_host.shell_quote
 
 local TARANTOOL = subprocess.shell("command -v tarantool"):match("^%s*(/%S*)%s*$") or ""
 local SCRIPT = real_host.ROOT .. "/spec/support/hosts/tarantool/script.lua"

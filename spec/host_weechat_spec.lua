@@ -10,21 +10,12 @@ local real_host = require "spec.support.real_host"
 local server = require "spec.support.server"
 local subprocess = require "spec.support.subprocess"
 
-local function shell_quote(s)
-  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
+local shell_quote = real_host.shell_quote
 
 local WEECHAT = subprocess.shell("command -v weechat-headless"):match("^%s*(.-)%s*$")
 local SCRIPTS = real_host.ROOT .. "/spec/support/hosts/weechat/"
 
--- The lines of results whose first word is key, each as the text after it.
-local function lines_of(results, key)
-  local found = {}
-  for _, words in ipairs(results.lines) do
-    if words[1] == key then found[#found + 1] = table.concat(words, " ", 2) end
-  end
-  return found
-end
+local lines_of = real_host.lines_of
 
 describe("ratewise in WeeChat (weechat-headless 3.8, Lua 5.3)", function()
   local enabled, why = real_host.enabled()

@@ -421,23 +421,6 @@ describe("the waiting seam", function()
       end
     end
 
-    -- Three sequential fetches and a sleep: every kind of wait outside a task.
-    local WORK = [[
-      for i = 1, 3 do
-        local res, err = rw.fetch(base .. "/loop/" .. i, { on_retry = false, max_retries = 0 })
-        print("fetch", res and res.status, res and res.body or tostring(err))
-      end
-      rw.sleep(0.01)
-      print("done")
-    ]]
-
-    local function assert_served(out, code)
-      assert.equal(0, code, out)
-      for i = 1, 3 do assert.matches("fetch\t200\tbody " .. i .. "\n", out, 1, true) end
-      assert.matches("done\n", out, 1, true)
-      for i = 1, 3 do assert.equal(1, #s:log("/loop/" .. i)) end
-    end
-
     before_each(function()
       for i = 1, 3 do s:script("/loop/" .. i, { { status = 200, body = "body " .. i, delay = 0.05 } }) end
     end)

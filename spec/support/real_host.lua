@@ -74,6 +74,21 @@ function M.temp_dir()
   return dir
 end
 
+--- 'text' = real_host.shell_quote(text): one word of a shell command.
+function M.shell_quote(text)
+  return "'" .. tostring(text):gsub("'", "'\\''") .. "'"
+end
+
+--- lines = real_host.lines_of(results, key): the lines of the results
+-- (real_host.results) whose first word is key, each as the text after it.
+function M.lines_of(results, key)
+  local found = {}
+  for _, words in ipairs(results.lines) do
+    if words[1] == key then found[#found + 1] = table.concat(words, " ", 2) end
+  end
+  return found
+end
+
 --- real_host.write_file(path, text)
 function M.write_file(path, text)
   local f = assert(io.open(path, "wb"))

@@ -19,9 +19,7 @@ httpd.MODULES = "/usr/lib/apache2/modules"
 -- worker threads of the one child: /run holds one for all of its time
 httpd.THREADS = 16
 
-local function shell_quote(s)
-  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
+local shell_quote = real_host.shell_quote
 
 local capture = require("spec.support.subprocess").shell
 
