@@ -21,6 +21,19 @@ describe("rw.adaptive", function()
     assert.equal("ratewise.Adaptive (7/s now, burst 3)", tostring(l))
   end)
 
+  it("takes a debit into debt at the rate learned (limiters' settle), and a refund larger than it holds", function()
+    local l = rw.adaptive { rate = 10, burst = 5 }
+    l:debit(8)
+    assert.near(-3, l:tokens(), 0.05)
+    assert.near(0.4, l:wait_time(), 0.02) -- the debt and one token, at 10 a second
+    l:refund(20)
+    assert.near(5, l:tokens(), 0.05)
+    -- as a named limit asked for more than it holds
+    local named = rw.limiters { tokens = l }
+    assert.is_true(named:acquire { tokens = 12 })
+    assert.near(-7, l:tokens(), 0.05)
+  end)
+
   it("drops its bucket's rate to beta times the rate at a throttle: the next token comes that much later", function()
     local l = rw.adaptive { rate = 20, beta = 0.5 }
     assert.is_true((l:take()))

@@ -43,6 +43,18 @@ local SERVER = [[
         ngx.say(granted, " ", string.format("%.6f %.6f", started, core.now()))
       }
     }
+    location = /debit {
+      content_by_lua_block {
+        local rw = require "ratewise"
+        local limit = rw.shared_bucket { dict = "limits", key = "d", capacity = 10, rate = 10, sync_horizon = 2 }
+        limit:debit(15) -- more than it holds, taken whole
+        local after_debit = limit:tokens()
+        limit:refund(15)
+        local after_refund = limit:tokens()
+        limit:debit(500) -- believed up to the horizon: the capacity and 2 s of the rate
+        ngx.say(string.format("%.1f %.1f %.1f", after_debit, after_refund, limit:tokens()))
+      }
+    }
     location = /misuse {
       content_by_lua_block {
         local rw = require "ratewise"
@@ -124,12 +136,21 @@ describe("rw.shared_bucket", function()
     assert.equal("true false 1.00", res.body:match("^(.-)\n"))
   end)
 
+  it("takes a debit into debt, up to its sync_horizon, and a refund larger than it holds", function()
+    local res = assert(rw.fetch(n:url("/debit"), { on_retry = false }))
+    local after_debit, after_refund, capped = res.body:match("^(%S+) (%S+) (%S+)\n")
+    assert.near(-5, tonumber(after_debit), 0.2)
+    assert.near(10, tonumber(after_refund), 0.2)
+    assert.near(-20, tonumber(capped), 0.3)
+  end)
+
   it("names a lua_shared_dict that is not declared, and how to declare it", function()
     local res = assert(rw.fetch(n:url("/misuse"), { on_retry = false }))
     assert.matches("no lua_shared_dict named 'nope' %(declare it in nginx.conf's http block: "
       .. "lua_shared_dict nope 1m;%)", res.body)
+    -- outside OpenResty (this process): there is no dict to declare
     assert.error_matches(function() rw.shared_bucket { dict = "limits", capacity = 1, rate = 1 } end,
-      "no lua_shared_dict named 'limits'", 1, true)
+      "this is not OpenResty: to share a limit between processes or threads here, use rw.redis_bucket", 1, true)
     assert.error_matches(function() rw.shared_bucket { dict = "limits", capacity = 1, rate = 1, burst = 2 } end,
       "unknown option 'burst'", 1, true)
   end)

@@ -151,6 +151,12 @@ function Adaptive:take(n)
 end
 
 function Adaptive:refund(n) return self.bucket:refund(n) end
+-- (limiters' settle and oversized named costs: the debt is the bucket's,
+-- at the rate learned so far)
+function Adaptive:debit(n)
+  follow(self, now())
+  return self.bucket:debit(n)
+end
 function Adaptive:capacity() return self.bucket:capacity() end
 function Adaptive:tokens() return self.bucket:tokens() end
 --- l:sync(remaining [, reset_in [, limit [, window]]]): what a provider

@@ -95,6 +95,16 @@ function SharedBucket:refund(n)
   run(self, "refund", gcra.amount(self, n, "refund"))
 end
 
+--- b:debit(n): takes n at once into debt (limiters' settle, and a named
+-- limit asked for more than it holds), not waited for; the debt believed
+-- only up to sync_horizon, as a local bucket's is.
+function SharedBucket:debit(n)
+  n = gcra.amount(self, n, "debit")
+  local most = self.capacity_n + self.horizon * self.rate_n
+  if n > most then n = most end
+  run(self, "reserve", n, -1)
+end
+
 function SharedBucket:sync(remaining, reset_in)
   local left, reset_micros = gcra.sync_args(self, remaining, reset_in)
   if left then run(self, "sync", 1, left, reset_micros) end
@@ -125,7 +135,13 @@ function shared_bucket.new(opts)
   if type(name) ~= "string" then
     error(format("shared_bucket: option 'dict' must be the name of a lua_shared_dict (got %s)", type(name)), 2)
   end
-  local dict = ngx and ngx.shared and ngx.shared[name]
+  if not (ngx and ngx.shared) then
+    -- (Apache's mod_lua, HAProxy, a script: a dict of nginx's is not there
+    -- to declare)
+    error("shared_bucket: a lua_shared_dict is OpenResty's, and this is not OpenResty: to share a limit between "
+      .. "processes or threads here, use rw.redis_bucket", 2)
+  end
+  local dict = ngx.shared[name]
   if not dict then
     error(format("shared_bucket: no lua_shared_dict named '%s' (declare it in nginx.conf's http block: "
       .. "lua_shared_dict %s 1m;)", name, name), 2)

@@ -146,6 +146,10 @@ function Adaptive:take(n) end
 ---@param n? number
 function Adaptive:refund(n) end
 
+---Takes `n` at once, into debt if need be, at the rate learned so far.
+---@param n number
+function Adaptive:debit(n) end
+
 ---@return number
 function Adaptive:capacity() end
 
@@ -212,7 +216,7 @@ function RedisBucket:tokens() end
 ---@param n? number
 function RedisBucket:refund(n) end
 
----Takes `n` (at most the capacity) at once, into debt if need be.
+---Takes `n` at once, into debt if need be; never further off than `sync_horizon`.
 ---@param n number
 function RedisBucket:debit(n) end
 
@@ -261,6 +265,10 @@ function SharedBucket:tokens() end
 
 ---@param n? number
 function SharedBucket:refund(n) end
+
+---Takes `n` at once, into debt if need be; never further off than `sync_horizon`.
+---@param n number
+function SharedBucket:debit(n) end
 
 ---@param remaining number
 ---@param reset_in? number
