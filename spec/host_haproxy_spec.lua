@@ -18,7 +18,7 @@ local FIXTURES = real_host.ROOT .. "/spec/support/hosts/haproxy/"
 -- Starts HAProxy on the fixtures' configuration, which loads
 -- scenario_task.lua, and script after it when given; answers the handle,
 -- its port and the results file.
-local function start(s, script)
+local function start(s, script, tune)
   assert(read_file(haproxy.BINARY), "no " .. haproxy.BINARY .. ": `make deps` installs haproxy (the Makefile's "
     .. "DEB_REAL_HOSTS)")
   local dir = real_host.temp_dir()
@@ -30,6 +30,7 @@ local function start(s, script)
     CPATH = real_host.cpath("lua5.3"),
     MORE = script and ("lua-load " .. FIXTURES .. script) or "",
     PORT = tostring(port),
+    TUNE = tune or "",
   }
   local config = assert(read_file(FIXTURES .. "haproxy.cfg.in")):gsub("@(%u+)@", values)
   real_host.write_file(dir .. "/haproxy.cfg", config)
@@ -140,6 +141,37 @@ describe("HAProxy 2.6 (real host, Lua 5.3)", function()
     local seen = socket.gettime() + 5
     while #s:log("/hx/spawned") == 0 and socket.gettime() < seen do socket.sleep(0.05) end
     assert.equal(1, #s:log("/hx/spawned"), "the spawned task's request never reached the server")
+  end)
+
+  it("runs a task spawned while the driver naps at once, and refuses a wait in a coroutine of the script's own",
+      function()
+    h = start(s)
+    assert(up(h), "HAProxy did not start:\n" .. h:output())
+    -- a task sleeping 5 s keeps the driver napping
+    local body = get(h, "/lua_sleeper")
+    assert.equal("sleeping", body)
+    socket.sleep(0.2)
+    s:script("/hx/prompt", { { status = 200, body = "ok" } })
+    local asked = socket.gettime()
+    body = get(h, "/lua_spawn?/hx/prompt")
+    assert.equal("spawned", body)
+    while #s:log("/hx/prompt") == 0 and socket.gettime() < asked + 6 do socket.sleep(0.01) end
+    local took = socket.gettime() - asked
+    assert.equal(1, #s:log("/hx/prompt"))
+    -- (the driver looks at least every 50 ms; the bound leaves room for a loaded machine)
+    assert(took < 0.5, ("a task spawned while the driver napped ran after %.2f s"):format(took))
+    -- a coroutine of the script's own: refused at once, not spun
+    local started = socket.gettime()
+    body = get(h, "/lua_nested")
+    assert.matches("ratewise: a wait in a coroutine of the script's own", body, 1, true)
+    assert(socket.gettime() - started < 0.4, "the refused wait took its time")
+  end)
+
+  it("runs the scenario where HAProxy interrupts Lua every 10 instructions (tune.lua.forced-yield)", function()
+    h = start(s, nil, "tune.lua.forced-yield 10")
+    assert(up(h), "HAProxy did not start:\n" .. h:output())
+    local results = real_host.results(h.results, 30, function() return h:alive() end)
+    real_host.check(results, "HAProxy with forced yields (output:\n" .. h:output() .. ")")
   end)
 
   it("refuses a wait in a sample fetch or a converter, naming the fix, and sends nothing", function()

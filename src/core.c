@@ -166,6 +166,18 @@ static int core_l_isatty(lua_State *L)
     return 1;
 }
 
+/* core.unyielding(fn, ...) -> fn(...)'s results, called where nothing can
+ * yield: a host that interrupts its coroutines at any instruction, where
+ * they may yield (HAProxy's forced yield, every tune.lua.forced-yield
+ * instructions), cannot stop the scheduler halfway through a step and let
+ * another coroutine into it. fn's error goes on as it was. */
+static int core_l_unyielding(lua_State *L)
+{
+    luaL_checktype(L, 1, LUA_TFUNCTION);
+    lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
+    return lua_gettop(L);
+}
+
 /* core.few_fields(t) -> n, k1, v1, k2, v2, k3, v3: the fields of table t
  * in the order next() gives them, and how many (0 to 3), when it has no
  * metatable and three fields at most; false otherwise; nil when t is not a
@@ -294,6 +306,7 @@ int luaopen_ratewise_core(lua_State *L)
         { "random", core_l_random },
         { "isatty", core_l_isatty },
         { "few_fields", core_l_few_fields },
+        { "unyielding", core_l_unyielding },
         { NULL, NULL }
     };
     luaL_checkversion(L);

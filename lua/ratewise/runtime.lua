@@ -117,6 +117,23 @@ function protocol_host.claims()
   return co ~= nil and protocol_host.speakers[co] ~= nil
 end
 
+--- sleep = runtime.full_sleep(host_sleep): a host's own sleep made one that
+-- never comes back before its seconds are up, sleeping again for what is
+-- left: a host's sleep may end early (Tarantool's fiber.sleep when another
+-- fiber wakes the sleeper, a timer of the host's loop on a clock of its
+-- own), and a wait is never shorter than asked. For the host modules'
+-- sleeps, not a caller's (a per-call or configured sleep is the caller's
+-- word: one that does not sleep at all skips the waits, as tests want).
+function runtime.full_sleep(host_sleep)
+  return function(seconds)
+    local deadline, left = now() + seconds, seconds
+    while left > 0 do
+      host_sleep(left)
+      left = deadline - now()
+    end
+  end
+end
+
 -- A host made of a sleep function (and a wait(pollable, seconds), if it
 -- can wait on a descriptor). The sleep is given the seconds alone: a
 -- host's own sleep may refuse more (Tarantool's fiber.sleep raises).

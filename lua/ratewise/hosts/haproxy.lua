@@ -40,12 +40,11 @@ local log = require "ratewise.log"
 local runtime = require "ratewise.runtime"
 local scheduler = require "ratewise.scheduler"
 
-local now = core.now
 -- (HAProxy links Lua 5.3 or 5.4, whose coroutine.running says whether the
 -- thread is the main one)
 local running = coroutine.running
-local rawget, type, error, pcall, tostring, setmetatable, ceil = rawget, type, error, pcall, tostring,
-  setmetatable, math.ceil
+local rawget, type, error, pcall, tostring, setmetatable, ceil, min = rawget, type, error, pcall, tostring,
+  setmetatable, math.ceil, math.min
 
 local haproxy = {}
 
@@ -70,13 +69,35 @@ end
 -- semaphore another of HAProxy's coroutines holds) looks again this often.
 local IDLE_LOOK = 0.05
 
+local NOT_HAPROXYS = "ratewise: a wait in a coroutine of the script's own (coroutine.wrap, coroutine.create) "
+  .. "inside HAProxy cannot be served: HAProxy resumes only the coroutines it runs itself, so core.msleep cannot "
+  .. "yield there and comes back at once, and the wait would spin the thread. Call ratewise from the task, "
+  .. "service or action itself, or make each piece of work a ratewise task (rw.spawn, rw.map) "
+  .. "(docs/hosts.md#haproxy)"
+
 -- The block of a wait: core.msleep takes whole milliseconds, and a nap
 -- rounded down to 0 would hand the thread back only for HAProxy's next turn.
+-- A core.msleep that comes back with HAProxy's loop clock unmoved did not
+-- yield to HAProxy (a coroutine of the script's own): a wait there would
+-- spin, so it raises instead.
 local function msleep(seconds)
-  core_api().msleep(ceil(seconds * 1000))
+  local api = core_api()
+  local before = api.now()
+  api.msleep(ceil(seconds * 1000))
+  local after = api.now()
+  if after.sec == before.sec and after.usec == before.usec then error(NOT_HAPROXYS, 0) end
 end
 
-local WAY = { block = msleep, sees_fd = false, idle = IDLE_LOOK }
+-- A step runs where nothing can yield: HAProxy interrupts its coroutines
+-- every tune.lua.forced-yield instructions, and another coroutine stepping
+-- the scheduler meanwhile would find a step half done (the transfers one
+-- poll reported, not yet handed to their owners).
+local run_unyielding, step = core.unyielding, scheduler.step
+local function step_whole()
+  run_unyielding(step, 0, false)
+end
+
+local WAY = { block = msleep, step = step_whole, sees_fd = false, idle = IDLE_LOOK }
 
 local function call(fn) return fn() end
 
@@ -91,13 +112,7 @@ end
 -- little early, and the rest is slept then. It need not drive the
 -- scheduler: the tasks have their driver (below), and a transfer outside
 -- any task has its waiter.
-local function sleep(seconds)
-  local deadline, left = now() + seconds, seconds
-  while left > 0 do
-    msleep(left)
-    left = deadline - now()
-  end
-end
+local sleep = runtime.full_sleep(msleep)
 
 -- The host also keeps, for this Lua state: unyielding, coroutine ->
 -- "fetch" | "converter" while one of HAProxy's runs in it (weak: a
@@ -164,13 +179,21 @@ local function no_task_left()
   return scheduler.live() == 0
 end
 
+-- The driver naps IDLE_LOOK at most: a core.msleep cannot be cut short,
+-- and a task that HAProxy's code spawns, cancels or hands a permit while
+-- the driver naps is then run within that time, not at the driver's next
+-- timer (a task's 60 s sleep, say).
+local DRIVER_WAY = { block = function(seconds) msleep(min(seconds or IDLE_LOOK, IDLE_LOOK)) end, step = step_whole,
+  sees_fd = false, idle = IDLE_LOOK }
+
 local function drive_tasks()
-  local ok, err = pcall(await, no_task_left)
+  local ok, err = pcall(scheduler.drive, DRIVER_WAY, no_task_left)
   host.driving = false
   if not ok then log.write("ratewise: the driver's step failed: " .. tostring(err), "error") end
 end
 
--- (a task spawned from outside any task: scheduler.add_spawn_watch)
+-- (a task spawned, or made ready, from outside any task:
+-- scheduler.add_spawn_watch)
 local function spawned()
   if host.driving then return end
   local api = core_api()

@@ -160,7 +160,9 @@ local function new_host(async, server, timer)
     if not stepping then soon() end
   end
 
-  host.sleep = async.sleep
+  -- (util.timer runs on the wall clock under some of Prosody's network
+  -- backends: a clock set back would end the sleep early)
+  host.sleep = runtime.full_sleep(async.sleep)
 
   --- done() came true = host.await(done, deadline): in a runner, which
   -- the driver resumes once done() is true, or a timer at the deadline.

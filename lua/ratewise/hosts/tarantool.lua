@@ -23,13 +23,11 @@
 -- ratewise while the driver is inside a task that waits for Tarantool
 -- itself (a box write waits for the WAL): that call is no nested
 -- coroutine's, and waits its own fiber.
-local core = require "ratewise.core"
 local driven = require "ratewise.hosts.driven"
 local log = require "ratewise.log"
 local runtime = require "ratewise.runtime"
 local scheduler = require "ratewise.scheduler"
 
-local now = core.now
 local rawget, type, tostring, pcall, error = rawget, type, tostring, pcall, error
 local loaded = package.loaded
 
@@ -143,13 +141,7 @@ local function make_host(fiber)
   }
   -- A fiber.sleep ends early when another fiber wakes the sleeper
   -- (fiber:wakeup): a Retry-After would be cut short.
-  function made.sleep(seconds)
-    local deadline, left = now() + seconds, seconds
-    while left > 0 do
-      fiber.sleep(left)
-      left = deadline - now()
-    end
-  end
+  made.sleep = runtime.full_sleep(function(seconds) fiber.sleep(seconds) end)
 
   -- The host of the fiber running now: none in the driver's own fiber
   -- inside a task (a coroutine of a task's, which the host of rank 60
@@ -179,7 +171,13 @@ if tarantool.active() then
     claims = function(in_task) return tarantool.host().claims(in_task) end,
   }
   -- a task spawned by a fiber's code runs from the driver, started now
-  scheduler.add_spawn_watch(function() tarantool.host().start() end)
+  -- (a running driver may be parked in its iowait until its next timer:
+  -- it is woken too, for a task made ready by a fiber's code)
+  scheduler.add_spawn_watch(function()
+    local made = tarantool.host()
+    made.start()
+    made.kick()
+  end)
   scheduler.add_kick(function() if host then host.kick() end end)
 end
 

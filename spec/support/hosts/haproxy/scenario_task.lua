@@ -42,6 +42,18 @@ core.register_service("lua_spawn", "http", function(applet)
   answer(applet, 200, "spawned")
 end)
 
+-- a service that leaves a task sleeping 5 s: the driver naps meanwhile
+core.register_service("lua_sleeper", "http", function(applet)
+  rw.spawn(function() rw.sleep(5) end)
+  answer(applet, 200, "sleeping")
+end)
+
+-- a wait in a coroutine of the script's own, which HAProxy never resumes
+core.register_service("lua_nested", "http", function(applet)
+  local ok, err = coroutine.wrap(function() return pcall(rw.sleep, 0.5) end)()
+  answer(applet, 200, ok and "slept" or tostring(err))
+end)
+
 -- a sample fetch and a converter, where HAProxy lets nothing wait
 core.register_fetches("rw_fetch", function()
   local res = rw.fetch(base .. "/rh/ping")

@@ -89,6 +89,25 @@ local function run()
     end)
     ended:wait(10)
     record(("spawned %d %.3f 0"):format(status or 0, clock.monotonic() - started))
+  elseif mode == "parked" then
+    -- a task sleeping 5 s parks the driver in its iowait; a fiber's code
+    -- then spawns a task, releases a permit a task waits for and cancels a
+    -- sleeping task: each goes on at once, not at the driver's next timer
+    rw.spawn(function() rw.sleep(5) end)
+    local gate = rw.semaphore(1)
+    gate:acquire(0)
+    local at = {}
+    local waiter = rw.spawn(function() gate:acquire(); at.released = clock.monotonic() end)
+    local sleeper = rw.spawn(function() rw.sleep(20) end)
+    fiber.sleep(0.2)
+    local started = clock.monotonic()
+    rw.spawn(function() at.spawned = clock.monotonic() end)
+    gate:release()
+    sleeper:cancel()
+    fiber.sleep(0.3)
+    local function took(t) return t and t - started or 99 end
+    record(("parked %.3f %.3f %s"):format(took(at.spawned), took(at.released), sleeper:status()))
+    waiter:cancel()
   elseif mode == "held" then
     -- a task that waits for Tarantool itself holds the driver (here a
     -- fiber.sleep inside it); another fiber's fetch meanwhile waits its own
