@@ -68,7 +68,7 @@ describe("ratewise in Apache mod_lua (Lua 5.3)", function()
   -- /rh/ping?q that the server saw
   local function spread(q)
     local first, last
-    for _, record in ipairs(s:log("/rh/ping")) do
+    for _, record in ipairs(s:log("/rh/held")) do
       if record.query == q then
         first, last = math.min(first or record.t, record.t), math.max(last or record.t, record.t)
       end
@@ -101,7 +101,10 @@ describe("ratewise in Apache mod_lua (Lua 5.3)", function()
     local N = 4
     -- two calls a second, no burst: each thread's own bucket lets its one
     -- call through at once; the shared one spaces the four by 0.5 s
-    local url = s:url("/rh/ping")
+    -- (each answer held 0.3 s: a thread done with its call cannot take a
+    -- second of the four, whose own bucket would space it)
+    s:script("/rh/held", { { status = 200, body = "held", delay = 0.3 } })
+    local url = s:url("/rh/held")
     assert.same({ "200\n", "200\n", "200\n", "200\n" }, at_once(N, "/limited?url=" .. url .. "%3Fq%3Dlocal"))
     local apart = spread("q=local")
     assert(apart and apart < 0.4, "the threads' own buckets spaced the calls by " .. tostring(apart) .. " s")

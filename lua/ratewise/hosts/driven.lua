@@ -177,20 +177,26 @@ function driven.new(p)
     end,
   }
 
+  -- premature: the host is going away (an nginx worker exiting): nothing
+  -- will be driven, and the waiters are told so. A driver whose wait
+  -- raised (its fiber cancelled by another's code) ends too: its waiters
+  -- are woken, and the first to look again starts another.
   local function driver(premature)
+    local ok, err = true, nil
     if not premature then
       seen, idle_since = nil, nil
-      scheduler.drive(way, idle_over)
+      ok, err = pcall(scheduler.drive, way, idle_over)
     end
     driving = false
-    if premature then -- the host is going away (an nginx worker exiting): nothing will be driven
+    if premature or not ok then
       for _, set in ipairs({ waiters, transfer_waiters }) do
         for w in pairs(set) do
-          w.abandoned = true
+          if premature then w.abandoned = true end
           p.post(w.signal)
         end
       end
     end
+    if not ok then error(err, 0) end
   end
 
   local function start()

@@ -107,7 +107,10 @@ local function new_driver(api, id)
     if fd and not driver.fd_hook then
       driver.fd_hook = hooked(api.hook_fd(fd, 1, 0, 0, CALLBACK, fd_data), "hook_fd")
     end
-    local t = fd and scheduler.timeout() or scheduler.pollable.timeout()
+    -- with the descriptor hooked, the scheduler's own deadline; without
+    -- one, the pollable's, which naps while transfers are in flight
+    local t
+    if fd then t = scheduler.timeout() else t = scheduler.pollable.timeout() end
     -- nil: only the descriptor, or another party, can change anything
     if t == nil then return end
     -- WeeChat's timers count whole milliseconds, at least one: 0 (tasks
