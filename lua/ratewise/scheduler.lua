@@ -48,6 +48,7 @@ local scheduler = {
   event = sync.event,
 
   step = loop.step,
+  driver_step = loop.driver_step,
   timeout = loop.timeout,
   has_work = loop.has_work,
   transfers_running = loop.transfers_running,

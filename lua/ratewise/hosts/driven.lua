@@ -117,8 +117,7 @@ function driven.new(p)
     if loop_time and not told_host_wait and scheduler.live() > 0 then
       turned, cpu, wall = loop_time(), cpu_clock(), now()
     end
-    local ok, err = pcall(scheduler.step, 0)
-    if not ok then log.write("ratewise: the driver's step failed: " .. tostring(err), "error") end
+    scheduler.driver_step()
     if turned and loop_time() ~= turned and (now() - wall) - (cpu_clock() - cpu) > HOST_WAIT then
       told_host_wait = true
       log.write(p.host_wait_warning, "warn")

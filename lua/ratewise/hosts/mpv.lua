@@ -25,7 +25,7 @@ local scheduler = require "ratewise.scheduler"
 local log = require "ratewise.log"
 local runtime = require "ratewise.runtime"
 
-local rawget, type, pcall, tostring = rawget, type, pcall, tostring
+local rawget, type = rawget, type
 
 local mpv = {}
 
@@ -75,9 +75,8 @@ local function new_driver(mp)
   function step()
     timer = nil
     stepping = true
-    local ok, err = pcall(scheduler.step, 0)
+    scheduler.driver_step()
     stepping = false
-    if not ok then log.write("ratewise: the driver's step failed: " .. tostring(err), "error") end
     arm()
   end
 

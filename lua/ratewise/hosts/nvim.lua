@@ -112,9 +112,8 @@ local function new_driver(vim)
     scheduled = false
     if stepping then return end
     stepping = true
-    local ok, err = pcall(scheduler.step, 0)
+    scheduler.driver_step()
     stepping = false
-    if not ok then log.write("ratewise: the driver's step failed: " .. tostring(err), "error") end
     arm()
   end
 

@@ -25,7 +25,7 @@ local runtime = require "ratewise.runtime"
 local scheduler = require "ratewise.scheduler"
 local core = require "ratewise.core"
 
-local rawget, type, pcall, tostring, error, next, pairs = rawget, type, pcall, tostring, error, next, pairs
+local rawget, type, tostring, error, next, pairs = rawget, type, tostring, error, next, pairs
 local running, getinfo, getlocal = coroutine.running, debug.getinfo, debug.getlocal
 local loaded = package.loaded
 local now = core.now
@@ -129,9 +129,8 @@ local function new_host(async, server, timer)
     if stepping then return end
     start_watch()
     stepping = true
-    local ok, err = pcall(scheduler.step, 0)
+    scheduler.driver_step()
     stepping = false
-    if not ok then log.write("ratewise: the driver's step failed: " .. tostring(err), "error") end
     local progress = scheduler.progress()
     if (progress ~= seen or kicked) and next(waiters) ~= nil then
       seen, kicked = progress, false

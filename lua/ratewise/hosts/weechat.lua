@@ -131,9 +131,8 @@ local function new_driver(api, id)
     if kind == "timer" then driver.timer_hook, driver.timer_due = nil, nil end
     if driver.stepping then return end
     driver.stepping = true
-    local ok, err = pcall(scheduler.step, 0)
+    scheduler.driver_step()
     driver.stepping = false
-    if not ok then log.write("ratewise: the driver's step failed: " .. tostring(err), "error") end
     local armed, why = pcall(driver.arm)
     if not armed then log.write(tostring(why), "error") end
   end

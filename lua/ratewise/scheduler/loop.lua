@@ -7,6 +7,7 @@ local errors = require "ratewise.errors"
 local state = require "ratewise.scheduler.state"
 local tasks = require "ratewise.scheduler.tasks"
 local timers = require "ratewise.scheduler.timers"
+local log = require "ratewise.log"
 
 local S = state.record
 local engine = state.engine
@@ -209,6 +210,14 @@ local DEADLOCK = "ratewise: deadlock: the remaining tasks all wait for each othe
 
 local function step_all()
   loop.step(0, false)
+end
+
+--- loop.driver_step(): one step of a host's driver (loop.step(0)); one
+-- that raises is logged, and the driving goes on: the driver serves every
+-- other waiter and task.
+function loop.driver_step()
+  local ok, err = pcall(loop.step, 0)
+  if not ok then log.write("ratewise: the driver's step failed: " .. tostring(err), "error") end
 end
 
 --- came = loop.drive(way, done, arg, deadline): drives the scheduler
