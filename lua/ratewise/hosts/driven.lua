@@ -11,13 +11,15 @@
 -- driver and no task, take those waits and looks itself: a handler
 -- fetching one URL after another then costs no driver, no semaphore and
 -- no switch between light threads.
+local compat = require "ratewise.compat"
 local core = require "ratewise.core"
 local scheduler = require "ratewise.scheduler"
 local log = require "ratewise.log"
 
 local now = core.now
 local cpu_clock = os.clock
-local next, pairs, ipairs, pcall, tostring, error, setmetatable = next, pairs, ipairs, pcall,
+-- (compat's pcall: Lua 5.1's cannot be yielded across, and cqueues' waits yield)
+local next, pairs, ipairs, pcall, tostring, error, setmetatable = next, pairs, ipairs, compat.pcall,
   tostring, error, setmetatable
 
 local driven = {}
