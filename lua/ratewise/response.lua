@@ -179,28 +179,6 @@ local function finish(st, err)
   return nil, err
 end
 
--- A stream's next chunk, as res:read() answers it; told to the watcher's
--- own parser unless the reader parses the events itself (res:events()).
-local function read_stream(self, st, tell_watcher)
-  if st.ended then return nil, st.err end
-  local transfer, chunk = st.transfer, nil
-  -- A host may look again after the answer was yes: the chunk taken stays.
-  runtime.await_news(transfer, function()
-    if chunk == nil then chunk = transfer:read() end
-    return chunk ~= nil
-  end, st.per_call)
-  if chunk then
-    st.delivered = st.delivered + #chunk
-    if tell_watcher and st.watch_parser then watch_events(st, chunk) end
-    return chunk
-  end
-  local res, terr = transfer:result()
-  if res then return finish(st, nil) end
-  return finish(st, errors.new("stream", format("%s: the stream broke off after %d bytes of its body: %s",
-    st.what, st.delivered, tostring(terr.message)), { delivered = st.delivered, transport = terr,
-    status = self.status, response = self }))
-end
-
 --- chunk | nil | nil, err = res:read(): the body bytes that arrived since
 -- the last read (waiting for some, the way the host waits); nil at the
 -- end; nil, err when the stream broke off (kind "stream", with
@@ -213,7 +191,23 @@ function methods:read()
     read_whole[self] = true
     return self.body ~= "" and self.body or nil
   end
-  return read_stream(self, st, true)
+  if st.ended then return nil, st.err end
+  local transfer, chunk = st.transfer, nil
+  -- A host may look again after the answer was yes: the chunk taken stays.
+  runtime.await_news(transfer, function()
+    if chunk == nil then chunk = transfer:read() end
+    return chunk ~= nil
+  end, st.per_call)
+  if chunk then
+    st.delivered = st.delivered + #chunk
+    if st.watch_parser then watch_events(st, chunk) end
+    return chunk
+  end
+  local res, terr = transfer:result()
+  if res then return finish(st, nil) end
+  return finish(st, errors.new("stream", format("%s: the stream broke off after %d bytes of its body: %s",
+    st.what, st.delivered, tostring(terr.message)), { delivered = st.delivered, transport = terr,
+    status = self.status, response = self }))
 end
 
 --- for chunk in res:chunks() do ... end: the body as it arrives. A
@@ -251,16 +245,6 @@ function methods:events()
   local st = streams[self]
   local parser = core.sse_parser()
   if st then st.parser = parser end
-  -- A watcher of the events (response.watch) is told them from this
-  -- parser, not parsed again by its own: from here on, what this loop
-  -- reads (a caller that leaves the loop and reads on by hand tells the
-  -- watcher no more events, only the end).
-  local tell
-  if st and st.watch_parser then
-    tell = st.watcher.event
-    st.watch_parser:close()
-    st.watch_parser = nil
-  end
   local queue, head = {}, 1
   -- The chunk being parsed, a slice at a time: the events of one slice are
   -- handed over before the next is parsed, so that a large chunk (a body
@@ -275,7 +259,7 @@ function methods:events()
       end
       if not chunk or at > #chunk then
         local err
-        if st then chunk, err = read_stream(self, st, false) else chunk, err = self:read() end
+        chunk, err = self:read()
         at = 1
         if err then error(err, 2) end
         if not chunk then
@@ -294,9 +278,6 @@ function methods:events()
         error(e, 2)
       end
       queue, head = got, 1
-      if tell then
-        for i = 1, #got do tell(setmetatable(got[i], event_mt)) end
-      end
     end
   end
 end
