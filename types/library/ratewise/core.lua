@@ -71,6 +71,12 @@ function core.random() end
 ---@return any v3
 function core.few_fields(t) end
 
+---`fn(...)`'s results, called where nothing can yield: a host that interrupts its coroutines where they may yield (HAProxy's forced yield) cannot stop it halfway (a scheduler step).
+---@param fn function
+---@param ... any
+---@return any ...
+function core.unyielding(fn, ...) end
+
 ---The actions for SIGINT, SIGTERM and SIGHUP that `core.trap_stop_signals` replaced (src/term.c).
 ---@class ratewise.term_saved_signals
 
