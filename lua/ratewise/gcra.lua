@@ -11,7 +11,9 @@ local gcra = {}
 -- capacity} (tat: the stored one, or now for a key not stored; interval:
 -- microseconds a token), read and never changed. Times in microseconds.
 -- op "peek": the wait for n, taking nothing; "take": n now or nothing;
--- "reserve": n, with a wait of at most arg (-1: any), or nothing; "refund":
+-- "reserve": n, with a wait of at most arg (-1: any), or nothing; "debit":
+-- n at once, into debt, believed only until the bucket holds no token for
+-- arg microseconds (its sync horizon) past a full bucket's time; "refund":
 -- n back; "sync": at most arg millionths of a token left, and with less
 -- than one, the next arg2 microseconds from now. new_tat nil: unchanged.
 gcra.SOURCE = [[
@@ -31,6 +33,12 @@ local function gcra_step(op, bucket, n, arg, arg2)
       return nil, math.ceil(wait), 0, tokens(tat)
     end
     return new, math.ceil(wait), 1, tokens(new)
+  elseif op == 'debit' then
+    local new = tat + n * interval
+    local most = now + burst - interval + arg
+    if new > most then new = most end
+    if new <= tat then return nil, 0, 1, tokens(tat) end
+    return new, 0, 1, tokens(new)
   elseif op == 'refund' then
     local new = tat - n * interval
     if new < now then new = now end

@@ -326,9 +326,7 @@ end
 -- local bucket's is.
 function RedisBucket:debit(n)
   n = gcra.amount(self, n, "debit")
-  local most = self.capacity_n + self.horizon * self.rate_n
-  if n > most then n = most end
-  local reply = run(self, "reserve", n, -1)
+  local reply = run(self, "debit", n, floor(self.horizon * 1e6))
   if not reply and self.fallback then self.fallback:debit(n) end
 end
 

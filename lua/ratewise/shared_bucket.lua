@@ -99,10 +99,7 @@ end
 -- limit asked for more than it holds), not waited for; the debt believed
 -- only up to sync_horizon, as a local bucket's is.
 function SharedBucket:debit(n)
-  n = gcra.amount(self, n, "debit")
-  local most = self.capacity_n + self.horizon * self.rate_n
-  if n > most then n = most end
-  run(self, "reserve", n, -1)
+  run(self, "debit", gcra.amount(self, n, "debit"), floor(self.horizon * 1e6))
 end
 
 function SharedBucket:sync(remaining, reset_in)
