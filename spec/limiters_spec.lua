@@ -212,6 +212,16 @@ describe("rw.limiters", function()
       assert.is_true(llm:acquire { requests = 1, tokens = 2500 })
       llm:refund { requests = 1, tokens = 2500 }
       assert.near(1000, tokens:tokens(), 5)
+      -- a member that cannot take debt, or a cost of more than a minute of the rate, is refused
+      local inner = rw.bucket { capacity = 100, rate = 100 }
+      local no_debit = rw.limiters { tokens = {
+        wait_time = function(_, n) return inner:wait_time(n) end, take = function(_, n) return inner:take(n) end,
+        refund = function(_, n) return inner:refund(n) end, capacity = function() return 100 end } }
+      assert.error_matches(function() no_debit:acquire { tokens = 150 } end,
+        "150 tokens asked of member 'tokens', whose capacity is 100 and which cannot take the rest as debt", 1, true)
+      assert.error_matches(function() llm:acquire { tokens = 60001 } end,
+        "60001 tokens asked of member 'tokens', more than its bucket holds (1000) and than a minute of its rate "
+        .. "(60000)", 1, true)
       -- while it waits for its full bucket, it holds nothing
       assert.is_true((tokens:take(600)))
       local ok, wait = llm:take { requests = 1, tokens = 5000 }

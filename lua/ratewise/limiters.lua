@@ -215,6 +215,25 @@ local function names_list(self)
   return table.concat(self.names, ", ")
 end
 
+-- Why a named limit cannot be asked for n, more than its bucket holds
+-- (held), or nil when it can: it must take the rest as debt (debit), and
+-- no more than a minute of its rate: an API that limits it per minute
+-- could never admit more in one request, and such a cost (a max_tokens of
+-- a million) is a mistake to name, not days of debt to wait out.
+local function oversized(member, n, capacity)
+  local ok, debit_fn = pcall(function() return member.debit end)
+  if not (ok and type(debit_fn) == "function") then
+    return format("whose capacity is %g and which cannot take the rest as debt (it has no debit): it could never "
+      .. "be served", capacity)
+  end
+  local rate_ok, rate = pcall(function() return member:rate() end)
+  if rate_ok and type(rate) == "number" and n > rate * 60 then
+    return format("more than its bucket holds (%g) and than a minute of its rate (%g): an API that limits it per "
+      .. "minute could never admit that much in one request", capacity, rate * 60)
+  end
+  return nil
+end
+
 -- A cost, checked in `method`'s terms: for the positional form a positive
 -- number (1 when nil), for the named form a table of amounts by name (nil:
 -- 1 of "requests", when there is such a member).
@@ -254,6 +273,11 @@ local function check_cost(self, method, cost)
     if type(n) ~= "number" or n ~= n or n < 0 or n == huge then
       error(format("limiters: %s: the cost of '%s' must be a non-negative number (got %s)", method, name,
         errors.shown(n)), 3)
+    end
+    local capacity = capacity_of(member)
+    if n > capacity then
+      local why = oversized(member, n, capacity)
+      if why then error(format("limiters: %s: %g tokens asked of member '%s', %s", method, n, name, why), 3) end
     end
   end
   return cost
