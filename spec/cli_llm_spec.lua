@@ -156,11 +156,12 @@ describe("ratewise batch with an LLM API's limits", function()
     assert.equal(counts.ok + counts.limited, panels.requests.taken)
     assert.is_true(panels.tokens.points > 100, "the tokens' rate has " .. panels.tokens.points .. " points")
     -- a tick for each 429 the server answered, and a bar for each retry
-    local ticks = select(2, svg:gsub('class="throttle"', ""))
+    local ticks = 0
+    for n in svg:gmatch('class="throttle" data%-count="(%d+)"') do ticks = ticks + tonumber(n) end
     assert.equal(counts.limited, ticks)
     local retry_waits = select(2, svg:gsub('class="wait retry"', ""))
     assert.equal(counts.limited, retry_waits)
-    assert.matches(format("%d answered 429, %d retry waits", counts.limited, counts.limited), svg)
+    assert.matches(format("%d throttled %%(429%%), %d retry waits", counts.limited, counts.limited), svg)
     -- no secret reaches the picture
     assert.is_nil(svg:find("secret", 1, true))
   end)
@@ -176,6 +177,15 @@ describe("ratewise batch with an LLM API's limits", function()
     _, err, code = ratewise("get --timeline run.svg " .. s:url("/t"))
     assert.equal(2, code)
     assert.matches("option --timeline is batch's", err, 1, true)
+    -- the input or the results file named as the timeline: refused before either is touched
+    local input = write_file(s:url("/t") .. "\n")
+    _, err, code = ratewise("batch --timeline " .. input .. " " .. input)
+    assert.equal(2, code)
+    assert.matches("option --timeline names the input file", err, 1, true)
+    assert.equal(s:url("/t") .. "\n", cli.slurp(input))
+    _, err, code = ratewise("batch -o same.jsonl --timeline same.jsonl " .. s:url("/t"))
+    assert.equal(2, code)
+    assert.matches("option --timeline names the results file (-o)", err, 1, true)
   end)
 
   it("takes a request larger than a bucket holds, waiting for it as a minute's limit allows", function()

@@ -252,6 +252,8 @@ function cli.parse(args)
     if o.timeline == "" or o.timeline == "-" then
       usage_error("option --timeline needs a file to write the SVG to (got %q)", o.timeline)
     end
+    if o.timeline == positional[2] then usage_error("option --timeline names the input file: give another") end
+    if o.timeline == o.output then usage_error("option --timeline names the results file (-o): give another") end
   end
   if o.paginate then
     if command ~= "get" then usage_error("option --paginate is get's") end

@@ -99,8 +99,9 @@ function batch.run(path, o, err_out, base, fail)
       end
     end
     drawing = timeline.new(limits, st.started)
-    -- (a file that cannot be written is said before anything is sent)
-    local f, ferr = io.open(o.timeline, "wb")
+    -- (a file that cannot be written is said before anything is sent; it
+    -- is written whole at the end)
+    local f, ferr = io.open(o.timeline, "ab")
     if not f then fail(output.WRITE_FAILED, "cannot write the timeline: %s", tostring(ferr)) end
     f:close()
   end

@@ -5,8 +5,8 @@
 -- limit bound and when. Written here as plain SVG text: a chart of a few
 -- lines and marks needs no plotting library, and the command must run
 -- where none is installed.
-local format, concat, floor, max, min = string.format, table.concat, math.floor, math.max, math.min
-local setmetatable, ipairs, tostring = setmetatable, ipairs, tostring
+local format, concat, sort, floor, max, min = string.format, table.concat, table.sort, math.floor, math.max, math.min
+local setmetatable, ipairs, tostring, type = setmetatable, ipairs, tostring, type
 
 local timeline = {}
 
@@ -17,7 +17,7 @@ timeline.WINDOW = 10
 
 -- The picture's layout, in SVG units.
 local WIDTH, LEFT, RIGHT, TOP = 960, 84, 24, 48
-local PANEL, GAP, LANE, ROW, MAX_ROWS = 150, 44, 26, 5, 24
+local PANEL, GAP, LANE, ROW, MAX_ROWS, MAX_BARS = 150, 44, 26, 5, 24, 2000
 local PLOT = WIDTH - LEFT - RIGHT
 local COLOURS = { rate = "#1f6fb5", limit = "#c0392b", throttle = "#d62728", retry = "#e08a1e",
   limit_wait = "#7f7f7f", grid = "#dddddd", text = "#222222" }
@@ -36,9 +36,18 @@ end
 
 --- tl:took(name, n, at): n of limit name taken at monotonic time at (a
 -- negative n: given back by a correction). A name not drawn is ignored.
+-- No count of tokens a request takes, nor a wait, comes near this: a larger
+-- one (a careless max_tokens of 1e308, a hostile usage) is not drawn, which
+-- would make every rate after it infinite.
+local MOST = 1e15
+
+local function drawable(n)
+  return type(n) == "number" and n == n and n > -MOST and n < MOST
+end
+
 function Timeline:took(name, n, at)
   local list = self.taken[name]
-  if list then list[#list + 1] = { at - self.started, n } end
+  if list and drawable(n) then list[#list + 1] = { at - self.started, n } end
 end
 
 --- tl:throttled(at): an answer 429 (or read as a throttle) came at at.
@@ -49,7 +58,7 @@ end
 --- tl:waited(kind, from, seconds): a wait of seconds that began at from,
 -- kind "retry" (before a retry) or "limit" (a request's wait for its limit).
 function Timeline:waited(kind, from, seconds)
-  self.waits[#self.waits + 1] = { kind, from - self.started, seconds }
+  if drawable(seconds) and seconds >= 0 then self.waits[#self.waits + 1] = { kind, from - self.started, seconds } end
 end
 
 -- Ticks for an axis from 0 to top: a step of 1, 2 or 5 times a power of
@@ -99,9 +108,18 @@ function Timeline:svg(ended)
   local out = {}
   local function add(...) out[#out + 1] = format(...) end
 
-  -- The waits, each on the first row free at its start.
+  -- The waits, each on the first row free at its start: the longest
+  -- MAX_BARS of them, where there are more (the title says so).
+  local waits = self.waits
+  if #waits > MAX_BARS then
+    waits = {}
+    for i = 1, #self.waits do waits[i] = self.waits[i] end
+    sort(waits, function(a, b) return a[3] > b[3] end)
+    for i = MAX_BARS + 1, #waits do waits[i] = nil end
+    sort(waits, function(a, b) return a[2] < b[2] end)
+  end
   local rows, row_ends = {}, {}
-  for i, wait in ipairs(self.waits) do
+  for i, wait in ipairs(waits) do
     local row = 1
     while row_ends[row] and row_ends[row] > wait[2] and row < MAX_ROWS do row = row + 1 end
     rows[i] = row
@@ -119,9 +137,9 @@ function Timeline:svg(ended)
   for _, wait in ipairs(self.waits) do
     if wait[1] == "limit" then limit_waits = limit_waits + 1 end
   end
-  add('<text x="%d" y="22" font-size="15" fill="%s">ratewise batch: %.1f s, %d answered 429, %d retry waits, '
-    .. '%d waits for a limit</text>', LEFT, COLOURS.text, ended - self.started, #self.throttles,
-    #self.waits - limit_waits, limit_waits)
+  add('<text x="%d" y="22" font-size="15" fill="%s">ratewise batch: %.1f s, %d throttled (429), %d retry waits, '
+    .. '%d waits for a limit%s</text>', LEFT, COLOURS.text, ended - self.started, #self.throttles,
+    #self.waits - limit_waits, limit_waits, #waits < #self.waits and format(" (the %d longest drawn)", #waits) or "")
   add('<text x="%d" y="38" fill="%s">each rate is what was taken over the last %d s, per minute</text>', LEFT,
     COLOURS.text, timeline.WINDOW)
 
@@ -149,11 +167,10 @@ function Timeline:svg(ended)
       limit.title)
     time_grid(top, bottom)
     local y_step = nice_step(y_top, 4)
-    local v = 0
-    while v <= y_top do
+    for k = 0, min(floor(y_top / y_step), 10) do
+      local v = k * y_step
       add('<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="%s"/>', LEFT, y(v), LEFT + PLOT, y(v), COLOURS.grid)
       add('<text x="%d" y="%.1f" text-anchor="end" fill="%s">%s</text>', LEFT - 6, y(v) + 4, COLOURS.text, number(v))
-      v = v + y_step
     end
     add('<rect x="%d" y="%d" width="%d" height="%d" fill="none" stroke="#999999"/>', LEFT, top, PLOT, PANEL)
     if limit.per_minute then
@@ -175,9 +192,19 @@ function Timeline:svg(ended)
   add('<g class="throttles">')
   add('<text x="%d" y="%d" font-weight="bold" fill="%s">answers 429</text>', LEFT, lane - 6, COLOURS.text)
   add('<rect x="%d" y="%d" width="%d" height="%d" fill="none" stroke="#999999"/>', LEFT, lane, PLOT, LANE)
+  -- (one tick a pixel: its data-count says how many 429s it stands for)
+  local ticks, columns = {}, {}
   for _, at in ipairs(self.throttles) do
-    add('<line class="throttle" data-at="%.3f" x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="%s" stroke-width="1.5"/>',
-      at, x(at), lane + 3, x(at), lane + LANE - 3, COLOURS.throttle)
+    local column = floor(x(at))
+    if not ticks[column] then
+      ticks[column] = 0
+      columns[#columns + 1] = column
+    end
+    ticks[column] = ticks[column] + 1
+  end
+  for _, column in ipairs(columns) do
+    add('<line class="throttle" data-count="%d" x1="%d.5" y1="%d" x2="%d.5" y2="%d" stroke="%s" stroke-width="1.5"/>',
+      ticks[column], column, lane + 3, column, lane + LANE - 3, COLOURS.throttle)
   end
   add('</g>')
 
@@ -188,7 +215,7 @@ function Timeline:svg(ended)
     .. '<tspan fill="%s">(orange)</tspan>, for a limit <tspan fill="%s">(grey)</tspan></text>', LEFT, waits_top - 6,
     COLOURS.text, COLOURS.retry, COLOURS.limit_wait)
   time_grid(waits_top, waits_top + wait_rows * ROW)
-  for i, wait in ipairs(self.waits) do
+  for i, wait in ipairs(waits) do
     local from = x(wait[2])
     add('<rect class="wait %s" data-at="%.3f" data-seconds="%.3f" x="%.1f" y="%d" width="%.1f" height="%d" '
       .. 'fill="%s"/>', wait[1], wait[2], wait[3], from, waits_top + (rows[i] - 1) * ROW,
