@@ -252,6 +252,8 @@ function methods:events()
   local chunk, at = nil, 1
   return function()
     while true do
+      -- (closed by the caller inside the loop: its parser with it)
+      if st and st.ended and st.err == nil and chunk then return nil end
       local ev = queue[head]
       if ev then
         queue[head], head = nil, head + 1
