@@ -68,15 +68,22 @@ local format, floor, huge = string.format, math.floor, math.huge
 local type, tostring, error = type, tostring, error
 local shown = errors.shown
 
+-- A count that is not a positive number raises at the caller of the
+-- bucket's method (level 4: past the function calling this one).
+local function positive(n, method)
+  if n == nil then return 1 end
+  if type(n) ~= "number" or n ~= n or n <= 0 or n == huge then
+    error(format("bad argument #1 to '%s' (token count must be a positive number, got %s)", method,
+      shown(n)), 4)
+  end
+  return n
+end
+
 --- n = gcra.count(bucket, n, method): the token count of a call (1 when
 -- nil); raises, at the method's caller, for one that is not a count or
 -- that the bucket could never serve.
 function gcra.count(bucket, n, method)
-  if n == nil then return 1 end
-  if type(n) ~= "number" or n ~= n or n <= 0 or n == huge then
-    error(format("bad argument #1 to '%s' (token count must be a positive number, got %s)", method,
-      shown(n)), 3)
-  end
+  n = positive(n, method)
   if n > bucket.capacity_n then
     error(format("bad argument #1 to '%s' (%s tokens asked of a bucket whose capacity is %s: "
       .. "it could never be served)", method, tostring(n), tostring(bucket.capacity_n)), 3)
@@ -89,11 +96,7 @@ end
 -- limit asked for more than its capacity took (rw.limiters' named limits)
 -- comes back, or goes into debt, whole.
 function gcra.amount(_, n, method)
-  if n == nil then return 1 end
-  if type(n) ~= "number" or n ~= n or n <= 0 or n == huge then
-    error(format("bad argument #1 to '%s' (token count must be a positive number, got %s)", method,
-      shown(n)), 3)
-  end
+  n = positive(n, method) -- (not a tail call: the error's level counts this frame)
   return n
 end
 
