@@ -75,15 +75,7 @@ local function start(s, at_load)
   local pid = assert(tonumber(p:read("*l")), "could not start prosody")
   p:close()
   local h = setmetatable({ dir = dir, port = port, pid = pid, results = dir .. "/results" }, Prosody)
-  local deadline = socket.gettime() + 10
-  repeat
-    local c = socket.connect("127.0.0.1", port)
-    if c then
-      c:close()
-      return h
-    end
-    socket.sleep(0.05)
-  until not h:alive() or socket.gettime() > deadline
+  if real_host.listening(port, 10, function() return h:alive() end) then return h end
   local out = h:output()
   h:stop()
   error("Prosody did not start listening:\n" .. out, 0)

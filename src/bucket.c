@@ -170,14 +170,22 @@ static bucket *bucket_check(lua_State *L)
     return b;
 }
 
+/* Token count argument of a refund or a debit: positive and finite (dflt
+ * when absent; NAN: required), and possibly more than the bucket holds. */
+static double bucket_check_amount(lua_State *L, int arg, lua_Number dflt)
+{
+    lua_Number n = bucket_number(L, arg, dflt, "token count must be a positive number");
+    if (!(n > 0) || !isfinite(n))
+        luaL_argerror(L, arg,
+                      lua_pushfstring(L, "token count must be a positive number, got %s", bucket_shown(L, arg)));
+    return n;
+}
+
 /* Token count argument: positive, at most the capacity (a larger request
  * could never be served and would wait forever). */
 static double bucket_check_count(lua_State *L, bucket *b, int arg)
 {
-    lua_Number n = bucket_number(L, arg, 1, "token count must be a positive number");
-    if (!(n > 0) || !isfinite(n))
-        luaL_argerror(L, arg,
-                      lua_pushfstring(L, "token count must be a positive number, got %s", bucket_shown(L, arg)));
+    double n = bucket_check_amount(L, arg, 1);
     if (n > b->capacity)
         luaL_argerror(L, arg, lua_pushfstring(L,
             "%f tokens asked of a bucket whose capacity is %f: it could never be served",
@@ -369,9 +377,7 @@ static int bucket_l_cancel(lua_State *L)
 static int bucket_l_refund(lua_State *L)
 {
     bucket *b = bucket_check(L);
-    lua_Number n = bucket_number(L, 2, 1, "token count must be a positive number");
-    if (!(n > 0) || !isfinite(n))
-        luaL_argerror(L, 2, lua_pushfstring(L, "token count must be a positive number, got %s", bucket_shown(L, 2)));
+    double n = bucket_check_amount(L, 2, 1);
     bucket_refill(b);
     b->tokens += n;
     if (b->tokens > b->capacity) b->tokens = b->capacity;
@@ -385,10 +391,7 @@ static int bucket_l_refund(lua_State *L)
 static int bucket_l_debit(lua_State *L)
 {
     bucket *b = bucket_check(L);
-    lua_Number n = bucket_number(L, 2, NAN, "token count must be a positive number");
-    double floor_at;
-    if (!(n > 0) || !isfinite(n))
-        luaL_argerror(L, 2, lua_pushfstring(L, "token count must be a positive number, got %s", bucket_shown(L, 2)));
+    double n = bucket_check_amount(L, 2, NAN), floor_at;
     bucket_refill(b);
     floor_at = 1.0 - b->horizon * b->rate;
     b->tokens -= n;

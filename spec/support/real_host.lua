@@ -89,6 +89,22 @@ function M.lines_of(results, key)
   return found
 end
 
+--- yes = real_host.listening(port [, seconds [, alive]]): waits until a
+-- host accepts connections on the loopback port (at most seconds, 10 by
+-- default; alive(), when given, says whether it still runs).
+function M.listening(port, seconds, alive)
+  local deadline = socket.gettime() + (seconds or 10)
+  repeat
+    local c = socket.connect("127.0.0.1", port)
+    if c then
+      c:close()
+      return true
+    end
+    socket.sleep(0.05)
+  until (alive and not alive()) or socket.gettime() > deadline
+  return false
+end
+
 --- real_host.write_file(path, text)
 function M.write_file(path, text)
   local f = assert(io.open(path, "wb"))

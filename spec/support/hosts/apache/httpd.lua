@@ -92,15 +92,7 @@ function httpd.start(opts)
   h.timeout_pid = tonumber((capture("env -u LUA_PATH -u LUA_CPATH -u LUA_INIT timeout -s KILL "
     .. (opts.seconds or 60) .. " " .. shell_quote(binary) .. " -f " .. shell_quote(conf)
     .. " -D FOREGROUND </dev/null >" .. shell_quote(dir .. "/stdout") .. " 2>&1 & echo $!")))
-  local deadline = socket.gettime() + 10
-  repeat
-    local c = socket.connect("127.0.0.1", port)
-    if c then
-      c:close()
-      return h
-    end
-    socket.sleep(0.05)
-  until socket.gettime() > deadline
+  if real_host.listening(port) then return h end
   local log = h:log()
   h:stop()
   error("apache2 did not listen within 10 s:\n" .. log)
