@@ -236,7 +236,8 @@ end
 
 -- A cost, checked in `method`'s terms: for the positional form a positive
 -- number (1 when nil), for the named form a table of amounts by name (nil:
--- 1 of "requests", when there is such a member).
+-- 1 of "requests", when there is such a member), and whether it asks a
+-- limit for more than it holds (over: what only then is held back, held).
 local function check_cost(self, method, cost)
   local names = self.names
   if self.per_limit then return check_cost(self.per_limit, method, cost) end
@@ -264,6 +265,7 @@ local function check_cost(self, method, cost)
     error(format("limiters: %s: give the cost per limit: { requests = 1, tokens = n } (the limits are %s; "
       .. "got %s)", method, names_list(self), errors.shown(cost)), 3)
   end
+  local over -- a limit asked for more than it holds (held)
   for name, n in pairs(cost) do
     local member = self.by_name[name]
     if not member then
@@ -278,9 +280,10 @@ local function check_cost(self, method, cost)
     if n > capacity then
       local why = oversized(member, n, capacity)
       if why then error(format("limiters: %s: %g tokens asked of member '%s', %s", method, n, name, why), 3) end
+      over = true
     end
   end
-  return cost
+  return cost, over
 end
 
 -- A named limit asked for more than its bucket holds (an LLM request whose
@@ -322,11 +325,12 @@ local function debit(member, n)
   return member:take(n)
 end
 
-local function wait_time(self, cost)
+local function wait_time(self, cost, over)
   local wait = 0
   local members = self.members
   for i = 1, #members do
-    local n = held(self, i, amount(self, i, cost))
+    local n = amount(self, i, cost)
+    if over then n = held(self, i, n) end
     if takes(n) then
       local w, why = members[i]:wait_time(n)
       if unavailable(w, why) then return nil, why end
@@ -359,26 +363,24 @@ local function failed_wait(self, i, n, seconds)
   return seconds
 end
 
-local function take(self, cost)
-  local wait, why = wait_time(self, cost)
+local function take(self, cost, over)
+  local wait, why = wait_time(self, cost, over)
   if wait == nil then return nil, why end
   if wait > 0 then return false, wait end
   local members = self.members
-  local over -- whether a named limit was asked for more than it holds
   for i = 1, #members do
-    local asked = amount(self, i, cost)
-    local n = held(self, i, asked)
-    if n ~= asked then over = true end
+    local n = amount(self, i, cost)
+    if over then n = held(self, i, n) end
     if takes(n) then
       local ok, seconds = members[i]:take(n)
       if unavailable(ok, seconds) then
-        give_back(self, cost, i - 1, true)
+        give_back(self, cost, i - 1, over)
         return nil, seconds
       end
       if not ok then
         local err
         seconds, err = failed_wait(self, i, n, seconds)
-        give_back(self, cost, i - 1, true)
+        give_back(self, cost, i - 1, over)
         if err then error(err, 0) end
         return false, seconds
       end
@@ -475,7 +477,8 @@ end
 -- all of them. With max_wait, answers false (taking nothing) as soon as it
 -- is clear that the wait would run past max_wait seconds.
 function Limiters:acquire(cost, sleep, max_wait)
-  cost = check_cost(self, "acquire", cost)
+  local over
+  cost, over = check_cost(self, "acquire", cost)
   if sleep ~= nil and type(sleep) ~= "function" then
     error(format("limiters: acquire: sleep must be a function (got %s)", type(sleep)), 2)
   end
@@ -485,7 +488,7 @@ function Limiters:acquire(cost, sleep, max_wait)
   end
   local give_up_at = max_wait and now() + max_wait
   while true do
-    local ok, wait = take(self, cost)
+    local ok, wait = take(self, cost, over)
     if ok then return true end
     if ok == nil then return nil, wait end -- a member could not answer
     if give_up_at and now() + wait > give_up_at then return false, wait end
