@@ -180,8 +180,9 @@ function driven.new(p)
 
   -- premature: the host is going away (an nginx worker exiting): nothing
   -- will be driven, and the waiters are told so. A driver whose wait
-  -- raised (its fiber cancelled by another's code) ends too: its waiters
-  -- are woken, and the first to look again starts another.
+  -- raised (its fiber killed by another's code) is replaced at once while
+  -- anything needs one (a waiter, a task): they would wait for ever.
+  local start
   local function driver(premature)
     local ok, err = true, nil
     if not premature then
@@ -189,18 +190,20 @@ function driven.new(p)
       ok, err = pcall(scheduler.drive, way, idle_over)
     end
     driving = false
-    if premature or not ok then
+    if premature then
       for _, set in ipairs({ waiters, transfer_waiters }) do
         for w in pairs(set) do
-          if premature then w.abandoned = true end
+          w.abandoned = true
           p.post(w.signal)
         end
       end
+    elseif not ok then
+      if next(waiters) or next(transfer_waiters) or scheduler.live() > 0 then start() end
+      error(err, 0)
     end
-    if not ok then error(err, 0) end
   end
 
-  local function start()
+  function start()
     if driving then return end
     local ok, err = p.spawn(driver)
     if not ok then error("ratewise: cannot start the host's driver: " .. tostring(err), 0) end

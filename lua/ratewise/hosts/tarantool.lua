@@ -91,12 +91,11 @@ local function make_host(fiber)
       local ok, err = pcall(fn)
       driver_fiber, driver_id, blocked = nil, nil, false
       if not ok then
-        -- A driver whose fiber was killed (fiber.kill) is replaced: the
-        -- waiting fibers still need one.
+        -- (a driver whose fiber was killed, fiber.kill, is replaced by
+        -- driven.lua's, while the waiting fibers and tasks still need one)
         if not pcall(testcancel) then
           log.write("ratewise: the driver fiber was cancelled (" .. tostring(err) .. "); a new one takes over",
             "warn")
-          spawn(fn)
         else
           log.write("ratewise: the driver fiber failed: " .. tostring(err), "error")
         end
