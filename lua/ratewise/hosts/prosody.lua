@@ -110,13 +110,20 @@ local function new_host(async, server, timer)
     soon_task = timer.add_task(0, function() soon_task = nil; step() end)
   end
 
+  -- A descriptor Prosody's loop will not watch (a runtime failure, said
+  -- once) leaves the driver on its timer alone, napping as a poll(2)
+  -- build's does: raised from here, it would fail every step after it.
+  local unwatched = false
   local function start_watch()
-    if watch then return end
+    if watch or unwatched then return end
     local fd = scheduler.pollable.pollfd()
     if not fd then return end
     local w, err = server.watchfd(fd, function() step() end)
     if not w then
-      error("ratewise: cannot watch the scheduler's descriptor in Prosody's loop: " .. tostring(err), 0)
+      unwatched = true
+      log.write("ratewise: cannot watch the scheduler's descriptor in Prosody's loop (" .. tostring(err)
+        .. "): looking on a timer instead", "warn")
+      return
     end
     watch = w
   end
