@@ -138,4 +138,59 @@ describe("rw.adaptive", function()
     assert.near(0.95 * l.controller.w_max, l.controller.rate, 1)
     assert.is_true(l:wait_time() > 0.1 and l:wait_time() <= 1.25, "held " .. l:wait_time())
   end)
+  describe("dormant (a client's own when its caller gives none)", function()
+    local bare = { status = 429, throttled = true, headers = {} }
+
+    it("lets every request through at once, however many, until the server first throttles one", function()
+      local l = rw.adaptive { dormant = true }
+      assert.equal(math.huge, l:rate())
+      for _ = 1, 1000 do
+        local ok, wait = l:acquire()
+        assert.is_true(ok)
+        assert.is_nil(wait)
+      end
+      assert.equal(0, l:wait_time())
+      assert.same({ true, 0 }, { l:take() })
+      l:observe({ status = 200, headers = {} }, rw.now())
+      assert.equal(math.huge, l:rate())
+      assert.equal("ratewise.Adaptive (dormant until a throttle, burst 1)", tostring(l))
+    end)
+
+    it("wakes at the first throttle into slow start, deaf to the throttles of what it sent while asleep", function()
+      local l = rw.adaptive { dormant = true }
+      local slept_at = rw.now()
+      l:observe(bare, slept_at)
+      assert.equal(10, l:rate())
+      assert.is_true(l.controller.slow)
+      -- the rest of the storm it let through: no cut (10 * 0.7 would stay there for seconds)
+      for _ = 1, 15 do l:observe(bare, slept_at) end
+      assert.equal(10, l:rate())
+      assert.is_true(l.controller.slow)
+      assert.is_true((l:take()))
+      assert.near(0.1, l:wait_time(), 0.01) -- now paced, at 10 a second
+    end)
+
+    it("a throttle of a request sent after it woke (and a round trip) cuts the rate as rw.adaptive's do", function()
+      local l = rw.adaptive { dormant = true }
+      l:observe(bare, rw.now())
+      local later = rw.now() + 0.2
+      l:observe(bare, later)
+      assert.near(7, l:rate(), 0.01)
+      assert.is_false(l.controller.slow)
+    end)
+
+    it("holds everything for the wait the waking throttle named, as a shut door is held", function()
+      local l = rw.adaptive { dormant = true }
+      l:observe({ status = 429, throttled = true, headers = { ["retry-after"] = "1" } }, rw.now())
+      assert.near(1.2, l:wait_time(), 0.05)
+      local ok, wait = l:acquire(1, nil, 0.5) -- a call with half a second left does not begin the wait
+      assert.is_false(ok)
+      assert.is_true(wait > 1)
+    end)
+
+    it("refuses a dormant that is not a boolean, naming it", function()
+      assert.has_error(function() rw.adaptive { dormant = "yes" } end,
+        "adaptive: option 'dormant' must be a boolean (got string \"yes\")")
+    end)
+  end)
 end)

@@ -7,9 +7,11 @@ local core = require "ratewise.core"
 local cubic = require "ratewise.cubic"
 local errors = require "ratewise.errors"
 local options = require "ratewise.options"
+local retry = require "ratewise.retry"
 
 local now = core.now
-local format, huge, floor = string.format, math.huge, math.floor
+local format, huge, floor, min = string.format, math.huge, math.floor, math.min
+local MIN_ROUND_TRIP = cubic.MIN_ROUND_TRIP
 local type, tostring, pairs, ipairs, error, setmetatable = type, tostring, pairs, ipairs, error, setmetatable
 
 local adaptive = {}
@@ -31,7 +33,8 @@ local Adaptive = {}
 Adaptive.__index = Adaptive
 Adaptive.__name = "ratewise.Adaptive"
 
-local known_options = { rate = true, max_rate = true, min_rate = true, burst = true, beta = true, near = true }
+local known_options = { rate = true, max_rate = true, min_rate = true, burst = true, beta = true, near = true,
+  dormant = true }
 
 local function positive(opts, name)
   local v = opts[name]
@@ -67,7 +70,21 @@ function Pace:follow()
   follow(self.limiter, now())
 end
 
---- limiter = rw.adaptive{[rate = r] [, max_rate = m] [, min_rate = f] [, burst = b] [, beta = x] [, near = y]}
+-- Its bucket and controller as they start: at the rate given, or in slow
+-- start from cubic.START.
+local function start_learning(self, sending_since)
+  local s = self.settings
+  self.bucket = bucket.new { capacity = s.burst, rate = s.start, slow_down = false }
+  self.controller = cubic.new { rate = s.start, ceiling = s.max_rate, floor = s.min_rate, beta = s.beta,
+    near = s.near or NEAR, slow_start = true, demand = true, relearn = true, sending_since = sending_since }
+end
+
+--- limiter = rw.adaptive{[rate = r] [, max_rate = m] [, min_rate = f] [, burst = b] [, beta = x] [, near = y]
+--   [, dormant = true]}
+-- dormant: let every request through until the server first throttles one,
+-- and only then start learning (AWS's adaptive mode, whose limiter waits
+-- for the first throttle): what a client with no limiter of its caller's
+-- has, so that a server that never throttles it costs it no wait.
 function adaptive.new(opts)
   if opts == nil then opts = {} end
   if type(opts) ~= "table" then
@@ -97,12 +114,17 @@ function adaptive.new(opts)
   if burst < 1 then
     error(format("adaptive: option 'burst' must be at least 1 (got %s)", tostring(burst)), 2)
   end
+  if opts.dormant ~= nil and type(opts.dormant) ~= "boolean" then
+    errors.bad_option("adaptive", "dormant", "a boolean", opts.dormant, 2)
+  end
   if start < min_rate then start = min_rate end
   local limiter = setmetatable({
-    bucket = bucket.new { capacity = burst, rate = start, slow_down = false },
-    controller = cubic.new { rate = start, ceiling = max_rate, floor = min_rate, beta = opts.beta,
-      near = opts.near or NEAR, slow_start = true, demand = true, relearn = true },
+    settings = { burst = burst, start = start, max_rate = max_rate, min_rate = min_rate, beta = opts.beta,
+      near = opts.near },
+    dormant = opts.dormant == true,
+    woken_until = -huge, -- the end of the episode that woke a dormant one
   }, Adaptive)
+  start_learning(limiter)
   limiter.pace = setmetatable({ limiter = limiter }, Pace)
   return limiter
 end
@@ -111,19 +133,43 @@ end
 -- bucket's acquire, at the rate learned so far.
 function Adaptive:acquire(n, sleep, max_wait)
   bucket.check_acquire(self.bucket, n, sleep, max_wait, 3)
+  if self.dormant then return true end
   follow(self, now())
   local ok, wait = bucket.queue(self.bucket, n, sleep, max_wait, self.pace)
   if ok then self.controller:sent(now()) end
   return ok, wait
 end
 
+-- A dormant limiter's first throttle wakes it, into slow start: the rate
+-- the requests went out at until then is no rate the server accepts, and
+-- cutting from it would take an episode per cut. The server still counts
+-- what was sent while it slept, so the throttles of requests sent before it
+-- woke, or within a round trip of it, are of the episode that woke it. A
+-- server that said when to come back gets nothing until then (held as a
+-- shut door is: cubic.lua): slow start into a window still shut would
+-- learn nothing but the refusals.
+local function wake(self, res)
+  local t = now()
+  local hint = type(res.headers) == "table" and retry.hint(res.headers)
+  local hold = type(hint) == "number" and hint > 0 and min(hint * cubic.HOLD, hint + 1) or 0
+  self.dormant, self.woken_until = false, t + (hold > MIN_ROUND_TRIP and hold or MIN_ROUND_TRIP)
+  start_learning(self, t + hold)
+  if hold > 0 then self.bucket:sync(0, hold) end
+end
+
 --- l:observe(res [, sent_at]): what fetch tells it of each response to a
 -- request let through at sent_at. A throttle (res.throttled) drops the
 -- rate; any other answer counts as accepted.
 function Adaptive:observe(res, sent_at)
+  local throttled = type(res) == "table" and res.throttled == true
+  if self.dormant then
+    if throttled then wake(self, res) end
+    return
+  end
   local t = now()
   if type(sent_at) ~= "number" then sent_at = t end
-  if type(res) == "table" and res.throttled == true then
+  if throttled then
+    if sent_at < self.woken_until then return end
     bucket.throttle(self.bucket, self.controller, res, sent_at, t)
   else
     self.controller:succeeded(t, sent_at, self.bucket:tokens() < 0)
@@ -131,19 +177,29 @@ function Adaptive:observe(res, sent_at)
   follow(self, t)
 end
 
---- rate = l:rate(): the rate it lets requests through at now.
+--- rate = l:rate(): the rate it lets requests through at now (infinity
+-- while dormant).
 function Adaptive:rate()
+  if self.dormant then return huge end
   return self.controller:current(now())
 end
 
 -- What a limiter offers besides (for rw.limiters and provider policies):
--- the bucket's, at the rate learned so far.
+-- the bucket's, at the rate learned so far; while dormant, no wait.
 function Adaptive:wait_time(n)
+  if self.dormant then
+    self.bucket:wait_time(n) -- (checks n)
+    return 0
+  end
   follow(self, now())
   return self.bucket:wait_time(n)
 end
 
 function Adaptive:take(n)
+  if self.dormant then
+    self.bucket:wait_time(n) -- (checks n)
+    return true, 0
+  end
   follow(self, now())
   local ok, wait = self.bucket:take(n)
   if ok then self.controller:sent(now()) end
@@ -195,6 +251,7 @@ function Adaptive:sync(remaining, reset_in, limit, window)
 end
 
 Adaptive.__tostring = function(l)
+  if l.dormant then return format("ratewise.Adaptive (dormant until a throttle, burst %g)", l.bucket:capacity()) end
   return format("ratewise.Adaptive (%.3g/s now, burst %g)", l.controller:current(now()), l.bucket:capacity())
 end
 

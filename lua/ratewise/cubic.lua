@@ -73,13 +73,15 @@ local Controller = {}
 Controller.__index = Controller
 
 --- c = cubic.new{rate = r, ceiling = c, floor = f, beta = b, near = n, slow_start = bool, demand = bool,
---   relearn = bool}
+--   relearn = bool [, sending_since = t]}
 -- rate: where it starts; ceiling, floor: the bounds it stays in; beta: the
 -- drop; near: the drop for a throttle below w_max (default: beta);
 -- slow_start: grow from rate on successes until the first throttle (else
 -- stay at rate until one); demand: cap growth by the measured send
 -- rate (a limiter that sees every send, see sent()); relearn: when the
--- door is shut, take the rate the server accepted as the limit.
+-- door is shut, take the rate the server accepted as the limit;
+-- sending_since: when the first request could go (a limiter that wakes
+-- holding: adaptive.lua).
 function cubic.new(opts)
   local beta = opts.beta or BETA
   return setmetatable({
@@ -101,6 +103,7 @@ function cubic.new(opts)
     window_start = now(),
     window_sends = 0,
     relearn = opts.relearn or false,
+    sending_since = opts.sending_since or -huge, -- when it could first send (a woken limiter's: adaptive.lua)
     episode_hint = false, -- the hint of the throttle that dropped the rate
     held_until = -huge,   -- the end of the hold of this episode (none yet)
     passed = false,       -- a request sent since the last drop succeeded
@@ -201,7 +204,9 @@ local function shut(c, t, hint)
   local drained = min(hint * HOLD, hint + 1)
   local hold = drained
   if c.relearn then
-    local limit, oldest = accepted(c, t, hint)
+    -- (over the span it has been sending for, if shorter: a limiter woken
+    -- within the hint sent nothing before)
+    local limit, oldest = accepted(c, t, min(hint, max(t - c.sending_since, SLOT)))
     if limit and limit < c:current(t) then
       hold = oldest + drained - t
       limit = bounded(c, limit)
