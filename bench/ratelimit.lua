@@ -30,7 +30,10 @@
 -- Against each, TASKS tasks call rw.fetch in a loop for SECONDS, through
 -- each limiter in turn:
 --
---   reactive             no limiter: the server's hints only;
+--   reactive             rw.fetch with no limiter: the server's hints only;
+--   rw.client, no limiter given  a client of the server's origin, which
+--                        makes its own limiter: rw.adaptive{dormant = true},
+--                        asleep until the first 429;
 --   bucket at the limit  rw.bucket{capacity = 1, rate = RATE};
 --   bucket at 90%        rw.bucket{capacity = 1, rate = 0.9 * RATE};
 --   adaptive             rw.adaptive{}, told no rate at all;
@@ -154,15 +157,24 @@ end
 -- through the limiter make_limiter makes (none: reactive) for SECONDS.
 local function run(url, count, make_limiter, policy)
   local limiter = make_limiter and make_limiter()
-  local opts = { limiter = limiter, policy = policy, on_retry = false, max_retries = 1000,
-    max_elapsed = SECONDS + 1 }
+  local opts = { policy = policy, on_retry = false, max_retries = 1000, max_elapsed = SECONDS + 1 }
+  local fetch
+  if limiter == "client" then
+    local origin, path = url:match("^(https?://[^/]+)(.*)$")
+    -- (calls that differ, as an API's do: identical ones in flight would share one request)
+    local client = rw.client { base_url = origin, dedupe = false }
+    fetch = function() return client:get(path, opts) end
+  else
+    opts.limiter = limiter
+    fetch = function() return rw.fetch(url, opts) end
+  end
   local stop_at = rw.now() + SECONDS
   local accepted, refused
   rw.run(function()
     for _ = 1, TASKS do
       rw.spawn(function()
         while rw.now() < stop_at do
-          local res, err = rw.fetch(url, opts)
+          local res, err = fetch()
           if not res and err.kind ~= "budget" then
             failures = failures + 1
             io.stderr:write("bench: ", tostring(err), "\n")
@@ -214,6 +226,8 @@ local bucket90 = { "bucket at 90%", function() return rw.bucket { capacity = 1, 
 local bucket_burst = { "bucket, server's rate and burst",
   function() return rw.bucket { capacity = RATE, rate = RATE } end }
 local adaptive = { "adaptive, no rate given", function() return rw.adaptive {} end }
+local client_default = { "rw.client, no limiter given (its own wakes at the first 429)",
+  function() return "client" end }
 local function with(provider, entry)
   return { (entry[1] or "no limiter") .. " + " .. provider .. " provider", entry[2], rw.providers[provider] }
 end
@@ -276,22 +290,25 @@ local function run_row(start, contender)
   return run(start.url, start.count, contender[2], contender[3])
 end
 
-local limit_req_contenders = { reactive, undici, httpx, undici_short, httpx_short, bucket, adaptive }
+local limit_req_contenders = { reactive, client_default, undici, httpx, undici_short, httpx_short, bucket, adaptive }
 local servers = {
-  { "token bucket, burst 1, Retry-After: 1", nginx_bucket(1), { reactive, bucket, bucket90, adaptive } },
-  { "token bucket, burst 2, Retry-After: 1", nginx_bucket(2), { reactive, bucket, bucket90, adaptive } },
+  { "token bucket, burst 1, Retry-After: 1", nginx_bucket(1),
+    { reactive, client_default, bucket, bucket90, adaptive } },
+  { "token bucket, burst 2, Retry-After: 1", nginx_bucket(2),
+    { reactive, client_default, bucket, bucket90, adaptive } },
   { "nginx limit_req, burst 0", nginx_limit_req("/lr0"), limit_req_contenders },
   { "nginx limit_req, burst 5 nodelay", nginx_limit_req("/lr5"), limit_req_contenders },
   { "nginx limit_req, burst 5", nginx_limit_req("/lr5d"), limit_req_contenders },
   { "HAProxy http_req_rate(1s), Retry-After: 1", function() return haproxy_window() end,
-    { reactive, undici, httpx, bucket, bucket_burst, adaptive } },
+    { reactive, client_default, undici, httpx, bucket, bucket_burst, adaptive } },
   { "express-rate-limit, legacy X-RateLimit-*", node("express-legacy"),
-    { reactive, github_reactive, bucket, adaptive, with("github", adaptive) } },
+    { reactive, client_default, github_reactive, bucket, adaptive, with("github", adaptive) } },
   { "express-rate-limit, draft-7 RateLimit", node("express-draft-7"),
-    { reactive, bucket, adaptive, with("ietf", adaptive) } },
-  { "@fastify/rate-limit", node("fastify"), { reactive, github_reactive, bucket, adaptive, with("github", adaptive) } },
+    { reactive, client_default, bucket, adaptive, with("ietf", adaptive) } },
+  { "@fastify/rate-limit", node("fastify"),
+    { reactive, client_default, github_reactive, bucket, adaptive, with("github", adaptive) } },
   { "@fastify/rate-limit, no Retry-After", node("fastify-no-retry"),
-    { reactive, github_reactive, adaptive, with("github", adaptive) } },
+    { reactive, client_default, github_reactive, adaptive, with("github", adaptive) } },
 }
 
 print(string.format("%d requests/s (fixed windows: %d a 1 s window); %d tasks, %g s a run, %d round(s)",

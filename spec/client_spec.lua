@@ -212,6 +212,62 @@ describe("rw.client", function()
       assert.equal(3, max_active(log))
     end)
 
+    describe("without a limiter of the caller's", function()
+      -- 8 tasks calling path in a loop for 1.5 s through c: what the
+      -- server's limit let through and refused
+      local function hammer(c, path)
+        local stop_at = rw.now() + 1.5
+        rw.run(function()
+          for _ = 1, 8 do
+            rw.spawn(function()
+              while rw.now() < stop_at do assert(c:get(path, { max_retries = 1000, max_elapsed = 10 })) end
+            end)
+          end
+        end)
+        return s:counted(path)
+      end
+
+      it("sends at once until the server first throttles, then learns its rate: few 429s, not a storm", function()
+        s:limit("/api", { rate = 40, burst = 1 }) -- a bare 429: no Retry-After
+        -- (calls that differ, as an API's do: identical ones in flight would share one request)
+        local c = new { dedupe = false }
+        local t0 = rw.now()
+        for _ = 1, 20 do assert(c:get("/echo")) end
+        assert.is_true(rw.now() - t0 < 0.5, "paced before any throttle")
+        local ok, limited = hammer(c, "/api")
+        s:reset()
+        s:limit("/api", { rate = 40, burst = 1 })
+        local ok_bare, limited_bare = hammer(new { limiter = false, dedupe = false }, "/api")
+        -- retries alone, each on its own: most requests refused
+        assert.is_true(limited_bare > ok_bare, ("limiter = false: %d ok, %d 429"):format(ok_bare, limited_bare))
+        assert.is_true(ok >= 0.5 * 40 * 1.5 and limited < ok / 3,
+          ("the client's own: %d ok, %d 429 (limiter = false: %d ok, %d 429)"):format(ok, limited, ok_bare,
+            limited_bare))
+      end)
+
+      it("asks a call's cost of none, as a call without a limiter does", function()
+        local c = new {}
+        assert(c:get("/echo", { cost = 500 }))
+        assert(c:get("/echo", { cost = { tokens = 500 } }))
+        assert.equal(2, #s:log("/echo"))
+      end)
+
+      it("a route's limiter stands alone: the client's own, once woken, does not pace the route", function()
+        s:script("/api", { { status = 429 }, { status = 429 }, { status = 200 } })
+        local c = new { routes = { ["/search/"] = rw.bucket { capacity = 10, rate = 100 } } }
+        assert(c:get("/api", { max_retries = 2, base = 0.001 })) -- wakes it: 10 a second from now
+        local t0 = rw.now()
+        for _ = 1, 10 do assert(c:get("/search/x")) end
+        local route_took = rw.now() - t0
+        t0 = rw.now()
+        for _ = 1, 10 do assert(c:get("/echo")) end
+        local own_took = rw.now() - t0
+        -- (slow start from 10 a second: unpaced, ten calls take milliseconds)
+        assert.is_true(own_took >= 0.25 and route_took < own_took / 2,
+          ("ten calls took %.3f s on the route, %.3f s elsewhere"):format(route_took, own_took))
+      end)
+    end)
+
     it("takes `cost` tokens from the limiter", function()
       local tokens = rw.bucket { capacity = 1000, rate = 1 }
       local c = new { limiter = tokens }

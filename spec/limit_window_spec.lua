@@ -19,22 +19,33 @@ local nginx = require "spec.support.nginx"
 
 local RATE, TASKS = 200, 16
 
--- Runs TASKS tasks against url for seconds through limiter (nil: none);
--- count() answers what the server accepted and refused so far. Answers
--- the share of the rate accepted, the share of requests refused, and the
--- errors of the calls that failed.
+-- Runs TASKS tasks against url for seconds through limiter (nil: none),
+-- or through a client of the URL's origin with no limiter of the caller's
+-- (limiter "client"); count() answers what the server accepted and
+-- refused so far. Answers the share of the rate accepted, the share of
+-- requests refused, and the errors of the calls that failed.
 local function load(url, seconds, limiter, count)
   local accepted0, refused0 = count()
   -- as a caller that keeps retrying does: a call ends only when it is
   -- answered (the tasks are cancelled once counted)
-  local opts = { limiter = limiter, on_retry = false, max_retries = 1000, max_elapsed = 60 }
+  local opts = { on_retry = false, max_retries = 1000, max_elapsed = 60 }
+  local call
+  if limiter == "client" then
+    local origin, path = url:match("^(https?://[^/]+)(.*)$")
+    -- (calls that differ, as an API's do: identical ones in flight would share one request)
+    local client = rw.client { base_url = origin, dedupe = false }
+    call = function() return client:get(path, opts) end
+  else
+    opts.limiter = limiter
+    call = function() return rw.fetch(url, opts) end
+  end
   local accepted, refused, failed = nil, nil, {}
   rw.run(function()
     local tasks = {}
     for i = 1, TASKS do
       tasks[i] = rw.spawn(function()
         while true do
-          local res, err = rw.fetch(url, opts)
+          local res, err = call()
           if not res then failed[#failed + 1] = tostring(err) end
         end
       end)
@@ -66,6 +77,12 @@ describe("limiters against HAProxy's http_req_rate(1s)", function()
     local share, refused = against_haproxy(rw.adaptive {})
     assert(share >= 0.8 and refused < 0.03, "adaptive: " .. shown(share, refused))
   end)
+
+  it("a client with no limiter of its caller's keeps most of the rate with few 429s (its own wakes at the first)",
+    function()
+      local share, refused = against_haproxy("client")
+      assert(share >= 0.45 and refused < 0.07, "client: " .. shown(share, refused))
+    end)
 
   it("rw.bucket at the server's rate and burst waits for the window to drain instead of falling to its floor",
     function()
@@ -113,5 +130,22 @@ describe("no limiter against nginx's limit_req (a 429 with no Retry-After)", fun
     local share, refused, failed = load(n:url("/lr5"), SECONDS, nil, count)
     assert.same({}, failed)
     assert(share >= 0.85 and refused <= 0.65, "limit_req burst 5 nodelay: " .. shown(share, refused))
+  end)
+
+  -- Retries alone, each on its own, keep the server refusing: a client's
+  -- calls share one limit, learned from the first 429 on (the peers, with
+  -- no limiter, draw 55-60% 429s at burst 0 and 21% at burst 5 nodelay).
+  it("a client with no limiter of its caller's: most of the rate at burst 0 with few 429s", function()
+    require("socket").sleep(0.1)
+    local share, refused, failed = load(n:url("/lr0"), SECONDS, "client", count)
+    assert.same({}, failed)
+    assert(share >= 0.6 and refused <= 0.1, "client, limit_req burst 0: " .. shown(share, refused))
+  end)
+
+  it("a client with no limiter of its caller's: most of the rate at burst 5 nodelay with few 429s", function()
+    require("socket").sleep(0.1)
+    local share, refused, failed = load(n:url("/lr5"), SECONDS, "client", count)
+    assert.same({}, failed)
+    assert(share >= 0.6 and refused <= 0.1, "client, limit_req burst 5 nodelay: " .. shown(share, refused))
   end)
 end)

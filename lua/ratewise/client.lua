@@ -1,5 +1,6 @@
 -- rw.client: one API's base URL, headers, provider policy, limits and
 -- resilience settings in one object, with JSON in and out.
+local adaptive = require "ratewise.adaptive"
 local circuit_mod = require "ratewise.circuit"
 local compat = require "ratewise.compat"
 local fetch = require "ratewise.fetch"
@@ -158,13 +159,24 @@ function client.new(opts)
       errors.bad_option("client", name, "a boolean", opts[name], 2)
     end
   end
+  -- Without a limiter of the caller's, one that sleeps until the server
+  -- first throttles a request, then learns its rate (adaptive.lua): a
+  -- client's calls share one API's limits, and retries alone, each on its
+  -- own, keep a throttling server refusing most of them. false: none.
+  local limiter, default_limiter = opts.limiter, false
+  if limiter == nil then
+    limiter, default_limiter = adaptive.new { dormant = true }, true
+  elseif limiter == false then
+    limiter = nil
+  end
   local c = setmetatable({
     base_url = (base:gsub("/+$", "")),
     origin = headers_mod.origin(base),
     cross_origin = opts.cross_origin == true,
     headers = opts.headers or {},
     policy = resolve_provider(opts.provider),
-    limiter = opts.limiter,
+    limiter = limiter,
+    default_limiter = default_limiter, -- (a route's limiter, when it has one, stands alone)
     routes = compile_routes(opts.routes),
     semaphore = opts.concurrency and scheduler.semaphore(opts.concurrency) or nil,
     circuit = resolve_object(opts.circuit, circuit_mod.new),
@@ -263,7 +275,7 @@ local function merged_headers(base, extra)
 end
 
 function Client:_limiter_for(path, explicit)
-  if explicit ~= nil then return explicit end
+  if explicit ~= nil then return explicit or nil end
   local route
   if self.routes then
     for _, r in ipairs(self.routes) do
@@ -274,7 +286,7 @@ function Client:_limiter_for(path, explicit)
     end
   end
   if not route then return self.limiter end
-  if not self.limiter then return route.limiter end
+  if not self.limiter or self.default_limiter then return route.limiter end
   -- Both the route's quota and the API's overall quota apply, taken at once.
   -- The route's counts requests (and hears what the server says of them);
   -- the client's takes the call's cost.
@@ -426,7 +438,6 @@ function Client:_call(method, opts, url, route_path, foreign, kept)
   end
   call.circuit = opts.circuit or self.circuit
   call.budget = opts.budget or self.budget
-  call.cost = opts.cost
   -- Both hear the call: the client's hook (its telemetry) and the call's own.
   local own_hook, client_hook = opts.on_event, self.on_event
   if own_hook == nil or own_hook == client_hook then
@@ -444,10 +455,13 @@ function Client:_call(method, opts, url, route_path, foreign, kept)
   -- Another origin gets neither the client's secrets nor its limits, which
   -- are the client's API's.
   if foreign then
-    call.limiter = opts.limiter
+    call.limiter = opts.limiter or nil
   else
     call.limiter = self:_limiter_for(route_path, opts.limiter)
   end
+  -- (the client's own limiter counts requests: a cost is for the caller's,
+  -- and without one it is asked of none, as a call without a limiter's is)
+  if not (self.default_limiter and call.limiter == self.limiter) then call.cost = opts.cost end
   -- The client's own table when the call adds nothing: fetch then reuses
   -- the lines it made from it (and reads what it holds at each call).
   local h
