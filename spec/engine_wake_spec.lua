@@ -92,6 +92,27 @@ describe("the engine's wake-up line", function()
     line:close()
   end)
 
+  it("keeps a timer that goes off sooner than a later arming's seconds: one early byte", function()
+    local e = assert(core.engine())
+    local line = connect(assert(e:wake_path()))
+    assert.is_true(e:wake_accept())
+    local started = socket.gettime()
+    e:wake_arm(0.1)
+    e:wake_arm(5) -- as a host's next wait does, its deadline counted anew
+    assert.equal("w", line:receive(1))
+    local took = socket.gettime() - started
+    assert.is_true(took >= 0.1 and took < 0.5, took .. " s")
+    -- gone off: the next arming sets it anew, sooner
+    started = socket.gettime()
+    e:wake_arm(5)
+    e:wake_arm(0.1)
+    assert.equal("w", line:receive(1))
+    took = socket.gettime() - started
+    assert.is_true(took >= 0.1 and took < 0.5, took .. " s")
+    e:close()
+    line:close()
+  end)
+
   it("a newer connection takes the line's place, and the older one is closed", function()
     local e = assert(core.engine())
     local path = assert(e:wake_path())

@@ -8,13 +8,19 @@
  * Someone must be waiting on the descriptor for that byte to be written
  * while the host's thread sits in its own loop: a helper thread of the
  * engine's does, and nothing else. It waits (epoll) on the engine's epoll
- * descriptor and on a timer (timerfd), each armed once at a time
- * (EPOLLONESHOT, re-armed by engine:wake_arm before the host waits), and
- * on a descriptor that tells it to end; it writes one byte when either
- * fires. The timer, not the host's socket, bounds the wait: nginx writes
- * an error line for every cosocket read that times out. Every arming that
- * fires makes a byte, and every byte makes the host look and arm again,
- * so none is lost (a stale one only wakes the host once for nothing). The
+ * descriptor, armed once at a time (EPOLLONESHOT, re-armed by
+ * engine:wake_arm before the host waits), on a timer (timerfd), and on a
+ * descriptor that tells it to end; it writes one byte when either of the
+ * first two fires. The timer, not the host's socket, bounds the wait:
+ * nginx writes an error line for every cosocket read that times out. It
+ * is set only when a wait needs it sooner than it is set for (or it has
+ * gone off): a wait that a kick or an answer ended leaves it set, and the
+ * next wait, whose deadline is as far off or further (a transfer's
+ * time-out, counted anew), takes it as it is, where setting it and
+ * re-arming it in the helper's set were two system calls a wait. Every
+ * arming that fires makes a byte, and every byte makes the host look and
+ * arm again, so none is lost (a stale one, a timer set for an earlier
+ * wait, only wakes the host once for nothing). The
  * helper touches no Lua, no libcurl and no engine state: only descriptors
  * that stay open until it has been joined (engine:close). The host's
  * thread still does all the work (engine:poll) after the byte wakes it.
@@ -51,8 +57,8 @@ struct engine_wake {
     int line;        /* the connection the helper writes on (-1: none yet) */
     int helper_ep;   /* the helper's epoll: the engine's descriptor and `stop` */
     int engine_fd;   /* the engine's epoll descriptor, in helper_ep */
-    int timer;       /* timerfd, in helper_ep: the wait's deadline */
-    int timed;       /* the last arming set the timer */
+    int timer;       /* timerfd, in helper_ep: a wait's deadline */
+    double timer_at; /* when it goes off (rw_core_monotonic's clock); 0: not set */
     int stop;        /* eventfd: readable when the helper must end */
     int started;     /* the helper runs */
     pthread_t helper;
@@ -110,11 +116,12 @@ static int wake_open_helper(struct engine_wake *w)
     ev.events = EPOLLIN;
     ev.data.fd = w->stop;
     if (epoll_ctl(w->helper_ep, EPOLL_CTL_ADD, w->stop, &ev) != 0) return errno;
+    /* (the timer is read as it goes off: readable only once set anew) */
+    ev.data.fd = w->timer;
+    if (epoll_ctl(w->helper_ep, EPOLL_CTL_ADD, w->timer, &ev) != 0) return errno;
     ev.events = EPOLLONESHOT; /* disarmed until engine:wake_arm */
     ev.data.fd = w->engine_fd;
     if (epoll_ctl(w->helper_ep, EPOLL_CTL_ADD, w->engine_fd, &ev) != 0) return errno;
-    ev.data.fd = w->timer;
-    if (epoll_ctl(w->helper_ep, EPOLL_CTL_ADD, w->timer, &ev) != 0) return errno;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     rc = pthread_create(&w->helper, NULL, wake_helper, w);
@@ -268,9 +275,27 @@ static int wake_l_accept(lua_State *L)
     return 1;
 }
 
+/* The timer goes off once the seconds have passed, or sooner: set anew
+ * only when it is not set for sooner and still to come. On
+ * rw_core_monotonic's clock, which is CLOCK_MONOTONIC. */
+static void wake_set_timer(struct engine_wake *w, double seconds)
+{
+    struct itimerspec when;
+    double now = rw_core_monotonic(), at;
+    if (seconds > RW_MAX_SECONDS / 1e9) seconds = RW_MAX_SECONDS / 1e9; /* (far enough) */
+    at = now + (seconds > 0 ? seconds : 1e-9); /* (all zero would disarm it) */
+    if (w->timer_at > now && w->timer_at <= at) return;
+    memset(&when, 0, sizeof when);
+    when.it_value.tv_sec = (time_t)at;
+    when.it_value.tv_nsec = (long)((at - (double)when.it_value.tv_sec) * 1e9);
+    if (when.it_value.tv_nsec > 999999999L) when.it_value.tv_nsec = 999999999L;
+    if (timerfd_settime(w->timer, TFD_TIMER_ABSTIME, &when, NULL) == 0) w->timer_at = at;
+}
+
 /* engine:wake_arm([seconds]): the next time the engine's descriptor is
  * readable (now, if it is), or once the seconds have passed, one byte goes
- * down the line. Call it before each wait on the line. */
+ * down the line. Call it before each wait on the line. A timer an earlier
+ * arming set that goes off sooner is kept: its byte comes early, once. */
 static int wake_l_arm(lua_State *L)
 {
     engine *e = rw_engine_check(L);
@@ -279,24 +304,9 @@ static int wake_l_arm(lua_State *L)
     struct epoll_event ev;
     luaL_argcheck(L, lua_isnoneornil(L, 2) || seconds >= 0, 2, "seconds must be a non-negative number");
     if (!w || !w->started || w->pid != getpid()) return 0;
+    if (seconds >= 0) wake_set_timer(w, seconds);
     memset(&ev, 0, sizeof ev);
     ev.events = EPOLLIN | EPOLLONESHOT;
-    if (seconds >= 0 || w->timed) {
-        struct itimerspec at;
-        memset(&at, 0, sizeof at); /* all zero: disarmed */
-        if (seconds >= 0) {
-            if (seconds > RW_MAX_SECONDS / 1e9) seconds = RW_MAX_SECONDS / 1e9; /* (far enough) */
-            at.it_value.tv_sec = (time_t)seconds;
-            at.it_value.tv_nsec = (long)((seconds - (double)at.it_value.tv_sec) * 1e9);
-            if (at.it_value.tv_sec == 0 && at.it_value.tv_nsec == 0) at.it_value.tv_nsec = 1;
-        }
-        (void)timerfd_settime(w->timer, 0, &at, NULL);
-        w->timed = seconds >= 0;
-        if (w->timed) {
-            ev.data.fd = w->timer;
-            (void)epoll_ctl(w->helper_ep, EPOLL_CTL_MOD, w->timer, &ev);
-        }
-    }
     ev.data.fd = w->engine_fd;
     (void)epoll_ctl(w->helper_ep, EPOLL_CTL_MOD, w->engine_fd, &ev);
     return 0;
