@@ -255,6 +255,7 @@ static void engine_drive(engine *e, double seconds, double budget)
         any = 0;
     double until;
     n = poller_wait(&e->poller, ev, ENGINE_EVENTS, seconds);
+    e->left_ready = n == ENGINE_EVENTS; /* more may be */
     until = budget > 0 ? rw_core_monotonic() + budget : 0;
     if (n < 0) {
         n = 0;
@@ -266,7 +267,10 @@ static void engine_drive(engine *e, double seconds, double budget)
                     | ((ev[i].events & POLLER_ERR) ? CURL_CSELECT_ERR : 0);
         if (rw_watch_event(e, fd)) continue;
         if (!spent && until > 0 && rw_core_monotonic() >= until) spent = 1;
-        if (spent) continue; /* watched descriptors still fire */
+        if (spent) {
+            e->left_ready = 1; /* still ready (level-triggered): the next drive takes it */
+            continue;          /* watched descriptors still fire */
+        }
         if (all) {
             any = 1;
             continue;
@@ -299,11 +303,14 @@ static void engine_drive(engine *e, double seconds, double budget)
 
 /* Seconds until the engine has something to do without a socket becoming
  * ready: libcurl's timer, a queued transfer's expiry, or now when finished
- * transfers wait to be reported. Negative: nothing (no deadline). */
+ * transfers wait to be reported, or when the last drive left sockets that
+ * are ready (a host that waits on the engine's descriptor would be woken
+ * at once: a hop through OpenResty's wake-up line). Negative: nothing (no
+ * deadline). */
 static double engine_deadline(const engine *e)
 {
     double at = e->timer_at < e->next_expiry ? e->timer_at : e->next_expiry, left;
-    if (e->finished.head || e->nfired || e->news || e->all_again) return 0;
+    if (e->finished.head || e->nfired || e->news || e->all_again || e->left_ready) return 0;
     if (at == HUGE_VAL) return -1;
     left = at - rw_core_monotonic();
     return left > 0 ? left : 0;

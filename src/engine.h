@@ -154,6 +154,7 @@ typedef struct engine {
     int nmultiplex;  /* running transfers that may share a connection (rw_transfer_may_multiplex) */
     unsigned long delivered; /* callbacks that delivered a response's bytes (rw_engine_delivered) */
     int all_again;   /* the last pass over every socket delivered: pass again (engine_drive_all) */
+    int left_ready;  /* the last drive left sockets it was told were ready (its budget, or a full batch) */
     /* The slots of the table of references (user value 1) that boxes
      * left, for the next to take (rw_engine_ref); slots up to top_ref have
      * been handed out. */

@@ -122,7 +122,14 @@ local function line_waits(ngx, engine, path)
   end
 
   local function wait(seconds)
-    if seconds and seconds <= 0 then return end
+    if seconds and seconds <= 0 then
+      -- Due now (a step its budget cut short left sockets ready): nginx's
+      -- loop turns once, running the light threads the step woke, and the
+      -- caller looks again, where a wait on the line would come back at
+      -- once through the engine's helper thread (two more threads woken).
+      ngx.sleep(0)
+      return
+    end
     local sock = take()
     if not sock then
       ngx.sleep(min(seconds or NAP_MAX, NAP_MAX))
