@@ -245,11 +245,49 @@ describe("rw.client", function()
             limited_bare))
       end)
 
-      it("asks a call's cost of none, as a call without a limiter does", function()
+      it("holds the client's other calls no longer than 2 s for one 429 that names a long wait", function()
+        s:script("/quota", { { status = 429, headers = { ["Retry-After"] = "3600" } } })
+        local c = new { dedupe = false }
+        local res, err = c:get("/quota", { max_retries = 0 })
+        assert.equal(429, res and res.status or err.status)
+        local t0 = rw.now()
+        assert(c:get("/echo")) -- another path: its own quota
+        local waited = rw.now() - t0
+        assert.is_true(waited > 1 and waited < 2.5, ("the next call waited %.2f s"):format(waited))
+        -- a 503 that names a wait is a throttle too, but holds nothing
+        local c2 = new { dedupe = false }
+        s:script("/down", { { status = 503, headers = { ["Retry-After"] = "120" } } })
+        local res2, err2 = c2:get("/down", { max_retries = 0 })
+        assert.equal(503, res2 and res2.status or err2.status)
+        t0 = rw.now()
+        assert(c2:get("/echo"))
+        assert.is_true(rw.now() - t0 < 0.5, ("after the 503 the next call waited %.2f s"):format(rw.now() - t0))
+      end)
+
+      it("learns from throttles alone: a provider's hourly quota does not set its pace", function()
+        local quota = { ["x-ratelimit-limit"] = "5000", ["x-ratelimit-remaining"] = "4000",
+          ["x-ratelimit-reset"] = tostring(os.time() + 3500), ["x-ratelimit-resource"] = "core" }
+        s:script("/repos/a/b", { { status = 200, headers = quota } })
+        s:script("/woke", { { status = 429, headers = { ["Retry-After"] = "1" } } })
+        local c = new { provider = "github", dedupe = false }
+        for _ = 1, 3 do assert(c:get("/repos/a/b")) end
+        local res, err = c:get("/woke", { max_retries = 0 })
+        assert.equal(429, res and res.status or err.status)
+        local t0 = rw.now()
+        for _ = 1, 20 do assert(c:get("/repos/a/b")) end
+        -- (the hold of 1.2 s, then slow start from 10 a second; at the quota's
+        -- 5000 an hour, 20 calls would take 14 s)
+        assert.is_true(rw.now() - t0 < 4, ("20 calls took %.2f s"):format(rw.now() - t0))
+      end)
+
+      it("asks a call's cost of none, as a call without a limiter does, and still refuses a bad one", function()
         local c = new {}
         assert(c:get("/echo", { cost = 500 }))
         assert(c:get("/echo", { cost = { tokens = 500 } }))
         assert.equal(2, #s:log("/echo"))
+        assert.has_error(function() c:get("/echo", { cost = -1 }) end,
+          "client:request: option 'cost' must be a positive number, a table of costs by limit "
+            .. "({ requests = 1, tokens = 900 }) or a function of the request giving either (got -1)")
       end)
 
       it("a route's limiter stands alone: the client's own, once woken, does not pace the route", function()

@@ -25,6 +25,11 @@ local MIN_RATE = 0.5
 -- bucket of one token it keeps more of the rate than taking the rate as the
 -- new w_max or dropping every throttle to 0.7 (bench/HISTORY.md).
 local NEAR = 0.95
+-- The longest a dormant limiter, once woken, sends nothing for: it learns
+-- a pace for every call of its client, and a longer wait is a quota's
+-- reset (one path's, one tenant's), which each call that meets it
+-- honours on its own.
+local MAX_DORMANT_HOLD = 2
 -- A stated limit above this is no limit a client could reach: a broken or
 -- hostile header, left alone (a bucket refuses rates far above it).
 local MAX_STATED_RATE = 1e9
@@ -76,7 +81,8 @@ local function start_learning(self, sending_since)
   local s = self.settings
   self.bucket = bucket.new { capacity = s.burst, rate = s.start, slow_down = false }
   self.controller = cubic.new { rate = s.start, ceiling = s.max_rate, floor = s.min_rate, beta = s.beta,
-    near = s.near or NEAR, slow_start = true, demand = true, relearn = true, sending_since = sending_since }
+    near = s.near or NEAR, slow_start = true, demand = true, relearn = true, sending_since = sending_since,
+    max_hold = self.dormant_made and MAX_DORMANT_HOLD or nil }
 end
 
 --- limiter = rw.adaptive{[rate = r] [, max_rate = m] [, min_rate = f] [, burst = b] [, beta = x] [, near = y]
@@ -122,6 +128,7 @@ function adaptive.new(opts)
     settings = { burst = burst, start = start, max_rate = max_rate, min_rate = min_rate, beta = opts.beta,
       near = opts.near },
     dormant = opts.dormant == true,
+    dormant_made = opts.dormant == true, -- (learns from throttles alone, and holds briefly)
     woken_until = -huge, -- the end of the episode that woke a dormant one
   }, Adaptive)
   start_learning(limiter)
@@ -145,13 +152,13 @@ end
 -- cutting from it would take an episode per cut. The server still counts
 -- what was sent while it slept, so the throttles of requests sent before it
 -- woke, or within a round trip of it, are of the episode that woke it. A
--- server that said when to come back gets nothing until then (held as a
--- shut door is: cubic.lua): slow start into a window still shut would
--- learn nothing but the refusals.
+-- 429 that said when to come back gets nothing until then (held as a shut
+-- door is: cubic.lua, and no longer than MAX_DORMANT_HOLD): slow start
+-- into a window still shut would learn nothing but the refusals.
 local function wake(self, res)
   local t = now()
-  local hint = type(res.headers) == "table" and retry.hint(res.headers)
-  local hold = type(hint) == "number" and hint > 0 and min(hint * cubic.HOLD, hint + 1) or 0
+  local hint = res.status == 429 and type(res.headers) == "table" and retry.hint(res.headers)
+  local hold = type(hint) == "number" and hint > 0 and min(hint * cubic.HOLD, hint + 1, MAX_DORMANT_HOLD) or 0
   self.dormant, self.woken_until = false, t + (hold > MIN_ROUND_TRIP and hold or MIN_ROUND_TRIP)
   start_learning(self, t + hold)
   if hold > 0 then self.bucket:sync(0, hold) end
@@ -197,7 +204,7 @@ end
 
 function Adaptive:take(n)
   if self.dormant then
-    self.bucket:wait_time(n) -- (checks n)
+    self.bucket:take(n) -- (checks n; the bucket is made afresh when it wakes)
     return true, 0
   end
   follow(self, now())
@@ -223,6 +230,9 @@ function Adaptive:tokens() return self.bucket:tokens() end
 -- reset_in seen, in the whole seconds servers count resets in: a quota's
 -- reset counts down from its window.
 function Adaptive:sync(remaining, reset_in, limit, window)
+  -- (one made dormant learns from throttles alone: a provider's quota, a
+  -- window of an hour, would set the pace of every call of its client)
+  if self.dormant_made then return end
   self.bucket:sync(remaining, reset_in)
   if limit == nil then return end
   if type(limit) ~= "number" or limit ~= limit or limit < 1 or limit == huge then

@@ -461,7 +461,11 @@ function Client:_call(method, opts, url, route_path, foreign, kept)
   end
   -- (the client's own limiter counts requests: a cost is for the caller's,
   -- and without one it is asked of none, as a call without a limiter's is)
-  if not (self.default_limiter and call.limiter == self.limiter) then call.cost = opts.cost end
+  if not (self.default_limiter and call.limiter == self.limiter) then
+    call.cost = opts.cost
+  elseif opts.cost ~= nil then
+    options.check("client:request", call_options, "cost", opts.cost, 3) -- (a bad one still raises)
+  end
   -- The client's own table when the call adds nothing: fetch then reuses
   -- the lines it made from it (and reads what it holds at each call).
   local h

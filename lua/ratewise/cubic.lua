@@ -73,7 +73,7 @@ local Controller = {}
 Controller.__index = Controller
 
 --- c = cubic.new{rate = r, ceiling = c, floor = f, beta = b, near = n, slow_start = bool, demand = bool,
---   relearn = bool [, sending_since = t]}
+--   relearn = bool [, sending_since = t] [, max_hold = seconds]}
 -- rate: where it starts; ceiling, floor: the bounds it stays in; beta: the
 -- drop; near: the drop for a throttle below w_max (default: beta);
 -- slow_start: grow from rate on successes until the first throttle (else
@@ -81,7 +81,7 @@ Controller.__index = Controller
 -- rate (a limiter that sees every send, see sent()); relearn: when the
 -- door is shut, take the rate the server accepted as the limit;
 -- sending_since: when the first request could go (a limiter that wakes
--- holding: adaptive.lua).
+-- holding: adaptive.lua); max_hold: the longest a shut door is held.
 function cubic.new(opts)
   local beta = opts.beta or BETA
   return setmetatable({
@@ -104,6 +104,7 @@ function cubic.new(opts)
     window_sends = 0,
     relearn = opts.relearn or false,
     sending_since = opts.sending_since or -huge, -- when it could first send (a woken limiter's: adaptive.lua)
+    max_hold = opts.max_hold or huge,
     episode_hint = false, -- the hint of the throttle that dropped the rate
     held_until = -huge,   -- the end of the hold of this episode (none yet)
     passed = false,       -- a request sent since the last drop succeeded
@@ -201,7 +202,7 @@ end
 local function shut(c, t, hint)
   -- (a fifth more, but no more than a second: a long hint is a quota's
   -- reset, which the server keeps to the second)
-  local drained = min(hint * HOLD, hint + 1)
+  local drained = min(hint * HOLD, hint + 1, c.max_hold)
   local hold = drained
   if c.relearn then
     -- (over the span it has been sending for, if shorter: a limiter woken

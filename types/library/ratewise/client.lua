@@ -9,7 +9,7 @@
 ---@field cross_origin? boolean let calls name absolute URLs on other origins
 ---@field headers? table<string, string|number> sent with every request, read at each request
 ---@field provider? ratewise.ProviderName|ratewise.Policy|ratewise.PolicySpec|false none: the provider of base_url's host; false: none at all
----@field limiter? ratewise.Limiter taken before every attempt of every request
+---@field limiter? ratewise.Limiter|false taken before every attempt of every request (none given: the client's own `rw.adaptive{dormant = true}`; false: none)
 ---@field routes? table<string, ratewise.Limiter>|{[1]: string, [2]: ratewise.Limiter}[] per-endpoint limiters, by path prefix or Lua pattern
 ---@field concurrency? integer the most requests of this client in flight at once
 ---@field circuit? true|ratewise.CircuitOptions|ratewise.Circuit

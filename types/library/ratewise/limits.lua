@@ -114,6 +114,7 @@ function Bucket:close() end
 ---@field burst? number the bucket's capacity (default 1)
 ---@field beta? number a throttle drops the rate to beta times what it was (default 0.7)
 ---@field near? number the drop for a throttle below the rate that drew the last one (default 0.95)
+---@field dormant? boolean let every request through until the server first throttles one, then learn (default false)
 
 ---A limiter that learns the server's rate (`rw.adaptive{...}`).
 ---@class ratewise.Adaptive: ratewise.Limiter
