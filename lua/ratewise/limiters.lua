@@ -51,8 +51,13 @@ local function is_limiter(v)
   return ok and yes
 end
 
+-- (a field look-up, for pcall: a member's __index may raise)
+local function field_of(object, name)
+  return object[name]
+end
+
 local function capacity_of(member)
-  local ok, fn = pcall(function() return member.capacity end)
+  local ok, fn = pcall(field_of, member, "capacity")
   if ok and type(fn) == "function" then return fn(member) end
   return huge
 end
@@ -221,7 +226,7 @@ end
 -- could never admit more in one request, and such a cost (a max_tokens of
 -- a million) is a mistake to name, not days of debt to wait out.
 local function oversized(member, n, capacity)
-  local ok, debit_fn = pcall(function() return member.debit end)
+  local ok, debit_fn = pcall(field_of, member, "debit")
   if not (ok and type(debit_fn) == "function") then
     return format("whose capacity is %g and which cannot take the rest as debt (it has no debit): it could never "
       .. "be served", capacity)
@@ -318,7 +323,7 @@ end
 -- already counted is not waited for, but the callers after it wait.
 -- A member without debit takes what it can serve now.
 local function debit(member, n)
-  local ok, fn = pcall(function() return member.debit end)
+  local ok, fn = pcall(field_of, member, "debit")
   if ok and type(fn) == "function" then return fn(member, n) end
   local capacity = capacity_of(member)
   if n > capacity then n = capacity end
